@@ -1,0 +1,62 @@
+"""Run a script on several CPU ranks through the real `deepspeed` launcher (gloo backend)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def deepspeed_cpu_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["DS_ACCELERATOR"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
+    # One intra-op thread per rank: 2 ranks on 2 cores must not oversubscribe.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+def run_ranks(
+    script: str | Path,
+    args: list[str] | None = None,
+    num_ranks: int = 2,
+    timeout: float = 900,
+    cwd: str | Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Start `deepspeed --num_gpus N script args` on CPU and fail loudly with its output."""
+    launcher = shutil.which("deepspeed") or str(Path(sys.executable).with_name("deepspeed"))
+    cmd = [
+        launcher,
+        "--num_gpus",
+        str(num_ranks),
+        "--master_port",
+        str(free_port()),
+        str(script),
+        *(args or []),
+    ]
+    proc = subprocess.run(
+        cmd,
+        env=deepspeed_cpu_env(),
+        cwd=str(cwd or REPO_ROOT),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout ---\n{proc.stdout[-8000:]}"
+            f"\n--- stderr ---\n{proc.stderr[-8000:]}"
+        )
+    return proc
