@@ -1,0 +1,242 @@
+"""Time one optimizer step on BERT-base / BERT-large parameter shapes; print medians and ratios.
+
+    python bench/lamb_step.py [--models base,large] [--reps 7] [--device auto|cpu|cuda] [--layers N]
+    deepspeed --num_gpus 2 bench/lamb_step.py --zero [--models base]   # ZeRO bookkeeping overhead
+
+Single-process mode interleaves, in one process and on the same weights and gradients, our `Lamb`,
+`torch.optim.AdamW(foreach=True)` (the baseline), `torch_optimizer.Lamb` (PyPI `torch-optimizer`, skipped
+when absent) and a naive per-tensor Python loop. It also measures a memory-copy bandwidth in the same
+run and prints the physical floor: LAMB must read w, g, m, v and write m, v, u, then read u, w and
+write w (10 x 4 bytes per element in fp32); AdamW needs 7 x 4 bytes.
+
+--zero (2+ ranks, launched by deepspeed) gives each rank the flat fp32 partitions ZeRO-1/2 would
+(two param groups, aligned, boundaries cutting parameters) and compares our exact per-parameter step
+(segments + one all-reduce per partition) with the same Lamb treating each partition as one tensor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pretrain.lamb import Lamb, weight_decay_param_groups  # noqa: E402
+from pretrain.zero_lamb import ZeroLayout, partition_from_ranges  # noqa: E402
+
+BYTES_PER_ELEMENT = {"lamb": 10 * 4, "adamw": 7 * 4}
+
+
+def bert_groups(model_name: str, layers: int | None) -> list[list[torch.Size]]:
+    """Parameter shapes of BertForPreTraining (tied weights once), split decay / no-decay."""
+    import transformers
+
+    sizes = {"base": (768, 12, 12), "large": (1024, 24, 16)}[model_name]
+    config = transformers.BertConfig(
+        hidden_size=sizes[0],
+        num_hidden_layers=layers or sizes[1],
+        num_attention_heads=sizes[2],
+        intermediate_size=4 * sizes[0],
+        vocab_size=30522,
+    )
+    with torch.device("meta"):
+        model = transformers.BertForPreTraining(config)
+    return [[p.shape for p in g["params"]] for g in weight_decay_param_groups(model, 0.01)]
+
+
+class NaiveLoopLamb(torch.optim.Optimizer):
+    """Per-tensor Python loop, the way LAMB is usually written: the slow baseline."""
+
+    def __init__(self, params: list[dict], lr: float) -> None:
+        super().__init__(params, dict(lr=lr, betas=(0.9, 0.999), eps=1e-6))
+
+    @torch.no_grad()
+    def step(self, closure: Callable | None = None) -> None:
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                st = self.state[p]
+                if not st:
+                    st["t"], st["m"], st["v"] = 0, torch.zeros_like(p), torch.zeros_like(p)
+                st["t"] += 1
+                st["m"].mul_(b1).add_(p.grad, alpha=1 - b1)
+                st["v"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                u = (st["m"] / (1 - b1 ** st["t"])) / ((st["v"] / (1 - b2 ** st["t"])).sqrt() + group["eps"])
+                u.add_(p, alpha=group["weight_decay"])
+                w_norm, u_norm = p.norm(), u.norm()
+                ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+                p.sub_(u * (group["lr"] * ratio))
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def copy_bandwidth(device: torch.device, reps: int) -> float:
+    """Best bytes per second (read + write counted) of a large copy and a large in-place scale."""
+    numel = (256 if device.type == "cpu" else 1024) * 2**20 // 4
+    src, dst = torch.rand(numel, device=device), torch.zeros(numel, device=device)
+    best = 0.0
+    for kernel in (lambda: dst.copy_(src), lambda: dst.mul_(1.0)):
+        times = []
+        for _ in range(reps + 1):
+            synchronize(device)
+            start = time.perf_counter()
+            kernel()
+            synchronize(device)
+            times.append(time.perf_counter() - start)
+        best = max(best, 2 * numel * 4 / statistics.median(times[1:]))
+    return best
+
+
+def interleaved_medians(
+    steps: dict[str, Callable[[], None]],
+    reps: int,
+    device: torch.device,
+    before_each: Callable[[], None] = lambda: None,
+) -> dict[str, float]:
+    """Median seconds per call; the order rotates each repetition so drift hits every candidate."""
+    names = list(steps)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for rep in range(reps + 1):  # repetition 0 warms up (state allocation) and is dropped
+        order = names[rep % len(names) :] + names[: rep % len(names)]
+        for name in order:
+            before_each()
+            synchronize(device)
+            start = time.perf_counter()
+            steps[name]()
+            synchronize(device)
+            if rep:
+                times[name].append(time.perf_counter() - start)
+    return {n: statistics.median(t) for n, t in times.items()}
+
+
+def bench_model(model_name: str, args: argparse.Namespace, device: torch.device) -> None:
+    shapes = bert_groups(model_name, args.layers)
+    numel = sum(s.numel() for g in shapes for s in g)
+    gen = torch.Generator(device=device).manual_seed(0)
+    groups = []
+    for wd, group_shapes in zip((0.01, 0.0), shapes, strict=True):
+        params = [nn.Parameter(torch.randn(s, device=device, generator=gen) * 0.02) for s in group_shapes]
+        for p in params:
+            p.grad = torch.randn(p.shape, device=device, generator=gen) * 1e-3
+        groups.append({"params": params, "weight_decay": wd})
+
+    def fresh_groups() -> list[dict]:
+        return [dict(g) for g in groups]  # same tensors, separate group dicts per optimizer
+
+    candidates: dict[str, torch.optim.Optimizer] = {
+        "adamw_foreach": torch.optim.AdamW(fresh_groups(), lr=1e-3, foreach=True),
+        "ours_lamb": Lamb(fresh_groups(), lr=1e-3),
+    }
+    try:
+        import torch_optimizer
+
+        candidates["torch_optimizer_lamb"] = torch_optimizer.Lamb(fresh_groups(), lr=1e-3)
+    except ImportError:
+        print("torch-optimizer is not installed (pip install torch-optimizer): its Lamb is skipped")
+    if not args.skip_naive:
+        candidates["naive_loop_lamb"] = NaiveLoopLamb(fresh_groups(), lr=1e-3)
+    bandwidth = copy_bandwidth(device, args.reps)
+    medians = interleaved_medians({n: o.step for n, o in candidates.items()}, args.reps, device)
+    base = medians["adamw_foreach"]
+    print(
+        f"\n== BERT-{model_name}{'' if args.layers is None else f' ({args.layers} layers)'}: "
+        f"{numel / 1e6:.1f}M fp32 params, {sum(len(g) for g in shapes)} tensors, {device}, "
+        f"{torch.get_num_threads()} threads, median of {args.reps}"
+    )
+    print(
+        f"copy bandwidth {bandwidth / 1e9:.2f} GB/s; floors: LAMB {numel * BYTES_PER_ELEMENT['lamb'] / bandwidth * 1e3:.1f} ms, "
+        f"AdamW {numel * BYTES_PER_ELEMENT['adamw'] / bandwidth * 1e3:.1f} ms"
+    )
+    for name, seconds in medians.items():
+        print(f"{name:22s} {seconds * 1e3:9.1f} ms   x{seconds / base:5.2f} of AdamW-foreach")
+    ours = medians["ours_lamb"]
+    floor = numel * BYTES_PER_ELEMENT["lamb"] / bandwidth
+    print(f"ours vs floor: x{ours / floor:.2f}")
+    if "torch_optimizer_lamb" in medians:
+        print(f"torch-optimizer Lamb / ours: x{medians['torch_optimizer_lamb'] / ours:.2f} (goal >= 3)")
+    print(f"ours / AdamW-foreach: x{ours / base:.2f} (goal <= 1.5)")
+
+
+def bench_zero(model_name: str, args: argparse.Namespace) -> None:
+    import torch.distributed as dist
+
+    from pretrain.engine import init_distributed
+
+    info = init_distributed()
+    rank, world, device = info.rank, info.world_size, info.device
+    flats, partitions = [], {}
+    for key, group_shapes in enumerate(bert_groups(model_name, args.layers)):
+        sizes = [s.numel() for s in group_shapes]
+        total = sum(sizes)
+        partition = -(-total // (2 * world)) * 2  # ZeRO aligns each group to 2 * dp elements
+        start, end, offset, ranges = rank * partition, (rank + 1) * partition, 0, []
+        for j, n in enumerate(sizes):
+            lo, hi = max(offset, start), min(offset + n, end)
+            if lo < hi:
+                ranges.append((j, lo - start, hi - lo))
+            offset += n
+        flat = nn.Parameter(torch.randn(partition, device=device) * 0.02)
+        flat.grad = torch.randn(partition, device=device) * 1e-3
+        flats.append(flat)
+        partitions[id(flat)] = partition_from_ranges(
+            partition, ranges, len(sizes), dist.group.WORLD, key, None
+        )
+    exact = Lamb(
+        [torch.empty(0)], lr=1e-3
+    )  # constructed on a placeholder, then handed the flats like ZeRO does
+    exact.param_groups[0]["params"] = flats
+    exact.set_zero_layout(ZeroLayout(wrapper="bench", partitions=partitions))
+    per_partition = Lamb([{"params": [f]} for f in flats], lr=1e-3)  # one ratio per flat: no bookkeeping
+    medians = interleaved_medians(
+        {"per_partition": per_partition.step, "exact": exact.step}, args.reps, device
+    )
+    overhead = torch.tensor([medians["exact"] / medians["per_partition"] - 1.0])
+    dist.all_reduce(overhead, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        print(
+            f"\n== ZeRO bookkeeping, BERT-{model_name}, {world} ranks, {sum(f.numel() for f in flats) / 1e6:.1f}M "
+            f"elements per rank, {device}"
+        )
+        print(
+            f"per-partition ratio (naive) {medians['per_partition'] * 1e3:.1f} ms, exact per-parameter "
+            f"{medians['exact'] * 1e3:.1f} ms: overhead {overhead.item() * 100:+.1f}% (max over ranks; goal < 5%)"
+        )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--models", default="base,large", help="comma list of base, large")
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--layers", type=int, default=None, help="override the encoder depth (memory)")
+    parser.add_argument("--skip-naive", action="store_true", help="leave out the per-tensor loop")
+    parser.add_argument("--zero", action="store_true", help="measure the ZeRO bookkeeping (2+ ranks)")
+    args, _ = parser.parse_known_args()  # the deepspeed launcher appends --local_rank
+    for model_name in args.models.split(","):
+        if model_name not in ("base", "large"):
+            parser.error(f"--models: unknown model {model_name!r} (base, large)")
+    if args.zero:
+        for model_name in args.models.split(","):
+            bench_zero(model_name, args)
+        return 0
+    wanted = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
+    device = torch.device("cpu" if wanted == "auto" else wanted)
+    for model_name in args.models.split(","):
+        bench_model(model_name, args, device)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,243 @@
+"""The one place in pretrain/ that imports deepspeed: process group setup and the engine builder.
+
+`build_engine` turns a DeepSpeed JSON dict into an engine. Our LAMB is named in the JSON's usual
+optimizer block with a type DeepSpeed does not own:
+
+    "optimizer": {"type": "ExactLamb", "params": {"lr": 6e-3, "betas": [0.9, 0.999], "eps": 1e-6,
+                  "weight_decay": 0.01, "bias_correction": true, "trust_clip": null, "adapt_all": true}}
+
+DeepSpeed has no optimizer registry, so the builder constructs `pretrain.lamb.Lamb` itself, removes the
+block, hands the instance to `deepspeed.initialize` and binds the ZeRO layout right after. A
+DeepSpeed-native type ("AdamW", "Adam", ...) stays in the config and gets our decay / no-decay groups.
+LR schedules are ours: a multiplier function wrapped in a torch LambdaLR that DeepSpeed steps after
+every applied optimizer step (config-named torch schedulers break under ZeRO).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import deepspeed
+import torch
+import torch.distributed as dist
+from deepspeed.accelerator import get_accelerator
+
+from pretrain.lamb import Lamb, bind_zero_layout, weight_decay_param_groups
+
+__all__ = [
+    "EXACT_LAMB_TYPE",
+    "DistInfo",
+    "build_engine",
+    "client_optimizer",
+    "init_distributed",
+    "weight_decay_param_groups",
+]
+
+EXACT_LAMB_TYPE = "ExactLamb"
+_EXACT_LAMB_PARAMS = (
+    "lr",
+    "betas",
+    "eps",
+    "weight_decay",
+    "bias_correction",
+    "trust_clip",
+    "adapt_all",
+    "scratch_buffers",  # performance knob, see Lamb; null = automatic
+)
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+
+# ---------------------------------------------------------------------- process groups
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _fill_rendezvous_env() -> None:
+    """RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* from the deepspeed launcher, SLURM, or a lone process."""
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:  # deepspeed / torchrun launcher
+        env.setdefault("LOCAL_RANK", "0")
+        env.setdefault("MASTER_ADDR", "127.0.0.1")
+        if "MASTER_PORT" not in env:
+            raise RuntimeError(
+                "RANK and WORLD_SIZE are set but MASTER_PORT is not; set it for the rendezvous"
+            )
+        return
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:  # srun without a launcher
+        env["RANK"] = env["SLURM_PROCID"]
+        env["WORLD_SIZE"] = env["SLURM_NTASKS"]
+        env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
+        if "MASTER_ADDR" not in env:
+            if "SLURM_LAUNCH_NODE_IPADDR" not in env:
+                raise RuntimeError("under SLURM set MASTER_ADDR (e.g. the first host of $SLURM_JOB_NODELIST)")
+            env["MASTER_ADDR"] = env["SLURM_LAUNCH_NODE_IPADDR"]
+        # Every task must agree on the port without talking: derive it from the job id.
+        env.setdefault("MASTER_PORT", str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000))
+        return
+    # A plain single process (tests, small jobs): a world of one.
+    env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"] = "0", "1", "0"
+    env.setdefault("MASTER_ADDR", "127.0.0.1")
+    env.setdefault("MASTER_PORT", str(_free_port()))
+
+
+def init_distributed() -> DistInfo:
+    """Join (or create) the default process group; idempotent. nccl with CUDA, else gloo."""
+    if not dist.is_initialized():
+        _fill_rendezvous_env()
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    accelerator = get_accelerator()
+    if accelerator.device_name() == "cpu":
+        device = torch.device("cpu")
+    else:
+        accelerator.set_device(local_rank)
+        device = torch.device(accelerator.device_name(local_rank))
+    return DistInfo(
+        rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank, device=device
+    )
+
+
+# ---------------------------------------------------------------------- optimizer config
+def _exact_lamb_kwargs(params: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(params) - set(_EXACT_LAMB_PARAMS))
+    if unknown:
+        hint = (
+            ' (use the top-level "gradient_clipping"; LAMB never clips on its own)'
+            if "max_grad_norm" in unknown
+            else ""
+        )
+        raise ValueError(
+            f'ds_config["optimizer"]["params"]: unknown key(s) {unknown} for type "{EXACT_LAMB_TYPE}"{hint}; '
+            f"allowed: {list(_EXACT_LAMB_PARAMS)}"
+        )
+    kwargs = dict(params)
+    if "betas" in kwargs:
+        betas = kwargs["betas"]
+        if not isinstance(betas, list | tuple) or len(betas) != 2:
+            raise ValueError(f'ds_config["optimizer"]["params"]["betas"] must be [b1, b2], got {betas!r}')
+        kwargs["betas"] = (float(betas[0]), float(betas[1]))
+    if kwargs.get("trust_clip") is not None:
+        clip = kwargs["trust_clip"]
+        if not isinstance(clip, list | tuple) or len(clip) != 2:
+            raise ValueError(
+                f'ds_config["optimizer"]["params"]["trust_clip"] must be null or [lo, hi], got {clip!r}'
+            )
+        kwargs["trust_clip"] = (float(clip[0]), float(clip[1]))
+    for flag in ("bias_correction", "adapt_all", "scratch_buffers"):
+        if (
+            flag in kwargs
+            and not isinstance(kwargs[flag], bool)
+            and not (flag == "scratch_buffers" and kwargs[flag] is None)
+        ):
+            raise ValueError(
+                f'ds_config["optimizer"]["params"]["{flag}"] must be true or false, got {kwargs[flag]!r}'
+            )
+    return kwargs
+
+
+def _optimizer_block(ds_config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    block = ds_config.get("optimizer")
+    if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+        raise ValueError(
+            'ds_config needs an "optimizer" block: {"type": "ExactLamb" | "AdamW" | ..., "params": {...}}'
+        )
+    params = block.get("params", {})
+    if not isinstance(params, dict):
+        raise ValueError(f'ds_config["optimizer"]["params"] must be an object, got {type(params).__name__}')
+    optimizer_type = block["type"]
+    if optimizer_type.lower() == "lamb":
+        raise ValueError(
+            f'ds_config["optimizer"]["type"] = "{optimizer_type}" selects DeepSpeed\'s CUDA-only FusedLamb, which '
+            f'computes one trust ratio per flat ZeRO partition instead of per layer. Use "{EXACT_LAMB_TYPE}" '
+            "(this toolkit's LAMB, exact under ZeRO 0-3)."
+        )
+    if optimizer_type.lower() == EXACT_LAMB_TYPE.lower() and optimizer_type != EXACT_LAMB_TYPE:
+        raise ValueError(
+            f'ds_config["optimizer"]["type"] = "{optimizer_type}": did you mean "{EXACT_LAMB_TYPE}"?'
+        )
+    return optimizer_type, params
+
+
+def _refuse_low_precision_without_zero(config: dict[str, Any]) -> None:
+    """fp16/bf16 at ZeRO stage 0 selects DeepSpeed's FP16_UnfusedOptimizer, which runs one optimizer
+    step with zero gradients while it is constructed: LAMB would apply weight decay (ratio 1/wd) to the
+    fp32 masters before training starts. ZeRO-1/2 are exact and also more accurate for bf16."""
+    low_precision = [
+        k for k in ("fp16", "bf16") if isinstance(config.get(k), dict) and config[k].get("enabled")
+    ]
+    stage = int(config.get("zero_optimization", {}).get("stage", 0))
+    if low_precision and stage == 0:
+        raise ValueError(
+            f'ds_config: "{EXACT_LAMB_TYPE}" with {low_precision[0]} needs "zero_optimization": {{"stage": 1}} or '
+            "higher (DeepSpeed's stage-0 fp16/bf16 wrapper steps the optimizer once with zero gradients at start-up)"
+        )
+
+
+# ---------------------------------------------------------------------- engine
+def build_engine(
+    model: torch.nn.Module,
+    ds_config: dict[str, Any],
+    lr_schedule: Callable[[int], float] | None = None,
+    mpu: object | None = None,
+) -> Any:
+    """A DeepSpeedEngine for `model` from the DeepSpeed JSON dict `ds_config` (see module docstring).
+
+    lr_schedule(step) is the multiplier of each group's base lr at optimizer step `step` (0-based).
+    mpu is an optional DeepSpeed mpu object (disjoint data-parallel groups for codistillation).
+    """
+    if not isinstance(ds_config, dict):
+        raise TypeError(f"ds_config must be a dict (a parsed DeepSpeed JSON), got {type(ds_config).__name__}")
+    init_distributed()
+    config = copy.deepcopy(ds_config)
+    optimizer_type, params = _optimizer_block(config)
+    if lr_schedule is not None and "scheduler" in config:
+        raise ValueError('ds_config has a "scheduler" block and an lr_schedule was given: keep only one')
+
+    def make_scheduler(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+        # DeepSpeed calls this with the client ("basic") optimizer, whose param_groups the ZeRO
+        # wrappers share, so the lr written here is the lr every partition steps with.
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule)
+
+    scheduler = make_scheduler if lr_schedule is not None else None
+
+    if optimizer_type == EXACT_LAMB_TYPE:
+        _refuse_low_precision_without_zero(config)
+        kwargs = _exact_lamb_kwargs(params)
+        groups = weight_decay_param_groups(model, float(kwargs.get("weight_decay", 0.01)))
+        optimizer = Lamb(groups, **kwargs)
+        del config["optimizer"]
+        config["zero_allow_untested_optimizer"] = True
+        engine, *_ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=config, lr_scheduler=scheduler, mpu=mpu
+        )
+        bind_zero_layout(engine)  # also refreshed lazily when a checkpoint load re-creates partitions
+        return engine
+
+    groups = weight_decay_param_groups(model, float(params.get("weight_decay", 0.0)))
+    engine, *_ = deepspeed.initialize(
+        model=model, model_parameters=groups, config=config, lr_scheduler=scheduler, mpu=mpu
+    )
+    return engine
+
+
+def client_optimizer(engine: Any) -> torch.optim.Optimizer:
+    """Our Lamb (or the torch optimizer DeepSpeed built) behind the engine's ZeRO/fp16 wrappers."""
+    optimizer = getattr(engine, "basic_optimizer", None)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"engine has no client torch optimizer (found {type(optimizer).__name__})")
+    return optimizer
