@@ -122,12 +122,28 @@ def write_shard(
     """
     schema = shard_schema(vocab_size, static_masking)
     columns = {name: [row[name] for row in rows] for name in schema.names}
-    table = pa.Table.from_pydict(columns, schema=schema)
+    return write_shard_table(path, pa.Table.from_pydict(columns, schema=schema))
+
+
+def write_shard_table(path: str | os.PathLike[str], table: pa.Table) -> tuple[int, str]:
+    """Write a table with the shard schema as one record batch, atomically; (rows, sha256).
+
+    One batch whatever the table's chunking, so the bytes depend only on the rows.
+    """
+    table = table.combine_chunks()
     sink = pa.BufferOutputStream()
-    with ipc.new_file(sink, schema) as writer:
-        writer.write_table(table, max_chunksize=max(1, len(rows)))
+    with ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=max(1, table.num_rows))
     atomic_write_bytes(path, sink.getvalue().to_pybytes())
-    return len(rows), sha256_file(path)
+    return table.num_rows, sha256_file(path)
+
+
+def read_table(path: str | os.PathLike[str]) -> pa.Table:
+    """A whole Arrow IPC file, memory-mapped (no copy until a column is touched)."""
+    try:
+        return ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+    except (OSError, pa.ArrowInvalid) as err:
+        raise ShardFormatError(f"{path}: not a readable Arrow IPC file: {err}") from err
 
 
 @dataclass(frozen=True)

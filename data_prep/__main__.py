@@ -1,0 +1,123 @@
+"""`python -m data_prep build | merge | inspect` — see docs/readme/data_prep.md."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from data_prep.config import BuildConfig, ConfigError, default_workers
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from err
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m data_prep", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    build = commands.add_parser("build", help="raw corpora -> BERT pretraining shards + manifest.json",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    src = build.add_argument_group("inputs (at least one; read in this order)")
+    src.add_argument("--wiki-dump", action="append", default=[], metavar="PATH",
+                     help="Wikipedia pages-articles XML dump, .xml or .xml.bz2 (multistream too); repeatable")
+    src.add_argument("--wikiextractor", action="append", default=[], metavar="DIR",
+                     help="folder of WikiExtractor output (<doc id= url= title=> files); repeatable")
+    src.add_argument("--books", action="append", default=[], metavar="DIR",
+                     help="folder of plain-text books, one per file (Gutenberg header/footer stripped); repeatable")
+    src.add_argument("--text", action="append", default=[], metavar="FILE",
+                     help="one sentence per line, blank line between documents; repeatable")
+    src.add_argument("--hf-dataset", action="append", default=[], metavar="NAME[:CONFIG]",
+                     help="Hugging Face dataset by name (streamed, split 'train') or a save_to_disk folder")
+    src.add_argument("--hf-text-field", default="text", help="column holding the text in --hf-dataset")
+    src.add_argument("--hf-rows-per-doc", type=int, default=1,
+                     help="consecutive rows forming one document (bookcorpus has one sentence per row)")
+    src.add_argument("--skip-bad-files", action="store_true",
+                     help="skip (with a warning) --books/--wikiextractor files that are not UTF-8 or unreadable, "
+                          "instead of stopping")
+    voc = build.add_argument_group("vocabulary (exactly one)")
+    voc.add_argument("--vocab", metavar="FILE", help="WordPiece vocab.txt; casing follows the vocab")
+    voc.add_argument("--vocab-size", type=int, metavar="N", help="train a WordPiece vocab of N tokens on the corpus")
+    voc.add_argument("--cased", action="store_true", help="with --vocab-size: keep case and accents")
+    inst = build.add_argument_group("instances")
+    inst.add_argument("--seq-lens", type=_int_list, default=(128, 512), help="comma-separated sequence lengths")
+    inst.add_argument("--masking", choices=("dynamic", "static"), default="dynamic",
+                      help="dynamic: stored unmasked, masked at load time; static: masked here")
+    inst.add_argument("--dupe-factor", type=int, default=1, help="passes over the corpus with different draws")
+    inst.add_argument("--mask-prob", type=float, default=0.15, help="fraction of tokens to predict")
+    inst.add_argument("--whole-word", action="store_true", help="static masking: mask whole words")
+    inst.add_argument("--short-seq-prob", type=float, default=0.1, help="probability of a shorter target length")
+    inst.add_argument("--min-doc-chars", type=int, default=100, help="drop (and count) shorter documents")
+    out = build.add_argument_group("output")
+    out.add_argument("--out", required=True, metavar="DIR", help="output folder (new, or one this config started)")
+    out.add_argument("--val-fraction", type=float, default=0.0, help="fraction of documents held out for validation")
+    out.add_argument("--num-shards", type=int, default=8, help="training shards per sequence length (equal +-1)")
+    out.add_argument("--num-val-shards", type=int, default=1, help="validation shards per sequence length")
+    out.add_argument("--seed", type=int, default=12345, help="seed of every random choice")
+    out.add_argument("--docs-per-chunk", type=int, default=256,
+                     help="input documents per unit of work (part of the output's identity)")
+    run = build.add_argument_group("execution (does not change the output)")
+    run.add_argument("--workers", type=int, default=default_workers(), help="worker processes")
+    run.add_argument("--num-nodes", type=int, default=1, help="machines sharing the work (then run merge)")
+    run.add_argument("--node-rank", type=int, default=0, help="this machine's index, 0..num-nodes-1")
+
+    merge = commands.add_parser("merge", help="after a multi-node build: instances, shards and the manifest")
+    merge.add_argument("--out", required=True, metavar="DIR")
+    merge.add_argument("--workers", type=int, default=default_workers())
+
+    inspect = commands.add_parser("inspect", help="manifest statistics and decoded random instances")
+    inspect.add_argument("out", metavar="OUT")
+    inspect.add_argument("--num-examples", type=int, default=3, help="decoded instances per sequence length")
+    inspect.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> BuildConfig:
+    return BuildConfig(
+        out=args.out, wiki_dumps=tuple(args.wiki_dump), wikiextractor=tuple(args.wikiextractor),
+        books=tuple(args.books), texts=tuple(args.text), hf_datasets=tuple(args.hf_dataset),
+        hf_text_field=args.hf_text_field, hf_rows_per_doc=args.hf_rows_per_doc,
+        skip_bad_files=args.skip_bad_files,
+        vocab=args.vocab, vocab_size=args.vocab_size, lowercase=not args.cased,
+        seq_lens=args.seq_lens, masking=args.masking, dupe_factor=args.dupe_factor, mask_prob=args.mask_prob,
+        whole_word=args.whole_word, short_seq_prob=args.short_seq_prob, val_fraction=args.val_fraction,
+        num_shards=args.num_shards, num_val_shards=args.num_val_shards, seed=args.seed,
+        min_doc_chars=args.min_doc_chars, docs_per_chunk=args.docs_per_chunk,
+        workers=args.workers, num_nodes=args.num_nodes, node_rank=args.node_rank,
+    )
+
+
+def main(argv: list[str] | None = None, configure_threads: bool = False) -> int:
+    """The CLI. `configure_threads` (the command line only, not in-process callers such as tests,
+    whose other code may use `tokenizers` too) sizes the tokenizers thread pool to --workers."""
+    args = build_parser().parse_args(argv)
+    if configure_threads and getattr(args, "workers", None):
+        # Threads of `tokenizers` (read once, when its pool starts): as many as worker processes.
+        os.environ.setdefault("RAYON_NUM_THREADS", str(args.workers))
+    # Imported after parsing so that `--help` is instant.
+    from data_prep.build import BuildError, run_build, run_merge
+    from data_prep.report import inspect_text
+    from data_prep.shards import ShardFormatError
+    from data_prep.sources import SourceError
+    from data_prep.vocab import VocabError
+
+    try:
+        if args.command == "build":
+            run_build(config_from_args(args))
+        elif args.command == "merge":
+            run_merge(Path(args.out), args.workers)
+        else:
+            print(inspect_text(Path(args.out), args.num_examples, args.seed))
+    except (ConfigError, SourceError, VocabError, ShardFormatError, BuildError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(configure_threads=True))

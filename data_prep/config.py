@@ -1,0 +1,131 @@
+"""The build configuration: typed, validated once, recorded in the manifest.
+
+`identity()` is the part that decides the output bytes; a folder built with another identity is
+refused instead of being mixed. How the work is spread (workers, nodes) is not part of it,
+because the output does not depend on it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+MASKING_MODES = ("dynamic", "static")
+
+
+class ConfigError(ValueError):
+    """A flag has an invalid value; the message names the flag."""
+
+
+def default_workers() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def max_predictions_for(seq_len: int) -> int:
+    """BERT's 20 predictions at 128 and 80 at 512, proportional for other lengths."""
+    return max(1, round(seq_len * 20 / 128))
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    out: str
+    wiki_dumps: tuple[str, ...] = ()
+    wikiextractor: tuple[str, ...] = ()
+    books: tuple[str, ...] = ()
+    texts: tuple[str, ...] = ()
+    hf_datasets: tuple[str, ...] = ()
+    hf_text_field: str = "text"
+    hf_rows_per_doc: int = 1
+    skip_bad_files: bool = False  # books/WikiExtractor files that are not UTF-8: skip with a warning
+    vocab: str | None = None
+    vocab_size: int | None = None
+    lowercase: bool = True  # only for a trained vocab; a given vocab decides for itself
+    seq_lens: tuple[int, ...] = (128, 512)
+    masking: str = "dynamic"
+    dupe_factor: int = 1
+    mask_prob: float = 0.15
+    whole_word: bool = False
+    short_seq_prob: float = 0.1
+    val_fraction: float = 0.0
+    num_shards: int = 8
+    num_val_shards: int = 1
+    seed: int = 12345
+    min_doc_chars: int = 100
+    docs_per_chunk: int = 256
+    # Not part of the identity: how the work is spread.
+    workers: int = field(default_factory=default_workers)
+    num_nodes: int = 1
+    node_rank: int = 0
+
+    def __post_init__(self) -> None:
+        if not (self.wiki_dumps or self.wikiextractor or self.books or self.texts or self.hf_datasets):
+            raise ConfigError(
+                "no input: give at least one of --wiki-dump, --wikiextractor, --books, --text, --hf-dataset"
+            )
+        if (self.vocab is None) == (self.vocab_size is None):
+            raise ConfigError("give exactly one of --vocab FILE or --vocab-size N")
+        if self.vocab_size is not None and not 10 <= self.vocab_size <= 1 << 20:
+            raise ConfigError(f"--vocab-size {self.vocab_size}: must be between 10 and 1048576")
+        if not self.seq_lens or any(not 8 <= s <= 65535 for s in self.seq_lens):
+            raise ConfigError(f"--seq-lens {self.seq_lens}: each must be between 8 and 65535")
+        if len(set(self.seq_lens)) != len(self.seq_lens):
+            raise ConfigError(f"--seq-lens {self.seq_lens}: repeated value")
+        if self.masking not in MASKING_MODES:
+            raise ConfigError(f"--masking {self.masking!r}: expected one of {MASKING_MODES}")
+        checks = [
+            ("--dupe-factor", self.dupe_factor >= 1, self.dupe_factor),
+            ("--mask-prob", 0 < self.mask_prob < 1, self.mask_prob),
+            ("--short-seq-prob", 0 <= self.short_seq_prob <= 1, self.short_seq_prob),
+            ("--val-fraction", 0 <= self.val_fraction < 1, self.val_fraction),
+            ("--num-shards", self.num_shards >= 1, self.num_shards),
+            ("--num-val-shards", self.num_val_shards >= 1, self.num_val_shards),
+            ("--min-doc-chars", self.min_doc_chars >= 0, self.min_doc_chars),
+            ("--docs-per-chunk", self.docs_per_chunk >= 1, self.docs_per_chunk),
+            ("--workers", self.workers >= 1, self.workers),
+            ("--num-nodes", self.num_nodes >= 1, self.num_nodes),
+            ("--node-rank", 0 <= self.node_rank < self.num_nodes, self.node_rank),
+            ("--hf-rows-per-doc", self.hf_rows_per_doc >= 1, self.hf_rows_per_doc),
+        ]
+        for flag, ok, value in checks:
+            if not ok:
+                raise ConfigError(f"{flag} {value}: out of range")
+        if self.num_nodes > 1 and self.vocab is None:
+            raise ConfigError(
+                "--num-nodes > 1 needs a fixed --vocab FILE (every node must tokenize with the same vocab); "
+                "train one first with a single-node build, or pass an existing vocab.txt"
+            )
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.out)
+
+    @property
+    def static_masking(self) -> bool:
+        return self.masking == "static"
+
+    def max_predictions(self) -> dict[str, int]:
+        return {str(s): max_predictions_for(s) for s in self.seq_lens}
+
+    def identity(self) -> dict[str, Any]:
+        """Everything that decides the output bytes (paths made absolute)."""
+        data = asdict(self)
+        for key in ("out", "workers", "num_nodes", "node_rank"):
+            data.pop(key)
+        for key in ("wiki_dumps", "wikiextractor", "books", "texts"):
+            data[key] = [str(Path(p).resolve()) for p in data[key]]
+        data["hf_datasets"] = list(data["hf_datasets"])
+        data["seq_lens"] = list(data["seq_lens"])
+        if data["vocab"] is not None:
+            data["vocab"] = str(Path(data["vocab"]).resolve())
+        return data
+
+    @classmethod
+    def from_identity(cls, identity: dict[str, Any], **runtime: Any) -> BuildConfig:
+        names = {f.name for f in fields(cls)}
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in identity.items() if k in names}
+        return cls(**values, **runtime)

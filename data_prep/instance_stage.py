@@ -1,0 +1,128 @@
+"""Stage 2: tokenized corpus -> instances, one file per (sequence length, chunk, split).
+
+Each chunk's instances are a pure function of (seed, sequence length, chunk index, corpus):
+its rng is seeded from those alone, so neither the worker count nor the node count changes a
+byte. Random "next" segments come from any document of the same split, across the whole corpus.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from data_prep.corpus import TokenCorpus, token_part_path
+from data_prep.instances import Instance, MaskedInstance, SpecialIds, instances_from_document, mask_instance
+from data_prep.shards import SPLITS, id_type, shard_schema, write_shard_table
+from data_prep.vocab import load_vocab
+
+
+def instance_part_path(out: Path, seq_len: int, chunk: int, split: str) -> Path:
+    return out / "work" / "instances" / f"seq{seq_len}" / f"part-{chunk:05d}-{split}.arrow"
+
+
+def validation_documents(num_documents: int, val_fraction: float, seed: int) -> np.ndarray:
+    """Boolean mask of held-out documents: a seeded draw per document, at least one when asked."""
+    if val_fraction <= 0 or num_documents < 2:
+        return np.zeros(num_documents, dtype=bool)
+    draws = np.random.default_rng([seed, 0x7A1]).random(num_documents)
+    held_out = draws < val_fraction
+    if not held_out.any():
+        held_out[int(np.argmin(draws))] = True
+    return held_out
+
+
+@dataclass(frozen=True)
+class InstanceTask:
+    out: Path
+    num_chunks: int
+    chunk: int
+    seq_len: int
+    seed: int
+    short_seq_prob: float
+    val_fraction: float
+    dupe_factor: int
+    static_masking: bool
+    mask_prob: float
+    max_predictions: int
+    whole_word: bool
+
+
+@functools.lru_cache(maxsize=1)
+def _corpus(out: Path, num_chunks: int) -> TokenCorpus:
+    return TokenCorpus([token_part_path(out, c) for c in range(num_chunks)])
+
+
+@functools.lru_cache(maxsize=1)
+def _splits(num_documents: int, val_fraction: float, seed: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    held_out = validation_documents(num_documents, val_fraction, seed)
+    return held_out, {"train": np.flatnonzero(~held_out), "val": np.flatnonzero(held_out)}
+
+
+def _columns(rows: list[Instance | tuple[Instance, MaskedInstance]], vocab_size: int, static: bool) -> pa.Table:
+    schema = shard_schema(vocab_size, static)
+    ids_type = id_type(vocab_size)
+    if static:
+        plain = [row[0] for row in rows]  # type: ignore[index]
+        masked = [row[1] for row in rows]  # type: ignore[index]
+        input_ids = [m.input_ids for m in masked]
+    else:
+        plain = rows  # type: ignore[assignment]
+        input_ids = [inst.input_ids for inst in plain]
+    columns = [
+        pa.array(input_ids, type=pa.list_(ids_type)),
+        pa.array([inst.a_len for inst in plain], type=pa.uint16()),
+        pa.array([1 if inst.is_random_next else 0 for inst in plain], type=pa.int8()),
+    ]
+    if static:
+        columns.append(pa.array([m.masked_positions for m in masked], type=pa.list_(pa.uint16())))
+        columns.append(pa.array([m.masked_label_ids for m in masked], type=pa.list_(ids_type)))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def make_instances(task: InstanceTask) -> dict[str, int]:
+    """All instances whose segment A comes from this chunk's documents, split by document."""
+    vocab = load_vocab(task.out / "vocab.txt")
+    ids = vocab.special_ids
+    special = SpecialIds(ids["[CLS]"], ids["[SEP]"], ids["[MASK]"], ids["[PAD]"], ids["[UNK]"])
+    continuation = vocab.continuation_mask() if task.whole_word else None
+    corpus = _corpus(task.out, task.num_chunks)
+    held_out, split_docs = _splits(len(corpus), task.val_fraction, task.seed)
+    rng = random.Random(f"instances:{task.seed}:{task.seq_len}:{task.chunk}")
+    rows: dict[str, list] = {split: [] for split in SPLITS}
+    for _round in range(task.dupe_factor):
+        for doc in corpus.part_range(task.chunk):
+            split = "val" if held_out[doc] else "train"
+            pool = split_docs[split]
+            created = instances_from_document(
+                doc,
+                corpus.document,
+                lambda r, pool=pool: int(pool[r.randrange(len(pool))]),
+                task.seq_len,
+                task.short_seq_prob,
+                special,
+                rng,
+            )
+            for inst in created:
+                if task.static_masking:
+                    masked = mask_instance(
+                        inst.input_ids, task.mask_prob, task.max_predictions, special, vocab.size, rng, continuation
+                    )
+                    rows[split].append((inst, masked))
+                else:
+                    rows[split].append(inst)
+    stats: dict[str, int] = {}
+    # val first, train last: the train file's presence marks the chunk as done.
+    for split in ("val", "train"):
+        table = _columns(rows[split], vocab.size, task.static_masking)
+        write_shard_table(instance_part_path(task.out, task.seq_len, task.chunk, split), table)
+        stats[f"{split}_instances"] = table.num_rows
+    return stats
+
+
+def instance_chunk_done(out: Path, seq_len: int, chunk: int) -> bool:
+    return all(instance_part_path(out, seq_len, chunk, split).is_file() for split in SPLITS)

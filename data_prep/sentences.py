@@ -1,0 +1,47 @@
+"""Sentence splitting that needs nothing at run time: one compiled regex plus an abbreviation list.
+
+A sentence ends at . ! ? (optionally followed by closing quotes/brackets) when whitespace and an
+upper-case letter, digit, or opening quote follow, unless the word before the period is a known
+abbreviation ("Mr.", "e.g.") or a single initial ("J. R. R. Tolkien"). It is not a full
+Punkt model, but BERT only needs segment boundaries that are usually right, and this runs at
+several MB/s in pure Python with identical results everywhere.
+"""
+
+from __future__ import annotations
+
+import re
+
+_ABBREVIATIONS = frozenset(
+    """mr mrs ms dr prof sr jr st mt ft vs etc e.g i.e cf al approx dept est fig govt inc ltd co corp
+    no nos vol vols pp ed eds rev gen col lt sgt capt cmdr adm gov sen rep hon jan feb mar apr jun jul
+    aug sep sept oct nov dec ca c b d op ch chap sec art u.s u.k u.n a.d b.c p.m a.m ph.d""".split()
+)
+# Candidate boundary: terminal punctuation, optional closers, whitespace, then a sentence opener.
+_BOUNDARY = re.compile(r"([.!?]+[\"'\u201d\u2019)\]]*)\s+(?=[\"'\u201c\u2018(\[]?[A-Z0-9\u00c0-\u024f])")
+_LAST_WORD = re.compile(r"([\w.]+)$")
+
+
+def _is_abbreviation(text_before: str) -> bool:
+    match = _LAST_WORD.search(text_before)
+    if match is None:
+        return False
+    word = match.group(1).rstrip(".").lower()
+    return word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha())
+
+
+def split_sentences(paragraph: str) -> list[str]:
+    """Split one paragraph (no newlines needed) into sentences; whitespace is normalised."""
+    sentences: list[str] = []
+    start = 0
+    for match in _BOUNDARY.finditer(paragraph):
+        if match.group(1).startswith(".") and len(match.group(1)) == 1:
+            if _is_abbreviation(paragraph[start : match.start() + 1]):
+                continue
+        sentence = paragraph[start : match.end(1)].strip()
+        if sentence:
+            sentences.append(sentence)
+        start = match.end()
+    tail = paragraph[start:].strip()
+    if tail:
+        sentences.append(tail)
+    return sentences
