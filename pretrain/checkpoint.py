@@ -1,0 +1,145 @@
+"""Resume checkpoints: DeepSpeed save/load, our trainer state beside it, an atomic `latest`, keep-last-k.
+
+Layout of `checkpoint.dir`::
+
+    latest                         tag of the newest COMPLETE checkpoint (rewritten atomically, last)
+    phase1-step0000200/            one DeepSpeed checkpoint per tag (model states, ZeRO partitions)
+        trainer_state.json         phase, step, samples seen, data position, counters (rank 0)
+        run_config.json            the resolved run configuration (rank 0)
+        rng_rank00000.pt           each rank's torch / numpy / python RNG states
+        PHASE_END                  present on the checkpoint that closes a phase (never pruned)
+
+Why our own `latest`: DeepSpeed's rank 0 writes its `latest` before the final barrier of
+`save_checkpoint`, so a crash can leave it naming a tag other ranks never finished. We pass
+`save_latest=False` and switch the pointer only after a barrier that every rank reaches after
+writing, with temp file + rename. Older tags are pruned only after the switch.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from data_prep.shards import atomic_write_bytes, atomic_write_json
+
+LATEST = "latest"
+TRAINER_STATE = "trainer_state.json"
+RUN_CONFIG = "run_config.json"
+PHASE_END = "PHASE_END"
+TAG_PATTERN = re.compile(r"^(phase\d)-step(\d+)$")
+
+
+def make_tag(phase: str, step: int) -> str:
+    return f"{phase}-step{step:07d}"
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+class CheckpointManager:
+    def __init__(self, root: Path, keep_last: int, rank: int) -> None:
+        self.root, self.keep_last, self.rank = Path(root), keep_last, rank
+
+    def latest_tag(self) -> str | None:
+        pointer = self.root / LATEST
+        if not pointer.is_file():
+            return None
+        tag = pointer.read_text(encoding="utf-8").strip()
+        if not (self.root / tag / TRAINER_STATE).is_file():
+            raise FileNotFoundError(f"{pointer} names {tag!r}, but {self.root / tag / TRAINER_STATE} is missing")
+        return tag
+
+    def trainer_state(self, tag: str) -> dict[str, Any]:
+        return json.loads((self.root / tag / TRAINER_STATE).read_text(encoding="utf-8"))
+
+    def save(
+        self, engine: Any, tag: str, trainer_state: dict[str, Any], run_config: dict[str, Any], phase_end: bool
+    ) -> Path:
+        """Collective: every rank calls it. Returns the tag folder."""
+        folder = self.root / tag
+        client_state = {"trainer_state": trainer_state, "run_config": run_config}
+        engine.save_checkpoint(str(self.root), tag=tag, client_state=client_state, save_latest=False)
+        # Each rank's RNG: not needed for exactness (steps reseed), kept so anything else random resumes too.
+        rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state()
+        atomic_write_bytes(folder / f"rng_rank{self.rank:05d}.pt", pickle.dumps(rng))
+        if self.rank == 0:
+            atomic_write_json(folder / TRAINER_STATE, trainer_state)
+            atomic_write_json(folder / RUN_CONFIG, run_config)
+            if phase_end:
+                atomic_write_bytes(folder / PHASE_END, b"")
+        _barrier()  # every rank has written everything of this tag
+        if self.rank == 0:
+            atomic_write_bytes(self.root / LATEST, tag.encode("utf-8"))
+            self._prune(keep=tag)
+        _barrier()
+        return folder
+
+    def load(self, engine: Any, tag: str) -> dict[str, Any]:
+        """Weights, optimizer, lr-scheduler position, RNG; returns the trainer state saved with them."""
+        path, _ = engine.load_checkpoint(
+            str(self.root), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
+        )
+        if path is None:
+            raise FileNotFoundError(f"{self.root / tag}: DeepSpeed could not load this checkpoint")
+        rng_file = self.root / tag / f"rng_rank{self.rank:05d}.pt"
+        if rng_file.is_file():
+            rng = pickle.loads(rng_file.read_bytes())
+            torch.set_rng_state(rng["torch"])
+            np.random.set_state(rng["numpy"])
+            random.setstate(rng["python"])
+            if "cuda" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state(rng["cuda"])
+        return self.trainer_state(tag)
+
+    def _prune(self, keep: str) -> None:
+        """Keep the newest `keep_last` step checkpoints (and every phase end); delete the rest."""
+        tags = []
+        for child in self.root.iterdir():
+            match = TAG_PATTERN.match(child.name)
+            if match and child.is_dir() and not (child / PHASE_END).exists() and child.name != keep:
+                tags.append((match.group(1), int(match.group(2)), child))
+        tags.sort()
+        for *_, folder in tags[: max(0, len(tags) - (self.keep_last - 1))]:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def split_checkpoint_path(path: str | Path) -> tuple[Path, str]:
+    """A checkpoint root (with `latest`) or one tag folder -> (root, tag)."""
+    path = Path(path)
+    if (path / LATEST).is_file():
+        return path, (path / LATEST).read_text(encoding="utf-8").strip()
+    if path.is_dir() and any(path.glob("*model_states.pt")):
+        return path.parent, path.name
+    raise FileNotFoundError(f"{path}: neither a checkpoint folder with a 'latest' file nor a checkpoint tag folder")
+
+
+def consolidated_state_dict(root: Path, tag: str) -> dict[str, torch.Tensor]:
+    """fp32 weights of a ZeRO-0/1/2/3 checkpoint, merged from every rank's partition, keyed like the module."""
+    folder = root / tag
+    if any(folder.glob("*optim_states.pt")):
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        return dict(get_fp32_state_dict_from_zero_checkpoint(str(root), tag=tag))
+    # ZeRO stage 0: rank 0's model states hold the full module (fp32 masters are the module weights).
+    states = sorted(folder.glob("mp_rank_*_model_states.pt"))
+    if not states:
+        raise FileNotFoundError(f"{folder}: no DeepSpeed model states")
+    module = torch.load(states[0], map_location="cpu", weights_only=False)["module"]
+    return {key: value.float() for key, value in module.items()}
+
+
+def read_run_config(root: Path, tag: str) -> dict[str, Any]:
+    return json.loads((root / tag / RUN_CONFIG).read_text(encoding="utf-8"))

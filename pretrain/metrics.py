@@ -1,0 +1,128 @@
+"""TensorBoard on rank 0 (a no-op writer elsewhere), throughput, the FLOP model and MFU.
+
+FLOP model (training = forward + backward = 3 x forward, 2 FLOPs per multiply-add), per sequence:
+
+    6 * N_enc * s            every encoder weight (and the pooler) touches every token
+  + 12 * L * d * s^2         attention scores QK^T and the weighted sum AV, per layer
+  + 6 * N_head * m           MLM head (transform + tied decoder) on the m masked positions only
+
+N_enc = encoder parameters, L layers, d hidden size, s sequence length, N_head = MLM head parameters
+including the vocab x d decoder. Embedding lookups and the NSP head are negligible and not counted.
+MFU = achieved model FLOP/s / (devices x peak FLOP/s of one device at the training precision).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Dense peak TFLOP/s per device (no sparsity), by precision. Matched by substring of the device name.
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "H200": {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0},
+    "H100 SXM": {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0},
+    "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "fp32": 51.0},
+    "H100": {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0},
+    "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5},
+    "A10G": {"bf16": 70.0, "fp16": 70.0, "fp32": 31.2},
+    "L40S": {"bf16": 362.0, "fp16": 362.0, "fp32": 91.6},
+    "V100": {"bf16": 0.0, "fp16": 125.0, "fp32": 15.7},
+}
+
+
+def flops_per_sequence(
+    encoder_params: int, head_params: int, layers: int, hidden: int, seq_len: int, predictions: int
+) -> float:
+    return 6.0 * encoder_params * seq_len + 12.0 * layers * hidden * seq_len**2 + 6.0 * head_params * predictions
+
+
+def peak_tflops(device: torch.device, precision: str, override: float | None) -> float | None:
+    """Peak TFLOP/s of one device: the flag when given, else the table; None (no MFU) when unknown."""
+    if override is not None:
+        return override
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, peaks in PEAK_TFLOPS.items():
+        if key in name:
+            return peaks.get(precision) or None
+    return None
+
+
+def memory_stats(device: torch.device) -> dict[str, float]:
+    if device.type == "cuda":
+        return {
+            "memory/max_allocated_gb": torch.cuda.max_memory_allocated(device) / 2**30,
+            "memory/max_reserved_gb": torch.cuda.max_memory_reserved(device) / 2**30,
+        }
+    # ru_maxrss is in KiB on Linux: the peak resident memory of this rank's process.
+    return {"memory/max_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+
+
+class MetricsWriter:
+    """Scalars/histograms to TensorBoard and one JSON line per step to metrics.jsonl; rank 0 only."""
+
+    def __init__(self, log_dir: Path | None, enabled: bool) -> None:
+        self.enabled = enabled and log_dir is not None
+        self._tb = None
+        self._jsonl = None
+        if self.enabled:
+            assert log_dir is not None
+            from torch.utils.tensorboard import SummaryWriter  # imported lazily: rank 0 only
+
+            log_dir.mkdir(parents=True, exist_ok=True)
+            self._tb = SummaryWriter(log_dir=str(log_dir))
+            self._jsonl = open(log_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+
+    def scalars(self, step: int, values: dict[str, float], extra: dict[str, Any] | None = None) -> None:
+        if not self.enabled:
+            return
+        for tag, value in values.items():
+            self._tb.add_scalar(tag, value, step)
+        self._jsonl.write(json.dumps({"step": step, **(extra or {}), **values}) + "\n")
+        self._jsonl.flush()
+
+    def histogram(self, step: int, tag: str, values: torch.Tensor) -> None:
+        if self.enabled and values.numel():
+            self._tb.add_histogram(tag, values.detach().float().cpu(), step)
+
+    def flush(self) -> None:
+        if self.enabled:
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self._tb.close()
+            self._jsonl.close()
+            self.enabled = False
+
+
+class Throughput:
+    """Wall time between optimizer steps -> sequences/s, tokens/s, TFLOP/s, MFU (whole job)."""
+
+    def __init__(self, flops_per_seq: float, seq_len: int, world_size: int, peak_tflops_per_device: float | None):
+        self.flops_per_seq, self.seq_len, self.world_size = flops_per_seq, seq_len, world_size
+        self.peak = peak_tflops_per_device
+        self._last = time.perf_counter()
+
+    def restart(self) -> None:
+        self._last = time.perf_counter()
+
+    def step(self, sequences: int) -> dict[str, float]:
+        now = time.perf_counter()
+        seconds, self._last = max(now - self._last, 1e-9), now
+        seq_per_s = sequences / seconds
+        tflops = seq_per_s * self.flops_per_seq / 1e12
+        stats = {
+            "perf/seq_per_s": seq_per_s,
+            "perf/tokens_per_s": seq_per_s * self.seq_len,
+            "perf/tflops": tflops,
+            "perf/step_s": seconds,
+        }
+        if self.peak:
+            stats["perf/mfu"] = tflops / (self.peak * self.world_size)
+        return stats

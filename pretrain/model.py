@@ -1,0 +1,125 @@
+"""BERT for pretraining: transformers' `BertForPreTraining` with a sparse MLM head.
+
+The module *is* a `BertForPreTraining` (same submodules, same parameter names), so a consolidated
+state dict loads into the Hugging Face class unchanged. Only `forward` differs: the MLM head runs
+on the masked positions alone (gathered first), which for BERT's 15% masking skips ~85% of the
+largest matmul of the model (hidden x vocab).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import BertConfig, BertForPreTraining
+
+IGNORE_INDEX = -100
+
+# Architecture presets. bert-base / bert-large are the published shapes; the tiny ones exist for CPU tests.
+PRESETS: dict[str, dict[str, Any]] = {
+    "bert-large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
+    "bert-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    "bert-mini": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024),
+    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128),
+}
+
+
+def bert_config(preset: str, vocab_size: int, max_position_embeddings: int = 512, **overrides: Any) -> BertConfig:
+    """A `BertConfig` from a preset name plus explicit overrides (unknown override names are errors)."""
+    if preset not in PRESETS:
+        raise ValueError(f"model.preset: unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    known = set(BertConfig().to_dict())
+    for key in overrides:
+        if key not in known:
+            raise ValueError(f"model.overrides.{key}: not a BertConfig field")
+    fields = {**PRESETS[preset], "vocab_size": vocab_size, "max_position_embeddings": max_position_embeddings}
+    fields.update(overrides)
+    return BertConfig(**fields)
+
+
+@dataclass
+class PretrainingOutput:
+    """Losses and the numbers needed for accuracy, all computed on this rank's micro-batch."""
+
+    loss: torch.Tensor  # mlm + nsp (what backward runs on)
+    mlm_loss: torch.Tensor
+    nsp_loss: torch.Tensor
+    mlm_logits: torch.Tensor  # [num_masked, vocab]: only the labelled positions
+    mlm_labels: torch.Tensor  # [num_masked]
+    nsp_logits: torch.Tensor  # [batch, 2]
+
+
+class SparseBertForPreTraining(BertForPreTraining):
+    """`BertForPreTraining` whose MLM head only sees masked positions.
+
+    `forward(input_ids, token_type_ids, attention_mask, masked_positions, masked_labels,
+    next_sentence_label)`: `masked_positions` / `masked_labels` are [batch, max_predictions],
+    padded with position 0 / label -100. Returns `PretrainingOutput`.
+    """
+
+    def forward(  # type: ignore[override]
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        masked_positions: torch.Tensor,
+        masked_labels: torch.Tensor,
+        next_sentence_label: torch.Tensor,
+    ) -> PretrainingOutput:
+        encoded = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        sequence_output, pooled_output = encoded[0], encoded[1]
+        mlm_logits, labels = self.masked_lm_logits(sequence_output, masked_positions, masked_labels)
+        nsp_logits = self.cls.seq_relationship(pooled_output)
+        # Sum over predictions / count, like HF's mean cross-entropy over labelled positions.
+        mlm_loss = F.cross_entropy(mlm_logits.float(), labels, reduction="mean") if labels.numel() else (
+            mlm_logits.sum() * 0.0
+        )
+        nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label.long())
+        return PretrainingOutput(
+            loss=mlm_loss + nsp_loss,
+            mlm_loss=mlm_loss,
+            nsp_loss=nsp_loss,
+            mlm_logits=mlm_logits,
+            mlm_labels=labels,
+            nsp_logits=nsp_logits,
+        )
+
+    def masked_lm_logits(
+        self, sequence_output: torch.Tensor, masked_positions: torch.Tensor, masked_labels: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gather the hidden states of labelled positions, then run the MLM head on those only."""
+        hidden = sequence_output.size(-1)
+        index = masked_positions.long().unsqueeze(-1).expand(-1, -1, hidden)
+        gathered = torch.gather(sequence_output, 1, index)  # [batch, max_predictions, hidden]
+        valid = masked_labels.reshape(-1) != IGNORE_INDEX
+        selected = gathered.reshape(-1, hidden)[valid]
+        return self.cls.predictions(selected), masked_labels.reshape(-1)[valid].long()
+
+    def dense_mlm_logits(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits at every position (what `BertForPreTraining` computes); for checks and benchmarks."""
+        encoded = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        return self.cls.predictions(encoded[0])
+
+
+def build_model(config: BertConfig, activation_checkpointing: bool = False) -> SparseBertForPreTraining:
+    """A freshly initialised model with PyTorch SDPA attention (flash / memory-efficient kernels on GPU)."""
+    model = SparseBertForPreTraining._from_config(config, attn_implementation="sdpa")
+    if activation_checkpointing:
+        # Recompute each encoder layer in backward: ~1/3 more compute for activations of O(layers) less.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def count_parameters(model: BertForPreTraining) -> dict[str, int]:
+    """Parameter counts the FLOP model needs: encoder layers, MLM head (incl. tied decoder), embeddings."""
+    encoder = sum(p.numel() for p in model.bert.encoder.parameters())
+    pooler = sum(p.numel() for p in model.bert.pooler.parameters()) if model.bert.pooler is not None else 0
+    head = sum(p.numel() for p in model.cls.predictions.transform.parameters())
+    head += model.cls.predictions.decoder.weight.numel() + model.cls.predictions.decoder.bias.numel()
+    embeddings = sum(p.numel() for p in model.bert.embeddings.parameters())
+    total = sum(p.numel() for p in model.parameters())
+    return {"encoder": encoder + pooler, "mlm_head": head, "embeddings": embeddings, "total": total}

@@ -1,0 +1,315 @@
+"""Entry point: phase 1 (seq 128) then phase 2 (seq 512), resumable by rerunning the same command.
+
+    deepspeed pretrain/train.py --config RUN.json [--section.key=value ...]
+    python -m pretrain.train --config RUN.json ...            (one process, or under srun / torchrun)
+
+Order of work: read and type-check the config (no processes yet) -> join the process group ->
+rank 0 validates everything that needs files (shards, checksums, vocab, batch arithmetic) and
+shares the verdict, so every rank fails together with the same message -> for each phase still to
+do: build the model, load weights (resume checkpoint, `init_from`, or the previous phase's end),
+build the engine, train, checkpoint, export.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from transformers import BertConfig
+
+from data_prep.shards import ShardFormatError, atomic_write_json
+from pretrain.checkpoint import (
+    CheckpointManager,
+    consolidated_state_dict,
+    read_run_config,
+    split_checkpoint_path,
+)
+from pretrain.config import ConfigError, RunConfig, load_config, phase_ds_config
+from pretrain.data import DataConfigError, PhaseData, RankBatches, open_phase_data
+from pretrain.engine import DistInfo, build_engine, client_optimizer, init_distributed
+from pretrain.export import EXPORT_INFO, export_checkpoint, load_weights
+from pretrain.lamb import Lamb, bind_zero_layout
+from pretrain.metrics import MetricsWriter, Throughput, flops_per_sequence, peak_tflops
+from pretrain.model import bert_config, build_model, count_parameters
+from pretrain.schedule import WarmupPolyDecay
+from pretrain.trainer import ExtraLoss, NonFiniteLossError, PhaseState, PhaseTrainer, StopRequest
+
+RESOLVED_CONFIG = "config.resolved.json"
+
+
+@dataclass
+class RunPlan:
+    data: dict[str, PhaseData]
+    ds_configs: dict[str, dict[str, Any]]
+    resolved: dict[str, Any]  # the run config + what was derived from files (written everywhere)
+
+
+def plan_run(config: RunConfig, dist_info: DistInfo, verify_checksums: bool) -> RunPlan:
+    """Every check that needs files, before any model or engine exists. Raises ConfigError/DataConfigError."""
+    data: dict[str, PhaseData] = {}
+    vocab_sha = None
+    for name in config.run.phases:
+        phase = config.phase(name)
+        key = f"{name}.shards" if phase.shards else "data.shards"
+        data[name] = open_phase_data(
+            phase.shards or config.data.shards, phase.seq_len, phase.max_predictions, key,
+            expected_vocab_sha256=vocab_sha, verify_checksums=verify_checksums and config.data.verify_checksums,
+        )
+        vocab_sha = data[name].vocab.sha256
+    first = data[config.run.phases[0]]
+    overrides = dict(config.model.overrides)
+    if overrides.get("vocab_size", first.vocab.size) != first.vocab.size:
+        raise ConfigError(
+            f"model.overrides.vocab_size: {overrides['vocab_size']} differs from the shards' vocab size {first.vocab.size}"
+        )
+    overrides.pop("vocab_size", None)
+    max_len = max(config.phase(name).seq_len for name in config.run.phases)
+    overrides.setdefault("max_position_embeddings", max(512, max_len))
+    if overrides["max_position_embeddings"] < max_len:
+        raise ConfigError(f"model.overrides.max_position_embeddings: {overrides['max_position_embeddings']} < seq_len {max_len}")
+    max_positions = overrides.pop("max_position_embeddings")
+    try:
+        model_config = bert_config(config.model.preset, first.vocab.size, max_positions, **overrides)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    device = dist_info.device
+    bf16_ok = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    ds_configs = {
+        name: phase_ds_config(config, name, dist_info.world_size, device.type, bf16_ok) for name in config.run.phases
+    }
+    resolved = {
+        **config.to_dict(),
+        "resolved": {
+            "model_config": model_config.to_dict(),
+            "vocab_file": str(first.manifest.vocab_path.resolve()),
+            "vocab_sha256": first.vocab.sha256,
+            "lowercase": bool(first.manifest.data["vocab"].get("lowercase", True)),
+            "ds_configs": ds_configs,
+            "world_size": dist_info.world_size,
+            "max_predictions": {name: d.max_predictions for name, d in data.items()},
+        },
+    }
+    return RunPlan(data=data, ds_configs=ds_configs, resolved=resolved)
+
+
+def plan_on_rank0(config: RunConfig, dist_info: DistInfo) -> RunPlan:
+    """Rank 0 checks (with checksums) and broadcasts the verdict: all ranks fail together, none hangs."""
+    error: list[Any] = [None]
+    if dist_info.rank == 0:
+        try:
+            plan_run(config, dist_info, verify_checksums=True)
+        except (ConfigError, DataConfigError, ShardFormatError) as err:
+            error[0] = f"{type(err).__name__}: {err}"
+    if dist.is_initialized() and dist_info.world_size > 1:
+        dist.broadcast_object_list(error, src=0)
+    if error[0] is not None:
+        raise ConfigError(error[0])
+    return plan_run(config, dist_info, verify_checksums=False)
+
+
+def initial_weights(path: str, expected_vocab_sha: str, key: str) -> dict[str, torch.Tensor]:
+    """fp32 weights from a checkpoint (folder or tag) or a Hugging Face export of this toolkit."""
+    folder = Path(path)
+    if (folder / "config.json").is_file():
+        from transformers import BertForPreTraining
+
+        info = folder / EXPORT_INFO
+        if info.is_file():
+            import json
+
+            sha = json.loads(info.read_text(encoding="utf-8")).get("vocab_sha256")
+            if sha and sha != expected_vocab_sha:
+                raise ConfigError(f"{key}: {path} was trained with another vocab (sha256 {sha[:12]})")
+        return BertForPreTraining.from_pretrained(str(folder), local_files_only=True).state_dict()
+    try:
+        root, tag = split_checkpoint_path(folder)
+    except FileNotFoundError as err:
+        raise ConfigError(f"{key}: {err}") from err
+    sha = read_run_config(root, tag)["resolved"]["vocab_sha256"]
+    if sha != expected_vocab_sha:
+        raise ConfigError(f"{key}: {root / tag} was trained with another vocab (sha256 {sha[:12]})")
+    return consolidated_state_dict(root, tag)
+
+
+def run_phase(
+    name: str,
+    config: RunConfig,
+    plan: RunPlan,
+    dist_info: DistInfo,
+    checkpoints: CheckpointManager,
+    metrics: MetricsWriter,
+    stop: StopRequest,
+    resume_tag: str | None,
+    init_weights: dict[str, torch.Tensor] | None,
+    samples_seen: int,
+    step_callbacks: list[Callable[[PhaseTrainer], None]],
+    steps_done_in_process: int,
+    extra_loss: ExtraLoss | None = None,
+) -> tuple[str, PhaseTrainer]:
+    phase = config.phase(name)
+    torch.manual_seed(config.run.seed)  # the same initial weights on every rank
+    model_config = bert_config_from_plan(plan)
+    model = build_model(model_config, config.model.activation_checkpointing)
+    if init_weights is not None:
+        load_weights(model, init_weights, f"{name} initial weights")
+    schedule = WarmupPolyDecay(phase.steps, phase.warmup_fraction, phase.decay_power)
+    ds = plan.ds_configs[name]
+    counts = count_parameters(model)
+    engine = build_engine(model, ds, lr_schedule=schedule)
+    state = PhaseState(phase=name, samples_seen=samples_seen)
+    if resume_tag is not None:
+        state = PhaseState.from_dict(checkpoints.load(engine, resume_tag))
+        if isinstance(client_optimizer(engine), Lamb):
+            bind_zero_layout(engine)
+    micro = engine.train_micro_batch_size_per_gpu()
+    data = plan.data[name]
+    train_batches = RankBatches(data, "train", config.run.seed, dist_info.rank, dist_info.world_size, micro)
+    try:
+        val_batches = RankBatches(data, "val", config.run.seed, dist_info.rank, dist_info.world_size, micro, shuffle=False)
+    except (ShardFormatError, DataConfigError):
+        val_batches = None  # no held-out shards at this length: no validation numbers
+    precision = "bf16" if ds["bf16"]["enabled"] else "fp16" if ds["fp16"]["enabled"] else "fp32"
+    flops = flops_per_sequence(
+        counts["encoder"], counts["mlm_head"], model_config.num_hidden_layers, model_config.hidden_size,
+        phase.seq_len, data.max_predictions,
+    )
+    throughput = Throughput(flops, phase.seq_len, dist_info.world_size,
+                            peak_tflops(dist_info.device, precision, config.logging.peak_tflops))
+    trainer = PhaseTrainer(config, plan.resolved, dist_info, engine, train_batches, val_batches, checkpoints,
+                           metrics, throughput, state, stop, extra_loss)
+    trainer.steps_this_process = steps_done_in_process
+    trainer.step_callbacks.extend(step_callbacks)
+    progress = None
+    if dist_info.rank == 0 and config.logging.progress_bar:
+        from tqdm import tqdm
+
+        progress = tqdm(total=phase.steps, initial=state.step, desc=name, unit="step", dynamic_ncols=True)
+    try:
+        outcome = trainer.train(progress)
+    finally:
+        if progress is not None:
+            progress.close()
+    return outcome, trainer
+
+
+def bert_config_from_plan(plan: RunPlan) -> BertConfig:
+    return BertConfig.from_dict(plan.resolved["resolved"]["model_config"])
+
+
+def train(
+    config: RunConfig,
+    step_callbacks: list[Callable[[PhaseTrainer], None]] | None = None,
+    extra_loss: ExtraLoss | None = None,
+) -> str:
+    """Run (or resume) the configured phases. Returns 'complete' or why it stopped early.
+
+    step_callbacks run on every rank after each optimizer step; extra_loss is added to the task loss
+    (see PhaseTrainer) — the hooks tests and codistillation use.
+    """
+    dist_info = init_distributed()
+    plan = plan_on_rank0(config, dist_info)
+    run_dir = Path(config.run.dir)
+    checkpoints = CheckpointManager(config.checkpoint_dir, config.checkpoint.keep_last, dist_info.rank)
+    if dist_info.rank == 0:
+        atomic_write_json(run_dir / RESOLVED_CONFIG, plan.resolved)
+    latest = checkpoints.latest_tag()
+    saved = checkpoints.trainer_state(latest) if latest else None
+    if latest is not None:
+        saved_world = read_run_config(checkpoints.root, latest)["resolved"]["world_size"]
+        if saved_world != dist_info.world_size:
+            raise ConfigError(
+                f"checkpoint.dir: {checkpoints.root / latest} was written by {saved_world} ranks, this job has "
+                f"{dist_info.world_size}; resume with the same number of ranks, or start a phase from it with "
+                "phaseN.init_from in a new checkpoint.dir"
+            )
+    if saved is None and config.run.phases[0] == "phase2" and not config.phase2.init_from:
+        raise ConfigError("phase2.init_from: required when phase 2 runs without a phase-1 checkpoint in checkpoint.dir")
+    metrics = MetricsWriter(run_dir / "tensorboard", enabled=dist_info.rank == 0 and config.logging.tensorboard)
+    stop = StopRequest()
+    stop.install()
+    samples_seen = saved["samples_seen"] if saved else 0
+    steps_done = 0
+    try:
+        for name in config.run.phases:
+            resume_tag, init = None, None
+            if saved is not None and saved["phase"] == name:
+                if saved["complete"]:
+                    # a crash between the phase-end checkpoint and its export: redo the export
+                    export_dir = run_dir / "export" / name
+                    if config.checkpoint.export_at_phase_end and dist_info.rank == 0 and not (
+                        export_dir / EXPORT_INFO
+                    ).is_file():
+                        export_checkpoint(checkpoints.root / latest, export_dir)
+                    continue
+                resume_tag = latest
+            elif saved is not None and saved["phase"] > name:
+                continue  # this run is already past this phase
+            elif config.phase(name).init_from:
+                init = initial_weights(config.phase(name).init_from, plan.resolved["resolved"]["vocab_sha256"],
+                                       f"{name}.init_from")
+            elif saved is not None:  # the previous phase's end checkpoint
+                init = consolidated_state_dict(checkpoints.root, latest)
+            outcome, trainer = run_phase(name, config, plan, dist_info, checkpoints, metrics, stop, resume_tag, init,
+                                         samples_seen, step_callbacks or [], steps_done, extra_loss)
+            steps_done = trainer.steps_this_process
+            samples_seen = trainer.state.samples_seen
+            if outcome != "complete":
+                if dist_info.rank == 0:
+                    print(f"stopped ({outcome}) at {name} step {trainer.state.step}; checkpoint "
+                          f"{checkpoints.latest_tag()} written. Rerun the same command to resume.", flush=True)
+                return outcome
+            if config.checkpoint.export_at_phase_end and dist_info.rank == 0:
+                export_checkpoint(checkpoints.root, run_dir / "export" / name)
+            if dist.is_initialized():
+                dist.barrier()
+            saved, latest = trainer.state.state_dict(), checkpoints.latest_tag()
+            trainer.engine.destroy()
+            del trainer
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        return "complete"
+    finally:
+        stop.uninstall()
+        metrics.close()
+
+
+def parse_args(argv: list[str] | None) -> tuple[str | None, list[str]]:
+    parser = argparse.ArgumentParser(
+        prog="python -m pretrain.train", description="Two-phase BERT pretraining on DeepSpeed.",
+        epilog="Any --section.key=value overrides that key of the config, e.g. --phase1.steps=100.",
+    )
+    parser.add_argument("--config", help="RUN.json (see ds_configs/runs/)")
+    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher
+    args, rest = parser.parse_known_args(argv)
+    return args.config, rest
+
+
+def main(
+    argv: list[str] | None = None,
+    step_callbacks: list[Callable[[PhaseTrainer], None]] | None = None,
+    extra_loss: ExtraLoss | None = None,
+) -> int:
+    config_path, overrides = parse_args(argv)
+    try:
+        config = load_config(config_path, overrides)
+        outcome = train(config, step_callbacks, extra_loss)
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr, flush=True)
+        return 2
+    except NonFiniteLossError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return 3
+    print(f"done: {outcome}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,309 @@
+"""One phase of pretraining: `train_step` (one optimizer step) and `train` (the loop), with state.
+
+The trainer owns no framework coupling: it calls the engine object (`engine(**batch)`,
+`engine.backward`, `engine.step`, checkpoints through `CheckpointManager`). Everything a resume
+needs is in `PhaseState` (+ what DeepSpeed saves: weights, optimizer, lr-scheduler position).
+
+Determinism: before every micro-batch the global torch RNG (dropout) is reseeded from (run seed,
+phase, step, micro-batch, rank), so the random stream after a resume is the one an uninterrupted
+run would have drawn, with no RNG bookkeeping in the loop.
+
+Extension point (codistillation): `extra_loss(output, batch, state) -> (tensor, dict of floats)` is
+added to the task loss; its numbers are logged under their own tags.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from pretrain.checkpoint import CheckpointManager, make_tag
+from pretrain.config import PHASE_NAMES, RunConfig
+from pretrain.data import RankBatches, batch_loader
+from pretrain.engine import DistInfo, client_optimizer
+from pretrain.lamb import Lamb
+from pretrain.metrics import MetricsWriter, Throughput, memory_stats
+from pretrain.model import PretrainingOutput
+
+# (output, batch, state) -> (extra loss term, numbers to log as the mean over micro-batches and ranks)
+ExtraLoss = Callable[
+    [PretrainingOutput, dict[str, torch.Tensor], "PhaseState"], tuple[torch.Tensor, dict[str, float | torch.Tensor]]
+]
+
+
+class NonFiniteLossError(RuntimeError):
+    """Too many optimizer steps in a row had a NaN/inf loss; a checkpoint was written first."""
+
+
+@dataclass
+class PhaseState:
+    phase: str
+    step: int = 0  # optimizer steps done in this phase (skipped ones included: their data was consumed)
+    data_position: int = 0  # micro-batches this rank consumed in this phase
+    samples_seen: int = 0  # sequences of the whole run (all phases, all ranks)
+    nonfinite_steps: int = 0
+    consecutive_nonfinite: int = 0
+    complete: bool = False
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PhaseState:
+        return cls(**data)
+
+
+@dataclass
+class StopRequest:
+    """Set by SIGTERM/SIGUSR1 (SLURM preemption); the loop checkpoints and returns at the next step."""
+
+    signal_name: str | None = None
+    installed: list[tuple[int, Any]] = field(default_factory=list)
+
+    def install(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGUSR1):
+            self.installed.append((signum, signal.signal(signum, self._handle)))
+
+    def uninstall(self) -> None:
+        for signum, previous in self.installed:
+            signal.signal(signum, previous)
+        self.installed.clear()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.signal_name = signal.Signals(signum).name
+
+
+@dataclass
+class StepResult:
+    applied: bool
+    nonfinite: bool
+    values: dict[str, float]
+    stop_requested: bool = False  # some rank received SIGTERM/SIGUSR1 before this step's all-reduce
+
+
+def step_seed(*parts: int) -> int:
+    return int(np.random.SeedSequence([p & 0xFFFFFFFF for p in parts]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def _all_reduce(values: list[float], device: torch.device) -> list[float]:
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+class PhaseTrainer:
+    def __init__(
+        self,
+        config: RunConfig,
+        resolved_config: dict[str, Any],
+        dist_info: DistInfo,
+        engine: Any,
+        train_batches: RankBatches,
+        val_batches: RankBatches | None,
+        checkpoints: CheckpointManager,
+        metrics: MetricsWriter,
+        throughput: Throughput,
+        state: PhaseState,
+        stop: StopRequest,
+        extra_loss: ExtraLoss | None = None,
+    ) -> None:
+        self.config, self.resolved_config, self.dist = config, resolved_config, dist_info
+        self.phase = config.phase(state.phase)
+        self.engine, self.train_batches, self.val_batches = engine, train_batches, val_batches
+        self.checkpoints, self.metrics, self.throughput = checkpoints, metrics, throughput
+        self.state, self.stop, self.extra_loss = state, stop, extra_loss
+        self.accumulation = engine.gradient_accumulation_steps()
+        self.global_batch = engine.train_batch_size()
+        self.steps_this_process = 0
+        self.step_callbacks: list[Callable[[PhaseTrainer], None]] = []  # run on every rank after each step
+        self._batches: Iterator[dict[str, torch.Tensor]] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state.state_dict()
+
+    # ------------------------------------------------------------------ one optimizer step
+    def _next_batch(self) -> dict[str, torch.Tensor]:
+        if self._batches is None:
+            loader = batch_loader(self.train_batches, self.state.data_position, self.config.data.num_workers)
+            self._batches = iter(loader)
+        batch = next(self._batches)
+        self.state.data_position += 1
+        return {key: value.to(self.dist.device, non_blocking=True) for key, value in batch.items()}
+
+    def loss(self, output: PretrainingOutput, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        if self.extra_loss is None:
+            return output.loss, {}
+        extra, numbers = self.extra_loss(output, batch, self.state)
+        return output.loss + extra, numbers
+
+    def train_step(self) -> StepResult:
+        """Accumulate `gradient_accumulation_steps` micro-batches, then one optimizer step.
+
+        Statistics stay on the device until one all-reduce at the end (a single host sync per step),
+        which also carries this rank's stop request so the ranks agree on stopping for free.
+        """
+        phase_index = PHASE_NAMES.index(self.state.phase)
+        # sums over micro-batches: mlm loss, nsp loss, mlm correct, mlm count, nsp correct, nsp count, nonfinite
+        sums = torch.zeros(7, dtype=torch.float64, device=self.dist.device)
+        extra_sums: dict[str, torch.Tensor] = {}
+        for micro in range(self.accumulation):
+            batch = self._next_batch()
+            torch.manual_seed(step_seed(self.config.run.seed, phase_index, self.state.step, micro, self.dist.rank))
+            output: PretrainingOutput = self.engine(**batch)
+            loss, extra = self.loss(output, batch)
+            # A NaN/inf loss is still back-propagated: its non-finite gradients make DeepSpeed's overflow
+            # check skip the step on every rank together (checked below), so no rank diverges.
+            self.engine.backward(loss)
+            self.engine.step()
+            with torch.no_grad():
+                finite = torch.isfinite(loss.detach()).double()
+                zero = torch.zeros((), dtype=torch.float64, device=sums.device)
+                sums += torch.stack([
+                    torch.where(finite > 0, output.mlm_loss.detach().double(), zero),
+                    torch.where(finite > 0, output.nsp_loss.detach().double(), zero),
+                    (output.mlm_logits.argmax(-1) == output.mlm_labels).sum().double(),
+                    zero + output.mlm_labels.numel(),
+                    (output.nsp_logits.argmax(-1) == batch["next_sentence_label"]).sum().double(),
+                    zero + batch["next_sentence_label"].numel(),
+                    1.0 - finite,
+                ])
+                for key, value in extra.items():
+                    value = torch.as_tensor(value, dtype=torch.float64, device=sums.device)
+                    extra_sums[key] = extra_sums.get(key, 0.0) + value
+        stop_flag = torch.tensor([1.0 if self.stop.signal_name else 0.0], dtype=torch.float64, device=sums.device)
+        packed = torch.cat([sums, stop_flag, *(v.reshape(1) for v in extra_sums.values())])
+        if dist.is_initialized() and self.dist.world_size > 1:
+            dist.all_reduce(packed)
+        reduced = packed.tolist()
+        mlm, nsp, mlm_ok, mlm_n, nsp_ok, nsp_n, nonfinite, stop = reduced[:8]
+        finite_micro = self.accumulation * self.dist.world_size - nonfinite
+        applied = bool(self.engine.was_step_applied())
+        if nonfinite and applied:
+            raise NonFiniteLossError(
+                "a NaN/inf loss reached an applied optimizer step: this engine configuration does not check "
+                "gradients for overflow (use ZeRO stage >= 1 or fp16); stopping before the weights are used"
+            )
+        values = {
+            "loss/mlm": mlm / max(finite_micro, 1),
+            "loss/nsp": nsp / max(finite_micro, 1),
+            "acc/mlm": mlm_ok / max(mlm_n, 1),
+            "acc/nsp": nsp_ok / max(nsp_n, 1),
+        }
+        values["loss/total"] = values["loss/mlm"] + values["loss/nsp"]
+        divisor = self.accumulation * self.dist.world_size
+        values.update({key: total / divisor for key, total in zip(extra_sums, reduced[8:], strict=True)})
+        return StepResult(applied=applied, nonfinite=nonfinite > 0, values=values, stop_requested=stop > 0)
+
+    # ------------------------------------------------------------------ loop
+    def step_metrics(self, result: StepResult) -> dict[str, float]:
+        values = dict(result.values)
+        values["lr"] = float(self.engine.get_lr()[0])
+        grad_norm = self.engine.get_global_grad_norm()
+        if grad_norm is not None:
+            values["grad_norm"] = float(grad_norm)
+        wrapper = self.engine.optimizer
+        values["loss_scale"] = float(getattr(wrapper, "cur_scale", getattr(wrapper, "loss_scale", 1.0)) or 1.0)
+        values["failures/nonfinite_steps"] = float(self.state.nonfinite_steps)
+        values["failures/skipped_steps"] = float(self.engine.skipped_steps)
+        values.update(self.throughput.step(self.global_batch))
+        values.update(memory_stats(self.dist.device))
+        return values
+
+    def log_step(self, values: dict[str, float]) -> None:
+        optimizer = client_optimizer(self.engine)
+        if isinstance(optimizer, Lamb):
+            for name, value in optimizer.trust_ratio_stats().items():
+                values[f"lamb/trust_ratio_{name}"] = value
+            ratios = optimizer.last_trust_ratios()
+            if ratios is not None:
+                self.metrics.histogram(self.global_step, "lamb/trust_ratio", ratios)
+        self.metrics.scalars(self.global_step, values, extra={"phase": self.state.phase, "phase_step": self.state.step})
+
+    @property
+    def global_step(self) -> int:
+        """TensorBoard x-axis: phase 2 continues after phase 1's steps."""
+        offset = self.config.phase1.steps if self.state.phase == "phase2" else 0
+        return offset + self.state.step
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        if self.val_batches is None:
+            return {}
+        self.engine.eval()
+        sums = np.zeros(3)
+        count = min(self.config.logging.val_batches, len(self.val_batches))
+        for batch in batch_loader(self.val_batches, 0, 0, count=count):
+            batch = {key: value.to(self.dist.device) for key, value in batch.items()}
+            output: PretrainingOutput = self.engine(**batch)
+            n = output.mlm_labels.numel()
+            sums += [output.mlm_loss.float().item() * n, (output.mlm_logits.argmax(-1) == output.mlm_labels).sum().item(), n]
+        self.engine.train()
+        loss_sum, correct, n = _all_reduce(sums.tolist(), self.dist.device)
+        return {"val/mlm_loss": loss_sum / max(n, 1), "val/mlm_acc": correct / max(n, 1)}
+
+    def save(self, phase_end: bool = False) -> None:
+        tag = make_tag(self.state.phase, self.state.step)
+        self.checkpoints.save(self.engine, tag, self.state.state_dict(), self.resolved_config, phase_end=phase_end)
+
+    def _stop_requested(self, result: StepResult) -> str | None:
+        """Agreed across ranks: a signal on any rank (carried by the step's all-reduce), or the step budget."""
+        budget = self.config.run.stop_after_steps
+        if result.stop_requested:
+            return self.stop.signal_name or "signal on another rank"
+        if budget is not None and self.steps_this_process >= budget:
+            return f"run.stop_after_steps={budget}"
+        return None
+
+    def train(self, progress: Any | None = None) -> str:
+        """Run to the end of the phase. Returns 'complete' or the reason it stopped early (after a checkpoint)."""
+        every = self.config.checkpoint.every_steps
+        val_every = self.config.logging.val_every_steps
+        self.throughput.restart()
+        while self.state.step < self.phase.steps:
+            result = self.train_step()
+            self.state.step += 1
+            self.steps_this_process += 1
+            self.state.samples_seen += self.global_batch
+            if result.nonfinite:
+                self.state.nonfinite_steps += 1
+                self.state.consecutive_nonfinite += 1
+            else:
+                self.state.consecutive_nonfinite = 0
+            values = self.step_metrics(result)
+            if val_every and self.state.step % val_every == 0:
+                values.update(self.validate())
+            self.log_step(values)
+            if progress is not None:
+                progress.update(1)
+                progress.set_postfix(loss=f"{values['loss/total']:.4f}", lr=f"{values['lr']:.2e}", refresh=False)
+            for callback in self.step_callbacks:
+                callback(self)
+            if self.state.consecutive_nonfinite >= self.config.failures.max_consecutive_nonfinite:
+                self.save()
+                raise NonFiniteLossError(
+                    f"{self.state.consecutive_nonfinite} optimizer steps in a row had a NaN/inf loss "
+                    f"({self.state.phase} step {self.state.step}); checkpoint written, stopping "
+                    f"(failures.max_consecutive_nonfinite={self.config.failures.max_consecutive_nonfinite})"
+                )
+            if self.state.step >= self.phase.steps:
+                break
+            reason = self._stop_requested(result)
+            if reason is not None:
+                self.save()
+                return reason
+            if self.state.step % every == 0:
+                self.save()
+                self.throughput.restart()  # checkpoint time is not training throughput
+        self.state.complete = True
+        if self.val_batches is not None and val_every and self.state.step % val_every:
+            self.metrics.scalars(self.global_step, self.validate())
+        self.save(phase_end=True)
+        self.metrics.flush()
+        return "complete"
