@@ -61,6 +61,7 @@ class PhaseSection:
     max_predictions: int | None = None  # default: the manifest's masking.max_predictions[seq_len]
     shards: str | None = None  # default: data.shards
     init_from: str | None = None  # checkpoint dir/tag folder or HF export; default: the previous phase's end
+    packing: bool = False  # several instances per row, attention kept per instance (pretrain/packing.py)
 
 
 @dataclass

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from data_prep.shards import Manifest, ShardFormatError, ShardReader, sha256_file
 from pretrain.model import IGNORE_INDEX
+from pretrain.packing import pack_masked_instances
 
 VAL_SEED_SALT = 0x5EED_7A1  # validation masks: fixed, independent of the training seed's epochs
 
@@ -152,21 +153,19 @@ def mask_instance(
 
 
 class Collator:
-    """Instances -> padded tensors. Picklable, so DataLoader workers can run it."""
+    """Instances -> padded tensors (one instance per row), or packed rows when `packing` (see
+    pretrain/packing.py). Masking draws from `rng` in instance order either way, so both layouts of
+    the same instances carry the same masks. Picklable, so DataLoader workers can run it."""
 
-    def __init__(self, data: PhaseData) -> None:
+    def __init__(self, data: PhaseData, packing: bool = False) -> None:
         self.data = data
+        self.packing = packing
 
-    def __call__(self, rows: list[dict[str, Any]], rng: np.random.Generator | None) -> dict[str, torch.Tensor]:
+    def masked_instances(self, rows: list[dict[str, Any]], rng: np.random.Generator | None) -> list[dict[str, Any]]:
+        """(ids with masks applied, a_len, masked positions, original ids there, nsp label) per instance."""
         seq_len, predictions = self.data.seq_len, self.data.max_predictions
-        batch = len(rows)
-        input_ids = np.full((batch, seq_len), self.data.vocab.pad_id, dtype=np.int64)
-        token_types = np.zeros((batch, seq_len), dtype=np.int64)
-        attention = np.zeros((batch, seq_len), dtype=np.int64)
-        positions = np.zeros((batch, predictions), dtype=np.int64)
-        labels = np.full((batch, predictions), IGNORE_INDEX, dtype=np.int64)
-        nsp = np.zeros(batch, dtype=np.int64)
-        for i, row in enumerate(rows):
+        out = []
+        for row in rows:
             ids = row["input_ids"]
             if len(ids) > seq_len:
                 raise DataConfigError(f"an instance has {len(ids)} tokens, more than the phase's seq_len {seq_len}")
@@ -177,13 +176,31 @@ class Collator:
                 ids, pos, lab = mask_instance(
                     ids, self.data.vocab, self.data.mask_prob, predictions, self.data.whole_word, rng
                 )
+            out.append({"ids": ids, "a_len": row["a_len"], "positions": pos, "labels": lab,
+                        "nsp": row["next_sentence_label"]})
+        return out
+
+    def __call__(self, rows: list[dict[str, Any]], rng: np.random.Generator | None) -> dict[str, torch.Tensor]:
+        instances = self.masked_instances(rows, rng)
+        seq_len, predictions = self.data.seq_len, self.data.max_predictions
+        if self.packing:
+            return pack_masked_instances(instances, seq_len, predictions, self.data.vocab.pad_id)
+        batch = len(rows)
+        input_ids = np.full((batch, seq_len), self.data.vocab.pad_id, dtype=np.int64)
+        token_types = np.zeros((batch, seq_len), dtype=np.int64)
+        attention = np.zeros((batch, seq_len), dtype=np.int64)
+        positions = np.zeros((batch, predictions), dtype=np.int64)
+        labels = np.full((batch, predictions), IGNORE_INDEX, dtype=np.int64)
+        nsp = np.zeros(batch, dtype=np.int64)
+        for i, inst in enumerate(instances):
+            ids, pos, lab = inst["ids"], inst["positions"], inst["labels"]
             n = len(ids)
             input_ids[i, :n] = ids
-            token_types[i, row["a_len"] : n] = 1
+            token_types[i, inst["a_len"] : n] = 1
             attention[i, :n] = 1
             positions[i, : len(pos)] = pos[:predictions]
             labels[i, : len(lab)] = lab[:predictions]
-            nsp[i] = row["next_sentence_label"]
+            nsp[i] = inst["nsp"]
         return {
             "input_ids": torch.from_numpy(input_ids),
             "token_type_ids": torch.from_numpy(token_types),
@@ -199,11 +216,11 @@ class RankBatches(Dataset):
 
     def __init__(
         self, data: PhaseData, split: str, seed: int, rank: int, world_size: int, micro_batch: int,
-        shuffle: bool = True,
+        shuffle: bool = True, packing: bool = False,
     ) -> None:
         self.data = data
         self.reader = ShardReader(data.manifest, data.seq_len, split)
-        self.collate = Collator(data)
+        self.collate = Collator(data, packing=packing)  # packing changes the layout, never the instances
         self.seed, self.rank, self.world_size, self.micro_batch = seed, rank, world_size, micro_batch
         self.shuffle = shuffle
         self.batches_per_epoch = len(self.reader) // world_size // micro_batch

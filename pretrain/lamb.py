@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pretrain.fused_lamb import FusedKernels, fused_available, fused_flat_step
 from pretrain.zero_lamb import (
     FlatPartition,
     UnboundZeroLayoutError,
@@ -97,10 +98,16 @@ class Lamb(torch.optim.Optimizer):
         trust_clip: tuple[float, float] | None = None,
         adapt_all: bool = True,
         scratch_buffers: bool | None = None,
+        fused: bool | None = None,
     ) -> None:
         """scratch_buffers: keep one reusable buffer per tensor for the update direction and apply it
         with one in-place pass per tensor (None = on CPU tensors only, where fresh allocations page-fault;
-        False = multi-tensor kernels with temporaries throughout, the accelerator path)."""
+        False = multi-tensor kernels with temporaries throughout, the accelerator path).
+
+        fused: step ZeRO/bf16 flat partitions with the two torch.compile'd kernels of
+        pretrain/fused_lamb.py (None = on CUDA tensors, falling back to uncompiled flat math if
+        compiling fails; True = always, errors raised; False = the reference multi-tensor step).
+        Parameters stepped as separate tensors (no ZeRO) always take the reference step."""
         if not lr >= 0.0:
             raise ValueError(f"Lamb: lr must be >= 0, got {lr}")
         if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
@@ -133,6 +140,10 @@ class Lamb(torch.optim.Optimizer):
         # CPU scratch buffers for the update direction, keyed by id(); not optimizer state.
         self._scratch: dict[int, torch.Tensor] = {}
         self._scratch_mode = scratch_buffers
+        if fused not in (None, True, False):
+            raise ValueError(f"Lamb: fused must be null, true or false, got {fused!r}")
+        self._fused_mode = fused
+        self._fused_kernels: FusedKernels | None = None
 
     # ------------------------------------------------------------------ binding
     def bind(self, engine: Any) -> None:
@@ -254,6 +265,13 @@ class Lamb(torch.optim.Optimizer):
         state["step"] += 1
         if flat.grad is None or flat.grad.numel() != flat.numel():
             raise RuntimeError(f"Lamb: flat partition of {flat.numel()} elements has no matching gradient")
+        if self._fused_mode or (self._fused_mode is None and fused_available(flat.device)):
+            if self._fused_kernels is None:
+                self._fused_kernels = FusedKernels(compiled=True, strict=self._fused_mode is True)
+            self._last_ratios[("b", partition.ratio_key)] = fused_flat_step(
+                self._fused_kernels, group, partition, flat, state, _adapts(group), _squared_norms, _trust_ratios
+            )
+            return
         weights = partition.segments_of(flat)
         scratch = self._scratch_for(flat)
         direction, scales = _lamb_direction(

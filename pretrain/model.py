@@ -17,6 +17,13 @@ from transformers import BertConfig, BertForPreTraining
 
 IGNORE_INDEX = -100
 
+
+def block_diagonal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+    """[rows, seq] instance ids of packed rows -> bool [rows, 1, seq, seq], True where query and key
+    belong to the same instance. Padding (id 0) sees padding only, so no query row is fully masked
+    (SDPA would return NaN there); padding outputs are never read."""
+    return (segment_ids.unsqueeze(-1) == segment_ids.unsqueeze(-2)).unsqueeze(1)
+
 # Architecture presets. bert-base / bert-large are the published shapes; the tiny ones exist for CPU tests.
 PRESETS: dict[str, dict[str, Any]] = {
     "bert-large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
@@ -57,6 +64,10 @@ class SparseBertForPreTraining(BertForPreTraining):
     `forward(input_ids, token_type_ids, attention_mask, masked_positions, masked_labels,
     next_sentence_label)`: `masked_positions` / `masked_labels` are [batch, max_predictions],
     padded with position 0 / label -100. Returns `PretrainingOutput`.
+
+    Packed rows (pretrain/packing.py) add `segment_ids`, `position_ids` and `cls_positions`: attention
+    is block-diagonal per instance and NSP pools every instance's [CLS]; `next_sentence_label` then has
+    one entry per slot with -100 for empty slots (ignored by the loss, as for MLM).
     """
 
     def forward(  # type: ignore[override]
@@ -67,16 +78,32 @@ class SparseBertForPreTraining(BertForPreTraining):
         masked_positions: torch.Tensor,
         masked_labels: torch.Tensor,
         next_sentence_label: torch.Tensor,
+        segment_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cls_positions: torch.Tensor | None = None,
     ) -> PretrainingOutput:
-        encoded = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-        sequence_output, pooled_output = encoded[0], encoded[1]
+        if segment_ids is None:
+            encoded = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+            sequence_output, pooled_output = encoded[0], encoded[1]
+        else:
+            if position_ids is None or cls_positions is None:
+                raise ValueError("packed batches need segment_ids, position_ids and cls_positions together")
+            # A prepared 4D bool mask goes to SDPA unchanged (True = attend): block-diagonal per instance.
+            encoded = self.bert(input_ids=input_ids, attention_mask=block_diagonal_mask(segment_ids),
+                                token_type_ids=token_type_ids, position_ids=position_ids)
+            sequence_output = encoded[0]
+            hidden = sequence_output.size(-1)
+            index = cls_positions.long().unsqueeze(-1).expand(-1, -1, hidden)
+            cls_states = torch.gather(sequence_output, 1, index).reshape(-1, 1, hidden)  # [rows*slots, 1, hidden]
+            pooled_output = self.bert.pooler(cls_states)
         mlm_logits, labels = self.masked_lm_logits(sequence_output, masked_positions, masked_labels)
         nsp_logits = self.cls.seq_relationship(pooled_output)
         # Sum over predictions / count, like HF's mean cross-entropy over labelled positions.
         mlm_loss = F.cross_entropy(mlm_logits.float(), labels, reduction="mean") if labels.numel() else (
             mlm_logits.sum() * 0.0
         )
-        nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label.long())
+        # ignore_index: empty slots of packed rows; every label of an unpacked batch is 0 or 1.
+        nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label.long(), ignore_index=IGNORE_INDEX)
         return PretrainingOutput(
             loss=mlm_loss + nsp_loss,
             mlm_loss=mlm_loss,

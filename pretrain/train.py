@@ -170,7 +170,8 @@ def run_phase(
             bind_zero_layout(engine)
     micro = engine.train_micro_batch_size_per_gpu()
     data = plan.data[name]
-    train_batches = RankBatches(data, "train", config.run.seed, dist_info.rank, dist_info.world_size, micro)
+    train_batches = RankBatches(data, "train", config.run.seed, dist_info.rank, dist_info.world_size, micro,
+                                packing=phase.packing)
     try:
         val_batches = RankBatches(data, "val", config.run.seed, dist_info.rank, dist_info.world_size, micro, shuffle=False)
     except (ShardFormatError, DataConfigError):

@@ -29,7 +29,8 @@ from pretrain.data import RankBatches, batch_loader
 from pretrain.engine import DistInfo, client_optimizer
 from pretrain.lamb import Lamb
 from pretrain.metrics import MetricsWriter, Throughput, memory_stats
-from pretrain.model import PretrainingOutput
+from pretrain.model import IGNORE_INDEX, PretrainingOutput
+from pretrain.packing import PackingMeter
 
 # (output, batch, state) -> (extra loss term, numbers to log as the mean over micro-batches and ranks)
 ExtraLoss = Callable[
@@ -124,6 +125,7 @@ class PhaseTrainer:
         self.steps_this_process = 0
         self.step_callbacks: list[Callable[[PhaseTrainer], None]] = []  # run on every rank after each step
         self._batches: Iterator[dict[str, torch.Tensor]] | None = None
+        self.packing = PackingMeter()  # instances per row / padding share, logged as data/*
 
     def state_dict(self) -> dict[str, Any]:
         return self.state.state_dict()
@@ -135,6 +137,7 @@ class PhaseTrainer:
             self._batches = iter(loader)
         batch = next(self._batches)
         self.state.data_position += 1
+        self.packing.observe(batch)
         return {key: value.to(self.dist.device, non_blocking=True) for key, value in batch.items()}
 
     def loss(self, output: PretrainingOutput, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
@@ -171,7 +174,7 @@ class PhaseTrainer:
                     (output.mlm_logits.argmax(-1) == output.mlm_labels).sum().double(),
                     zero + output.mlm_labels.numel(),
                     (output.nsp_logits.argmax(-1) == batch["next_sentence_label"]).sum().double(),
-                    zero + batch["next_sentence_label"].numel(),
+                    (batch["next_sentence_label"] != IGNORE_INDEX).sum().double(),  # packed rows pad NSP slots
                     1.0 - finite,
                 ])
                 for key, value in extra.items():
@@ -214,6 +217,7 @@ class PhaseTrainer:
         values["failures/skipped_steps"] = float(self.engine.skipped_steps)
         values.update(self.throughput.step(self.global_batch))
         values.update(memory_stats(self.dist.device))
+        values.update(self.packing.take())
         return values
 
     def log_step(self, values: dict[str, float]) -> None:

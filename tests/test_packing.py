@@ -1,0 +1,152 @@
+"""Sequence packing: the packer, packed == unpacked losses and gradients, and a packed training run."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pretrain.data import Collator, RankBatches, open_phase_data
+from pretrain.model import IGNORE_INDEX, bert_config, build_model
+from pretrain.packing import PackingMeter, first_fit_decreasing
+from tests.scripts.pretrain_fixtures import REPO_ROOT, build_shards, tiny_run_config
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_shards(tmp_path_factory.mktemp("packing") / "data", seq_lens=(32,), train=48, val=8)
+
+
+def short_instances_at_64(shards: Path, out: Path) -> Path:
+    """The seq-32 shards relabelled as seq 64: a phase-2-like set where most rows are half padding."""
+    shutil.copytree(shards, out)
+    (out / "seq32").rename(out / "seq64")
+    manifest = json.loads((out / "manifest.json").read_text())
+    entry = manifest["seq_lens"].pop("32")
+    for split in entry.values():
+        for shard in split["shards"]:
+            shard["file"] = shard["file"].replace("seq32/", "seq64/")
+    manifest["seq_lens"]["64"] = entry
+    manifest["masking"]["max_predictions"] = {"64": 10}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+@pytest.mark.parametrize(
+    "lengths, capacity, max_per_row, expected",
+    [
+        ([5, 3, 4, 2], 8, 4, [[0, 1], [2, 3]]),  # 5+3, 4+2: longest first, first row that fits
+        ([8, 8], 8, 4, [[0], [1]]),  # full rows stay alone
+        ([1, 1, 1, 1, 1], 8, 2, [[0, 1], [2, 3], [4]]),  # the per-row instance cap
+        ([2, 6, 6, 2], 8, 4, [[1, 0], [2, 3]]),  # ties keep input order
+    ],
+)
+def test_first_fit_decreasing(lengths: list[int], capacity: int, max_per_row: int, expected: list[list[int]]) -> None:
+    assert first_fit_decreasing(lengths, capacity, max_per_row) == expected
+
+
+def test_first_fit_rejects_an_instance_longer_than_a_row() -> None:
+    with pytest.raises(ValueError, match="instance 1 has 9 tokens"):
+        first_fit_decreasing([3, 9], 8)
+
+
+def test_packed_layout_keeps_every_instance(shards: Path) -> None:
+    reader_data = open_phase_data(shards, 32, None, "data.shards")
+    data = dataclasses.replace(reader_data, seq_len=128)  # rows of 128 hold ~3 instances of 16..32 tokens
+    reader = RankBatches(reader_data, "train", 1, 0, 1, 8).reader
+    rows = [reader[i] for i in range(10)]
+    packed = Collator(data, packing=True)(rows, np.random.default_rng(0))
+    plain = Collator(data, packing=False)(rows, np.random.default_rng(0))
+    count = packed["input_ids"].size(0)
+    assert count < 10 and packed["next_sentence_label"].shape == (count * 4,)
+    assert int((packed["next_sentence_label"] != IGNORE_INDEX).sum()) == 10
+    assert int(packed["attention_mask"].sum()) == int(plain["attention_mask"].sum())  # same tokens, less padding
+    # every instance's tokens appear contiguously with positions 0.. and its [CLS] where cls_positions says
+    for r in range(count):
+        segments = packed["segment_ids"][r]
+        for k in range(1, int(segments.max()) + 1):
+            where = (segments == k).nonzero().flatten()
+            assert torch.equal(where, torch.arange(int(where[0]), int(where[-1]) + 1))
+            assert torch.equal(packed["position_ids"][r, where], torch.arange(len(where)))
+            assert int(packed["cls_positions"][r, k - 1]) == int(where[0])
+            assert int(packed["input_ids"][r, where[0]]) == data.vocab.cls_id
+    # the MLM labels are the same multiset (masking drew from the rng in the same instance order)
+    assert sorted(packed["masked_labels"][packed["masked_labels"] != IGNORE_INDEX].tolist()) == sorted(
+        plain["masked_labels"][plain["masked_labels"] != IGNORE_INDEX].tolist()
+    )
+    meter = PackingMeter()
+    meter.observe(packed)
+    stats = meter.take()
+    assert stats["data/packing_factor"] == pytest.approx(10 / count) and stats["data/packing_factor"] > 2
+    assert meter.take() == {}
+
+
+def test_packed_losses_and_gradients_equal_unpacked(shards: Path) -> None:
+    """Same 12 instances, same masks: one row each (padded to 128) vs packed ~3 per row."""
+    reader_data = open_phase_data(shards, 32, None, "data.shards")
+    rows = [RankBatches(reader_data, "train", 2, 0, 1, 12).reader[i] for i in range(12)]
+    data = dataclasses.replace(reader_data, seq_len=128)
+    plain = Collator(data, packing=False)(rows, np.random.default_rng(5))
+    packed = Collator(data, packing=True)(rows, np.random.default_rng(5))
+    assert packed["input_ids"].size(0) <= 5
+    config = bert_config("tiny", vocab_size=data.vocab.size, max_position_embeddings=128,
+                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    model = build_model(config)
+    outputs, grads = [], []
+    for batch in (plain, packed):
+        model.zero_grad(set_to_none=True)
+        out = model(**batch)
+        out.loss.backward()
+        outputs.append(out)
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    a, b = outputs
+    torch.testing.assert_close(b.mlm_loss, a.mlm_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(b.nsp_loss, a.nsp_loss, rtol=1e-5, atol=1e-6)
+    assert a.mlm_labels.numel() == b.mlm_labels.numel() > 12
+    # NSP logits of the real slots, in packed order, equal the unpacked ones of the same instances
+    real = packed["next_sentence_label"] != IGNORE_INDEX
+    assert int(real.sum()) == 12
+    assert sorted(b.nsp_logits[real][:, 0].tolist()) == pytest.approx(sorted(a.nsp_logits[:, 0].tolist()), abs=1e-5)
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_packed_bad_inputs_fail_clearly() -> None:
+    config = bert_config("tiny", vocab_size=48, max_position_embeddings=64)
+    model = build_model(config)
+    ids = torch.randint(5, 48, (1, 8))
+    with pytest.raises(ValueError, match="packed batches need"):
+        model(ids, torch.zeros_like(ids), torch.ones_like(ids), torch.zeros(1, 2, dtype=torch.long),
+              torch.full((1, 2), -100), torch.zeros(4, dtype=torch.long), segment_ids=torch.ones_like(ids))
+
+
+@pytest.mark.multirank
+def test_packed_training_run_logs_the_packing_factor(tmp_path: Path, shards: Path) -> None:
+    """The driver with phase1.packing=true (one rank, real DeepSpeed engine): trains, logs data/*."""
+    data = short_instances_at_64(shards, tmp_path / "data64")
+    run_json = tiny_run_config(tmp_path / "run.json", data, tmp_path / "run", phase1=3)
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(REPO_ROOT)}
+    overrides = ['--run.phases=["phase1"]', "--phase1.packing=true", "--phase1.seq_len=64",
+                 "--phase1.ds_overrides.train_micro_batch_size_per_gpu=6", "--logging.val_every_steps=0",
+                 "--checkpoint.export_at_phase_end=false"]
+    done = subprocess.run([sys.executable, "-m", "pretrain.train", "--config", str(run_json), *overrides],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = list((tmp_path / "run").rglob("metrics.jsonl"))
+    assert len(found) == 1, found
+    lines = [json.loads(x) for x in found[0].read_text().splitlines() if x.strip()]
+    steps = [line for line in lines if "data/packing_factor" in line]
+    assert len(steps) == 3
+    for line in steps:
+        assert line["data/packing_factor"] > 1.0 and 0.0 <= line["acc/nsp"] <= 1.0
+        assert np.isfinite(line["loss/total"])
