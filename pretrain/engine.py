@@ -48,6 +48,7 @@ _EXACT_LAMB_PARAMS = (
     "trust_clip",
     "adapt_all",
     "scratch_buffers",  # performance knob, see Lamb; null = automatic
+    "fused",  # compiled multi-tensor step (pretrain/fused_lamb.py); null = on for CUDA tensors
 )
 
 
@@ -138,11 +139,11 @@ def _exact_lamb_kwargs(params: dict[str, Any]) -> dict[str, Any]:
                 f'ds_config["optimizer"]["params"]["trust_clip"] must be null or [lo, hi], got {clip!r}'
             )
         kwargs["trust_clip"] = (float(clip[0]), float(clip[1]))
-    for flag in ("bias_correction", "adapt_all", "scratch_buffers"):
+    for flag in ("bias_correction", "adapt_all", "scratch_buffers", "fused"):
         if (
             flag in kwargs
             and not isinstance(kwargs[flag], bool)
-            and not (flag == "scratch_buffers" and kwargs[flag] is None)
+            and not (flag in ("scratch_buffers", "fused") and kwargs[flag] is None)
         ):
             raise ValueError(
                 f'ds_config["optimizer"]["params"]["{flag}"] must be true or false, got {kwargs[flag]!r}'

@@ -105,6 +105,7 @@ def test_native_adamw_gets_decay_and_no_decay_groups() -> None:
         (config({"type": "ExactLamb", "params": {"max_grad_norm": 1.0}}), ValueError, "gradient_clipping"),
         (config({"type": "ExactLamb", "params": {"trust_clip": 3}}), ValueError, "trust_clip"),
         (config({"type": "ExactLamb", "params": {"adapt_all": "yes"}}), ValueError, "adapt_all"),
+        (config({"type": "ExactLamb", "params": {"fused": "auto"}}), ValueError, "fused"),
         (config(EXACT_LAMB, stage=0, bf16={"enabled": True}), ValueError, 'needs "zero_optimization"'),
         ({"train_micro_batch_size_per_gpu": 1}, ValueError, '"optimizer" block'),
         ("not a dict", TypeError, "ds_config must be a dict"),
