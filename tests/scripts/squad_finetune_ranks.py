@@ -1,0 +1,33 @@
+"""Launched on 2 CPU ranks by tests/test_squad_finetune.py: one short fine-tune, then one evaluation.
+
+Usage: deepspeed --num_gpus 2 squad_finetune_ranks.py WORK_DIR
+WORK_DIR holds export/ (a tiny BertForPreTraining, our export's layout), qa/ (a tiny
+BertForQuestionAnswering), train.json, dev.json and ds.json. Both runs share one launch to save
+the launcher's start-up time.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from pretrain.squad.__main__ import main
+
+SHORT_WINDOWS = ["--max-seq-length", "48", "--doc-stride", "20", "--max-query-length", "16"]
+
+
+def run(work: Path) -> None:
+    common = ["--dev", str(work / "dev.json"), "--ds-config", str(work / "ds.json"), *SHORT_WINDOWS]
+    # 1. Fine-tune our export's layout for a few steps on both ranks, then score.
+    code = main(["finetune", "--model", str(work / "export"), "--train", str(work / "train.json"),
+                 "--out", str(work / "out_train"), "--max-steps", "6", "--log-every", "2", *common])
+    assert code == 0, code
+    # 2. Evaluate only: 33 windows in blocks of 17 and 16, batches of 4, so rank 1 runs one padding batch.
+    code = main(["finetune", "--model", str(work / "qa"), "--out", str(work / "out_eval"),
+                 "--eval-batch-size", "4", *common])
+    assert code == 0, code
+
+
+if __name__ == "__main__":
+    # The launcher puts --local_rank=N before our own argument.
+    run(Path([arg for arg in sys.argv[1:] if not arg.startswith("--local_rank")][0]))
