@@ -1,0 +1,146 @@
+"""The demo's closing summary: data stats, per-phase losses and throughput, EM/F1, outputs.
+
+Reads only what the steps left on disk (the manifest, the driver's metrics.jsonl or, failing that,
+its TensorBoard files) and what `squad evaluate` printed, so it also works on a finished run folder.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+
+class StepResult(Protocol):
+    name: str
+    seconds: float
+    output: list[str]
+
+
+def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every TensorBoard scalar under run_dir, keyed by '<subfolder>/<tag>'."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    folders = sorted({events.parent for events in run_dir.rglob("events.out.tfevents.*")})
+    for folder in folders:
+        accumulator = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+        accumulator.Reload()
+        prefix = folder.relative_to(run_dir).as_posix()
+        for tag in accumulator.Tags()["scalars"]:
+            key = tag if prefix == "." else f"{prefix}/{tag}"
+            # Wall-time order, not step order: a phase may restart its step count.
+            events = sorted(accumulator.Scalars(tag), key=lambda event: event.wall_time)
+            scalars[key] = [(event.step, event.value) for event in events]
+    return scalars
+
+
+CORPUS_TOTALS = ("documents", "sentences", "tokens", "val_documents")
+PHASE_LOSSES = ("loss/total", "loss/mlm", "loss/nsp", "val/mlm_loss", "val/mlm_acc")
+PHASE_RATES = ("perf/seq_per_s", "perf/tokens_per_s")
+
+
+def phase_rows(records: list[dict]) -> list[tuple[str, str]]:
+    """Per phase: first -> last of the losses, median throughput (the first steps include warm-up).
+
+    A record without a phase (the validation written after a phase's last step) belongs to the
+    phase before it; only records with a training loss count as steps.
+    """
+    by_phase: dict[str, list[dict]] = {}
+    phase = "run"
+    for record in records:
+        phase = str(record.get("phase", phase))
+        by_phase.setdefault(phase, []).append(record)
+    rows: list[tuple[str, str]] = []
+    for phase, mine in by_phase.items():
+        rows.append((f"{phase} steps", str(sum(1 for record in mine if "loss/total" in record))))
+        for key in PHASE_LOSSES:
+            values = [record[key] for record in mine if isinstance(record.get(key), int | float)]
+            if values:
+                rows.append((f"{phase} {key}", f"{values[0]:.3f} -> {values[-1]:.3f}"))
+        for key in PHASE_RATES:
+            values = [record[key] for record in mine if isinstance(record.get(key), int | float)]
+            if values:
+                rows.append((f"{phase} {key} (median)", f"{statistics.median(values):,.1f}"))
+    return rows
+
+
+def read_step_records(run_dir: Path) -> list[dict]:
+    """The driver's per-step JSON lines (metrics.jsonl beside the TensorBoard files), in order."""
+    records: list[dict] = []
+    for path in sorted(run_dir.rglob("metrics.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a line cut by an interrupted run
+            if isinstance(record, dict):
+                records.append(record)
+    return records
+
+
+def squad_scores(evaluate_output: list[str]) -> dict[str, float] | None:
+    """The {"exact_match": ..., "f1": ...} line `pretrain.squad evaluate` prints."""
+    for line in reversed(evaluate_output):
+        try:
+            scores = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(scores, dict) and "exact_match" in scores and "f1" in scores:
+            return {"exact_match": float(scores["exact_match"]), "f1": float(scores["f1"])}
+    return None
+
+
+def summary_rows(out: Path, steps: Sequence[StepResult], corpus: str, squad: str | None) -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = [("pretraining data", corpus)]
+    manifest_path = out / "data" / "manifest.json"
+    if manifest_path.is_file():
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        totals = manifest.get("totals", {})
+        shown = [key for key in CORPUS_TOTALS if isinstance(totals.get(key), int)] or [
+            key for key, value in totals.items() if isinstance(value, int)
+        ]
+        rows.append(("corpus", ", ".join(f"{totals[key]:,} {key}" for key in shown)))
+        rows.append(("vocab", f"{manifest['vocab']['size']:,} WordPiece tokens trained on the corpus"))
+        for seq_len, splits in sorted(manifest.get("seq_lens", {}).items(), key=lambda item: int(item[0])):
+            counts = ", ".join(f"{split} {info['num_instances']:,}" for split, info in splits.items())
+            rows.append((f"instances @ seq {seq_len}", counts))
+    run_dir = out / "run"
+    records = read_step_records(run_dir) if run_dir.is_dir() else []
+    rows += phase_rows(records)
+    scalars = read_scalars(run_dir) if run_dir.is_dir() and not records else {}
+    for tag, values in scalars.items():
+        if "loss" in tag and len(values) > 1:
+            rows.append(
+                (
+                    tag,
+                    f"{values[0][1]:.3f} (step {values[0][0]}) -> {values[-1][1]:.3f} (step {values[-1][0]})",
+                )
+            )
+    for tag, values in scalars.items():
+        if "perf/" in tag and values:
+            # The first steps include warm-up (allocation, first collectives): report the median.
+            rows.append((tag + " (median)", f"{statistics.median(v for _, v in values):,.3g}"))
+    evaluate = next((step for step in steps if step.name == "squad evaluate"), None)
+    scores = squad_scores(evaluate.output) if evaluate else None
+    if squad and scores:
+        rows.append(("SQuAD v1.1 dev", f"EM {scores['exact_match']:.2f}  F1 {scores['f1']:.2f}  ({squad})"))
+    rows += [(f"time: {step.name}", f"{step.seconds:.0f} s") for step in steps]
+    rows += [
+        ("shards + manifest", str(out / "data")),
+        ("checkpoints + TensorBoard", f"{out / 'run'}  (./launch.sh tensorboard {out / 'run'})"),
+        ("Hugging Face model", str(out / "model")),
+        ("logs", str(out / "logs")),
+    ]
+    if squad:
+        rows.append(("SQuAD predictions", str(out / "squad")))
+    return rows
+
+
+def render_table(rows: list[tuple[str, str]]) -> str:
+    width = max(len(name) for name, _ in rows)
+    rule = "-" * (width + 3 + max(len(value) for _, value in rows))
+    lines = ["", "Demo summary", rule, *(f"{name:<{width}} | {value}" for name, value in rows), rule]
+    return "\n".join(lines)
