@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pretrain.codistill_config import CodistillConfigError, CodistillSection, check_codistill
+
 PHASE_NAMES = ("phase1", "phase2")
 
 
@@ -96,6 +98,7 @@ class RunConfig:
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
     failures: FailureSection = field(default_factory=FailureSection)
+    codistill: CodistillSection = field(default_factory=CodistillSection)  # see pretrain/codistill.py
     # Sections other features (e.g. codistillation) add are kept here untyped until they own a type.
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -259,6 +262,10 @@ def check_values(config: RunConfig) -> None:
         raise ConfigError("failures.max_consecutive_nonfinite: must be >= 1")
     if config.data.num_workers < 0:
         raise ConfigError(f"data.num_workers: must be >= 0, got {config.data.num_workers}")
+    try:
+        check_codistill(config.codistill)
+    except CodistillConfigError as err:
+        raise ConfigError(str(err)) from err
 
 
 # --- DeepSpeed JSON of a phase -------------------------------------------------------------------

@@ -15,10 +15,11 @@ every applied optimizer step (config-named torch schedulers break under ZeRO).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -242,3 +243,18 @@ def client_optimizer(engine: Any) -> torch.optim.Optimizer:
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"engine has no client torch optimizer (found {type(optimizer).__name__})")
     return optimizer
+
+
+@contextlib.contextmanager
+def full_parameters(engine: Any) -> Iterator[list[torch.Tensor]]:
+    """The engine's module parameters, whole, in named_parameters order.
+
+    ZeRO-3 keeps each rank's slice only; the gather is a collective inside the engine's
+    data-parallel group, so every rank of that group must enter together.
+    """
+    params = [p for _, p in engine.module.named_parameters()]
+    if int(engine.zero_optimization_stage()) == 3:
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            yield params
+    else:
+        yield params

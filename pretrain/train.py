@@ -31,6 +31,7 @@ from pretrain.checkpoint import (
     read_run_config,
     split_checkpoint_path,
 )
+from pretrain.codistill import Codistillation
 from pretrain.config import ConfigError, RunConfig, load_config, phase_ds_config
 from pretrain.data import DataConfigError, PhaseData, RankBatches, open_phase_data
 from pretrain.engine import DistInfo, build_engine, client_optimizer, init_distributed
@@ -152,6 +153,7 @@ def run_phase(
     step_callbacks: list[Callable[[PhaseTrainer], None]],
     steps_done_in_process: int,
     extra_loss: ExtraLoss | None = None,
+    codistill: Codistillation | None = None,
 ) -> tuple[str, PhaseTrainer]:
     phase = config.phase(name)
     torch.manual_seed(config.run.seed)  # the same initial weights on every rank
@@ -162,12 +164,14 @@ def run_phase(
     schedule = WarmupPolyDecay(phase.steps, phase.warmup_fraction, phase.decay_power)
     ds = plan.ds_configs[name]
     counts = count_parameters(model)
-    engine = build_engine(model, ds, lr_schedule=schedule)
+    engine = build_engine(model, ds, lr_schedule=schedule, mpu=codistill.mpu if codistill else None)
     state = PhaseState(phase=name, samples_seen=samples_seen)
     if resume_tag is not None:
         state = PhaseState.from_dict(checkpoints.load(engine, resume_tag))
         if isinstance(client_optimizer(engine), Lamb):
             bind_zero_layout(engine)
+    if codistill is not None:
+        codistill.start_phase(engine, model_config, state)
     micro = engine.train_micro_batch_size_per_gpu()
     data = plan.data[name]
     train_batches = RankBatches(data, "train", config.run.seed, dist_info.rank, dist_info.world_size, micro,
@@ -184,7 +188,8 @@ def run_phase(
     throughput = Throughput(flops, phase.seq_len, dist_info.world_size,
                             peak_tflops(dist_info.device, precision, config.logging.peak_tflops))
     trainer = PhaseTrainer(config, plan.resolved, dist_info, engine, train_batches, val_batches, checkpoints,
-                           metrics, throughput, state, stop, extra_loss)
+                           metrics, throughput, state, stop, extra_loss,
+                           reduce_group=codistill.reduce_group if codistill else None)
     trainer.steps_this_process = steps_done_in_process
     trainer.step_callbacks.extend(step_callbacks)
     progress = None
@@ -215,9 +220,22 @@ def train(
     (see PhaseTrainer) — the hooks tests and codistillation use.
     """
     dist_info = init_distributed()
+    codistill = None
+    if config.codistill.enabled:
+        # Each group runs this function as a job of its own: its seed, folders, ranks (see pretrain/codistill.py).
+        try:
+            codistill = Codistillation(config, dist_info)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
+        config, dist_info = codistill.group_config(config), codistill.group_dist_info(dist_info)
+        step_callbacks = [codistill.after_step, *(step_callbacks or [])]
+        extra_loss = codistill.with_extra_loss(extra_loss)
     plan = plan_on_rank0(config, dist_info)
     run_dir = Path(config.run.dir)
-    checkpoints = CheckpointManager(config.checkpoint_dir, config.checkpoint.keep_last, dist_info.rank)
+    if codistill is not None:
+        checkpoints = codistill.checkpoint_manager(config.checkpoint_dir, config.checkpoint.keep_last)
+    else:
+        checkpoints = CheckpointManager(config.checkpoint_dir, config.checkpoint.keep_last, dist_info.rank)
     if dist_info.rank == 0:
         atomic_write_json(run_dir / RESOLVED_CONFIG, plan.resolved)
     latest = checkpoints.latest_tag()
@@ -244,7 +262,9 @@ def train(
                 if saved["complete"]:
                     # a crash between the phase-end checkpoint and its export: redo the export
                     export_dir = run_dir / "export" / name
-                    if config.checkpoint.export_at_phase_end and dist_info.rank == 0 and not (
+                    if config.checkpoint.export_at_phase_end and codistill is not None:
+                        codistill.export_phase(name, only_missing=True)
+                    elif config.checkpoint.export_at_phase_end and dist_info.rank == 0 and not (
                         export_dir / EXPORT_INFO
                     ).is_file():
                         export_checkpoint(checkpoints.root / latest, export_dir)
@@ -258,7 +278,7 @@ def train(
             elif saved is not None:  # the previous phase's end checkpoint
                 init = consolidated_state_dict(checkpoints.root, latest)
             outcome, trainer = run_phase(name, config, plan, dist_info, checkpoints, metrics, stop, resume_tag, init,
-                                         samples_seen, step_callbacks or [], steps_done, extra_loss)
+                                         samples_seen, step_callbacks or [], steps_done, extra_loss, codistill)
             steps_done = trainer.steps_this_process
             samples_seen = trainer.state.samples_seen
             if outcome != "complete":
@@ -266,7 +286,9 @@ def train(
                     print(f"stopped ({outcome}) at {name} step {trainer.state.step}; checkpoint "
                           f"{checkpoints.latest_tag()} written. Rerun the same command to resume.", flush=True)
                 return outcome
-            if config.checkpoint.export_at_phase_end and dist_info.rank == 0:
+            if config.checkpoint.export_at_phase_end and codistill is not None:
+                codistill.export_phase(name)  # world rank 0 exports every group
+            elif config.checkpoint.export_at_phase_end and dist_info.rank == 0:
                 export_checkpoint(checkpoints.root, run_dir / "export" / name)
             if dist.is_initialized():
                 dist.barrier()

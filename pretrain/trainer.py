@@ -92,10 +92,10 @@ def step_seed(*parts: int) -> int:
     return int(np.random.SeedSequence([p & 0xFFFFFFFF for p in parts]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
-def _all_reduce(values: list[float], device: torch.device) -> list[float]:
+def _all_reduce(values: list[float], device: torch.device, group: Any = None) -> list[float]:
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(tensor)
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(tensor, group=group)
     return tensor.tolist()
 
 
@@ -114,12 +114,15 @@ class PhaseTrainer:
         state: PhaseState,
         stop: StopRequest,
         extra_loss: ExtraLoss | None = None,
+        reduce_group: Any = None,
     ) -> None:
         self.config, self.resolved_config, self.dist = config, resolved_config, dist_info
         self.phase = config.phase(state.phase)
         self.engine, self.train_batches, self.val_batches = engine, train_batches, val_batches
         self.checkpoints, self.metrics, self.throughput = checkpoints, metrics, throughput
         self.state, self.stop, self.extra_loss = state, stop, extra_loss
+        # Statistics are averaged over this model's ranks: the world, or one codistillation group.
+        self.reduce_group = reduce_group
         self.accumulation = engine.gradient_accumulation_steps()
         self.global_batch = engine.train_batch_size()
         self.steps_this_process = 0
@@ -181,9 +184,12 @@ class PhaseTrainer:
                     value = torch.as_tensor(value, dtype=torch.float64, device=sums.device)
                     extra_sums[key] = extra_sums.get(key, 0.0) + value
         stop_flag = torch.tensor([1.0 if self.stop.signal_name else 0.0], dtype=torch.float64, device=sums.device)
+        if self.reduce_group is not None and dist.is_initialized():
+            # Codistillation: all groups must stop at the same step (checkpoint saves are world collectives).
+            dist.all_reduce(stop_flag)
         packed = torch.cat([sums, stop_flag, *(v.reshape(1) for v in extra_sums.values())])
         if dist.is_initialized() and self.dist.world_size > 1:
-            dist.all_reduce(packed)
+            dist.all_reduce(packed, group=self.reduce_group)
         reduced = packed.tolist()
         mlm, nsp, mlm_ok, mlm_n, nsp_ok, nsp_n, nonfinite, stop = reduced[:8]
         finite_micro = self.accumulation * self.dist.world_size - nonfinite
@@ -249,7 +255,7 @@ class PhaseTrainer:
             n = output.mlm_labels.numel()
             sums += [output.mlm_loss.float().item() * n, (output.mlm_logits.argmax(-1) == output.mlm_labels).sum().item(), n]
         self.engine.train()
-        loss_sum, correct, n = _all_reduce(sums.tolist(), self.dist.device)
+        loss_sum, correct, n = _all_reduce(sums.tolist(), self.dist.device, self.reduce_group)
         return {"val/mlm_loss": loss_sum / max(n, 1), "val/mlm_acc": correct / max(n, 1)}
 
     def save(self, phase_end: bool = False) -> None:

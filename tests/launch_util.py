@@ -18,8 +18,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# An in-process engine (init_distributed in a lone test process) exports these and keeps its
+# rendezvous port open; a child that inherited them would try to listen on that same port.
+RENDEZVOUS_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a child process, without its torch.distributed rendezvous."""
+    env = {name: value for name, value in os.environ.items() if name not in RENDEZVOUS_VARS}
+    env.update(extra)
+    return env
+
+
 def deepspeed_cpu_env() -> dict[str, str]:
-    env = dict(os.environ)
+    env = child_env()
     env["DS_ACCELERATOR"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
     # One intra-op thread per rank: 2 ranks on 2 cores must not oversubscribe.

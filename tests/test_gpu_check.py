@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.launch_util import child_env
 from tests.scripts.pretrain_fixtures import REPO_ROOT
 
 
 def test_gpu_check_smoke_prints_the_table_and_rows(tmp_path: Path) -> None:
     out = tmp_path / "rows.json"
-    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    env = {k: v for k, v in child_env().items() if k != "DS_ACCELERATOR"}
     env["PYTHON"] = sys.executable
     done = subprocess.run([str(REPO_ROOT / "bench" / "gpu_check.sh"), "--smoke", "--json", str(out)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
@@ -39,6 +39,6 @@ def test_gpu_check_names_missing_wheels_and_installs_nothing(tmp_path: Path) -> 
     fake.write_text("#!/bin/sh\nexec /usr/bin/env python3 -S -I \"$@\"\n")
     fake.chmod(0o755)
     done = subprocess.run([str(REPO_ROOT / "bench" / "gpu_check.sh"), "--smoke"], cwd=tmp_path,
-                          env={**os.environ, "PYTHON": str(fake)}, capture_output=True, text=True, timeout=60)
+                          env=child_env(PYTHON=str(fake)), capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "missing Python packages" in done.stderr and "deepspeed" in done.stderr

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import torch
 from pretrain.data import Collator, RankBatches, open_phase_data
 from pretrain.model import IGNORE_INDEX, bert_config, build_model
 from pretrain.packing import PackingMeter, first_fit_decreasing
+from tests.launch_util import child_env
 from tests.scripts.pretrain_fixtures import REPO_ROOT, build_shards, tiny_run_config
 
 
@@ -135,7 +135,7 @@ def test_packed_training_run_logs_the_packing_factor(tmp_path: Path, shards: Pat
     """The driver with phase1.packing=true (one rank, real DeepSpeed engine): trains, logs data/*."""
     data = short_instances_at_64(shards, tmp_path / "data64")
     run_json = tiny_run_config(tmp_path / "run.json", data, tmp_path / "run", phase1=3)
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(REPO_ROOT)}
+    env = child_env(DS_ACCELERATOR="cpu", PYTHONPATH=str(REPO_ROOT))
     overrides = ['--run.phases=["phase1"]', "--phase1.packing=true", "--phase1.seq_len=64",
                  "--phase1.ds_overrides.train_micro_batch_size_per_gpu=6", "--logging.val_every_steps=0",
                  "--checkpoint.export_at_phase_end=false"]

@@ -1,0 +1,64 @@
+"""The typed `codistill` config section (no torch import: config parsing stays light).
+
+    "codistill": {"enabled": true, "groups": 2, "alpha": 1.0, "burn_in_steps": 400,
+                  "refresh_every": 50, "temperature": 1.0, "loss": "kl",
+                  "targets": ["mlm"], "exchange": "collective", "exchange_dir": null}
+
+Step numbers (`burn_in_steps`, `refresh_every`) count optimizer steps of the whole run: phase 2
+continues after phase 1's steps, like the TensorBoard x-axis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DISTILL_TARGETS = ("mlm", "nsp")
+DISTILL_LOSSES = ("kl", "soft_ce")
+EXCHANGES = ("collective", "filesystem")
+
+
+class CodistillConfigError(ValueError):
+    """A `codistill.*` value is wrong; the message names the dotted key."""
+
+
+@dataclass
+class CodistillSection:
+    enabled: bool = False
+    groups: int = 2  # model copies; the world is split into this many contiguous, equal rank blocks
+    alpha: float = 1.0  # weight of the distillation term
+    burn_in_steps: int = 0  # optimizer steps (whole run) before distillation starts
+    refresh_every: int = 50  # optimizer steps between teacher refreshes
+    temperature: float = 1.0
+    loss: str = "kl"  # kl = KL(teacher || student); soft_ce = cross-entropy against the soft targets (same gradient)
+    targets: list[str] = field(default_factory=lambda: ["mlm"])  # "mlm" and optionally "nsp"
+    exchange: str = "collective"  # collective (all-gather over the world) | filesystem (others' published weights)
+    exchange_dir: str | None = None  # filesystem exchange folder; default <run.dir>/exchange
+
+
+def check_codistill(section: CodistillSection, world_size: int | None = None) -> None:
+    """Range and choice checks; with `world_size`, also that the world splits into equal groups."""
+    if not section.enabled:
+        return
+    if section.groups < 2:
+        raise CodistillConfigError(f"codistill.groups: must be >= 2 (one model is plain training), got {section.groups}")
+    if section.alpha < 0:
+        raise CodistillConfigError(f"codistill.alpha: must be >= 0, got {section.alpha}")
+    if section.burn_in_steps < 0:
+        raise CodistillConfigError(f"codistill.burn_in_steps: must be >= 0, got {section.burn_in_steps}")
+    if section.refresh_every < 1:
+        raise CodistillConfigError(f"codistill.refresh_every: must be >= 1, got {section.refresh_every}")
+    if section.temperature <= 0:
+        raise CodistillConfigError(f"codistill.temperature: must be > 0, got {section.temperature}")
+    if section.loss not in DISTILL_LOSSES:
+        raise CodistillConfigError(f"codistill.loss: {section.loss!r} is not one of {list(DISTILL_LOSSES)}")
+    if not section.targets or "mlm" not in section.targets:
+        raise CodistillConfigError(f"codistill.targets: must contain 'mlm' (optionally 'nsp'), got {section.targets}")
+    unknown = [t for t in section.targets if t not in DISTILL_TARGETS]
+    if unknown:
+        raise CodistillConfigError(f"codistill.targets: unknown {unknown}; allowed {list(DISTILL_TARGETS)}")
+    if section.exchange not in EXCHANGES:
+        raise CodistillConfigError(f"codistill.exchange: {section.exchange!r} is not one of {list(EXCHANGES)}")
+    if world_size is not None and world_size % section.groups:
+        raise CodistillConfigError(
+            f"codistill.groups: {section.groups} groups do not split a world of {world_size} ranks into equal blocks"
+        )

@@ -1,0 +1,101 @@
+"""Rank layout and process groups for codistillation: contiguous rank blocks, one engine per process.
+
+With W ranks and n groups, group g owns ranks [g*W/n, (g+1)*W/n). Each group is an ordinary
+data-parallel job whose DeepSpeed engine sees only its own block through an `mpu` (ZeRO partitions
+and gradient all-reduces stay inside the group). Ranks with the same position inside their groups
+form an "exchange" group of n ranks, over which teacher weights are all-gathered.
+
+`torch.distributed.new_group` is collective over the world: every rank creates every group, in the
+same order, before any engine exists (DEEPSPEED_NOTES.md section 4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    world_size: int
+    groups: int
+    rank: int
+
+    def __post_init__(self) -> None:
+        if self.groups < 1 or self.world_size % self.groups:
+            raise ValueError(
+                f"codistill.groups: {self.groups} groups do not split a world of {self.world_size} ranks into equal blocks"
+            )
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} outside a world of {self.world_size}")
+
+    @property
+    def group_size(self) -> int:
+        return self.world_size // self.groups
+
+    @property
+    def group(self) -> int:
+        return self.rank // self.group_size
+
+    @property
+    def group_rank(self) -> int:
+        return self.rank % self.group_size
+
+    def ranks_of_group(self, group: int) -> list[int]:
+        return list(range(group * self.group_size, (group + 1) * self.group_size))
+
+    def exchange_ranks(self, group_rank: int) -> list[int]:
+        """The ranks at position `group_rank` of every group, in group order."""
+        return [g * self.group_size + group_rank for g in range(self.groups)]
+
+    @property
+    def other_groups(self) -> list[int]:
+        return [g for g in range(self.groups) if g != self.group]
+
+
+class GroupMPU:
+    """The mpu interface DeepSpeed 0.19.8 queries: data parallel = my group, model parallel = me alone."""
+
+    def __init__(self, layout: GroupLayout, dp_group: Any, mp_group: Any) -> None:
+        self.layout, self.dp_group, self.mp_group = layout, dp_group, mp_group
+
+    def get_data_parallel_group(self) -> Any:
+        return self.dp_group
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.layout.group_size
+
+    def get_data_parallel_rank(self) -> int:
+        return self.layout.group_rank
+
+    def get_data_parallel_group_ranks(self) -> list[int]:
+        return self.layout.ranks_of_group(self.layout.group)
+
+    def get_model_parallel_group(self) -> Any:
+        return self.mp_group
+
+    def get_model_parallel_world_size(self) -> int:
+        return 1
+
+    def get_model_parallel_rank(self) -> int:
+        return 0
+
+
+@dataclass
+class ProcessGroups:
+    layout: GroupLayout
+    mpu: GroupMPU
+    data_parallel: Any  # my group's ranks
+    exchange: Any  # my position in every group (teacher all-gather)
+
+
+def create_process_groups(layout: GroupLayout) -> ProcessGroups:
+    """Collective over the world: every rank must call it at the same point with the same layout."""
+    data_parallel = [dist.new_group(layout.ranks_of_group(g)) for g in range(layout.groups)]
+    singles = [dist.new_group([r]) for r in range(layout.world_size)]
+    exchange = [dist.new_group(layout.exchange_ranks(p)) for p in range(layout.group_size)]
+    mine = data_parallel[layout.group]
+    mpu = GroupMPU(layout, mine, singles[layout.rank])
+    return ProcessGroups(layout=layout, mpu=mpu, data_parallel=mine, exchange=exchange[layout.group_rank])

@@ -1,0 +1,123 @@
+"""Launched by tests/test_codistill_multirank.py: real runs of `pretrain.train.main` with codistillation.
+
+    python codistill_scenarios.py SCENARIO WORKDIR     (SCENARIO: solo1 | two | four; see SCENARIOS)
+
+Every run records, on each rank, its own flat weights after every optimizer step and the teachers'
+flat weights whenever a refresh happened (files in <run dir>/record/), so the test can compare
+weights across runs and against the other group, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from pretrain.codistill import TeacherCheckpointManager  # noqa: E402
+from pretrain.codistill_teacher import flat_weights  # noqa: E402
+from pretrain.train import main  # noqa: E402
+from pretrain.trainer import PhaseTrainer  # noqa: E402
+from tests.scripts.pretrain_fixtures import tiny_run_config  # noqa: E402
+
+BASE_SEED = 7
+CODISTILL_FULL = {"enabled": True, "groups": 2, "alpha": 1.0, "burn_in_steps": 2, "refresh_every": 4,
+                  "temperature": 2.0, "loss": "kl", "targets": ["mlm", "nsp"], "exchange": "collective"}
+
+
+def recorder(out: Path, group_size: int):
+    """Step callback: own weights every step; the teachers whenever a new refresh happened."""
+    seen = {"refreshes": 0}
+
+    def callback(trainer: PhaseTrainer) -> None:
+        rank = dist.get_rank()
+        group, group_rank = divmod(rank, group_size)
+        offset = trainer.config.phase1.steps if trainer.state.phase == "phase2" else 0
+        step = offset + trainer.state.step
+        out.mkdir(parents=True, exist_ok=True)
+        own = flat_weights(trainer.engine).clone()  # collective inside the group under ZeRO-3
+        if group_rank == 0:
+            torch.save(own, out / f"own_g{group}_s{step}.pt")
+        if isinstance(trainer.checkpoints, TeacherCheckpointManager):
+            codistill = trainer.checkpoints.codistill
+            if len(codistill.refresh_log) > seen["refreshes"]:
+                seen["refreshes"] = len(codistill.refresh_log)
+                torch.save(codistill.teacher_state(), out / f"teacher_r{rank}_at{codistill.refresh_log[-1]}.pt")
+            if trainer.state.step == trainer.phase.steps and trainer.state.phase == trainer.config.run.phases[-1]:
+                (out / f"refresh_log_r{rank}.json").write_text(json.dumps(codistill.refresh_log))
+
+    return callback
+
+
+def write_config(workdir: Path, name: str, *, phases: list[str], phase1: int, phase2: int = 2,
+                 codistill: dict[str, Any] | None = None, seed: int = BASE_SEED,
+                 ds_overrides: dict[str, Any] | None = None) -> tuple[Path, Path]:
+    run_dir = workdir / name
+    # one file per rank: the ranks write their configs at the same time (same content)
+    rank = os.environ.get("RANK", "0")
+    path = tiny_run_config(workdir / f"{name}.rank{rank}.json", workdir / "shards", run_dir, phase1=phase1,
+                           phase2=phase2)
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["run"].update({"phases": phases, "seed": seed})
+    config["phase1"]["ds_overrides"] = ds_overrides or {}
+    if codistill is not None:
+        config["codistill"] = codistill
+    path.write_text(json.dumps(config, indent=2), encoding="utf-8")
+    return path, run_dir
+
+
+def run(workdir: Path, name: str, group_size: int, extra_args: list[str] | None = None, **kwargs: Any) -> None:
+    path, run_dir = write_config(workdir, name, **kwargs)
+    code = main(["--config", str(path), *(extra_args or [])], step_callbacks=[recorder(run_dir / "record", group_size)])
+    if code != 0:
+        raise SystemExit(f"{name}: exit code {code}")
+
+
+def solo_runs(workdir: Path, world: int) -> None:
+    """Each group's twin: the single-model driver with the group's seed, on group-size ranks."""
+    for group in range(2):
+        run(workdir, f"solo{world}_g{group}", world, phases=["phase1"], phase1=5, seed=BASE_SEED + group)
+
+
+def scenario_solo1(workdir: Path) -> None:
+    solo_runs(workdir, 1)
+
+
+def scenario_two(workdir: Path) -> None:
+    """2 ranks: solo twins for the 4-rank job, then 2 groups x 1 rank."""
+    solo_runs(workdir, 2)
+    alpha0 = {**CODISTILL_FULL, "alpha": 0.0, "targets": ["mlm"]}
+    run(workdir, "co2_alpha0", 1, phases=["phase1"], phase1=5, codistill=alpha0)
+    both = ["phase1", "phase2"]
+    run(workdir, "co2_full", 1, phases=both, phase1=7, codistill=CODISTILL_FULL)
+    # Interrupted after 3 steps and rerun with the same command: must end where co2_full ended.
+    run(workdir, "co2_resume", 1, ["--run.stop_after_steps=3"], phases=both, phase1=7, codistill=CODISTILL_FULL)
+    run(workdir, "co2_resume", 1, phases=both, phase1=7, codistill=CODISTILL_FULL)
+    # Teachers through published files instead of the all-gather: the same teachers, the same weights.
+    files = {**CODISTILL_FULL, "exchange": "filesystem"}
+    run(workdir, "co2_files", 1, phases=both, phase1=7, codistill=files)
+    # ZeRO-3: the module's parameters are partitioned; the exchange gathers them.
+    refresh = {**CODISTILL_FULL, "refresh_every": 2}
+    run(workdir, "co2_zero3", 1, phases=["phase1"], phase1=5, codistill=refresh,
+        ds_overrides={"zero_optimization": {"stage": 3}})
+
+
+def scenario_four(workdir: Path) -> None:
+    """4 ranks: 2 groups x 2 ranks with ZeRO-2 partitions inside each group."""
+    alpha0 = {**CODISTILL_FULL, "alpha": 0.0, "targets": ["mlm"]}
+    run(workdir, "co4_alpha0", 2, phases=["phase1"], phase1=5, codistill=alpha0)
+    refresh = {**CODISTILL_FULL, "refresh_every": 2}
+    run(workdir, "co4_refresh", 2, phases=["phase1"], phase1=5, codistill=refresh)
+
+
+SCENARIOS = {"solo1": scenario_solo1, "two": scenario_two, "four": scenario_four}
+
+if __name__ == "__main__":
+    scenario, workdir = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
+    SCENARIOS[scenario](Path(workdir))
