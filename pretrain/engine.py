@@ -253,7 +253,9 @@ def full_parameters(engine: Any) -> Iterator[list[torch.Tensor]]:
     data-parallel group, so every rank of that group must enter together.
     """
     params = [p for _, p in engine.module.named_parameters()]
-    if int(engine.zero_optimization_stage()) == 3:
+    # Anything holding a `.module` works (a plain module wrapper has no ZeRO stage: nothing to gather).
+    stage = int(engine.zero_optimization_stage()) if hasattr(engine, "zero_optimization_stage") else 0
+    if stage == 3:
         with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
             yield params
     else:
