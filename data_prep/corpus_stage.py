@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from data_prep.config import BuildConfig
 from data_prep.corpus import (
+    merge_stats,
     part_stats,
     read_table,
     text_part_path,
@@ -207,9 +208,10 @@ def tokenize_all(cfg: BuildConfig, vocab: Vocab, num_chunks: int) -> None:
 
 
 def corpus_stats(out: Path, num_chunks: int) -> dict[str, int]:
-    totals: dict[str, int] = {}
-    for chunk in range(num_chunks):
-        for path in (text_part_path(out, chunk), token_part_path(out, chunk)):
-            for key, value in part_stats(path).items():
-                totals[key] = totals.get(key, 0) + value
-    return dict(sorted(totals.items()))
+    return merge_stats(
+        [
+            part_stats(path)
+            for chunk in range(num_chunks)
+            for path in (text_part_path(out, chunk), token_part_path(out, chunk))
+        ]
+    )

@@ -41,7 +41,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -272,8 +272,3 @@ class ShardReader:
                 out[name] = int(value.as_py())
         return out
 
-
-def iter_instances(manifest: Manifest, seq_len: int, split: str = "train") -> Iterable[dict[str, Any]]:
-    reader = ShardReader(manifest, seq_len, split)
-    for index in range(len(reader)):
-        yield reader[index]

@@ -28,9 +28,6 @@ class Vocab:
     def size(self) -> int:
         return len(self.tokens)
 
-    def id_of(self, token: str) -> int:
-        return self.tokens.index(token)
-
     @property
     def special_ids(self) -> dict[str, int]:
         return {tok: self.tokens.index(tok) for tok in SPECIAL_TOKENS}
