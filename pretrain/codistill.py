@@ -3,13 +3,15 @@
 The world is split into `groups` contiguous rank blocks (see codistill_groups.py). Each group is an
 ordinary run of the single-model driver with its own view of the job:
 
-    run.seed        = run.seed + g         (initial weights, dropout, data order: independent shuffles)
+    run.seed        = run.seed + g         (initial weights, dropout, masks, data order)
+    data.part       = g of `groups` parts  (disjoint training data; `disjoint_data: false` shares it all)
     run.dir         = <run.dir>/group<g>   (TensorBoard, resolved config, exports, final numbers)
     checkpoint.dir  = <checkpoint.dir>/group<g>   (default <run.dir>/group<g>/checkpoints)
     rank/world size = position in the group / group size (data sharding, per-rank seeds, batch arithmetic)
 
-so a group with `alpha = 0` is bit-for-bit the single-model run with seed `run.seed + g` on
-`group size` ranks. Each rank also holds frozen teachers (the other groups' models) and adds
+so a group with `alpha = 0` is bit-for-bit the single-model run with seed `run.seed + g` and
+`data.part = g, data.num_parts = groups` on `group size` ranks. The groups share one job (the world
+split into rank blocks), or run as separate jobs (`codistill.group`, files only). Each rank also holds frozen teachers (the other groups' models) and adds
 
     alpha * T^2 * D(mean_teachers softmax(z_t / T), softmax(z / T))      at masked positions (+ NSP)
 
@@ -36,15 +38,15 @@ import torch.nn.functional as F
 from data_prep.shards import atomic_write_bytes, atomic_write_json
 from pretrain.checkpoint import CheckpointManager
 from pretrain.codistill_config import check_codistill
+from pretrain.codistill_exchange import FileExchange, GroupComm
 from pretrain.codistill_groups import GroupLayout, ProcessGroups, create_process_groups
 from pretrain.codistill_teacher import (
     collective_refresh,
     distillation_loss,
     engine_dtype,
+    flat_weights,
     load_flat,
-    load_published,
     make_teacher,
-    publish_weights,
     soft_targets,
 )
 from pretrain.data import batch_loader
@@ -67,12 +69,15 @@ class Codistillation:
         self.section = config.codistill
         check_codistill(self.section, world.world_size)
         self.base_config, self.world = config, world
-        self.layout = GroupLayout(world.world_size, self.section.groups, world.rank)
+        self.layout = GroupLayout(world.world_size, self.section.groups, world.rank, job_group=self.section.group)
         self.groups: ProcessGroups = create_process_groups(self.layout)
         self.exchange_dir = Path(self.section.exchange_dir or Path(config.run.dir) / "exchange")
+        comm = GroupComm(self.layout.group_size, self.layout.first_rank, self.groups.data_parallel, world.device)
+        self.files = FileExchange(self.exchange_dir, self.layout.group, self.layout.other_groups, comm,
+                                  is_first=self.layout.group_rank == 0)
         self.teachers: dict[int, torch.nn.Module] = {}  # other group index -> frozen model
         self.refreshed_at: int | None = None  # global step of the last refresh
-        self.teacher_step: int | None = None  # global step the teachers' weights are from
+        self.teacher_steps: dict[int, int] = {}  # other group -> global step its teacher's weights are from
         self.refresh_log: list[int] = []  # refresh steps of this process (tests, logs)
         self.final: dict[str, float] | None = None
         self._engine: Any = None
@@ -93,7 +98,10 @@ class Codistillation:
         checkpoint = config.checkpoint
         if checkpoint.dir:
             checkpoint = dataclasses.replace(checkpoint, dir=str(Path(checkpoint.dir) / f"group{g}"))
-        return dataclasses.replace(config, run=run, checkpoint=checkpoint)
+        data = config.data
+        if self.section.disjoint_data:
+            data = dataclasses.replace(data, part=g, num_parts=self.layout.groups)
+        return dataclasses.replace(config, run=run, checkpoint=checkpoint, data=data)
 
     def group_dist_info(self, world: DistInfo) -> DistInfo:
         return DistInfo(rank=self.layout.group_rank, world_size=self.layout.group_size,
@@ -114,11 +122,11 @@ class Codistillation:
         """Every group's phase-end model as a Hugging Face folder at <run.dir>/group<g>/export/<phase>.
 
         transformers 5 `save_pretrained` writes nothing on a torch.distributed rank other than 0, so world
-        rank 0 exports every group (after the collective phase-end save, all folders are complete).
+        rank 0 exports every group of this job (after the collective phase-end save, all folders are complete).
         """
         if self.world.rank != 0:
             return
-        for group in range(self.layout.groups):
+        for group in self.layout.groups_in_job:
             out = self.group_run_dir(group) / "export" / phase
             if not (only_missing and (out / EXPORT_INFO).is_file()):
                 export_checkpoint(self.group_checkpoint_dir(group), out)
@@ -145,26 +153,49 @@ class Codistillation:
         if step >= self.section.burn_in_steps and (state.step == 0 or self.refreshed_at is None):
             self.refresh(step)
 
-    def refresh(self, global_step: int) -> None:
-        """Collective over the world: every rank refreshes at the same global step."""
+    @property
+    def teacher_step(self) -> int | None:
+        """The oldest teacher's step; None until every teacher has weights (no distillation before)."""
+        if not self.teachers or set(self.teacher_steps) != set(self.teachers):
+            return None
+        return min(self.teacher_steps.values())
+
+    def refresh(self, global_step: int, final: bool = False) -> None:
+        """Collective over this job: every rank refreshes at the same global step."""
         if self.section.exchange == "collective":
             collective_refresh(self._engine, self.teachers, self.groups.exchange, self.layout.group,
                                self.layout.groups)
-            self.teacher_step = global_step
+            self.teacher_steps = dict.fromkeys(self.teachers, global_step)
         else:
-            publish_weights(self._engine, self.exchange_dir / f"group{self.layout.group}", global_step,
-                            is_writer=self.layout.group_rank == 0)
-            dist.barrier()  # all groups of this job have published
-            steps = [load_published(self.exchange_dir / f"group{h}", t) for h, t in self.teachers.items()]
-            if any(s is None for s in steps):
-                raise FileNotFoundError(f"{self.exchange_dir}: a group published no weights (codistill.exchange_dir)")
-            self.teacher_step = min(s for s in steps if s is not None)
+            self._refresh_from_files(global_step, final)
         self.refreshed_at = global_step
-        self.refresh_log.append(global_step)
+        if not self.refresh_log or self.refresh_log[-1] != global_step:
+            self.refresh_log.append(global_step)
+
+    def _refresh_from_files(self, global_step: int, final: bool) -> None:
+        self.files.publish(global_step, flat_weights(self._engine))  # a collective in the group under ZeRO-3
+        if not self.layout.separate_jobs:
+            dist.barrier()  # every group of this job has published this very step
+            self.teacher_steps.update(self.files.fetch(self.teachers, load_flat))
+            missing = [h for h in self.teachers if self.teacher_steps.get(h) != global_step]
+            if missing:
+                raise FileNotFoundError(f"{self.exchange_dir}: groups {missing} did not publish step {global_step}")
+            return
+        # Separate jobs: wait (bounded) for a group that has never published, and at the end for the others'
+        # final weights; otherwise take whatever each group published last.
+        need = {h: global_step if final else 0 for h in self.teachers if final or h not in self.teacher_steps}
+        if need and not self.files.wait(need, self.section.exchange_timeout_s) and self.layout.group_rank == 0:
+            late = {h: str(self.files.folder(h)) for h in need}
+            print(f"codistill: group {self.layout.group} at step {global_step}: after "
+                  f"{self.section.exchange_timeout_s:.0f} s (codistill.exchange_timeout_s) groups {late} have not "
+                  f"published {'their final weights' if final else 'any weights'}; going on with what there is",
+                  flush=True)
+        self.teacher_steps.update(self.files.fetch(self.teachers, load_flat))
 
     def teacher_state(self) -> dict[str, Any]:
         flat = {h: torch.cat([p.detach().reshape(-1) for p in t.parameters()]).cpu() for h, t in self.teachers.items()}
-        return {"refreshed_at": self.refreshed_at, "teacher_step": self.teacher_step, "teachers": flat}
+        return {"refreshed_at": self.refreshed_at, "teacher_step": self.teacher_step,
+                "teacher_steps": dict(self.teacher_steps), "teachers": flat}
 
     def load_teacher_state(self, state: dict[str, Any]) -> None:
         if self.teachers:
@@ -173,7 +204,8 @@ class Codistillation:
             self._pending = state
 
     def _restore(self, state: dict[str, Any]) -> None:
-        self.refreshed_at, self.teacher_step = state["refreshed_at"], state["teacher_step"]
+        self.refreshed_at = state["refreshed_at"]
+        self.teacher_steps = {int(h): int(step) for h, step in state["teacher_steps"].items()}
         for h, flat in state["teachers"].items():
             teacher = self.teachers[int(h)]
             param = next(teacher.parameters())
@@ -240,14 +272,14 @@ class Codistillation:
     @torch.no_grad()
     def final_evaluation(self, trainer: PhaseTrainer, step: int) -> dict[str, float]:
         """Every model's and the ensemble's validation MLM loss, and the prediction churn between models."""
-        if self.refreshed_at != step:
-            self.refresh(step)  # the teachers become the other groups' final models
+        if self.refreshed_at != step or self.layout.separate_jobs:
+            self.refresh(step, final=True)  # the teachers become the other groups' final models
         values: dict[str, float] = {}
         if trainer.val_batches is not None:
             values = self._evaluate(trainer)
             trainer.metrics.scalars(trainer.global_step, values)
         if self.layout.group_rank == 0:
-            report = {"group": self.layout.group, "global_step": step, **values}
+            report = {"group": self.layout.group, "global_step": step, "teacher_steps": self.teacher_steps, **values}
             atomic_write_json(Path(trainer.config.run.dir) / FINAL_FILE, report)
         self.final = values
         return values

@@ -2,7 +2,14 @@
 
     "codistill": {"enabled": true, "groups": 2, "alpha": 1.0, "burn_in_steps": 400,
                   "refresh_every": 50, "temperature": 1.0, "loss": "kl",
-                  "targets": ["mlm"], "exchange": "collective", "exchange_dir": null}
+                  "targets": ["mlm"], "disjoint_data": true, "exchange": "collective",
+                  "exchange_dir": null, "group": null, "exchange_timeout_s": 1800}
+
+Two ways to run the groups:
+* one job (`group` null): the world is split into `groups` contiguous rank blocks;
+* separate jobs (`group` = this job's group index, `exchange` = filesystem): each job is one group,
+  possibly on other nodes or at other times, and the groups meet only in `exchange_dir` (a shared
+  file system), as in Anil et al. 2018.
 
 Step numbers (`burn_in_steps`, `refresh_every`) count optimizer steps of the whole run: phase 2
 continues after phase 1's steps, like the TensorBoard x-axis.
@@ -33,6 +40,11 @@ class CodistillSection:
     targets: list[str] = field(default_factory=lambda: ["mlm"])  # "mlm" and optionally "nsp"
     exchange: str = "collective"  # collective (all-gather over the world) | filesystem (others' published weights)
     exchange_dir: str | None = None  # filesystem exchange folder; default <run.dir>/exchange
+    disjoint_data: bool = True  # group g reads only part g of `groups` disjoint parts of the training shards
+    group: int | None = None  # separate jobs: this job is group `group` alone (needs exchange = filesystem)
+    # separate jobs: how long a refresh waits for another group's first weights, and the end of the run
+    # for the other groups' final weights, before failing (first refresh) or going on with older ones (end)
+    exchange_timeout_s: float = 1800.0
 
 
 def check_codistill(section: CodistillSection, world_size: int | None = None) -> None:
@@ -58,7 +70,16 @@ def check_codistill(section: CodistillSection, world_size: int | None = None) ->
         raise CodistillConfigError(f"codistill.targets: unknown {unknown}; allowed {list(DISTILL_TARGETS)}")
     if section.exchange not in EXCHANGES:
         raise CodistillConfigError(f"codistill.exchange: {section.exchange!r} is not one of {list(EXCHANGES)}")
-    if world_size is not None and world_size % section.groups:
+    if section.group is not None and not 0 <= section.group < section.groups:
+        raise CodistillConfigError(f"codistill.group: must be in [0, codistill.groups={section.groups}), got {section.group}")
+    if section.group is not None and section.exchange != "filesystem":
+        raise CodistillConfigError(
+            "codistill.exchange: groups in separate jobs (codistill.group set) can only meet through files; "
+            f"set it to 'filesystem', got {section.exchange!r}"
+        )
+    if section.exchange_timeout_s < 0:
+        raise CodistillConfigError(f"codistill.exchange_timeout_s: must be >= 0, got {section.exchange_timeout_s}")
+    if section.group is None and world_size is not None and world_size % section.groups:
         raise CodistillConfigError(
             f"codistill.groups: {section.groups} groups do not split a world of {world_size} ranks into equal blocks"
         )

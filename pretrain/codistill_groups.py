@@ -7,6 +7,9 @@ form an "exchange" group of n ranks, over which teacher weights are all-gathered
 
 `torch.distributed.new_group` is collective over the world: every rank creates every group, in the
 same order, before any engine exists (DEEPSPEED_NOTES.md section 4).
+
+Separate jobs (`job_group` set): this job's whole world is that one group; there is no other group
+in it, no mpu (the world is the data-parallel group) and no exchange group (files only).
 """
 
 from __future__ import annotations
@@ -22,9 +25,13 @@ class GroupLayout:
     world_size: int
     groups: int
     rank: int
+    job_group: int | None = None  # separate jobs: this job's world is group `job_group` alone
 
     def __post_init__(self) -> None:
-        if self.groups < 1 or self.world_size % self.groups:
+        if self.job_group is not None:
+            if not 0 <= self.job_group < self.groups:
+                raise ValueError(f"codistill.group: {self.job_group} is not one of {self.groups} groups")
+        elif self.groups < 1 or self.world_size % self.groups:
             raise ValueError(
                 f"codistill.groups: {self.groups} groups do not split a world of {self.world_size} ranks into equal blocks"
             )
@@ -32,16 +39,29 @@ class GroupLayout:
             raise ValueError(f"rank {self.rank} outside a world of {self.world_size}")
 
     @property
+    def separate_jobs(self) -> bool:
+        return self.job_group is not None
+
+    @property
     def group_size(self) -> int:
-        return self.world_size // self.groups
+        return self.world_size if self.separate_jobs else self.world_size // self.groups
 
     @property
     def group(self) -> int:
-        return self.rank // self.group_size
+        return self.job_group if self.job_group is not None else self.rank // self.group_size
 
     @property
     def group_rank(self) -> int:
         return self.rank % self.group_size
+
+    @property
+    def first_rank(self) -> int:
+        """Global rank of this group's rank 0."""
+        return 0 if self.separate_jobs else self.group * self.group_size
+
+    @property
+    def groups_in_job(self) -> list[int]:
+        return [self.group] if self.separate_jobs else list(range(self.groups))
 
     def ranks_of_group(self, group: int) -> list[int]:
         return list(range(group * self.group_size, (group + 1) * self.group_size))
@@ -86,13 +106,15 @@ class GroupMPU:
 @dataclass
 class ProcessGroups:
     layout: GroupLayout
-    mpu: GroupMPU
-    data_parallel: Any  # my group's ranks
-    exchange: Any  # my position in every group (teacher all-gather)
+    mpu: GroupMPU | None  # None: the world is the group (separate jobs)
+    data_parallel: Any  # my group's ranks (None: the world)
+    exchange: Any  # my position in every group (teacher all-gather); None in separate jobs
 
 
 def create_process_groups(layout: GroupLayout) -> ProcessGroups:
     """Collective over the world: every rank must call it at the same point with the same layout."""
+    if layout.separate_jobs:
+        return ProcessGroups(layout=layout, mpu=None, data_parallel=None, exchange=None)
     data_parallel = [dist.new_group(layout.ranks_of_group(g)) for g in range(layout.groups)]
     singles = [dist.new_group([r]) for r in range(layout.world_size)]
     exchange = [dist.new_group(layout.exchange_ranks(p)) for p in range(layout.group_size)]

@@ -11,26 +11,19 @@ gathered by `pretrain.engine.full_parameters` (a collective inside the data-para
 Exchange:
 * collective - every rank all-gathers the flat weights over its exchange group (same position in
   every group), so each rank receives the other groups' current weights directly.
-* filesystem - each group's first rank publishes its weights to `<exchange_dir>/group<g>/` (atomic
-  file + atomic `latest`) and every rank loads the others' latest files, as in Anil et al. 2018.
+* filesystem - each group publishes its weights to files and reads the others' (codistill_exchange.py).
 """
 
 from __future__ import annotations
 
-import io
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from data_prep.shards import atomic_write_bytes
 from pretrain.engine import full_parameters
 from pretrain.model import SparseBertForPreTraining, build_model
-
-LATEST = "latest"
-_KEEP_PUBLISHED = 2  # a reader may still be opening the previous file while the next is written
 
 
 def zero_stage(engine: Any) -> int:
@@ -82,33 +75,6 @@ def collective_refresh(engine: Any, teachers: dict[int, torch.nn.Module], exchan
     for other, teacher in teachers.items():
         load_flat(teacher, gathered[other * own.numel() : (other + 1) * own.numel()])
     del gathered
-
-
-def publish_weights(engine: Any, folder: Path, step: int, is_writer: bool) -> None:
-    """Collective inside the group (ZeRO-3 gather); the group's first rank writes step file + `latest`."""
-    own = flat_weights(engine)
-    if not is_writer:
-        return
-    name = f"weights-step{step:08d}.pt"
-    buffer = io.BytesIO()
-    torch.save({"step": step, "flat": own.detach().cpu()}, buffer)
-    atomic_write_bytes(folder / name, buffer.getvalue())
-    atomic_write_bytes(folder / LATEST, name.encode("utf-8"))
-    for old in sorted(folder.glob("weights-step*.pt"))[:-_KEEP_PUBLISHED]:
-        old.unlink(missing_ok=True)
-
-
-def load_published(folder: Path, teacher: torch.nn.Module) -> int | None:
-    """Load the newest weights another group published; None when it has published nothing yet."""
-    pointer = folder / LATEST
-    if not pointer.is_file():
-        return None
-    name = pointer.read_text(encoding="utf-8").strip()
-    payload = torch.load(folder / name, map_location="cpu", weights_only=True)
-    device = next(teacher.parameters()).device
-    dtype = next(teacher.parameters()).dtype
-    load_flat(teacher, payload["flat"].to(device=device, dtype=dtype))
-    return int(payload["step"])
 
 
 # ---------------------------------------------------------------------------------------------- loss

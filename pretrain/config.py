@@ -49,6 +49,10 @@ class DataSection:
     shards: str = ""  # a data_prep output folder (manifest.json); a phase may name its own
     num_workers: int = 2  # DataLoader worker processes per rank
     verify_checksums: bool = True  # sha256 of every shard before training (once per run start)
+    # Read only part `part` of `num_parts` disjoint, fixed parts of the training instances (validation is
+    # never split). Codistillation sets these per group; a lone run can set them to match one group.
+    part: int = 0
+    num_parts: int = 1
 
 
 @dataclass
@@ -262,10 +266,19 @@ def check_values(config: RunConfig) -> None:
         raise ConfigError("failures.max_consecutive_nonfinite: must be >= 1")
     if config.data.num_workers < 0:
         raise ConfigError(f"data.num_workers: must be >= 0, got {config.data.num_workers}")
+    if config.data.num_parts < 1:
+        raise ConfigError(f"data.num_parts: must be >= 1, got {config.data.num_parts}")
+    if not 0 <= config.data.part < config.data.num_parts:
+        raise ConfigError(f"data.part: must be in [0, data.num_parts={config.data.num_parts}), got {config.data.part}")
     try:
         check_codistill(config.codistill)
     except CodistillConfigError as err:
         raise ConfigError(str(err)) from err
+    if config.codistill.enabled and config.codistill.disjoint_data and config.data.num_parts != 1:
+        raise ConfigError(
+            f"data.num_parts: codistillation deals the data into one part per group (codistill.disjoint_data); "
+            f"leave data.part/num_parts unset, got num_parts={config.data.num_parts}"
+        )
 
 
 # --- DeepSpeed JSON of a phase -------------------------------------------------------------------

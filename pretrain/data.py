@@ -1,7 +1,11 @@
 """Pretraining batches from data_prep shards: validation, per-rank order, collate + dynamic masking.
 
-Order. Epoch e is a permutation of all training instances drawn from `default_rng([seed, e])`, the
-same on every rank; rank r takes every world_size-th instance of it (disjoint across ranks), the
+Parts. With `num_parts` > 1 the training instances are first dealt into `num_parts` disjoint parts
+by a fixed permutation that depends only on (instance count, num_parts), never on the seed, so runs
+with different seeds (codistillation groups) agree on the parts; a run then only sees its own part.
+
+Order. Epoch e is a permutation of the run's instances (all of them, or its part) drawn from
+`default_rng([seed, e])`, the same on every rank; rank r takes every world_size-th instance of it (disjoint across ranks), the
 tail that does not fill a micro-batch on every rank is dropped for that epoch (it comes back in
 another position next epoch). A rank's stream is therefore a pure function of (seed, world size,
 rank, micro batch): micro-batch k of the stream is epoch k // batches_per_epoch. The data position
@@ -28,6 +32,17 @@ from pretrain.model import IGNORE_INDEX
 from pretrain.packing import pack_masked_instances
 
 VAL_SEED_SALT = 0x5EED_7A1  # validation masks: fixed, independent of the training seed's epochs
+PARTITION_SALT = 0xD15_70177  # the deal into disjoint parts: fixed, independent of every seed
+
+
+def partition_indices(total: int, part: int, num_parts: int) -> np.ndarray:
+    """Instance indices of part `part` of `num_parts` disjoint parts (sizes differ by at most one)."""
+    if num_parts < 1 or not 0 <= part < num_parts:
+        raise ValueError(f"data.part: {part} is not a part of {num_parts}")
+    if num_parts == 1:
+        return np.arange(total)
+    deal = np.random.default_rng([PARTITION_SALT, total, num_parts]).permutation(total)
+    return np.sort(deal[part::num_parts])
 
 
 class DataConfigError(ValueError):
@@ -216,18 +231,20 @@ class RankBatches(Dataset):
 
     def __init__(
         self, data: PhaseData, split: str, seed: int, rank: int, world_size: int, micro_batch: int,
-        shuffle: bool = True, packing: bool = False,
+        shuffle: bool = True, packing: bool = False, part: int = 0, num_parts: int = 1,
     ) -> None:
         self.data = data
         self.reader = ShardReader(data.manifest, data.seq_len, split)
         self.collate = Collator(data, packing=packing)  # packing changes the layout, never the instances
         self.seed, self.rank, self.world_size, self.micro_batch = seed, rank, world_size, micro_batch
         self.shuffle = shuffle
-        self.batches_per_epoch = len(self.reader) // world_size // micro_batch
+        self.pool = partition_indices(len(self.reader), part, num_parts)  # the instances this run reads
+        self.batches_per_epoch = len(self.pool) // world_size // micro_batch
         if self.batches_per_epoch == 0:
+            where = f" in data.part {part} of {num_parts}" if num_parts > 1 else ""
             raise DataConfigError(
-                f"{data.manifest.root}: {len(self.reader)} {split} instances at seq {data.seq_len} cannot fill one "
-                f"micro-batch of {micro_batch} on each of {world_size} ranks"
+                f"{data.manifest.root}: {len(self.pool)} {split} instances at seq {data.seq_len}{where} cannot fill "
+                f"one micro-batch of {micro_batch} on each of {world_size} ranks"
             )
         self._epoch_order: tuple[int, np.ndarray] | None = None
 
@@ -236,8 +253,9 @@ class RankBatches(Dataset):
 
     def rank_indices(self, epoch: int) -> np.ndarray:
         if self._epoch_order is None or self._epoch_order[0] != epoch:
-            total = len(self.reader)
-            order = np.random.default_rng([self.seed, epoch]).permutation(total) if self.shuffle else np.arange(total)
+            total = len(self.pool)
+            picks = np.random.default_rng([self.seed, epoch]).permutation(total) if self.shuffle else np.arange(total)
+            order = self.pool[picks]  # with one part the pool is 0..n-1: the order is the permutation itself
             used = self.batches_per_epoch * self.micro_batch * self.world_size
             self._epoch_order = (epoch, order[:used][self.rank :: self.world_size])
         return self._epoch_order[1]

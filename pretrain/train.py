@@ -175,7 +175,7 @@ def run_phase(
     micro = engine.train_micro_batch_size_per_gpu()
     data = plan.data[name]
     train_batches = RankBatches(data, "train", config.run.seed, dist_info.rank, dist_info.world_size, micro,
-                                packing=phase.packing)
+                                packing=phase.packing, part=config.data.part, num_parts=config.data.num_parts)
     try:
         val_batches = RankBatches(data, "val", config.run.seed, dist_info.rank, dist_info.world_size, micro, shuffle=False)
     except (ShardFormatError, DataConfigError):

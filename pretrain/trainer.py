@@ -86,6 +86,7 @@ class StepResult:
     nonfinite: bool
     values: dict[str, float]
     stop_requested: bool = False  # some rank received SIGTERM/SIGUSR1 before this step's all-reduce
+    abort_elsewhere: bool = False  # codistillation: another group hit failures.max_consecutive_nonfinite
 
 
 def step_seed(*parts: int) -> int:
@@ -184,14 +185,20 @@ class PhaseTrainer:
                     value = torch.as_tensor(value, dtype=torch.float64, device=sums.device)
                     extra_sums[key] = extra_sums.get(key, 0.0) + value
         stop_flag = torch.tensor([1.0 if self.stop.signal_name else 0.0], dtype=torch.float64, device=sums.device)
-        if self.reduce_group is not None and dist.is_initialized():
-            # Codistillation: all groups must stop at the same step (checkpoint saves are world collectives).
-            dist.all_reduce(stop_flag)
         packed = torch.cat([sums, stop_flag, *(v.reshape(1) for v in extra_sums.values())])
         if dist.is_initialized() and self.dist.world_size > 1:
             dist.all_reduce(packed, group=self.reduce_group)
         reduced = packed.tolist()
         mlm, nsp, mlm_ok, mlm_n, nsp_ok, nsp_n, nonfinite, stop = reduced[:8]
+        aborting_here = bool(nonfinite) and (
+            self.state.consecutive_nonfinite + 1 >= self.config.failures.max_consecutive_nonfinite)
+        abort_elsewhere = False
+        if self.reduce_group is not None and dist.is_initialized():
+            # Codistillation in one job: every group must stop at the same step, whether for a signal or for
+            # another group's NaN abort (checkpoint saves and refreshes are world collectives).
+            flags = torch.tensor([float(stop > 0), float(aborting_here)], dtype=torch.float64, device=sums.device)
+            dist.all_reduce(flags)
+            stop, abort_elsewhere = flags[0].item(), bool(flags[1].item()) and not aborting_here
         finite_micro = self.accumulation * self.dist.world_size - nonfinite
         applied = bool(self.engine.was_step_applied())
         if nonfinite and applied:
@@ -208,7 +215,8 @@ class PhaseTrainer:
         values["loss/total"] = values["loss/mlm"] + values["loss/nsp"]
         divisor = self.accumulation * self.dist.world_size
         values.update({key: total / divisor for key, total in zip(extra_sums, reduced[8:], strict=True)})
-        return StepResult(applied=applied, nonfinite=nonfinite > 0, values=values, stop_requested=stop > 0)
+        return StepResult(applied=applied, nonfinite=nonfinite > 0, values=values, stop_requested=stop > 0,
+                          abort_elsewhere=abort_elsewhere)
 
     # ------------------------------------------------------------------ loop
     def step_metrics(self, result: StepResult) -> dict[str, float]:
@@ -295,6 +303,13 @@ class PhaseTrainer:
                 progress.set_postfix(loss=f"{values['loss/total']:.4f}", lr=f"{values['lr']:.2e}", refresh=False)
             for callback in self.step_callbacks:
                 callback(self)
+            if result.abort_elsewhere and self.state.consecutive_nonfinite < self.config.failures.max_consecutive_nonfinite:
+                self.save()
+                raise NonFiniteLossError(
+                    f"another codistillation group had failures.max_consecutive_nonfinite="
+                    f"{self.config.failures.max_consecutive_nonfinite} NaN/inf steps in a row; all groups stop together "
+                    f"({self.state.phase} step {self.state.step}); checkpoint written"
+                )
             if self.state.consecutive_nonfinite >= self.config.failures.max_consecutive_nonfinite:
                 self.save()
                 raise NonFiniteLossError(

@@ -1,8 +1,9 @@
 """Codistillation through the real driver on CPU ranks (gloo): 2 groups x 1 rank and 2 groups x 2 ranks (ZeRO-2).
 
-One module-scoped fixture runs three launches (tests/scripts/codistill_scenarios.py): the solo twins on
+One module-scoped fixture runs the launches of tests/scripts/codistill_scenarios.py: the solo twins on
 1 process, the 2-rank job (solo twins on 2 ranks + 2x1 codistillation: alpha 0, full, resumed, through
-files) and the 4-rank job; the tests below only read what those runs recorded.
+files, ZeRO-3, a NaN abort), the 4-rank job, and the two groups as separate one-process jobs that
+meet only through files; the tests below only read what those runs recorded.
 """
 
 from __future__ import annotations
@@ -26,12 +27,15 @@ pytestmark = pytest.mark.multirank
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("codistill")
     build_shards(root / "shards")
-    solo = subprocess.Popen([sys.executable, str(SCRIPT), "solo1", str(root)], env=deepspeed_cpu_env(),
-                            cwd=str(REPO_ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # one-process runs next to the launches: the solo twins, and the two separate jobs (they must overlap)
+    lone = [subprocess.Popen([sys.executable, str(SCRIPT), scenario, str(root)], env=deepspeed_cpu_env(),
+                             cwd=str(REPO_ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for scenario in ("solo1", "job0", "job1")]
     run_ranks(SCRIPT, ["two", str(root)], num_ranks=2, timeout=600)
     run_ranks(SCRIPT, ["four", str(root)], num_ranks=4, timeout=600)
-    output, _ = solo.communicate(timeout=600)
-    assert solo.returncode == 0, output[-6000:]
+    for process in lone:
+        output, _ = process.communicate(timeout=600)
+        assert process.returncode == 0, output[-6000:]
     return root
 
 
@@ -65,10 +69,10 @@ def test_teachers_refresh_at_configured_steps_with_the_other_groups_weights(
     record = workdir / run / "record"
     group_size = ranks // 2
     for rank in range(ranks):
-        assert json.loads((record / f"refresh_log_r{rank}.json").read_text()) == expected
-        group = rank // group_size
+        group, group_rank = divmod(rank, group_size)
+        assert json.loads((record / f"refresh_log_g{group}r{group_rank}.json").read_text()) == expected
         for step in expected:
-            state = torch.load(record / f"teacher_r{rank}_at{step}.pt", weights_only=True)
+            state = torch.load(record / f"teacher_g{group}r{group_rank}_at{step}.pt", weights_only=True)
             assert state["refreshed_at"] == step and state["teacher_step"] == step
             assert set(state["teachers"]) == {1 - group}
             assert torch.equal(state["teachers"][1 - group], own(workdir / run, 1 - group, step)), (rank, step)
@@ -116,3 +120,42 @@ def test_final_numbers_and_exports_of_every_group(workdir: Path) -> None:
         finals[1]["codistill/final_teachers_val_mlm_loss"], rel=1e-5)
     assert finals[0]["codistill/final_churn"] == pytest.approx(finals[1]["codistill/final_churn"])
 
+
+
+def test_groups_read_disjoint_parts_of_the_training_data(workdir: Path) -> None:
+    """The alpha-0 twins above read parts 0 and 1 of 2; the parts the groups resolve to say so too."""
+    for group in range(2):
+        resolved = json.loads((workdir / "co2_full" / f"group{group}" / "config.resolved.json").read_text())
+        assert (resolved["data"]["part"], resolved["data"]["num_parts"]) == (group, 2)
+
+
+def test_separate_jobs_meet_through_files_and_stay_their_own_runs(workdir: Path) -> None:
+    """Two one-process jobs (codistill.group 0 and 1, alpha 0): each equals its solo twin bit for bit;
+    each teacher is the other job's weights at the step it had published, whatever its staleness."""
+    run = workdir / "sep"
+    for group in range(2):
+        assert torch.equal(own(run, group, 5), own(workdir / f"solo1_g{group}", 0, 5)), group
+        record = run / "record"
+        assert json.loads((record / f"refresh_log_g{group}r0.json").read_text()) == [2, 4, 5]
+        for step in (2, 4, 5):
+            state = torch.load(record / f"teacher_g{group}r0_at{step}.pt", weights_only=True)
+            published = state["teacher_steps"][1 - group]
+            assert 2 <= published <= 5 and state["teacher_step"] == published
+            assert torch.equal(state["teachers"][1 - group], own(run, 1 - group, published)), (group, step)
+        final = json.loads((run / f"group{group}" / "codistill_final.json").read_text())
+        assert final["teacher_steps"] == {str(1 - group): 5}  # the end waits for the other's final weights
+        assert 0.0 <= final["codistill/final_churn"] <= 1.0
+        # each job exports only its own group
+        assert (run / f"group{group}" / "export" / "phase1" / "export_info.json").is_file()
+        rows = [row for row in metrics(run, group) if "codistill/active" in row]
+        assert [row["codistill/active"] for row in rows] == [0.0, 0.0, 1.0, 1.0, 1.0]
+
+
+def test_a_diverging_group_stops_every_group_at_the_same_checkpoint(workdir: Path) -> None:
+    """Group 1 sees NaN losses from step 3; after failures.max_consecutive_nonfinite = 2 both groups save
+    phase1 step 5 and exit with code 3 (the scenario asserts the code) instead of group 0 hanging."""
+    for group in range(2):
+        checkpoints = workdir / "co2_nan" / f"group{group}" / "checkpoints"
+        assert (checkpoints / "latest").read_text().strip() == "phase1-step0000005"
+        state = json.loads((checkpoints / "phase1-step0000005" / "trainer_state.json").read_text())
+        assert state["consecutive_nonfinite"] == (2 if group == 1 else 0)

@@ -44,6 +44,9 @@ def test_group_layout_refuses_unequal_blocks() -> None:
     ({"targets": ["nsp"]}, "codistill.targets"),
     ({"targets": ["mlm", "sop"]}, "codistill.targets"),
     ({"exchange": "nccl"}, "codistill.exchange"),
+    ({"group": 2, "exchange": "filesystem"}, "codistill.group"),
+    ({"group": 0}, "codistill.exchange"),  # separate jobs meet only through files
+    ({"exchange_timeout_s": -1.0}, "codistill.exchange_timeout_s"),
 ])
 def test_config_errors_name_the_key(change: dict, key: str) -> None:
     section = CodistillSection(enabled=True, **change)
@@ -56,6 +59,30 @@ def test_config_checks_world_split_and_ignores_disabled_section() -> None:
     check_codistill(CodistillSection(enabled=True, groups=2), world_size=4)
     with pytest.raises(CodistillConfigError, match="world of 3"):
         check_codistill(CodistillSection(enabled=True, groups=2), world_size=3)
+    # a separate job is one whole group: any world size
+    check_codistill(CodistillSection(enabled=True, groups=2, group=1, exchange="filesystem"), world_size=3)
+
+
+def test_separate_job_layout_is_the_whole_world_as_one_group() -> None:
+    layout = GroupLayout(3, 4, 2, job_group=1)
+    assert (layout.group, layout.group_rank, layout.group_size, layout.first_rank) == (1, 2, 3, 0)
+    assert layout.other_groups == [0, 2, 3] and layout.groups_in_job == [1]
+    together = GroupLayout(4, 2, 3)
+    assert together.first_rank == 2 and together.groups_in_job == [0, 1] and not together.separate_jobs
+    with pytest.raises(ValueError, match="codistill.group: 4 is not one of 4 groups"):
+        GroupLayout(3, 4, 0, job_group=4)
+
+
+def test_codistillation_owns_the_data_parts(tmp_path) -> None:  # noqa: ANN001
+    from pretrain.config import ConfigError, load_config
+    from tests.scripts.pretrain_fixtures import tiny_run_config
+
+    run_json = tiny_run_config(tmp_path / "run.json", tmp_path / "shards", tmp_path / "run")
+    assert load_config(run_json, ["--codistill.enabled=true"]).codistill.disjoint_data is True
+    with pytest.raises(ConfigError, match="data.num_parts: codistillation deals the data"):
+        load_config(run_json, ["--codistill.enabled=true", "--data.num_parts=2"])
+    shared = load_config(run_json, ["--codistill.enabled=true", "--codistill.disjoint_data=false", "--data.num_parts=2"])
+    assert shared.data.num_parts == 2
 
 
 def test_kl_is_zero_at_agreement_and_soft_ce_has_the_same_gradient() -> None:

@@ -11,7 +11,14 @@ import torch
 from transformers import BertForPreTraining
 
 from pretrain.config import ConfigError, RunConfig, load_config, resolve_batch, resolve_precision
-from pretrain.data import RankBatches, Vocab, mask_instance, open_phase_data
+from pretrain.data import (
+    DataConfigError,
+    RankBatches,
+    Vocab,
+    mask_instance,
+    open_phase_data,
+    partition_indices,
+)
 from pretrain.metrics import Throughput, flops_per_sequence
 from pretrain.model import bert_config, build_model, count_parameters
 from pretrain.schedule import WarmupPolyDecay
@@ -53,6 +60,8 @@ def test_config_file_then_overrides(run_json: Path) -> None:
         ("--checkpoint.keep_last=0", "checkpoint.keep_last"),
         ("--phase1.ds_config=/nope.json", "phase1.ds_config: /nope.json does not exist"),
         ("--data.shards=\"\"", "data.shards: required"),
+        ("--data.num_parts=0", "data.num_parts: must be >= 1"),
+        ("--data.part=2", "data.part: must be in [0, data.num_parts=1)"),
         ("phase1.steps=3", "expected --section.key=value"),
     ],
 )
@@ -170,6 +179,29 @@ def test_rank_streams_are_disjoint_deterministic_and_reshuffled(shards: Path) ->
         assert all(torch.equal(a[key], b[key]) for key in a)
     other_seed = RankBatches(data, "train", seed=4, rank=0, world_size=2, micro_batch=4)
     assert not torch.equal(ranks[0][0]["input_ids"], other_seed[0]["input_ids"])
+
+
+def test_data_parts_are_disjoint_fixed_across_seeds_and_cover_everything(shards: Path) -> None:
+    data = open_phase_data(shards, 32, None, "data.shards")
+    whole = RankBatches(data, "train", seed=3, rank=0, world_size=1, micro_batch=4)
+    # one part is the whole set in the seed's own order: the stream of a run without parts is unchanged
+    assert np.array_equal(whole.rank_indices(2), np.random.default_rng([3, 2]).permutation(64))
+    for num_parts in (2, 3):
+        parts = [partition_indices(64, p, num_parts) for p in range(num_parts)]
+        assert sorted(np.concatenate(parts).tolist()) == list(range(64))
+        assert max(len(p) for p in parts) - min(len(p) for p in parts) <= 1
+        # two groups with different seeds read their own part, every epoch, whatever the seed
+        for part, seed in ((0, 3), (num_parts - 1, 8)):
+            stream = RankBatches(data, "train", seed=seed, rank=0, world_size=1, micro_batch=4, part=part,
+                                 num_parts=num_parts)
+            assert len(stream) == len(parts[part]) // 4
+            for epoch in (0, 1):
+                assert set(stream.rank_indices(epoch).tolist()) <= set(parts[part].tolist())
+    assert not set(partition_indices(64, 0, 2).tolist()) & set(partition_indices(64, 1, 2).tolist())
+    with pytest.raises(DataConfigError, match="data.part 1 of 40"):
+        RankBatches(data, "train", seed=3, rank=0, world_size=1, micro_batch=4, part=1, num_parts=40)
+    with pytest.raises(ValueError, match="data.part"):
+        partition_indices(64, 2, 2)
 
 
 def test_collate_masks_dynamically_and_pads(shards: Path) -> None:

@@ -1,10 +1,12 @@
 """Launched by tests/test_codistill_multirank.py: real runs of `pretrain.train.main` with codistillation.
 
-    python codistill_scenarios.py SCENARIO WORKDIR     (SCENARIO: solo1 | two | four; see SCENARIOS)
+    python codistill_scenarios.py SCENARIO WORKDIR     (SCENARIO: solo1 | two | four | job0 | job1)
 
 Every run records, on each rank, its own flat weights after every optimizer step and the teachers'
 flat weights whenever a refresh happened (files in <run dir>/record/), so the test can compare
-weights across runs and against the other group, bit for bit.
+weights across runs and against the other group, bit for bit. job0 and job1 are the two groups of
+one codistillation run as separate single-process jobs, meeting only through files: they must run
+at the same time.
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ def recorder(out: Path, group_size: int):
     seen = {"refreshes": 0}
 
     def callback(trainer: PhaseTrainer) -> None:
-        rank = dist.get_rank()
-        group, group_rank = divmod(rank, group_size)
+        group, group_rank = divmod(dist.get_rank(), group_size)
+        if isinstance(trainer.checkpoints, TeacherCheckpointManager):  # separate jobs: group from the config
+            layout = trainer.checkpoints.codistill.layout
+            group, group_rank = layout.group, layout.group_rank
         offset = trainer.config.phase1.steps if trainer.state.phase == "phase2" else 0
         step = offset + trainer.state.step
         out.mkdir(parents=True, exist_ok=True)
@@ -48,41 +52,58 @@ def recorder(out: Path, group_size: int):
             codistill = trainer.checkpoints.codistill
             if len(codistill.refresh_log) > seen["refreshes"]:
                 seen["refreshes"] = len(codistill.refresh_log)
-                torch.save(codistill.teacher_state(), out / f"teacher_r{rank}_at{codistill.refresh_log[-1]}.pt")
+                name = f"teacher_g{group}r{group_rank}_at{codistill.refresh_log[-1]}.pt"
+                torch.save(codistill.teacher_state(), out / name)
             if trainer.state.step == trainer.phase.steps and trainer.state.phase == trainer.config.run.phases[-1]:
-                (out / f"refresh_log_r{rank}.json").write_text(json.dumps(codistill.refresh_log))
+                (out / f"refresh_log_g{group}r{group_rank}.json").write_text(json.dumps(codistill.refresh_log))
 
     return callback
 
 
 def write_config(workdir: Path, name: str, *, phases: list[str], phase1: int, phase2: int = 2,
                  codistill: dict[str, Any] | None = None, seed: int = BASE_SEED,
-                 ds_overrides: dict[str, Any] | None = None) -> tuple[Path, Path]:
-    run_dir = workdir / name
-    # one file per rank: the ranks write their configs at the same time (same content)
+                 ds_overrides: dict[str, Any] | None = None, data_part: tuple[int, int] = (0, 1),
+                 run_name: str | None = None, failures: int | None = None) -> tuple[Path, Path]:
+    run_dir = workdir / (run_name or name)
+    # one file per rank and job: ranks and jobs write their configs at the same time
     rank = os.environ.get("RANK", "0")
     path = tiny_run_config(workdir / f"{name}.rank{rank}.json", workdir / "shards", run_dir, phase1=phase1,
                            phase2=phase2)
     config = json.loads(path.read_text(encoding="utf-8"))
     config["run"].update({"phases": phases, "seed": seed})
+    config["data"].update({"part": data_part[0], "num_parts": data_part[1]})
     config["phase1"]["ds_overrides"] = ds_overrides or {}
+    if failures is not None:
+        config["failures"] = {"max_consecutive_nonfinite": failures}
     if codistill is not None:
         config["codistill"] = codistill
     path.write_text(json.dumps(config, indent=2), encoding="utf-8")
     return path, run_dir
 
 
-def run(workdir: Path, name: str, group_size: int, extra_args: list[str] | None = None, **kwargs: Any) -> None:
+def run(workdir: Path, name: str, group_size: int, extra_args: list[str] | None = None, expect_code: int = 0,
+        extra_loss: Any = None, **kwargs: Any) -> None:
     path, run_dir = write_config(workdir, name, **kwargs)
-    code = main(["--config", str(path), *(extra_args or [])], step_callbacks=[recorder(run_dir / "record", group_size)])
-    if code != 0:
-        raise SystemExit(f"{name}: exit code {code}")
+    code = main(["--config", str(path), *(extra_args or [])], step_callbacks=[recorder(run_dir / "record", group_size)],
+                extra_loss=extra_loss)
+    if code != expect_code:
+        raise SystemExit(f"{name}: exit code {code}, expected {expect_code}")
 
 
 def solo_runs(workdir: Path, world: int) -> None:
-    """Each group's twin: the single-model driver with the group's seed, on group-size ranks."""
+    """Each group's twin: the single-model driver with the group's seed and data part, on group-size ranks."""
     for group in range(2):
-        run(workdir, f"solo{world}_g{group}", world, phases=["phase1"], phase1=5, seed=BASE_SEED + group)
+        run(workdir, f"solo{world}_g{group}", world, phases=["phase1"], phase1=5, seed=BASE_SEED + group,
+            data_part=(group, 2))
+
+
+def nan_in_group_one(group_size: int, from_step: int):
+    """extra_loss hook: a NaN loss on group 1's ranks from phase step `from_step` on; group 0 stays finite."""
+    def extra_loss(output: Any, batch: Any, state: Any) -> tuple[torch.Tensor, dict]:
+        bad = dist.get_rank() // group_size == 1 and state.step >= from_step
+        return output.loss * (float("nan") if bad else 0.0), {}  # through the graph: NaN gradients too
+
+    return extra_loss
 
 
 def scenario_solo1(workdir: Path) -> None:
@@ -106,6 +127,9 @@ def scenario_two(workdir: Path) -> None:
     refresh = {**CODISTILL_FULL, "refresh_every": 2}
     run(workdir, "co2_zero3", 1, phases=["phase1"], phase1=5, codistill=refresh,
         ds_overrides={"zero_optimization": {"stage": 3}})
+    # Group 1 diverges (NaN from step 3, abort after 2 in a row): both groups checkpoint and stop together.
+    run(workdir, "co2_nan", 1, expect_code=3, extra_loss=nan_in_group_one(1, 3), phases=["phase1"], phase1=7,
+        codistill=CODISTILL_FULL, failures=2)
 
 
 def scenario_four(workdir: Path) -> None:
@@ -116,7 +140,16 @@ def scenario_four(workdir: Path) -> None:
     run(workdir, "co4_refresh", 2, phases=["phase1"], phase1=5, codistill=refresh)
 
 
-SCENARIOS = {"solo1": scenario_solo1, "two": scenario_two, "four": scenario_four}
+def separate_job(workdir: Path, group: int) -> None:
+    """One group of a 2-group run as a job of its own (one process); alpha 0, so it must equal its solo twin."""
+    files = {**CODISTILL_FULL, "alpha": 0.0, "targets": ["mlm"], "refresh_every": 2, "exchange": "filesystem",
+             "exchange_timeout_s": 300.0}
+    run(workdir, f"sep_job{group}", 1, [f"--codistill.group={group}"], run_name="sep", phases=["phase1"], phase1=5,
+        codistill=files)
+
+
+SCENARIOS = {"solo1": scenario_solo1, "two": scenario_two, "four": scenario_four,
+             "job0": lambda workdir: separate_job(workdir, 0), "job1": lambda workdir: separate_job(workdir, 1)}
 
 if __name__ == "__main__":
     scenario, workdir = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
