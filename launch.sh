@@ -94,7 +94,7 @@ LAUNCH OPTIONS (pretrain, squad finetune). Where the ranks run is chosen in this
   --cpu            CPU ranks over gloo (DS_ACCELERATOR=cpu) instead of GPUs; needs --gpus N
   --               pass everything after it to the Python module unchanged
 
-Environment defaults (only set when unset; documented in docs/readme/launch.md)
+Environment defaults (only set when unset; documented in README.md, "Environment defaults")
   OMP_NUM_THREADS=cores/ranks-per-node  TOKENIZERS_PARALLELISM=false  NCCL_DEBUG=WARN
   PYTHONUNBUFFERED=1  PYTHONPATH=<repo>:$PYTHONPATH
   PYTHON = the interpreter (default: the active venv's, else <repo>/.venv's, else python3 on PATH)
@@ -104,6 +104,9 @@ Examples
   ./launch.sh pretrain --config ds_configs/run_bert_large_64k.json --gpus 8
   ./launch.sh pretrain --config RUN.json --hostfile hosts.txt --dry-run
   sbatch launch/slurm_pretrain.sbatch ds_configs/run_bert_large_64k.json
+  codistillation as two separate allocations that meet in a shared folder (README, Codistillation):
+  sbatch launch/slurm_pretrain.sbatch ds_configs/run_bert_large_codistill.json --codistill.group=0 \
+      --codistill.exchange=filesystem --codistill.exchange_dir=/shared/exchange     (and group=1)
 EOF
 }
 

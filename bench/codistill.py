@@ -3,6 +3,7 @@
     python bench/codistill.py [--out runs/bench_codistill] [--shared-data ../shared/data] [--steps 300]
                               [--preset tiny] [--micro-batch 16] [--burn-in 0.3] [--refresh-every 10]
                               [--alpha 1.0] [--temperature 1.0] [--val-every 25] [--shards DIR]
+                              [--same-data]
 
 Both arms are ONE 2-rank job of the real driver (`deepspeed pretrain/train.py`) with 2 groups x 1 rank:
   alone        codistill.alpha = 0: each group is bit-for-bit the model trained by itself (tested in
@@ -10,7 +11,9 @@ Both arms are ONE 2-rank job of the real driver (`deepspeed pretrain/train.py`) 
   codistilled  codistill.alpha = --alpha after --burn-in of the steps, teachers refreshed every
                --refresh-every steps.
 Groups use seeds s and s+1 in both arms, so group g starts from the same weights and sees the same
-batches in both arms; only the distillation term differs. Shards are built from ../shared/data
+batches in both arms; only the distillation term differs. Group g reads part g of 2 disjoint halves
+of the training data (the paper's setting, `codistill.disjoint_data`); --same-data gives both
+groups all of it, in their own orders. Shards are built from ../shared/data
 (WikiExtractor sample + the Gutenberg novels) unless --shards names a data_prep folder.
 
 Writes <out>/codistill.png (validation MLM loss per group and arm; the final ensembles as markers)
@@ -75,6 +78,7 @@ def run_config(args: argparse.Namespace, shards: Path, arm: str) -> Path:
             "enabled": True, "groups": 2, "alpha": args.alpha if arm == "codistilled" else 0.0,
             "burn_in_steps": int(args.burn_in * args.steps), "refresh_every": args.refresh_every,
             "temperature": args.temperature, "targets": ["mlm"], "exchange": "collective",
+            "disjoint_data": not args.same_data,
         },
     }
     args.out.mkdir(parents=True, exist_ok=True)
@@ -150,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--refresh-every", type=int, default=10)
     parser.add_argument("--val-every", type=int, default=25)
     parser.add_argument("--val-batches", type=int, default=8)
+    parser.add_argument("--same-data", action="store_true", help="both groups read all the data (default: halves)")
     parser.add_argument("--skip-training", action="store_true", help="only re-read the runs and redraw")
     args = parser.parse_args(argv)
     args.out = args.out.resolve()

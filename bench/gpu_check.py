@@ -1,5 +1,5 @@
 """One prepared GPU check: training throughput / MFU of BERT-base and BERT-Large, the LAMB step
-against its memory-traffic floor, peak memory. Run through bench/gpu_check.sh (see docs/readme/gpu.md).
+against its memory-traffic floor, peak memory. Run through bench/gpu_check.sh (see README.md, "Speed on GPUs").
 
     python bench/gpu_check.py [--smoke] [--models bert-base,bert-large] [--steps 20] [--warmup 5]
                               [--phase1 128:256] [--phase2 512:64] [--json OUT.json]

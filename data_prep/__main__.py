@@ -1,4 +1,4 @@
-"""`python -m data_prep build | merge | inspect` — see docs/readme/data_prep.md."""
+"""`python -m data_prep build | merge | inspect` — see README.md, "Data preparation"."""
 
 from __future__ import annotations
 

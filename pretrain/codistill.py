@@ -11,7 +11,8 @@ ordinary run of the single-model driver with its own view of the job:
 
 so a group with `alpha = 0` is bit-for-bit the single-model run with seed `run.seed + g` and
 `data.part = g, data.num_parts = groups` on `group size` ranks. The groups share one job (the world
-split into rank blocks), or run as separate jobs (`codistill.group`, files only). Each rank also holds frozen teachers (the other groups' models) and adds
+split into rank blocks), or run as separate jobs (`codistill.group`, files only: codistill_exchange.py).
+Each rank also holds frozen teachers (the other groups' models) and adds
 
     alpha * T^2 * D(mean_teachers softmax(z_t / T), softmax(z / T))      at masked positions (+ NSP)
 

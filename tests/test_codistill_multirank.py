@@ -62,6 +62,7 @@ def test_alpha_zero_groups_are_bit_identical_to_training_alone(workdir: Path, co
     ("co2_full", 2, [2, 6, 7, 9]),  # burn-in 2, every 4, phase 2 starts at 7, final refresh at 9
     ("co4_refresh", 4, [2, 4, 5]),  # burn-in 2, every 2, final refresh at 5
     ("co2_zero3", 2, [2, 4, 5]),  # the same under ZeRO-3 (gathered parameters)
+    ("co2_bf16", 2, [2, 4]),  # bf16: teachers hold the other group's bf16 module weights
 ])
 def test_teachers_refresh_at_configured_steps_with_the_other_groups_weights(
     workdir: Path, run: str, ranks: int, expected: list[int]
@@ -159,3 +160,12 @@ def test_a_diverging_group_stops_every_group_at_the_same_checkpoint(workdir: Pat
         assert (checkpoints / "latest").read_text().strip() == "phase1-step0000005"
         state = json.loads((checkpoints / "phase1-step0000005" / "trainer_state.json").read_text())
         assert state["consecutive_nonfinite"] == (2 if group == 1 else 0)
+
+
+def test_bf16_groups_distill_in_their_compute_dtype(workdir: Path) -> None:
+    state = torch.load(workdir / "co2_bf16" / "record" / "teacher_g0r0_at4.pt", weights_only=True)
+    assert state["teachers"][1].dtype == torch.bfloat16
+    for group in range(2):
+        rows = [row for row in metrics(workdir / "co2_bf16", group) if row.get("codistill/active") == 1.0]
+        assert [row["step"] for row in rows] == [3, 4]
+        assert all(0.0 < row["codistill/distill_loss"] < 50.0 for row in rows)

@@ -309,6 +309,17 @@ def test_shipped_run_configs_resolve_for_8_gpus(run_file: Path) -> None:
         assert not cpu["bf16"]["enabled"] and not cpu["fp16"]["enabled"]
 
 
+def test_codistillation_recipe_is_two_32k_bert_large_groups_on_disjoint_halves() -> None:
+    config = load_config(Path(__file__).parents[1] / "ds_configs" / "run_bert_large_codistill.json")
+    section = config.codistill
+    assert section.enabled and section.groups == 2 and section.disjoint_data and section.group is None
+    assert 0 < section.burn_in_steps < config.phase1.steps and section.exchange == "collective"
+    # as separate jobs, one per allocation: the same file plus two overrides
+    job = load_config(Path(__file__).parents[1] / "ds_configs" / "run_bert_large_codistill.json",
+                      ["--codistill.group=1", "--codistill.exchange=\"filesystem\""])
+    assert (job.codistill.group, job.codistill.exchange) == (1, "filesystem")
+
+
 def test_recipe_numbers_of_bert_large_64k() -> None:
     from pretrain.config import phase_ds_config
 

@@ -127,6 +127,9 @@ def scenario_two(workdir: Path) -> None:
     refresh = {**CODISTILL_FULL, "refresh_every": 2}
     run(workdir, "co2_zero3", 1, phases=["phase1"], phase1=5, codistill=refresh,
         ds_overrides={"zero_optimization": {"stage": 3}})
+    # bf16 (DeepSpeed's bf16 optimizer on CPU): teachers in the compute dtype, refreshed with bf16 weights
+    run(workdir, "co2_bf16", 1, ["--run.precision=bf16"], phases=["phase1"], phase1=4,
+        codistill={**CODISTILL_FULL, "refresh_every": 2})
     # Group 1 diverges (NaN from step 3, abort after 2 in a row): both groups checkpoint and stop together.
     run(workdir, "co2_nan", 1, expect_code=3, extra_loss=nan_in_group_one(1, 3), phases=["phase1"], phase1=7,
         codistill=CODISTILL_FULL, failures=2)
