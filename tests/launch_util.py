@@ -40,6 +40,34 @@ def deepspeed_cpu_env() -> dict[str, str]:
     return env
 
 
+def start_ranks(
+    script: str | Path,
+    args: list[str] | None = None,
+    num_ranks: int = 2,
+    cwd: str | Path | None = None,
+) -> subprocess.Popen[str]:
+    """Start `deepspeed --num_gpus N script args` on CPU (own rendezvous port) without waiting for it."""
+    launcher = shutil.which("deepspeed") or str(Path(sys.executable).with_name("deepspeed"))
+    cmd = [launcher, "--num_gpus", str(num_ranks), "--master_port", str(free_port()), str(script), *(args or [])]
+    return subprocess.Popen(cmd, env=deepspeed_cpu_env(), cwd=str(cwd or REPO_ROOT), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish_ranks(proc: subprocess.Popen[str], timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """Wait for a `start_ranks` launch and fail loudly with its output."""
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(map(str, proc.args))} exited {proc.returncode}\n--- stdout ---\n{stdout[-8000:]}"
+            f"\n--- stderr ---\n{stderr[-8000:]}"
+        )
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
 def run_ranks(
     script: str | Path,
     args: list[str] | None = None,
@@ -48,27 +76,4 @@ def run_ranks(
     cwd: str | Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Start `deepspeed --num_gpus N script args` on CPU and fail loudly with its output."""
-    launcher = shutil.which("deepspeed") or str(Path(sys.executable).with_name("deepspeed"))
-    cmd = [
-        launcher,
-        "--num_gpus",
-        str(num_ranks),
-        "--master_port",
-        str(free_port()),
-        str(script),
-        *(args or []),
-    ]
-    proc = subprocess.run(
-        cmd,
-        env=deepspeed_cpu_env(),
-        cwd=str(cwd or REPO_ROOT),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if proc.returncode != 0:
-        raise AssertionError(
-            f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout ---\n{proc.stdout[-8000:]}"
-            f"\n--- stderr ---\n{proc.stderr[-8000:]}"
-        )
-    return proc
+    return finish_ranks(start_ranks(script, args, num_ranks, cwd), timeout)

@@ -51,7 +51,7 @@ def test_wait_returns_when_the_others_reach_the_step_or_gives_up(tmp_path: Path)
     mine = exchange(tmp_path, 0, [1])
     started = time.monotonic()
     assert mine.wait({1: 0}, timeout_s=0.6) is False  # nothing published: gives up after the timeout
-    assert 0.5 <= time.monotonic() - started < 5
+    assert time.monotonic() - started >= 0.6  # it did wait the whole timeout
     publish(tmp_path / "group1", 4, torch.zeros(2))
     assert mine.wait({1: 0}, timeout_s=0.0) is True
     assert mine.wait({1: 10}, timeout_s=0.0) is False  # only step 4 so far

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.launch_util import REPO_ROOT, deepspeed_cpu_env, run_ranks
+from tests.launch_util import REPO_ROOT, deepspeed_cpu_env, finish_ranks, run_ranks, start_ranks
 from tests.scripts.pretrain_fixtures import build_shards
 
 SCRIPT = REPO_ROOT / "tests" / "scripts" / "codistill_scenarios.py"
@@ -33,6 +33,9 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
             for scenario in ("solo1", "job0", "job1")]
     run_ranks(SCRIPT, ["two", str(root)], num_ranks=2, timeout=600)
     run_ranks(SCRIPT, ["four", str(root)], num_ranks=4, timeout=600)
+    jobs = [start_ranks(SCRIPT, [scenario, str(root)], num_ranks=2) for scenario in ("job0x2", "job1x2")]
+    for job in jobs:
+        finish_ranks(job, timeout=600)
     for process in lone:
         output, _ = process.communicate(timeout=600)
         assert process.returncode == 0, output[-6000:]
@@ -93,12 +96,13 @@ def test_distillation_is_off_during_burn_in_then_on(workdir: Path) -> None:
         assert [by_step[s]["codistill/teacher_age"] for s in range(3, 10)] == [0, 1, 2, 3, 0, 0, 1]
 
 
-@pytest.mark.parametrize("other", ["co2_resume", "co2_files"])
+@pytest.mark.parametrize(("other", "reference", "last"), [
+    ("co2_resume", "co2_full", 9), ("co2_files", "co2_full", 9), ("co4_files", "co4_refresh", 5)])
 def test_resume_and_filesystem_exchange_end_where_the_uninterrupted_collective_run_ends(
-    workdir: Path, other: str
+    workdir: Path, other: str, reference: str, last: int
 ) -> None:
     for group in range(2):
-        assert torch.equal(own(workdir / other, group, 9), own(workdir / "co2_full", group, 9)), (other, group)
+        assert torch.equal(own(workdir / other, group, last), own(workdir / reference, group, last)), (other, group)
     if other == "co2_resume":  # two invocations (stopped after step 3, then resumed): every step logged once
         for group in range(2):
             steps = [row["step"] for row in metrics(workdir / other, group) if "codistill/active" in row]
@@ -169,3 +173,19 @@ def test_bf16_groups_distill_in_their_compute_dtype(workdir: Path) -> None:
         rows = [row for row in metrics(workdir / "co2_bf16", group) if row.get("codistill/active") == 1.0]
         assert [row["step"] for row in rows] == [3, 4]
         assert all(0.0 < row["codistill/distill_loss"] < 50.0 for row in rows)
+
+
+def test_separate_jobs_of_two_ranks_share_one_teacher_per_group_and_distill(workdir: Path) -> None:
+    run, record = workdir / "sepx2", workdir / "sepx2" / "record"
+    for group in range(2):
+        for step in (2, 4, 5):
+            states = [torch.load(record / f"teacher_g{group}r{r}_at{step}.pt", weights_only=True) for r in range(2)]
+            assert states[0]["teacher_steps"] == states[1]["teacher_steps"]  # rank 1 got rank 0's verdict
+            assert torch.equal(states[0]["teachers"][1 - group], states[1]["teachers"][1 - group])
+            published = states[0]["teacher_steps"][1 - group]
+            assert torch.equal(states[0]["teachers"][1 - group], own(run, 1 - group, published)), (group, step)
+        rows = {row["step"]: row for row in metrics(run, group) if "codistill/active" in row}
+        assert [rows[s]["codistill/active"] for s in range(1, 6)] == [0.0, 0.0, 1.0, 1.0, 1.0]
+        assert all(rows[s]["codistill/distill_loss"] > 0.0 for s in (3, 4, 5))
+        final = json.loads((run / f"group{group}" / "codistill_final.json").read_text())
+        assert final["teacher_steps"] == {str(1 - group): 5}

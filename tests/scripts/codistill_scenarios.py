@@ -1,6 +1,6 @@
 """Launched by tests/test_codistill_multirank.py: real runs of `pretrain.train.main` with codistillation.
 
-    python codistill_scenarios.py SCENARIO WORKDIR     (SCENARIO: solo1 | two | four | job0 | job1)
+    python codistill_scenarios.py SCENARIO WORKDIR     (SCENARIO: solo1 | two | four | job0 | job1 | job0x2 | job1x2)
 
 Every run records, on each rank, its own flat weights after every optimizer step and the teachers'
 flat weights whenever a refresh happened (files in <run dir>/record/), so the test can compare
@@ -141,6 +141,16 @@ def scenario_four(workdir: Path) -> None:
     run(workdir, "co4_alpha0", 2, phases=["phase1"], phase1=5, codistill=alpha0)
     refresh = {**CODISTILL_FULL, "refresh_every": 2}
     run(workdir, "co4_refresh", 2, phases=["phase1"], phase1=5, codistill=refresh)
+    # through files: each group's first rank reads them and broadcasts the teachers to its group
+    run(workdir, "co4_files", 2, phases=["phase1"], phase1=5, codistill={**refresh, "exchange": "filesystem"})
+
+
+def separate_job_of_two_ranks(workdir: Path, group: int) -> None:
+    """The same as separate jobs of 2 ranks each, distilling (alpha 1): a group's first rank reads the files
+    and hands the weights and its verdicts to the other rank."""
+    files = {**CODISTILL_FULL, "refresh_every": 2, "exchange": "filesystem", "exchange_timeout_s": 300.0}
+    run(workdir, f"sepx2_job{group}", 2, [f"--codistill.group={group}"], run_name="sepx2", phases=["phase1"],
+        phase1=5, codistill=files)
 
 
 def separate_job(workdir: Path, group: int) -> None:
@@ -152,7 +162,9 @@ def separate_job(workdir: Path, group: int) -> None:
 
 
 SCENARIOS = {"solo1": scenario_solo1, "two": scenario_two, "four": scenario_four,
-             "job0": lambda workdir: separate_job(workdir, 0), "job1": lambda workdir: separate_job(workdir, 1)}
+             "job0": lambda workdir: separate_job(workdir, 0), "job1": lambda workdir: separate_job(workdir, 1),
+             "job0x2": lambda workdir: separate_job_of_two_ranks(workdir, 0),
+             "job1x2": lambda workdir: separate_job_of_two_ranks(workdir, 1)}
 
 if __name__ == "__main__":
     scenario, workdir = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
