@@ -225,6 +225,8 @@ def run_scenario(sc: Scenario, micro: int, ckpt_root: Path) -> dict[str, Any]:
         ratios = client_optimizer(engine).last_trust_ratios()
         result["ratios"] = ratios.tolist()
         result["max_ratio_diff"] = (ratios.double() - ref_ratios.double()).abs().max().item()
+        kernels = client_optimizer(engine)._fused_kernels  # set once a flat partition took the fused step
+        result["fused_compiled"] = bool(kernels is not None and kernels.compiled)
     return result
 
 
@@ -266,6 +268,9 @@ SCENARIOS = {
     "stage3_checkpoint": Scenario("stage3_checkpoint", 3, steps=5, checkpoint_after=3),
     "bf16_optimizer": Scenario("bf16_optimizer", 1, bf16=True, replicated=False),
     "stage2_bf16": Scenario("stage2_bf16", 2, bf16=True, replicated=False),
+    # the torch.compile'd flat-partition kernels (pretrain/fused_lamb.py), forced on (they default to CUDA only)
+    "stage2_fused": Scenario("stage2_fused", 2, grad_accum=2, clip=0.05, lamb={"fused": True}),
+    "stage3_fused": Scenario("stage3_fused", 3, lamb={"fused": True}),
     "naive_stage0": Scenario("naive_stage0", 0, naive=True),
     "naive_stage2": Scenario("naive_stage2", 2, naive=True),
 }
