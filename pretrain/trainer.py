@@ -231,7 +231,11 @@ class PhaseTrainer:
         values["failures/skipped_steps"] = float(self.engine.skipped_steps)
         values.update(self.throughput.step(self.global_batch))
         values.update(memory_stats(self.dist.device))
-        values.update(self.packing.take())
+        data = self.packing.take()
+        values.update(data)
+        if data:  # rank 0's micro-batches of this step stand for every rank's (same instance lengths on average)
+            values["perf/real_tokens_per_s"] = values["perf/tokens_per_s"] * (1.0 - data["data/padding_fraction"])
+            values["perf/instances_per_s"] = values["perf/seq_per_s"] * data["data/packing_factor"]
         return values
 
     def log_step(self, values: dict[str, float]) -> None:

@@ -150,3 +150,8 @@ def test_packed_training_run_logs_the_packing_factor(tmp_path: Path, shards: Pat
     for line in steps:
         assert line["data/packing_factor"] > 1.0 and 0.0 <= line["acc/nsp"] <= 1.0
         assert np.isfinite(line["loss/total"])
+        # useful work: every packed instance counted, padding slots not
+        assert line["perf/instances_per_s"] == pytest.approx(line["perf/seq_per_s"] * line["data/packing_factor"])
+        assert line["perf/real_tokens_per_s"] == pytest.approx(
+            line["perf/tokens_per_s"] * (1 - line["data/padding_fraction"]))
+        assert line["perf/real_tokens_per_s"] < line["perf/tokens_per_s"]

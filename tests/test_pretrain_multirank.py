@@ -21,6 +21,7 @@ TB_TAGS = [
     "loss/total", "loss/mlm", "loss/nsp", "acc/mlm", "acc/nsp", "lr", "grad_norm", "loss_scale",
     "lamb/trust_ratio_min", "lamb/trust_ratio_mean", "lamb/trust_ratio_max",
     "perf/seq_per_s", "perf/tokens_per_s", "perf/tflops", "perf/mfu", "memory/max_rss_gb",
+    "perf/real_tokens_per_s", "perf/instances_per_s",
     "val/mlm_loss", "val/mlm_acc",
 ]
 
