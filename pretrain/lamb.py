@@ -21,7 +21,6 @@ No gradient clipping happens here: DeepSpeed's global-norm "gradient_clipping" r
 
 from __future__ import annotations
 
-import math
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -30,6 +29,7 @@ import torch
 from torch import nn
 
 from pretrain.fused_lamb import FusedKernels, fused_available, fused_flat_step
+from pretrain.lamb_math import adapts, apply_update, lamb_direction, squared_norms, trust_ratios
 from pretrain.zero_lamb import (
     FlatPartition,
     UnboundZeroLayoutError,
@@ -236,7 +236,7 @@ class Lamb(torch.optim.Optimizer):
             state["step"] += 1
             steps.append(state["step"])
         scratch = [self._scratch_for(p) for p in params]
-        direction, scales = _lamb_direction(
+        direction, scales = lamb_direction(
             group,
             weights=params,
             grads=[p.grad for p in params],
@@ -245,12 +245,12 @@ class Lamb(torch.optim.Optimizer):
             steps=steps,
             scratch=None if scratch[0] is None else scratch,
         )
-        if _adapts(group):
-            w_sq, u_sq = _squared_norms(params, direction, scales)
-            ratios = _trust_ratios(w_sq, u_sq, group["trust_clip"])
+        if adapts(group):
+            w_sq, u_sq = squared_norms(params, direction, scales)
+            ratios = trust_ratios(w_sq, u_sq, group["trust_clip"])
         else:
             ratios = torch.ones(len(params), dtype=torch.float64, device=params[0].device)
-        _apply(params, direction, scales, ratios, group["lr"], in_place=scratch[0] is not None)
+        apply_update(params, direction, scales, ratios, group["lr"], in_place=scratch[0] is not None)
         self._last_ratios[("a", group_index)] = ratios
 
     def _step_flat_partition(
@@ -269,12 +269,12 @@ class Lamb(torch.optim.Optimizer):
             if self._fused_kernels is None:
                 self._fused_kernels = FusedKernels(compiled=True, strict=self._fused_mode is True)
             self._last_ratios[("b", partition.ratio_key)] = fused_flat_step(
-                self._fused_kernels, group, partition, flat, state, _adapts(group), _squared_norms, _trust_ratios
+                self._fused_kernels, group, partition, flat, state, adapts(group), squared_norms, trust_ratios
             )
             return
         weights = partition.segments_of(flat)
         scratch = self._scratch_for(flat)
-        direction, scales = _lamb_direction(
+        direction, scales = lamb_direction(
             group,
             weights=weights,
             grads=partition.segments_of(flat.grad),
@@ -283,21 +283,21 @@ class Lamb(torch.optim.Optimizer):
             steps=[state["step"]] * len(weights),
             scratch=None if scratch is None else partition.segments_of(scratch),
         )
-        if _adapts(group):
+        if adapts(group):
             sums = torch.zeros(2, partition.num_params, dtype=torch.float64, device=flat.device)
             if weights:
-                w_sq, u_sq = _squared_norms(weights, direction, scales)
+                w_sq, u_sq = squared_norms(weights, direction, scales)
                 index = partition.param_index_tensor(flat.device)
                 sums[0].index_add_(0, index, w_sq)
                 sums[1].index_add_(0, index, u_sq)
             sums = partition.all_reduce_sum(sums)
-            param_ratios = _trust_ratios(sums[0], sums[1], group["trust_clip"])
+            param_ratios = trust_ratios(sums[0], sums[1], group["trust_clip"])
             ratios = param_ratios[partition.param_index_tensor(flat.device)] if weights else param_ratios[:0]
         else:
             param_ratios = torch.ones(partition.num_params, dtype=torch.float64, device=flat.device)
             ratios = param_ratios[: len(weights)]
         if weights:
-            _apply(weights, direction, scales, ratios, group["lr"], in_place=scratch is not None)
+            apply_update(weights, direction, scales, ratios, group["lr"], in_place=scratch is not None)
         self._last_ratios[("b", partition.ratio_key)] = param_ratios
 
 
@@ -326,101 +326,3 @@ def _validated_trust_clip(trust_clip: Any) -> tuple[float, float]:
     if not 0.0 <= lo <= hi:
         raise ValueError(f"Lamb: trust_clip needs 0 <= lo <= hi, got {trust_clip!r}")
     return (lo, hi)
-
-
-def _adapts(group: dict[str, Any]) -> bool:
-    # adapt_all=False is NVIDIA's default: no trust ratio where weight decay is 0 (biases, LayerNorm).
-    return bool(group["adapt_all"]) or group["weight_decay"] != 0
-
-
-def _lamb_direction(
-    group: dict[str, Any],
-    weights: list[torch.Tensor],
-    grads: list[torch.Tensor],
-    exp_avgs: list[torch.Tensor],
-    exp_avg_sqs: list[torch.Tensor],
-    steps: list[int],
-    scratch: list[torch.Tensor] | None,
-) -> tuple[list[torch.Tensor], list[float]]:
-    """Advance the Adam moments in place; return (d, c) with the update direction u_i = c_i * d_i.
-
-    m_hat / (sqrt(v_hat) + eps) + wd*w == c * (m / (sqrt(v) + eps*sqrt(bc2)) + (wd/c) * w) with
-    c = sqrt(bc2) / bc1: bias correction becomes one scalar per tensor instead of two passes over memory,
-    and the trust ratio and the final update absorb c for free. `scratch` (CPU) receives d in place.
-    """
-    if not weights:
-        return [], []
-    beta1, beta2 = group["betas"]
-    eps, weight_decay = group["eps"], group["weight_decay"]
-    torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)  # m = b1*m + (1-b1)*g in one pass
-    torch._foreach_mul_(exp_avg_sqs, beta2)
-    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
-    direction: list[torch.Tensor] = list(weights)  # placeholders, replaced below
-    scales = [1.0] * len(weights)
-    # Tensors of one group almost always share the step count; bucket them so each op takes scalars.
-    buckets: dict[int, list[int]] = {}
-    for i, t in enumerate(steps):
-        buckets.setdefault(t, []).append(i)
-    for t, idx in buckets.items():
-        if group["bias_correction"]:
-            bc2_sqrt = math.sqrt(1.0 - beta2**t)
-            c, eps_t = bc2_sqrt / (1.0 - beta1**t), eps * bc2_sqrt
-        else:
-            c, eps_t = 1.0, eps
-        m_b, v_b = [exp_avgs[i] for i in idx], [exp_avg_sqs[i] for i in idx]
-        if scratch is None:
-            d_b = torch._foreach_sqrt(v_b)
-            torch._foreach_add_(d_b, eps_t)
-            d_b = torch._foreach_div(m_b, d_b)
-        else:
-            d_b = [scratch[i] for i in idx]
-            for d, v in zip(d_b, v_b, strict=True):
-                torch.sqrt(v, out=d)
-            torch._foreach_add_(d_b, eps_t)
-            for d, m in zip(d_b, m_b, strict=True):
-                torch.div(m, d, out=d)
-        if weight_decay != 0:
-            torch._foreach_add_(d_b, [weights[i] for i in idx], alpha=weight_decay / c)
-        for i, d in zip(idx, d_b, strict=True):
-            direction[i], scales[i] = d, c
-    return direction, scales
-
-
-def _squared_norms(
-    weights: list[torch.Tensor], direction: list[torch.Tensor], scales: list[float]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Squared L2 norms of each weight and of each update u = c * d, as float64 vectors."""
-    w_norms = torch.stack(torch._foreach_norm(weights)).double()
-    u_norms = torch.stack(torch._foreach_norm(direction)).double()
-    u_norms = u_norms * torch.tensor(scales, dtype=torch.float64, device=u_norms.device)
-    return w_norms * w_norms, u_norms * u_norms
-
-
-def _trust_ratios(
-    w_sq: torch.Tensor, u_sq: torch.Tensor, trust_clip: tuple[float, float] | None
-) -> torch.Tensor:
-    w_norm, u_norm = w_sq.sqrt(), u_sq.sqrt()
-    ratios = torch.where(
-        (w_norm > 0) & (u_norm > 0), w_norm / u_norm.clamp_min(1e-300), torch.ones_like(w_norm)
-    )
-    if trust_clip is not None:
-        ratios = ratios.clamp(trust_clip[0], trust_clip[1])
-    return ratios
-
-
-def _apply(
-    weights: list[torch.Tensor],
-    direction: list[torch.Tensor],
-    scales: list[float],
-    ratios: torch.Tensor,
-    lr: float,
-    in_place: bool,
-) -> None:
-    """w -= lr * ratio * c * d, one scalar per tensor (one host sync for the whole list)."""
-    factors = (ratios.double().cpu() * torch.tensor(scales, dtype=torch.float64) * -float(lr)).tolist()
-    if in_place:
-        for w, d, f in zip(weights, direction, factors, strict=True):
-            w.add_(d, alpha=f)  # one pass per tensor (CPU foreach kernels loop per tensor anyway)
-    else:
-        torch._foreach_mul_(direction, factors)
-        torch._foreach_add_(weights, direction)
