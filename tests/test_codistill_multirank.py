@@ -189,3 +189,21 @@ def test_separate_jobs_of_two_ranks_share_one_teacher_per_group_and_distill(work
         assert all(rows[s]["codistill/distill_loss"] > 0.0 for s in (3, 4, 5))
         final = json.loads((run / f"group{group}" / "codistill_final.json").read_text())
         assert final["teacher_steps"] == {str(1 - group): 5}
+
+
+def test_a_crashing_group_ends_the_whole_job_instead_of_leaving_the_other_waiting(
+    tmp_path_factory: pytest.TempPathFactory, workdir: Path
+) -> None:
+    """Group 1 raises at step 3 while group 0 is about to enter the next world collective: the deepspeed
+    launcher kills every rank, so the job ends in seconds with the error, not at the gloo/NCCL timeout."""
+    root = tmp_path_factory.mktemp("codistill_crash")
+    (root / "shards").symlink_to(workdir / "shards")
+    job = start_ranks(SCRIPT, ["crash", str(root)], num_ranks=2)
+    try:
+        stdout, stderr = job.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        pytest.fail("the job hung after one group crashed")
+    assert job.returncode != 0
+    assert "injected crash in group 1" in stdout + stderr
+    assert not (root / "co2_crash" / "group0" / "codistill_final.json").exists()

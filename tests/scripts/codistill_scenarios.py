@@ -145,6 +145,16 @@ def scenario_four(workdir: Path) -> None:
     run(workdir, "co4_files", 2, phases=["phase1"], phase1=5, codistill={**refresh, "exchange": "filesystem"})
 
 
+def scenario_crash(workdir: Path) -> None:
+    """Group 1's rank raises at step 3 while group 0 trains on: the launcher must end the whole job."""
+    def extra_loss(output: Any, batch: Any, state: Any) -> tuple[torch.Tensor, dict]:
+        if dist.get_rank() == 1 and state.step >= 3:
+            raise RuntimeError("injected crash in group 1")
+        return output.loss * 0.0, {}
+
+    run(workdir, "co2_crash", 1, extra_loss=extra_loss, phases=["phase1"], phase1=7, codistill=CODISTILL_FULL)
+
+
 def separate_job_of_two_ranks(workdir: Path, group: int) -> None:
     """The same as separate jobs of 2 ranks each, distilling (alpha 1): a group's first rank reads the files
     and hands the weights and its verdicts to the other rank."""
@@ -161,7 +171,7 @@ def separate_job(workdir: Path, group: int) -> None:
         codistill=files)
 
 
-SCENARIOS = {"solo1": scenario_solo1, "two": scenario_two, "four": scenario_four,
+SCENARIOS = {"solo1": scenario_solo1, "two": scenario_two, "four": scenario_four, "crash": scenario_crash,
              "job0": lambda workdir: separate_job(workdir, 0), "job1": lambda workdir: separate_job(workdir, 1),
              "job0x2": lambda workdir: separate_job_of_two_ranks(workdir, 0),
              "job1x2": lambda workdir: separate_job_of_two_ranks(workdir, 1)}
