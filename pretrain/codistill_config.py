@@ -42,8 +42,8 @@ class CodistillSection:
     exchange_dir: str | None = None  # filesystem exchange folder; default <run.dir>/exchange
     disjoint_data: bool = True  # group g reads only part g of `groups` disjoint parts of the training shards
     group: int | None = None  # separate jobs: this job is group `group` alone (needs exchange = filesystem)
-    # separate jobs: how long a refresh waits for another group's first weights, and the end of the run
-    # for the other groups' final weights, before failing (first refresh) or going on with older ones (end)
+    # separate jobs: how long a refresh waits for another group's first weights, and the end of the run for
+    # the other groups' final weights, before going on (without that teacher / with its older weights)
     exchange_timeout_s: float = 1800.0
 
 

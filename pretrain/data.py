@@ -5,9 +5,9 @@ by a fixed permutation that depends only on (instance count, num_parts), never o
 with different seeds (codistillation groups) agree on the parts; a run then only sees its own part.
 
 Order. Epoch e is a permutation of the run's instances (all of them, or its part) drawn from
-`default_rng([seed, e])`, the same on every rank; rank r takes every world_size-th instance of it (disjoint across ranks), the
-tail that does not fill a micro-batch on every rank is dropped for that epoch (it comes back in
-another position next epoch). A rank's stream is therefore a pure function of (seed, world size,
+`default_rng([seed, e])`, the same on every rank; rank r takes every world_size-th instance of it
+(disjoint across ranks), the tail that does not fill a micro-batch on every rank is dropped for that
+epoch (it comes back in another position next epoch). A rank's stream is therefore a pure function of (seed, world size,
 rank, micro batch): micro-batch k of the stream is epoch k // batches_per_epoch. The data position
 saved in checkpoints is just k, and resuming means starting the sampler at k.
 

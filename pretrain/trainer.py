@@ -307,7 +307,7 @@ class PhaseTrainer:
                 progress.set_postfix(loss=f"{values['loss/total']:.4f}", lr=f"{values['lr']:.2e}", refresh=False)
             for callback in self.step_callbacks:
                 callback(self)
-            if result.abort_elsewhere and self.state.consecutive_nonfinite < self.config.failures.max_consecutive_nonfinite:
+            if result.abort_elsewhere:  # this group is fine, another one reached the limit at this step
                 self.save()
                 raise NonFiniteLossError(
                     f"another codistillation group had failures.max_consecutive_nonfinite="
