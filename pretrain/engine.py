@@ -21,6 +21,7 @@ import os
 import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import deepspeed
@@ -96,12 +97,37 @@ def _fill_rendezvous_env() -> None:
     env.setdefault("MASTER_PORT", str(_free_port()))
 
 
+SHM_DIR = Path("/dev/shm")
+
+
+def cpu_shm_segment(rank: int) -> Path:
+    """The shared-memory file DeepSpeed 0.19.8's CPU all-reduce (shm.cpp) creates for `rank` of this job."""
+    env = os.environ
+    return SHM_DIR / f"deepspeed_allreduce_buffer_{os.getuid()}_{env.get('MASTER_ADDR')}_{env.get('MASTER_PORT')}_{rank}"
+
+
+def _release_cpu_shm_names(rank: int, world_size: int) -> None:
+    """Unlink this rank's CPU all-reduce segment once every rank has mapped every segment.
+
+    DeepSpeed's shm.cpp creates one ~66 MiB segment per rank and never unlinks it, so every CPU job
+    left them in /dev/shm (RAM) for good: hundreds of test launches filled a 24 GB machine. Its
+    initialization returns only after a rank has mapped every other rank's segment, so after a
+    barrier the names can go; the mappings live on until the processes exit.
+    """
+    if world_size < 2:
+        return
+    dist.barrier()  # on every rank alike (whether a segment exists is not for each rank to decide)
+    cpu_shm_segment(rank).unlink(missing_ok=True)
+
+
 def init_distributed() -> DistInfo:
     """Join (or create) the default process group; idempotent. nccl with CUDA, else gloo."""
     if not dist.is_initialized():
         _fill_rendezvous_env()
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+        if backend == "gloo":
+            _release_cpu_shm_names(dist.get_rank(), dist.get_world_size())
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     accelerator = get_accelerator()
     if accelerator.device_name() == "cpu":

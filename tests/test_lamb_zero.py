@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.launch_util import REPO_ROOT, run_ranks
+from tests.launch_util import REPO_ROOT, finish_ranks, run_ranks, start_ranks
 
 SCRIPT = REPO_ROOT / "tests" / "scripts" / "lamb_zero_equality.py"
 FP32_EXACT = [
@@ -110,3 +110,17 @@ def test_naive_lamb_under_zero2_differs(results: dict[str, Any]) -> None:
 @pytest.mark.multirank
 def test_unbound_lamb_under_zero_refuses_to_step(results: dict[str, Any]) -> None:
     assert "bind_zero_layout(engine)" in results["unbound"]["error"]
+
+
+@pytest.mark.multirank
+def test_cpu_jobs_leave_no_shared_memory_segments_behind(tmp_path: Path) -> None:
+    """DeepSpeed's CPU all-reduce creates a ~66 MiB /dev/shm segment per rank and never unlinks it;
+    pretrain.engine.init_distributed unlinks them once all ranks are attached (RAM comes back at exit)."""
+    job = start_ranks(SCRIPT, ["--out", str(tmp_path / "r.json"), "--scenarios", "stage0"], num_ranks=2)
+    port = job.args[job.args.index("--master_port") + 1]
+    done = finish_ranks(job, timeout=300)
+    if "deepspeed_shm_comm_op built successfully" not in done.stdout + done.stderr:
+        pytest.skip("DeepSpeed's CPU shared-memory all-reduce is not available on this machine")
+    assert json.loads((tmp_path / "r.json").read_text())["stage0"]["max_abs_diff"] <= 1e-6  # it did all-reduce
+    left = sorted(p.name for p in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
+    assert left == []
