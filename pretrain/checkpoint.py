@@ -127,9 +127,17 @@ def split_checkpoint_path(path: str | Path) -> tuple[Path, str]:
 
 
 def consolidated_state_dict(root: Path, tag: str) -> dict[str, torch.Tensor]:
-    """fp32 weights of a ZeRO-0/1/2/3 checkpoint, merged from every rank's partition, keyed like the module."""
+    """fp32 weights of a checkpoint, merged from every rank's partition, keyed like the module.
+
+    Three layouts: ZeRO-1/2/3 (DeepSpeed's own zero_to_fp32), DeepSpeed's BF16_Optimizer (what the GPU
+    recipes get: bf16 + ZeRO-1 + fp32 gradient accumulation; zero_to_fp32 refuses it, see
+    `bf16_optimizer_state_dict`), and stage 0 (the module itself holds the fp32 weights).
+    """
     folder = root / tag
-    if any(folder.glob("*optim_states.pt")):
+    optimizer_files = sorted(folder.glob("*optim_states.pt"))
+    if optimizer_files:
+        if written_by_bf16_optimizer(optimizer_files[0]):
+            return bf16_optimizer_state_dict(folder)
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         return dict(get_fp32_state_dict_from_zero_checkpoint(str(root), tag=tag))
@@ -139,6 +147,65 @@ def consolidated_state_dict(root: Path, tag: str) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(f"{folder}: no DeepSpeed model states")
     module = torch.load(states[0], map_location="cpu", weights_only=False)["module"]
     return {key: value.float() for key, value in module.items()}
+
+
+def written_by_bf16_optimizer(optimizer_file: Path) -> bool:
+    """True for BF16_Optimizer's partition files: its state has no `zero_stage` (ZeRO's always has one;
+    both name their files `bf16_zero_pp_rank_*` when bf16 is on, so the name does not tell)."""
+    from deepspeed.checkpoint.constants import (
+        OPTIMIZER_STATE_DICT,
+        SINGLE_PARTITION_OF_FP32_GROUPS,
+        ZERO_STAGE,
+    )
+
+    state = torch.load(optimizer_file, map_location="cpu", mmap=True, weights_only=False)[OPTIMIZER_STATE_DICT]
+    return ZERO_STAGE not in state and SINGLE_PARTITION_OF_FP32_GROUPS in state
+
+
+def bf16_optimizer_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    """fp32 master weights of a BF16_Optimizer checkpoint (files `bf16_zero_pp_rank_*_optim_states.pt`).
+
+    DeepSpeed's zero_to_fp32 rejects these ("is not a zero checkpoint": the optimizer state carries no
+    zero_stage), although the layout is ZeRO-1's: per parameter group, the trainable parameters flattened
+    in module order, padded at the end to a multiple of 2 x data-parallel size, and cut into one equal
+    partition per rank. So: concatenate the ranks' fp32 partitions in rank order and slice the
+    parameters back out in the order the model states record, checking that only the end padding is left.
+    """
+    from deepspeed.checkpoint.constants import (
+        OPTIMIZER_STATE_DICT,
+        PARTITION_COUNT,
+        SINGLE_PARTITION_OF_FP32_GROUPS,
+    )
+    from deepspeed.utils.zero_to_fp32 import get_model_state_files, get_optim_files, parse_model_states
+
+    model_state = parse_model_states(get_model_state_files(str(folder))[:1])[0]
+    partitions: list[list[torch.Tensor]] = []
+    counts: set[int] = set()
+    files = get_optim_files(str(folder))  # natural order: rank 0, 1, 2, ..., 10, ...
+    for file in files:
+        state = torch.load(file, map_location="cpu", mmap=True, weights_only=False)[OPTIMIZER_STATE_DICT]
+        partitions.append(list(state[SINGLE_PARTITION_OF_FP32_GROUPS]))
+        count = state[PARTITION_COUNT]
+        counts.update(count if isinstance(count, list) else [count])
+    if counts != {len(files)}:
+        raise ValueError(f"{folder}: {len(files)} optimizer partition files, but they were written by "
+                         f"{sorted(counts)} ranks (a rank's file is missing or from another run)")
+    world = len(files)
+    weights: dict[str, torch.Tensor] = dict(model_state.buffers)
+    for group, shapes in enumerate(model_state.param_shapes):
+        flat = torch.cat([rank_groups[group].detach().float() for rank_groups in partitions])
+        offset = 0
+        for name, shape in shapes.items():
+            numel = int(torch.Size(shape).numel())
+            weights[name] = flat.narrow(0, offset, numel).view(shape).clone()
+            offset += numel
+        if not 0 <= flat.numel() - offset < 2 * world:
+            raise ValueError(f"{folder}: parameter group {group} holds {flat.numel()} values, its parameters "
+                             f"{offset}: not the BF16_Optimizer layout")
+    for alias, target in model_state.shared_params:
+        if target in weights:
+            weights[alias] = weights[target]
+    return weights
 
 
 def read_run_config(root: Path, tag: str) -> dict[str, Any]:

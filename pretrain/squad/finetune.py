@@ -190,7 +190,8 @@ def finetune(config: FinetuneConfig) -> dict[str, Any] | None:
         schedule = WarmupPolyDecay(total_steps, config.warmup_fraction, power=1.0)
         engine = build_engine(model, ds, lr_schedule=schedule)
         results.update(train_windows=len(train_features), train_examples=len(train_set.examples),
-                       train_batch_size=global_batch)
+                       train_batch_size=global_batch, optimizer=type(engine.basic_optimizer).__name__,
+                       optimizer_wrapper=type(engine.optimizer).__name__)  # which DeepSpeed path really ran
         results.update(train(engine, train_features, ds, total_steps, config, dist_info, pad_id, writer))
         forward, module = engine, engine.module
         engine.eval()

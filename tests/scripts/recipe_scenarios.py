@@ -1,0 +1,113 @@
+"""Launched on 2 CPU ranks by tests/test_recipes.py: a shipped recipe, shrunk, run as a user runs it.
+
+    pretrain WORK    WORK/run.json (pretrain.rehearsal's shrink of a shipped RUN.json):
+                     A: both phases, SIGTERM to rank 1 after phase-2 step 1 (the ranks agree at step 2, checkpoint, stop),
+                        then the same command again: resumes inside phase 2 and completes (exports too);
+                     C: phase 2 alone from A's phase-1 export (`phase2.init_from`), in its own folder.
+                     Every step records the engine's optimizer wrapper, client optimizer and precision;
+                     the last step of every phase saves the live fp32 master weights (what an export of
+                     that phase must equal).
+    squad WORK       fine-tunes WORK/export with every WORK/squad_*.json (shrunk shipped SQuAD JSONs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from deepspeed.utils import safe_get_full_fp32_param
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from pretrain.squad.__main__ import main as squad_main  # noqa: E402
+from pretrain.train import main  # noqa: E402
+from pretrain.trainer import PhaseTrainer  # noqa: E402
+
+SHORT_WINDOWS = ["--max-seq-length", "48", "--doc-stride", "20", "--max-query-length", "16"]
+
+
+def record_paths(out: Path):
+    """Which DeepSpeed path each phase really took (rank 0 writes)."""
+
+    def callback(trainer: PhaseTrainer) -> None:
+        if dist.get_rank() != 0:
+            return
+        engine = trainer.engine
+        data = json.loads(out.read_text()) if out.exists() else {}
+        data[trainer.state.phase] = {
+            "wrapper": type(engine.optimizer).__name__,
+            "client": type(engine.basic_optimizer).__name__,
+            "bf16": bool(engine.bfloat16_enabled()),
+            "fp16": bool(engine.fp16_enabled()),
+            "zero_stage": int(engine.zero_optimization_stage()),
+            "accumulation": int(engine.gradient_accumulation_steps()),
+        }
+        out.write_text(json.dumps(data))
+
+    return callback
+
+
+def save_masters(trainer: PhaseTrainer) -> None:
+    """At a phase's last step: the fp32 masters behind the engine (collective within the model's ranks)."""
+    if trainer.state.step != trainer.phase.steps:
+        return
+    masters = {name: safe_get_full_fp32_param(param).detach().cpu().clone()
+               for name, param in trainer.engine.module.named_parameters()}
+    if trainer.dist.rank == 0:
+        torch.save(masters, Path(trainer.config.run.dir) / f"masters_{trainer.state.phase}.pt")
+
+
+def sigterm_rank1_at(phase: str, step: int):
+    def callback(trainer: PhaseTrainer) -> None:
+        if trainer.state.phase == phase and trainer.state.step == step and dist.get_rank() == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return callback
+
+
+def record(work: Path, name: str, value: object) -> None:
+    if dist.get_rank() == 0:
+        path = work / "outcomes.json"
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data[name] = value
+        path.write_text(json.dumps(data))
+
+
+def pretrain(work: Path) -> None:
+    config = work / "run.json"
+    run = json.loads(config.read_text())
+    a_dir = Path(run["run"]["dir"])
+    paths = record_paths(work / "paths_a.json")
+    codistill = run.get("codistill", {}).get("enabled", False)
+    first_model = a_dir / "group0" if codistill else a_dir
+    rc = main(["--config", str(config)], [paths, save_masters, sigterm_rank1_at("phase2", 1)])
+    record(work, "a_interrupted", rc)
+    if dist.get_rank() == 0:
+        record(work, "a_latest_after_stop", (first_model / "checkpoints" / "latest").read_text())
+    rc = main(["--config", str(config)], [paths, save_masters])
+    record(work, "a_resumed", rc)
+    phase1_export = first_model / "export" / "phase1"
+    overrides = [f"--run.dir={work / 'c'}", '--run.phases=["phase2"]', f"--phase2.init_from={phase1_export}"]
+    if codistill and run["codistill"].get("exchange_dir"):
+        overrides.append(f"--codistill.exchange_dir={work / 'c_exchange'}")
+    rc = main(["--config", str(config), *overrides], [record_paths(work / "paths_c.json")])
+    record(work, "c_phase2_from_init", rc)
+
+
+def squad(work: Path) -> None:
+    for ds in sorted(work.glob("squad_*.json")):
+        meta = json.loads(ds.with_suffix(".meta").read_text())
+        code = squad_main(["finetune", "--model", str(work / "export"), "--train", str(work / "train.json"),
+                           "--dev", str(work / "dev.json"), "--ds-config", str(ds), "--precision", meta["precision"],
+                           "--out", str(work / ds.stem), "--max-steps", "3", "--log-every", "1", *SHORT_WINDOWS])
+        record(work, ds.stem, code)
+
+
+if __name__ == "__main__":
+    mode, folder = [a for a in sys.argv[1:] if not a.startswith("--local_rank")][:2]
+    {"pretrain": pretrain, "squad": squad}[mode](Path(folder))
