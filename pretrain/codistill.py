@@ -224,25 +224,23 @@ class Codistillation:
         with torch.no_grad():
             teacher_outputs = [teacher(**batch) for teacher in self.teachers.values()]
             mlm_targets = soft_targets([t.mlm_logits for t in teacher_outputs], temperature)
-        mlm = distillation_loss(output.mlm_logits, mlm_targets, temperature, kind)
+        labelled = output.mlm_mask  # every slot has logits; only the labelled ones are distilled
+        mlm = distillation_loss(output.mlm_logits, mlm_targets, temperature, kind, valid=labelled)
         total = mlm
         numbers: dict[str, Any] = {"codistill/distill_mlm": mlm.detach()}
         if "nsp" in self.section.targets:
             with torch.no_grad():
                 nsp_targets = soft_targets([t.nsp_logits for t in teacher_outputs], temperature)
-            labels = batch["next_sentence_label"].reshape(-1)
-            valid = labels != IGNORE_INDEX  # packed rows pad their unused NSP slots
-            if valid.numel() == output.nsp_logits.shape[0]:
-                nsp = distillation_loss(output.nsp_logits[valid], nsp_targets[valid], temperature, kind)
-            else:
-                nsp = distillation_loss(output.nsp_logits, nsp_targets, temperature, kind)
+            valid = batch["next_sentence_label"].reshape(-1) != IGNORE_INDEX  # packed rows pad NSP slots
+            nsp = distillation_loss(output.nsp_logits, nsp_targets, temperature, kind, valid=valid)
             total = total + nsp
             numbers["codistill/distill_nsp"] = nsp.detach()
-        agreement = (output.mlm_logits.detach().argmax(-1) == mlm_targets.argmax(-1)).double().mean()
+        agrees = (output.mlm_logits.detach().argmax(-1) == mlm_targets.argmax(-1)) & labelled
+        agreement = agrees.sum().double() / labelled.sum().clamp_min(1)
         numbers.update({
             "codistill/distill_loss": total.detach(),
             "codistill/active": 1.0,
-            "codistill/agreement": agreement if mlm_targets.shape[0] else 0.0,
+            "codistill/agreement": agreement,
             "codistill/teacher_age": float(step - self.teacher_step),
         })
         # alpha = 0 keeps the task loss tensor untouched: the group then trains exactly like a lone run.
@@ -294,18 +292,20 @@ class Codistillation:
         for batch in batch_loader(trainer.val_batches, 0, 0, count=count):
             batch = {key: value.to(device) for key, value in batch.items()}
             own = engine(**batch)
-            labels = own.mlm_labels
+            # every slot has logits; only labelled ones count (empty slots: IGNORE_INDEX, masked out)
+            labels, labelled = own.mlm_labels, own.mlm_mask
             others = [teacher(**batch).mlm_logits.float() for teacher in self.teachers.values()]
             probs = [F.softmax(own.mlm_logits.float(), -1), *(F.softmax(t, -1) for t in others)]
             ensemble = torch.stack(probs).mean(0)
-            picked = ensemble.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+            picked = ensemble.gather(-1, labels.clamp_min(0).unsqueeze(-1)).squeeze(-1)
+            ensemble_nll = torch.where(labelled, -torch.log(picked.clamp_min(1e-30)), torch.zeros_like(picked))
             own_top = own.mlm_logits.argmax(-1)
             sums += torch.stack([
-                F.cross_entropy(own.mlm_logits.float(), labels, reduction="sum").double(),
-                -torch.log(picked.clamp_min(1e-30)).sum().double(),
-                sum(F.cross_entropy(t, labels, reduction="sum") for t in others).double() / len(others),
-                sum((own_top != t.argmax(-1)).sum() for t in others).double() / len(others),
-                torch.tensor(float(labels.numel()), dtype=torch.float64, device=device),
+                _summed_nll(own.mlm_logits, labels).double(),
+                ensemble_nll.sum().double(),
+                sum(_summed_nll(t, labels) for t in others).double() / len(others),
+                sum(((own_top != t.argmax(-1)) & labelled).sum() for t in others).double() / len(others),
+                labelled.sum().double(),
             ])
         engine.train()
         if self.layout.group_size > 1:
@@ -318,6 +318,11 @@ class Codistillation:
             "codistill/final_ensemble_val_mlm_loss": ensemble_nll / n,
             "codistill/final_churn": disagreements / n,
         }
+
+
+def _summed_nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy summed over the labelled slots (IGNORE_INDEX slots add nothing)."""
+    return F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
 
 
 class TeacherCheckpointManager(CheckpointManager):

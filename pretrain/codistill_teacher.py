@@ -85,11 +85,14 @@ def soft_targets(teacher_logits: list[torch.Tensor], temperature: float) -> torc
 
 
 def distillation_loss(student_logits: torch.Tensor, targets: torch.Tensor, temperature: float,
-                      kind: str) -> torch.Tensor:
+                      kind: str, valid: torch.Tensor | None = None) -> torch.Tensor:
     """T^2 x mean over rows of KL(targets || student_T) or of the cross-entropy -sum targets log student_T.
 
     Both have the same gradient; KL is zero when the student matches, which reads better in logs.
     The T^2 factor keeps gradient magnitudes comparable across temperatures (Hinton et al. 2015).
+    `valid` (bool per row): only those rows count, the mean is over them (0 when there are none). The
+    MLM head returns every slot, labelled or not (a fixed shape, no host sync), so the caller passes
+    the labelled mask instead of selecting rows with it.
     """
     if student_logits.shape[0] == 0:
         return student_logits.float().sum() * 0.0
@@ -99,4 +102,8 @@ def distillation_loss(student_logits: torch.Tensor, targets: torch.Tensor, tempe
         per_row = per_row + torch.special.xlogy(targets, targets).sum(-1)
     elif kind != "soft_ce":
         raise ValueError(f"codistill.loss: unknown kind {kind!r}")
-    return per_row.mean() * temperature**2
+    if valid is None:
+        return per_row.mean() * temperature**2
+    # where, not a product: a non-finite row outside the mask must not turn the sum into NaN
+    total = torch.where(valid, per_row, torch.zeros_like(per_row)).sum()
+    return total / valid.sum().clamp_min(1) * temperature**2

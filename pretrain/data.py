@@ -252,12 +252,17 @@ class RankBatches(Dataset):
         return self.batches_per_epoch
 
     def rank_indices(self, epoch: int) -> np.ndarray:
+        """This rank's instance indices of `epoch`, in order (cached for the current epoch).
+
+        The cache is a copy of this rank's slice: a strided view would keep the whole epoch permutation
+        (world_size times larger) alive in the dataset, i.e. in every DataLoader worker.
+        """
         if self._epoch_order is None or self._epoch_order[0] != epoch:
             total = len(self.pool)
             picks = np.random.default_rng([self.seed, epoch]).permutation(total) if self.shuffle else np.arange(total)
             order = self.pool[picks]  # with one part the pool is 0..n-1: the order is the permutation itself
             used = self.batches_per_epoch * self.micro_batch * self.world_size
-            self._epoch_order = (epoch, order[:used][self.rank :: self.world_size])
+            self._epoch_order = (epoch, order[:used][self.rank :: self.world_size].copy())
         return self._epoch_order[1]
 
     def __getitem__(self, k: int) -> dict[str, torch.Tensor]:

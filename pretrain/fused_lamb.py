@@ -19,6 +19,18 @@ Differences from the reference, all documented tolerances of tests/test_fused_la
 
 Scalars that change every step (bias corrections, lr) enter as 0-d tensors and sizes are symbolic,
 so the kernels compile once per process, not once per step or per partition.
+
+Precision: the math runs in fp32 (the flat's dtype if wider) whatever the flat's dtype, with fp32
+scalars, and only the stored results (moments, weights) are rounded to the flat's dtype. A scalar
+cast to the flat's dtype would be wrong in bf16: beta2 = 0.999 rounds to 1.0 (v would never decay),
+1 - beta1 = 0.1 to 0.10009766, lr x ratio x c off by up to 0.4%. This is correct and free: the fp32
+partitions DeepSpeed hands over (ZeRO, BF16_Optimizer) take exactly the old path (every upcast is a
+no-op), and for a low-precision flat (`bf16_master_weights_and_grads`) the compiled kernels upcast in
+registers anyway (inductor computes bf16 in fp32), so the memory traffic is unchanged apart from the
+direction d, kept in fp32 so the trust-ratio norms and the update see it unrounded. Refusing such
+flats instead would reject a DeepSpeed configuration the reference step accepts; what stays inherent
+to it is the storage: a bf16 moment or weight cannot hold a change below half its ulp (~0.2%), in
+this step and in the reference alike.
 """
 
 from __future__ import annotations
@@ -41,14 +53,23 @@ def _moments_and_direction(
     wd_over_c: torch.Tensor,
 ) -> torch.Tensor:
     # 1 - beta comes from the host in float64: 1 - 0.999 rounded in fp32 is off by 5e-5 relative.
-    m.lerp_(g, one_minus_beta1)
-    v.mul_(beta2).addcmul_(g, g * one_minus_beta2)
-    return m / (v.sqrt() + eps_t) + wd_over_c * w
+    # The scalars carry the compute dtype; `.to` returns the tensor itself when it already has it (fp32).
+    compute = beta2.dtype
+    g_c, m_c, v_c = g.to(compute), m.to(compute), v.to(compute)
+    m_c.lerp_(g_c, one_minus_beta1)
+    v_c.mul_(beta2).addcmul_(g_c, g_c * one_minus_beta2)
+    if m.dtype != compute:  # low-precision state: one rounding on store
+        m.copy_(m_c)
+        v.copy_(v_c)
+    return m_c / (v_c.sqrt() + eps_t) + wd_over_c * w.to(compute)
 
 
 def _apply(w: torch.Tensor, d: torch.Tensor, piece_factors: torch.Tensor, piece_sizes: torch.Tensor) -> None:
     factors = torch.repeat_interleave(piece_factors, piece_sizes, output_size=w.numel())
-    w.add_(d * factors)
+    if w.dtype == d.dtype:
+        w.add_(d * factors)
+    else:  # low-precision weights: add in the compute dtype, one rounding on store (gaps: factor 0, exact)
+        w.copy_(w.to(d.dtype) + d * factors)
 
 
 class FusedKernels:
@@ -96,9 +117,10 @@ def fused_flat_step(
     else:
         c, eps_t = 1.0, group["eps"]
     device = flat.device
+    compute = torch.promote_types(flat.dtype, torch.float32)  # see "Precision" in the module docstring
 
     def scalar(x: float) -> torch.Tensor:
-        return torch.tensor(x, dtype=flat.dtype, device=device)
+        return torch.tensor(x, dtype=compute, device=device)
 
     d = kernels.call("direction", flat, flat.grad, state["exp_avg"], state["exp_avg_sq"], scalar(1.0 - beta1),
                      scalar(beta2), scalar(1.0 - beta2), scalar(eps_t), scalar(group["weight_decay"] / c))
@@ -119,7 +141,7 @@ def fused_flat_step(
         segment_pieces = torch.tensor(partition.segment_pieces, dtype=torch.long, device=device)
         piece_factors[segment_pieces] = param_ratios[partition.param_index_tensor(device)] * (-float(group["lr"]) * c)
         sizes = torch.tensor(partition.piece_sizes, dtype=torch.long, device=device)
-        kernels.call("apply", flat, d, piece_factors.to(flat.dtype), sizes)
+        kernels.call("apply", flat, d, piece_factors.to(compute), sizes)
     return param_ratios
 
 

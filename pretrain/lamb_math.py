@@ -77,11 +77,20 @@ def lamb_direction(
 def squared_norms(
     weights: list[torch.Tensor], direction: list[torch.Tensor], scales: list[float]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Squared L2 norms of each weight and of each update u = c * d, as float64 vectors."""
-    w_norms = torch.stack(torch._foreach_norm(weights)).double()
-    u_norms = torch.stack(torch._foreach_norm(direction)).double()
+    """Squared L2 norms of each weight and of each update u = c * d, as float64 vectors.
+
+    The norms are returned in at least fp32: `_foreach_norm` of bf16 tensors would round each norm to
+    bf16 (0.4%), and the trust ratio with it.
+    """
+    w_norms = torch.stack(torch._foreach_norm(weights, 2, dtype=_norm_dtype(weights))).double()
+    u_norms = torch.stack(torch._foreach_norm(direction, 2, dtype=_norm_dtype(direction))).double()
     u_norms = u_norms * torch.tensor(scales, dtype=torch.float64, device=u_norms.device)
     return w_norms * w_norms, u_norms * u_norms
+
+
+def _norm_dtype(tensors: list[torch.Tensor]) -> torch.dtype:
+    """fp32, or fp64 when the list holds fp64 tensors (never narrower than the inputs)."""
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
 def trust_ratios(

@@ -9,6 +9,12 @@ FLOP model (training = forward + backward = 3 x forward, 2 FLOPs per multiply-ad
 N_enc = encoder parameters, L layers, d hidden size, s sequence length, N_head = MLM head parameters
 including the vocab x d decoder. Embedding lookups and the NSP head are negligible and not counted.
 MFU = achieved model FLOP/s / (devices x peak FLOP/s of one device at the training precision).
+
+What is counted (`StepCounts`, summed over the model's ranks by the trainer's one all-reduce per step):
+device work counts ROWS of seq_len tokens, padding included (perf/seq_per_s, perf/tokens_per_s, and
+perf/tflops / perf/mfu from rows x the FLOPs of a full row, the MLM head at the predictions actually
+computed); useful work counts INSTANCES and REAL (non-padding) tokens (perf/instances_per_s,
+perf/real_tokens_per_s). Unpacked, rows == instances; a packed row holds several instances.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import json
 import resource
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -101,27 +108,68 @@ class MetricsWriter:
             self.enabled = False
 
 
-class Throughput:
-    """Wall time between optimizer steps -> sequences/s, tokens/s, TFLOP/s, MFU (whole job)."""
+@dataclass(frozen=True)
+class StepCounts:
+    """What one optimizer step processed, summed over micro-batches and the model's ranks."""
 
-    def __init__(self, flops_per_seq: float, seq_len: int, world_size: int, peak_tflops_per_device: float | None):
+    rows: float  # rows of seq_len tokens the devices ran (padding included)
+    instances: float  # training instances (== rows unpacked; several per packed row)
+    real_tokens: float  # non-padding tokens
+    predictions: float  # MLM head rows computed (slots of masked_positions, labelled or not)
+
+    def data_stats(self, seq_len: int) -> dict[str, float]:
+        """Instances per row and padding share of the step's rows (all ranks), logged as data/*."""
+        if not self.rows:
+            return {}
+        return {
+            "data/packing_factor": self.instances / self.rows,
+            "data/padding_fraction": 1.0 - self.real_tokens / (self.rows * seq_len),
+        }
+
+
+class Throughput:
+    """Wall time between optimizer steps -> rows/s, tokens/s, TFLOP/s, MFU, instances/s (whole job).
+
+    `flops_per_seq` is `flops_per_sequence` of a full row with `predictions_per_seq` MLM predictions.
+    The head's FLOPs follow the predictions actually computed: a packed step runs the head on
+    instances x max_predictions rows, not rows x max_predictions, so with `head_flops_per_prediction`
+    (6 x N_head) the difference is added; left at 0, every row is counted as one full unpacked row.
+    """
+
+    def __init__(
+        self, flops_per_seq: float, seq_len: int, world_size: int, peak_tflops_per_device: float | None,
+        head_flops_per_prediction: float = 0.0, predictions_per_seq: int = 0,
+    ) -> None:
         self.flops_per_seq, self.seq_len, self.world_size = flops_per_seq, seq_len, world_size
         self.peak = peak_tflops_per_device
+        if head_flops_per_prediction and predictions_per_seq <= 0:
+            raise ValueError(f"Throughput: head_flops_per_prediction={head_flops_per_prediction} needs the "
+                             f"predictions_per_seq that flops_per_seq includes, got {predictions_per_seq}")
+        self.head_flops_per_prediction = head_flops_per_prediction
+        self.predictions_per_seq = predictions_per_seq
         self._last = time.perf_counter()
 
     def restart(self) -> None:
         self._last = time.perf_counter()
 
-    def step(self, sequences: int) -> dict[str, float]:
+    def step(self, counts: StepCounts) -> dict[str, float]:
+        """Rates of the step that ended now (since the previous call or `restart`)."""
         now = time.perf_counter()
         seconds, self._last = max(now - self._last, 1e-9), now
-        seq_per_s = sequences / seconds
-        tflops = seq_per_s * self.flops_per_seq / 1e12
+        return self.rates(counts, seconds)
+
+    def rates(self, counts: StepCounts, seconds: float) -> dict[str, float]:
+        """perf/* of a step of `seconds` that processed `counts` (all ranks)."""
+        extra_predictions = counts.predictions - counts.rows * self.predictions_per_seq
+        flops = counts.rows * self.flops_per_seq + extra_predictions * self.head_flops_per_prediction
+        tflops = flops / seconds / 1e12
         stats = {
-            "perf/seq_per_s": seq_per_s,
-            "perf/tokens_per_s": seq_per_s * self.seq_len,
+            "perf/seq_per_s": counts.rows / seconds,
+            "perf/tokens_per_s": counts.rows * self.seq_len / seconds,
             "perf/tflops": tflops,
             "perf/step_s": seconds,
+            "perf/instances_per_s": counts.instances / seconds,
+            "perf/real_tokens_per_s": counts.real_tokens / seconds,
         }
         if self.peak:
             stats["perf/mfu"] = tflops / (self.peak * self.world_size)

@@ -4,6 +4,12 @@ The module *is* a `BertForPreTraining` (same submodules, same parameter names), 
 state dict loads into the Hugging Face class unchanged. Only `forward` differs: the MLM head runs
 on the masked positions alone (gathered first), which for BERT's 15% masking skips ~85% of the
 largest matmul of the model (hidden x vocab).
+
+The gather is fixed-size: the head runs on every slot of `masked_positions` (instances x
+max_predictions rows), labelled or not, and the loss ignores the empty slots (IGNORE_INDEX). Selecting
+only the labelled slots with a boolean index would give a data-dependent shape, i.e. a device -> host
+sync in every micro-batch on GPU; the few empty slots (an instance rarely has fewer than
+max_predictions targets) cost less than that sync.
 """
 
 from __future__ import annotations
@@ -53,9 +59,19 @@ class PretrainingOutput:
     loss: torch.Tensor  # mlm + nsp (what backward runs on)
     mlm_loss: torch.Tensor
     nsp_loss: torch.Tensor
-    mlm_logits: torch.Tensor  # [num_masked, vocab]: only the labelled positions
-    mlm_labels: torch.Tensor  # [num_masked]
+    mlm_logits: torch.Tensor  # [instances*max_predictions, vocab]: every slot, labelled or not
+    mlm_labels: torch.Tensor  # [instances*max_predictions], IGNORE_INDEX in empty slots
     nsp_logits: torch.Tensor  # [batch, 2]
+
+    @property
+    def mlm_mask(self) -> torch.Tensor:
+        """True at the labelled slots: the only rows of `mlm_logits` that count (accuracy, distillation)."""
+        return self.mlm_labels != IGNORE_INDEX
+
+    def mlm_counts(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(correct predictions, labelled slots), on the device: MLM accuracy without a host sync."""
+        labelled = self.mlm_mask
+        return ((self.mlm_logits.argmax(-1) == self.mlm_labels) & labelled).sum(), labelled.sum()
 
 
 class SparseBertForPreTraining(BertForPreTraining):
@@ -67,7 +83,9 @@ class SparseBertForPreTraining(BertForPreTraining):
 
     Packed rows (pretrain/packing.py) add `segment_ids`, `position_ids` and `cls_positions`: attention
     is block-diagonal per instance and NSP pools every instance's [CLS]; `next_sentence_label` then has
-    one entry per slot with -100 for empty slots (ignored by the loss, as for MLM).
+    one entry per slot with -100 for empty slots (ignored by the loss, as for MLM). Packed
+    `masked_positions` are [instances, max_predictions] flat indices into the rows*seq tokens, so the
+    MLM head runs on as many rows as unpacked.
     """
 
     def forward(  # type: ignore[override]
@@ -96,12 +114,10 @@ class SparseBertForPreTraining(BertForPreTraining):
             index = cls_positions.long().unsqueeze(-1).expand(-1, -1, hidden)
             cls_states = torch.gather(sequence_output, 1, index).reshape(-1, 1, hidden)  # [rows*slots, 1, hidden]
             pooled_output = self.bert.pooler(cls_states)
-        mlm_logits, labels = self.masked_lm_logits(sequence_output, masked_positions, masked_labels)
+        mlm_logits, labels = self.masked_lm_logits(sequence_output, masked_positions, masked_labels,
+                                                   flat_positions=segment_ids is not None)
         nsp_logits = self.cls.seq_relationship(pooled_output)
-        # Sum over predictions / count, like HF's mean cross-entropy over labelled positions.
-        mlm_loss = F.cross_entropy(mlm_logits.float(), labels, reduction="mean") if labels.numel() else (
-            mlm_logits.sum() * 0.0
-        )
+        mlm_loss = masked_lm_loss(mlm_logits, labels)
         # ignore_index: empty slots of packed rows; every label of an unpacked batch is 0 or 1.
         nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label.long(), ignore_index=IGNORE_INDEX)
         return PretrainingOutput(
@@ -114,15 +130,23 @@ class SparseBertForPreTraining(BertForPreTraining):
         )
 
     def masked_lm_logits(
-        self, sequence_output: torch.Tensor, masked_positions: torch.Tensor, masked_labels: torch.Tensor
+        self, sequence_output: torch.Tensor, masked_positions: torch.Tensor, masked_labels: torch.Tensor,
+        flat_positions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Gather the hidden states of labelled positions, then run the MLM head on those only."""
+        """Gather the hidden states of every `masked_positions` slot, then run the MLM head on those.
+
+        Returns ([slots, vocab] logits, [slots] labels) with slots = masked_positions.numel(): a shape
+        known from the inputs' shapes alone (no host sync); empty slots keep IGNORE_INDEX labels.
+        `flat_positions`: the positions index the flattened [rows*seq] tokens (packed batches), not
+        each row's own tokens.
+        """
         hidden = sequence_output.size(-1)
+        if flat_positions:
+            sequence_output = sequence_output.reshape(1, -1, hidden)
+            masked_positions = masked_positions.reshape(1, -1)
         index = masked_positions.long().unsqueeze(-1).expand(-1, -1, hidden)
         gathered = torch.gather(sequence_output, 1, index)  # [batch, max_predictions, hidden]
-        valid = masked_labels.reshape(-1) != IGNORE_INDEX
-        selected = gathered.reshape(-1, hidden)[valid]
-        return self.cls.predictions(selected), masked_labels.reshape(-1)[valid].long()
+        return self.cls.predictions(gathered.reshape(-1, hidden)), masked_labels.reshape(-1).long()
 
     def dense_mlm_logits(
         self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor
@@ -130,6 +154,16 @@ class SparseBertForPreTraining(BertForPreTraining):
         """Logits at every position (what `BertForPreTraining` computes); for checks and benchmarks."""
         encoded = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
         return self.cls.predictions(encoded[0])
+
+
+def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the labelled slots (HF's MLM loss), 0 when there are none.
+
+    Sum over slots (empty ones add exactly 0) divided by the on-device count, instead of
+    `reduction="mean"`, which is NaN (0/0) for a micro-batch without labels; no host sync either way.
+    """
+    total = F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
+    return total / (labels != IGNORE_INDEX).sum().clamp_min(1)
 
 
 def build_model(config: BertConfig, activation_checkpointing: bool = False) -> SparseBertForPreTraining:

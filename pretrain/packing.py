@@ -12,7 +12,15 @@ from batch to batch; the model computes the same losses it would unpacked:
     token_type_ids   [rows, seq]   per instance (A = 0, B = 1), as unpacked
     cls_positions    [rows, K]     where each instance's [CLS] sits (NSP pools there); K = MAX_INSTANCES_PER_ROW
     next_sentence_label [rows*K]   one label per slot, IGNORE_INDEX for empty slots
-    masked_positions / masked_labels [rows, K*max_predictions]  MLM targets, shifted to row offsets
+    masked_positions / masked_labels [instances, max_predictions]  MLM targets of instance i (input
+                                    order) in row i, as flat indices row*seq + offset + position into
+                                    the rows*seq tokens; empty slots: the instance's [CLS]
+                                    (its position 0, as unpacked), IGNORE_INDEX
+
+The MLM targets are per instance, not per row, because the head runs on every slot (a fixed-size
+gather, no host sync: pretrain/model.py): per-row slots would be K*max_predictions per row, mostly
+empty, i.e. up to K times the head rows of the unpacked layout. Per instance, the head runs on exactly
+instances*max_predictions rows in both layouts, and the labels come out in the unpacked order.
 
 MLM loss is the mean over all labelled tokens and NSP loss the mean over all instances of the
 micro-batch, in both layouts; tests/test_packing.py checks packed == unpacked within fp32 rounding.
@@ -63,17 +71,17 @@ def pack_masked_instances(
 ) -> dict[str, torch.Tensor]:
     """Already-masked instances (ids, a_len, positions, labels, nsp) -> the packed tensors above."""
     rows = first_fit_decreasing([len(inst["ids"]) for inst in instances], seq_len, max_per_row)
-    count, slots = len(rows), max_per_row * max_predictions
+    count = len(rows)
     input_ids = np.full((count, seq_len), pad_id, dtype=np.int64)
     token_types = np.zeros((count, seq_len), dtype=np.int64)
     segments = np.zeros((count, seq_len), dtype=np.int64)
     positions_ids = np.zeros((count, seq_len), dtype=np.int64)
     cls_positions = np.zeros((count, max_per_row), dtype=np.int64)
     nsp = np.full((count, max_per_row), IGNORE_INDEX, dtype=np.int64)
-    masked_positions = np.zeros((count, slots), dtype=np.int64)
-    masked_labels = np.full((count, slots), IGNORE_INDEX, dtype=np.int64)
+    masked_positions = np.zeros((len(instances), max_predictions), dtype=np.int64)
+    masked_labels = np.full((len(instances), max_predictions), IGNORE_INDEX, dtype=np.int64)
     for r, members in enumerate(rows):
-        offset, filled = 0, 0
+        offset = 0
         for k, index in enumerate(members):
             inst = instances[index]
             ids = np.asarray(inst["ids"])
@@ -84,11 +92,11 @@ def pack_masked_instances(
             positions_ids[r, offset : offset + n] = np.arange(n)
             cls_positions[r, k] = offset
             nsp[r, k] = int(inst["nsp"])
-            pos = np.asarray(inst["positions"])[:max_predictions]
+            pos = np.asarray(inst["positions"], dtype=np.int64)[:max_predictions]  # static shards: uint16
+            masked_positions[index] = r * seq_len + offset  # empty slots: the instance's [CLS], as unpacked
             lab = np.asarray(inst["labels"])[:max_predictions]
-            masked_positions[r, filled : filled + len(pos)] = pos + offset
-            masked_labels[r, filled : filled + len(lab)] = lab
-            filled += len(pos)
+            masked_positions[index, : len(pos)] = pos + r * seq_len + offset
+            masked_labels[index, : len(lab)] = lab
             offset += n
     return {
         "input_ids": torch.from_numpy(input_ids),

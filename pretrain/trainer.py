@@ -28,9 +28,8 @@ from pretrain.config import PHASE_NAMES, RunConfig
 from pretrain.data import RankBatches, batch_loader
 from pretrain.engine import DistInfo, client_optimizer
 from pretrain.lamb import Lamb
-from pretrain.metrics import MetricsWriter, Throughput, memory_stats
+from pretrain.metrics import MetricsWriter, StepCounts, Throughput, memory_stats
 from pretrain.model import IGNORE_INDEX, PretrainingOutput
-from pretrain.packing import PackingMeter
 
 # (output, batch, state) -> (extra loss term, numbers to log as the mean over micro-batches and ranks)
 ExtraLoss = Callable[
@@ -85,6 +84,7 @@ class StepResult:
     applied: bool
     nonfinite: bool
     values: dict[str, float]
+    counts: StepCounts  # rows, instances, real tokens, MLM predictions of the step over the model's ranks
     stop_requested: bool = False  # some rank received SIGTERM/SIGUSR1 before this step's all-reduce
     abort_elsewhere: bool = False  # codistillation: another group hit failures.max_consecutive_nonfinite
 
@@ -129,7 +129,6 @@ class PhaseTrainer:
         self.steps_this_process = 0
         self.step_callbacks: list[Callable[[PhaseTrainer], None]] = []  # run on every rank after each step
         self._batches: Iterator[dict[str, torch.Tensor]] | None = None
-        self.packing = PackingMeter()  # instances per row / padding share, logged as data/*
 
     def state_dict(self) -> dict[str, Any]:
         return self.state.state_dict()
@@ -141,7 +140,6 @@ class PhaseTrainer:
             self._batches = iter(loader)
         batch = next(self._batches)
         self.state.data_position += 1
-        self.packing.observe(batch)
         return {key: value.to(self.dist.device, non_blocking=True) for key, value in batch.items()}
 
     def loss(self, output: PretrainingOutput, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
@@ -154,11 +152,14 @@ class PhaseTrainer:
         """Accumulate `gradient_accumulation_steps` micro-batches, then one optimizer step.
 
         Statistics stay on the device until one all-reduce at the end (a single host sync per step),
-        which also carries this rank's stop request so the ranks agree on stopping for free.
+        which also carries this rank's stop request so the ranks agree on stopping for free, and the
+        step's work counts (rows, instances, real tokens, MLM predictions), so throughput counts every
+        rank's batches rather than extrapolating rank 0's.
         """
         phase_index = PHASE_NAMES.index(self.state.phase)
-        # sums over micro-batches: mlm loss, nsp loss, mlm correct, mlm count, nsp correct, nsp count, nonfinite
-        sums = torch.zeros(7, dtype=torch.float64, device=self.dist.device)
+        # sums over micro-batches: mlm loss, nsp loss, mlm correct, mlm count, nsp correct, nsp count, nonfinite,
+        # then the work counts: rows, instances, real tokens, MLM head rows
+        sums = torch.zeros(11, dtype=torch.float64, device=self.dist.device)
         extra_sums: dict[str, torch.Tensor] = {}
         for micro in range(self.accumulation):
             batch = self._next_batch()
@@ -172,14 +173,21 @@ class PhaseTrainer:
             with torch.no_grad():
                 finite = torch.isfinite(loss.detach()).double()
                 zero = torch.zeros((), dtype=torch.float64, device=sums.device)
+                mlm_correct, mlm_labelled = output.mlm_counts()  # head ran on every slot; empty ones excluded
+                # packed rows pad their unused NSP slots: the labelled ones are the instances
+                instances = (batch["next_sentence_label"] != IGNORE_INDEX).sum().double()
                 sums += torch.stack([
                     torch.where(finite > 0, output.mlm_loss.detach().double(), zero),
                     torch.where(finite > 0, output.nsp_loss.detach().double(), zero),
-                    (output.mlm_logits.argmax(-1) == output.mlm_labels).sum().double(),
-                    zero + output.mlm_labels.numel(),
+                    mlm_correct.double(),
+                    mlm_labelled.double(),
                     (output.nsp_logits.argmax(-1) == batch["next_sentence_label"]).sum().double(),
-                    (batch["next_sentence_label"] != IGNORE_INDEX).sum().double(),  # packed rows pad NSP slots
+                    instances,
                     1.0 - finite,
+                    zero + batch["input_ids"].size(0),
+                    instances,
+                    batch["attention_mask"].sum().double(),
+                    zero + output.mlm_labels.numel(),
                 ])
                 for key, value in extra.items():
                     value = torch.as_tensor(value, dtype=torch.float64, device=sums.device)
@@ -189,7 +197,9 @@ class PhaseTrainer:
         if dist.is_initialized() and self.dist.world_size > 1:
             dist.all_reduce(packed, group=self.reduce_group)
         reduced = packed.tolist()
-        mlm, nsp, mlm_ok, mlm_n, nsp_ok, nsp_n, nonfinite, stop = reduced[:8]
+        mlm, nsp, mlm_ok, mlm_n, nsp_ok, nsp_n, nonfinite = reduced[:7]
+        counts = StepCounts(*reduced[7:11])
+        stop = reduced[11]
         aborting_here = bool(nonfinite) and (
             self.state.consecutive_nonfinite + 1 >= self.config.failures.max_consecutive_nonfinite)
         abort_elsewhere = False
@@ -214,9 +224,9 @@ class PhaseTrainer:
         }
         values["loss/total"] = values["loss/mlm"] + values["loss/nsp"]
         divisor = self.accumulation * self.dist.world_size
-        values.update({key: total / divisor for key, total in zip(extra_sums, reduced[8:], strict=True)})
-        return StepResult(applied=applied, nonfinite=nonfinite > 0, values=values, stop_requested=stop > 0,
-                          abort_elsewhere=abort_elsewhere)
+        values.update({key: total / divisor for key, total in zip(extra_sums, reduced[12:], strict=True)})
+        return StepResult(applied=applied, nonfinite=nonfinite > 0, values=values, counts=counts,
+                          stop_requested=stop > 0, abort_elsewhere=abort_elsewhere)
 
     # ------------------------------------------------------------------ loop
     def step_metrics(self, result: StepResult) -> dict[str, float]:
@@ -229,13 +239,9 @@ class PhaseTrainer:
         values["loss_scale"] = float(getattr(wrapper, "cur_scale", getattr(wrapper, "loss_scale", 1.0)) or 1.0)
         values["failures/nonfinite_steps"] = float(self.state.nonfinite_steps)
         values["failures/skipped_steps"] = float(self.engine.skipped_steps)
-        values.update(self.throughput.step(self.global_batch))
+        values.update(self.throughput.step(result.counts))  # rows for device work, instances for useful work
         values.update(memory_stats(self.dist.device))
-        data = self.packing.take()
-        values.update(data)
-        if data:  # rank 0's micro-batches of this step stand for every rank's (same instance lengths on average)
-            values["perf/real_tokens_per_s"] = values["perf/tokens_per_s"] * (1.0 - data["data/padding_fraction"])
-            values["perf/instances_per_s"] = values["perf/seq_per_s"] * data["data/packing_factor"]
+        values.update(result.counts.data_stats(self.throughput.seq_len))
         return values
 
     def log_step(self, values: dict[str, float]) -> None:
@@ -259,13 +265,13 @@ class PhaseTrainer:
         if self.val_batches is None:
             return {}
         self.engine.eval()
-        sums = np.zeros(3)
+        sums = torch.zeros(3, dtype=torch.float64, device=self.dist.device)  # loss sum, correct, labelled
         count = min(self.config.logging.val_batches, len(self.val_batches))
         for batch in batch_loader(self.val_batches, 0, 0, count=count):
             batch = {key: value.to(self.dist.device) for key, value in batch.items()}
             output: PretrainingOutput = self.engine(**batch)
-            n = output.mlm_labels.numel()
-            sums += [output.mlm_loss.float().item() * n, (output.mlm_logits.argmax(-1) == output.mlm_labels).sum().item(), n]
+            correct, n = output.mlm_counts()  # labelled slots only
+            sums += torch.stack([output.mlm_loss.double() * n, correct.double(), n.double()])
         self.engine.train()
         loss_sum, correct, n = _all_reduce(sums.tolist(), self.dist.device, self.reduce_group)
         return {"val/mlm_loss": loss_sum / max(n, 1), "val/mlm_acc": correct / max(n, 1)}

@@ -113,6 +113,39 @@ def test_loss_matches_its_definition_with_averaged_teachers_and_t_squared() -> N
     assert distillation_loss(student[:0], targets[:0], temperature, "kl").item() == 0.0  # no masked positions
 
 
+@pytest.mark.parametrize("kind", ["kl", "soft_ce"])
+def test_distillation_over_labelled_slots_equals_the_loss_on_selected_rows(kind: str) -> None:
+    """The MLM head returns every slot; distilling with `valid` = the labelled mask has the value and gradient
+    of the previous loss over the labelled rows alone, and empty slots (even non-finite ones) add nothing."""
+    config = bert_config("tiny", 48, 64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(4)
+    student, teacher = build_model(config), build_model(config).eval()
+    ids = torch.randint(5, 48, (3, 20))
+    batch = {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "attention_mask": torch.ones_like(ids),
+             "masked_positions": torch.tensor([[1, 4, 7, 9], [2, 3, 0, 0], [5, 0, 0, 0]]),
+             "masked_labels": torch.tensor([[9, 10, 11, 12], [13, 14, -100, -100], [15, -100, -100, -100]]),
+             "next_sentence_label": torch.tensor([0, 1, 0])}
+    out = student(**batch)
+    with torch.no_grad():
+        targets = soft_targets([teacher(**batch).mlm_logits], 2.0)
+    mask = out.mlm_mask
+    assert out.mlm_logits.shape[0] == 12 and int(mask.sum()) == 7
+    logits = out.mlm_logits.detach().requires_grad_(True)
+    selected = logits.detach()[mask].requires_grad_(True)
+    masked = distillation_loss(logits, targets, 2.0, kind, valid=mask)
+    previous = distillation_loss(selected, targets[mask], 2.0, kind)  # what the boolean-select head gave
+    torch.testing.assert_close(masked, previous, rtol=1e-6, atol=1e-7)
+    masked.backward()
+    previous.backward()
+    torch.testing.assert_close(logits.grad[mask], selected.grad, rtol=1e-6, atol=1e-9)
+    assert torch.all(logits.grad[~mask] == 0)
+    poisoned = logits.detach().clone()
+    poisoned[~mask] = float("nan")
+    torch.testing.assert_close(distillation_loss(poisoned, targets, 2.0, kind, valid=mask), previous.detach())
+    none = torch.zeros_like(mask)
+    assert distillation_loss(logits, targets, 2.0, kind, valid=none).item() == 0.0  # no labelled slot
+
+
 def test_teacher_copy_is_frozen_and_receives_weights_exactly() -> None:
     config = bert_config("tiny", 48, 64)
     torch.manual_seed(3)

@@ -12,6 +12,7 @@ import shutil
 import pytest
 import torch
 
+from pretrain.fused_lamb import FusedKernels
 from pretrain.lamb import Lamb
 from pretrain.zero_lamb import ZeroLayout, partition_from_ranges
 
@@ -108,3 +109,46 @@ def test_separate_parameters_take_the_reference_step_even_when_fused() -> None:
     for p, q in zip(params, twins, strict=True):
         assert torch.equal(p, q)
     copy.deepcopy(fused.state_dict())  # the state stays a plain torch optimizer state
+
+
+@pytest.mark.parametrize("compiled", [
+    False,
+    pytest.param(True, marks=pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("cc") is None,
+                                                reason="inductor CPU needs a C compiler")),
+])
+def test_fused_step_of_a_bf16_partition_computes_with_fp32_scalars(compiled: bool) -> None:
+    """A bf16 flat (DeepSpeed's bf16_master_weights_and_grads) stepped by the fused kernels equals the fp32
+    reference step on the same values. Scalars cast to bf16 would not: beta2 = 0.999 becomes 1.0 (v stops
+    decaying) and 1 - beta1 = 0.1 becomes 0.10009766, which moves every trust ratio by ~1e-3."""
+    assert torch.tensor(0.999, dtype=torch.bfloat16).item() == 1.0  # what the old cast did to beta2
+    flats, all_ranges = flat_setup()
+    low = [f.bfloat16() for f in flats]
+    exact = [f.float() for f in low]  # the same values in fp32: the reference math
+    generator = torch.Generator().manual_seed(2)
+    fused = lamb_on_flats(low, all_ranges, fused=True)
+    reference = lamb_on_flats(exact, all_ranges, fused=False)
+    if not compiled:
+        fused._fused_kernels = FusedKernels(compiled=False, strict=True)  # the same flat math, eager
+    for low_flat, exact_flat, ranges in zip(low, exact, all_ranges, strict=True):
+        inside = segment_mask(exact_flat, ranges)
+        # a mid-training state (step 3) whose second moment dwarfs the new g*g: the step is mostly beta2 * v
+        m = (torch.randn(exact_flat.shape, generator=generator) * inside).bfloat16()
+        v = ((torch.rand(exact_flat.shape, generator=generator) + 0.5) * inside).bfloat16()
+        grad = (torch.randn(exact_flat.shape, generator=generator) * 0.1 * inside).bfloat16()
+        fused.state[low_flat] = {"step": 3, "exp_avg": m.clone(), "exp_avg_sq": v.clone()}
+        reference.state[exact_flat] = {"step": 3, "exp_avg": m.float(), "exp_avg_sq": v.float()}
+        low_flat.grad, exact_flat.grad = grad, grad.float()
+    fused.step()
+    reference.step()
+    assert fused._fused_kernels is not None and fused._fused_kernels.compiled == compiled
+    # the trust ratios see the fp32 direction and fp32 norms: fp32 agreement, far inside the 1e-3 of a bf16 cast
+    torch.testing.assert_close(fused.last_trust_ratios(), reference.last_trust_ratios(), rtol=1e-5, atol=0.0)
+    for low_flat, exact_flat, original, ranges in zip(low, exact, flats, all_ranges, strict=True):
+        assert low_flat.dtype == fused.state[low_flat]["exp_avg_sq"].dtype == torch.bfloat16
+        # stored values: the fp32 result rounded once to bf16 (within one bf16 ulp of it)
+        torch.testing.assert_close(low_flat.float(), exact_flat, rtol=2**-8, atol=1e-6)
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(fused.state[low_flat][key].float(), reference.state[exact_flat][key],
+                                       rtol=2**-8, atol=1e-6)
+        inside = segment_mask(original, ranges)
+        assert torch.equal(low_flat[~inside], original[~inside].bfloat16())  # gaps untouched

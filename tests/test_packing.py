@@ -12,10 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from pretrain.data import Collator, RankBatches, open_phase_data
-from pretrain.model import IGNORE_INDEX, bert_config, build_model
-from pretrain.packing import PackingMeter, first_fit_decreasing
+from pretrain.model import IGNORE_INDEX, PretrainingOutput, SparseBertForPreTraining, bert_config, build_model
+from pretrain.packing import MAX_INSTANCES_PER_ROW, PackingMeter, first_fit_decreasing
 from tests.launch_util import child_env
 from tests.scripts.pretrain_fixtures import REPO_ROOT, build_shards, tiny_run_config
 
@@ -78,10 +79,14 @@ def test_packed_layout_keeps_every_instance(shards: Path) -> None:
             assert torch.equal(packed["position_ids"][r, where], torch.arange(len(where)))
             assert int(packed["cls_positions"][r, k - 1]) == int(where[0])
             assert int(packed["input_ids"][r, where[0]]) == data.vocab.cls_id
-    # the MLM labels are the same multiset (masking drew from the rng in the same instance order)
-    assert sorted(packed["masked_labels"][packed["masked_labels"] != IGNORE_INDEX].tolist()) == sorted(
-        plain["masked_labels"][plain["masked_labels"] != IGNORE_INDEX].tolist()
-    )
+    # MLM targets per instance, in input order (masking drew from the rng in the same instance order): the head
+    # runs on as many slots as unpacked, and each flat position points at the same token as unpacked
+    assert packed["masked_positions"].shape == plain["masked_positions"].shape == (10, data.max_predictions)
+    assert torch.equal(packed["masked_labels"], plain["masked_labels"])
+    labelled = plain["masked_labels"] != IGNORE_INDEX
+    rows_of_instances = torch.arange(10).unsqueeze(1).expand_as(labelled)
+    assert torch.equal(packed["input_ids"].reshape(-1)[packed["masked_positions"][labelled]],
+                       plain["input_ids"][rows_of_instances[labelled], plain["masked_positions"][labelled]])
     meter = PackingMeter()
     meter.observe(packed)
     stats = meter.take()
@@ -111,7 +116,8 @@ def test_packed_losses_and_gradients_equal_unpacked(shards: Path) -> None:
     a, b = outputs
     torch.testing.assert_close(b.mlm_loss, a.mlm_loss, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(b.nsp_loss, a.nsp_loss, rtol=1e-5, atol=1e-6)
-    assert a.mlm_labels.numel() == b.mlm_labels.numel() > 12
+    assert torch.equal(a.mlm_labels, b.mlm_labels) and int(a.mlm_mask.sum()) > 12  # same slots, same order
+    torch.testing.assert_close(b.mlm_logits, a.mlm_logits, rtol=1e-5, atol=1e-5)  # empty slots too: each [CLS]
     # NSP logits of the real slots, in packed order, equal the unpacked ones of the same instances
     real = packed["next_sentence_label"] != IGNORE_INDEX
     assert int(real.sum()) == 12
@@ -119,6 +125,83 @@ def test_packed_losses_and_gradients_equal_unpacked(shards: Path) -> None:
     assert grads[0].keys() == grads[1].keys()
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def model_and_encoder_output(
+    model: SparseBertForPreTraining, batch: dict[str, torch.Tensor]
+) -> tuple[PretrainingOutput, torch.Tensor]:
+    """The model's output and the encoder's sequence output of the same forward (a hook, no second pass)."""
+    captured: list[torch.Tensor] = []
+    handle = model.bert.register_forward_hook(lambda module, args, output: captured.append(output[0]))
+    try:
+        output = model(**batch)
+    finally:
+        handle.remove()
+    return output, captured[0]
+
+
+def boolean_select_head(
+    model: SparseBertForPreTraining, sequence_output: torch.Tensor, positions: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """The previous MLM head, verbatim: gather, keep the labelled slots with a boolean index (a data-dependent
+    shape: a host sync on GPU), head on those; mean cross-entropy, correct predictions, labelled count."""
+    hidden = sequence_output.size(-1)
+    index = positions.long().unsqueeze(-1).expand(-1, -1, hidden)
+    gathered = torch.gather(sequence_output, 1, index)
+    valid = labels.reshape(-1) != IGNORE_INDEX
+    logits = model.cls.predictions(gathered.reshape(-1, hidden)[valid])
+    target = labels.reshape(-1)[valid].long()
+    loss = F.cross_entropy(logits.float(), target, reduction="mean")
+    return loss, logits, int((logits.argmax(-1) == target).sum()), target.numel()
+
+
+def previous_packed_layout(batch: dict[str, torch.Tensor], seq_len: int, slots: int) -> tuple[torch.Tensor, ...]:
+    """The previous packed MLM layout, rebuilt from the new one: [rows, slots] row-relative positions, the
+    targets of a row's instances one after another."""
+    rows = batch["input_ids"].size(0)
+    positions = torch.zeros(rows, slots, dtype=torch.long)
+    labels = torch.full((rows, slots), IGNORE_INDEX, dtype=torch.long)
+    filled = [0] * rows
+    for flat, label in zip(batch["masked_positions"].reshape(-1).tolist(), batch["masked_labels"].reshape(-1).tolist(),
+                           strict=True):
+        if label != IGNORE_INDEX:
+            row, position = divmod(flat, seq_len)
+            positions[row, filled[row]], labels[row, filled[row]] = position, label
+            filled[row] += 1
+    return positions, labels
+
+
+def test_fixed_size_head_equals_the_boolean_select_head(shards: Path) -> None:
+    """Loss and accuracy counts of the fixed-size head (every slot, IGNORE_INDEX ignored) equal the previous
+    boolean-select head on the same hidden states, unpacked and packed, with many empty slots."""
+    reader_data = open_phase_data(shards, 32, None, "data.shards")
+    rows = [RankBatches(reader_data, "train", 2, 0, 1, 12).reader[i] for i in range(12)]
+    # masking draws at most 5 targets per instance here: 8 slots leave 3..6 of them empty
+    data = dataclasses.replace(reader_data, seq_len=128, max_predictions=8)
+    plain = Collator(data, packing=False)(rows, np.random.default_rng(5))
+    packed = Collator(data, packing=True)(rows, np.random.default_rng(5))
+    config = bert_config("tiny", vocab_size=data.vocab.size, max_position_embeddings=128,
+                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    model = build_model(config)
+    with torch.no_grad():  # relabel every other target with the model's own guess: accuracy counts are not 0
+        guess = model(**plain).mlm_logits.argmax(-1).reshape(12, 8)
+    relabel = (plain["masked_labels"] != IGNORE_INDEX) & (torch.arange(8) % 2 == 0)
+    for batch in (plain, packed):
+        batch["masked_labels"] = torch.where(relabel, guess, batch["masked_labels"])
+    layouts = {"unpacked": (plain, plain["masked_positions"], plain["masked_labels"]),
+               "packed": (packed, *previous_packed_layout(packed, 128, MAX_INSTANCES_PER_ROW * 8))}
+    for name, (batch, positions, labels) in layouts.items():
+        with torch.no_grad():
+            output, sequence_output = model_and_encoder_output(model, batch)
+            loss, logits, correct, count = boolean_select_head(model, sequence_output, positions, labels)
+        assert output.mlm_logits.shape == (12 * 8, config.vocab_size), name  # instances x max_predictions rows
+        assert 12 < count < output.mlm_labels.numel(), name  # there were empty slots to ignore
+        torch.testing.assert_close(output.mlm_loss, loss, rtol=1e-6, atol=1e-7, msg=name)
+        mlm_correct, mlm_count = output.mlm_counts()  # what the trainer's acc/mlm and validation sum
+        assert (int(mlm_correct), int(mlm_count)) == (correct, count) and correct > 0, name
+        if name == "unpacked":  # same slot order: the logits themselves
+            torch.testing.assert_close(output.mlm_logits[output.mlm_mask], logits, rtol=1e-6, atol=1e-6)
 
 
 def test_packed_bad_inputs_fail_clearly() -> None:
@@ -150,6 +233,12 @@ def test_packed_training_run_logs_the_packing_factor(tmp_path: Path, shards: Pat
     for line in steps:
         assert line["data/packing_factor"] > 1.0 and 0.0 <= line["acc/nsp"] <= 1.0
         assert np.isfinite(line["loss/total"])
+        # device work counts rows, useful work instances: 6 x 2 accumulated instances laid into fewer rows
+        rows = line["perf/seq_per_s"] * line["perf/step_s"]
+        assert line["perf/instances_per_s"] * line["perf/step_s"] == pytest.approx(12)
+        assert rows == pytest.approx(round(rows)) and 2 <= round(rows) < 12
+        assert line["data/packing_factor"] == pytest.approx(12 / round(rows))
+        assert line["perf/tokens_per_s"] == pytest.approx(line["perf/seq_per_s"] * 64)
         # useful work: every packed instance counted, padding slots not
         assert line["perf/instances_per_s"] == pytest.approx(line["perf/seq_per_s"] * line["data/packing_factor"])
         assert line["perf/real_tokens_per_s"] == pytest.approx(
