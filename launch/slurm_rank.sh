@@ -13,6 +13,12 @@ done
 
 export RANK=$SLURM_PROCID
 export LOCAL_RANK=$SLURM_LOCALID
+# LOCAL_RANK is the device index DeepSpeed binds. Sites that bind one GPU per task (--gpus-per-task=1,
+# --gpu-bind=single:1) show each task only its own GPU, as index 0, whatever its SLURM_LOCALID.
+IFS=, read -r -a visible <<<"${CUDA_VISIBLE_DEVICES:-}"
+if ((${#visible[@]} == 1)) && [[ -n "${visible[0]// /}" ]]; then
+    export LOCAL_RANK=0
+fi
 export WORLD_SIZE=$SLURM_NTASKS
 export NODE_RANK=${SLURM_NODEID:-0}
 # Tasks per node as SLURM counts them ("4(x2)" on homogeneous allocations -> 4).

@@ -35,6 +35,10 @@ class RunSection:
     phases: list[str] = field(default_factory=lambda: list(PHASE_NAMES))  # which phases to run, in order
     precision: str = "auto"  # auto (bf16 on GPUs that have it, else fp16 on GPU, fp32 on CPU) | fp32 | bf16 | fp16
     stop_after_steps: int | None = None  # checkpoint and exit after this many optimizer steps of this process
+    # How long a collective waits for a busy rank before the job fails. Rank 0 alone hashes every shard at
+    # start-up and exports at each phase end while the other ranks wait in a collective; DeepSpeed's default
+    # (10 minutes) fails a large run that is only slow there. A hung rank is found this late too.
+    dist_timeout_minutes: int = 120
 
 
 @dataclass
@@ -262,6 +266,8 @@ def check_values(config: RunConfig) -> None:
         raise ConfigError(f"checkpoint.keep_last: must be >= 1, got {config.checkpoint.keep_last}")
     if config.run.stop_after_steps is not None and config.run.stop_after_steps <= 0:
         raise ConfigError(f"run.stop_after_steps: must be > 0, got {config.run.stop_after_steps}")
+    if config.run.dist_timeout_minutes < 1:
+        raise ConfigError(f"run.dist_timeout_minutes: must be >= 1, got {config.run.dist_timeout_minutes}")
     if config.failures.max_consecutive_nonfinite < 1:
         raise ConfigError("failures.max_consecutive_nonfinite: must be >= 1")
     if config.data.num_workers < 0:

@@ -21,6 +21,7 @@ import os
 import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,11 @@ __all__ = [
     "EXACT_LAMB_TYPE",
     "DistInfo",
     "build_engine",
+    "check_ds_config",
     "client_optimizer",
+    "device_index",
     "init_distributed",
+    "process_group_backend",
     "weight_decay_param_groups",
 ]
 
@@ -58,8 +62,14 @@ _EXACT_LAMB_PARAMS = (
 class DistInfo:
     rank: int
     world_size: int
-    local_rank: int
+    local_rank: int  # the accelerator index this rank uses (see device_index), also LOCAL_RANK from then on
     device: torch.device
+
+
+# Rank 0 alone hashes every shard before training and exports at each phase end while the other ranks
+# wait in a collective; DeepSpeed's default process-group timeout (10 minutes, DEEPSPEED_TIMEOUT) would
+# abort a job whose rank 0 is merely busy. RunConfig's run.dist_timeout_minutes has the same default.
+DIST_TIMEOUT_MINUTES = 120
 
 
 # ---------------------------------------------------------------------- process groups
@@ -112,24 +122,59 @@ def _release_cpu_shm_names(rank: int, world_size: int) -> None:
     DeepSpeed's shm.cpp creates one ~66 MiB segment per rank and never unlinks it, so every CPU job
     left them in /dev/shm (RAM) for good: hundreds of test launches filled a 24 GB machine. Its
     initialization returns only after a rank has mapped every other rank's segment, so after a
-    barrier the names can go; the mappings live on until the processes exit.
+    barrier the names can go; the mappings live on until the processes exit. A world of one creates
+    its segment too (and maps no other), so it unlinks at once.
     """
-    if world_size < 2:
-        return
-    dist.barrier()  # on every rank alike (whether a segment exists is not for each rank to decide)
+    if world_size > 1:
+        dist.barrier()  # on every rank alike (whether a segment exists is not for each rank to decide)
     cpu_shm_segment(rank).unlink(missing_ok=True)
 
 
-def init_distributed() -> DistInfo:
-    """Join (or create) the default process group; idempotent. nccl with CUDA, else gloo."""
+def process_group_backend(device_name: str, communication_backend: str) -> str:
+    """The torch.distributed backend for the accelerator DeepSpeed uses, not for the hardware present.
+
+    `--cpu` (DS_ACCELERATOR=cpu) on a machine with GPUs keeps every tensor on the CPU, which NCCL
+    cannot reduce, so the choice follows the accelerator: cpu -> gloo (DeepSpeed's shared-memory
+    all-reduce sits on top of it), cuda -> nccl, anything else -> that accelerator's own backend.
+    """
+    if device_name == "cpu":
+        return "gloo"
+    if device_name == "cuda":
+        return "nccl"
+    return communication_backend
+
+
+def device_index(local_rank: int, visible_devices: str | None) -> int:
+    """The accelerator index a rank uses: its local rank, unless it sees exactly one device.
+
+    SLURM's per-task GPU binding (`--gpus-per-task=1`, `--gpu-bind=single:1`) hands each task a
+    CUDA_VISIBLE_DEVICES with one entry, so the only device the process can open is index 0, whatever
+    its SLURM_LOCALID; using the local rank would fail with an invalid device ordinal on every task
+    but the first of a node.
+    """
+    devices = [entry for entry in (visible_devices or "").split(",") if entry.strip()]
+    return 0 if len(devices) == 1 else local_rank
+
+
+def init_distributed(timeout_minutes: int = DIST_TIMEOUT_MINUTES) -> DistInfo:
+    """Join (or create) the default process group; idempotent (a second call keeps the first timeout).
+
+    The backend follows the accelerator (process_group_backend); collectives wait up to
+    `timeout_minutes` for a busy peer (see DIST_TIMEOUT_MINUTES). LOCAL_RANK is rewritten to the
+    device index (device_index) before DeepSpeed reads it to bind the device.
+    """
+    accelerator = get_accelerator()
     if not dist.is_initialized():
         _fill_rendezvous_env()
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
-        if backend == "gloo":
+        local = device_index(int(os.environ["LOCAL_RANK"]), os.environ.get("CUDA_VISIBLE_DEVICES"))
+        os.environ["LOCAL_RANK"] = str(local)
+        backend = process_group_backend(accelerator.device_name(), accelerator.communication_backend_name())
+        deepspeed.init_distributed(
+            dist_backend=backend, auto_mpi_discovery=False, timeout=timedelta(minutes=timeout_minutes)
+        )
+        if accelerator.device_name() == "cpu":
             _release_cpu_shm_names(dist.get_rank(), dist.get_world_size())
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    accelerator = get_accelerator()
     if accelerator.device_name() == "cpu":
         device = torch.device("cpu")
     else:
@@ -216,6 +261,19 @@ def _refuse_low_precision_without_zero(config: dict[str, Any]) -> None:
         )
 
 
+def check_ds_config(ds_config: dict[str, Any]) -> None:
+    """Every check `build_engine` makes on a DeepSpeed dict, without a model or a process group.
+
+    The driver runs it for every phase before phase 1 starts, so a bad phase-2 JSON (an unknown LAMB
+    key, bf16 at ZeRO stage 0, a negative beta) is a config error at start-up, not a traceback hours
+    later. Raises ValueError naming the key.
+    """
+    optimizer_type, params = _optimizer_block(ds_config)
+    if optimizer_type == EXACT_LAMB_TYPE:
+        _refuse_low_precision_without_zero(ds_config)
+        Lamb([torch.zeros(1, requires_grad=True)], **_exact_lamb_kwargs(params))  # its own range checks
+
+
 # ---------------------------------------------------------------------- engine
 def build_engine(
     model: torch.nn.Module,
@@ -232,6 +290,7 @@ def build_engine(
         raise TypeError(f"ds_config must be a dict (a parsed DeepSpeed JSON), got {type(ds_config).__name__}")
     init_distributed()
     config = copy.deepcopy(ds_config)
+    check_ds_config(config)
     optimizer_type, params = _optimizer_block(config)
     if lr_schedule is not None and "scheduler" in config:
         raise ValueError('ds_config has a "scheduler" block and an lr_schedule was given: keep only one')

@@ -137,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=4, help="optimizer steps per phase")
     parser.add_argument("--seq-lens", default=None, help="phase1,phase2 lengths of the shards (default: the recipe's)")
     args = parser.parse_args(argv)
+    if not (args.shards / "manifest.json").is_file():
+        print(f"error: --shards {args.shards}: no manifest.json (make shards with ./launch.sh prep first)",
+              file=sys.stderr)
+        return 2
     try:
         run = json.loads(args.config.read_text(encoding="utf-8"))
         lengths = None

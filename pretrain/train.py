@@ -13,6 +13,7 @@ build the engine, train, checkpoint, export.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import sys
 from collections.abc import Callable
@@ -34,7 +35,7 @@ from pretrain.checkpoint import (
 from pretrain.codistill import Codistillation
 from pretrain.config import ConfigError, RunConfig, load_config, phase_ds_config
 from pretrain.data import DataConfigError, PhaseData, RankBatches, open_phase_data
-from pretrain.engine import DistInfo, build_engine, client_optimizer, init_distributed
+from pretrain.engine import DistInfo, build_engine, check_ds_config, client_optimizer, init_distributed
 from pretrain.export import EXPORT_INFO, export_checkpoint, load_weights
 from pretrain.lamb import Lamb, bind_zero_layout
 from pretrain.metrics import MetricsWriter, Throughput, flops_per_sequence, peak_tflops
@@ -85,6 +86,13 @@ def plan_run(config: RunConfig, dist_info: DistInfo, verify_checksums: bool) -> 
     ds_configs = {
         name: phase_ds_config(config, name, dist_info.world_size, device.type, bf16_ok) for name in config.run.phases
     }
+    for name, ds in ds_configs.items():  # what build_engine would refuse, refused now for every phase
+        try:
+            check_ds_config(ds)
+        except ValueError as err:
+            precision = "bf16" if ds["bf16"]["enabled"] else "fp16" if ds["fp16"]["enabled"] else "fp32"
+            raise ConfigError(f"{name}.ds_config ({config.phase(name).ds_config}, run.precision={config.run.precision} "
+                              f"-> {precision}): {err}") from err
     resolved = {
         **config.to_dict(),
         "resolved": {
@@ -148,7 +156,7 @@ def run_phase(
     metrics: MetricsWriter,
     stop: StopRequest,
     resume_tag: str | None,
-    init_weights: dict[str, torch.Tensor] | None,
+    init_weights: WeightReader | None,
     samples_seen: int,
     step_callbacks: list[Callable[[PhaseTrainer], None]],
     steps_done_in_process: int,
@@ -160,7 +168,8 @@ def run_phase(
     model_config = bert_config_from_plan(plan)
     model = build_model(model_config, config.model.activation_checkpointing)
     if init_weights is not None:
-        load_weights(model, init_weights, f"{name} initial weights")
+        source = (codistill.layout.first_rank, codistill.reduce_group) if codistill else (0, None)
+        load_initial_weights(model, init_weights, f"{name} initial weights", dist_info, *source)
     schedule = WarmupPolyDecay(phase.steps, phase.warmup_fraction, phase.decay_power)
     ds = plan.ds_configs[name]
     counts = count_parameters(model)
@@ -186,7 +195,8 @@ def run_phase(
         phase.seq_len, data.max_predictions,
     )
     throughput = Throughput(flops, phase.seq_len, dist_info.world_size,
-                            peak_tflops(dist_info.device, precision, config.logging.peak_tflops))
+                            peak_tflops(dist_info.device, precision, config.logging.peak_tflops),
+                            head_flops_per_prediction=6.0 * counts["mlm_head"], predictions_per_seq=data.max_predictions)
     trainer = PhaseTrainer(config, plan.resolved, dist_info, engine, train_batches, val_batches, checkpoints,
                            metrics, throughput, state, stop, extra_loss,
                            reduce_group=codistill.reduce_group if codistill else None)
@@ -205,6 +215,36 @@ def run_phase(
     return outcome, trainer
 
 
+WeightReader = Callable[[], dict[str, torch.Tensor]]  # reads a phase's initial fp32 weights from disk
+
+
+def load_initial_weights(
+    model: torch.nn.Module, read: WeightReader, source: str, dist_info: DistInfo, src: int, group: Any
+) -> None:
+    """The model's first rank reads (and consolidates) the weights once; the other ranks receive them.
+
+    Every rank reading a phase-1 checkpoint itself would make N ranks each read every rank's partition
+    (an I/O storm of N x checkpoint size on a shared file system at 256 ranks). A read error is
+    shared first, so all ranks fail together with the same message. `src` is the global rank of this
+    model's first rank, `group` its process group (None: the world).
+    """
+    error: list[str | None] = [None]
+    if dist_info.rank == 0:
+        try:
+            load_weights(model, read(), source)
+        except (ConfigError, FileNotFoundError, ValueError) as err:
+            error[0] = str(err)
+    if dist_info.world_size > 1 and dist.is_initialized():
+        dist.broadcast_object_list(error, src=src, group=group)
+    if error[0] is not None:
+        raise ConfigError(error[0])
+    if dist_info.world_size > 1 and dist.is_initialized():
+        model.to(dist_info.device)  # NCCL broadcasts device tensors; the engine would move it there anyway
+        with torch.no_grad():
+            for tensor in [*model.parameters(), *model.buffers()]:
+                dist.broadcast(tensor.data, src=src, group=group)
+
+
 def bert_config_from_plan(plan: RunPlan) -> BertConfig:
     return BertConfig.from_dict(plan.resolved["resolved"]["model_config"])
 
@@ -219,7 +259,7 @@ def train(
     step_callbacks run on every rank after each optimizer step; extra_loss is added to the task loss
     (see PhaseTrainer) — the hooks tests and codistillation use.
     """
-    dist_info = init_distributed()
+    dist_info = init_distributed(config.run.dist_timeout_minutes)
     codistill = None
     if config.codistill.enabled:
         # Each group runs this function as a job of its own: its seed, folders, ranks (see pretrain/codistill.py).
@@ -273,10 +313,10 @@ def train(
             elif saved is not None and saved["phase"] > name:
                 continue  # this run is already past this phase
             elif config.phase(name).init_from:
-                init = initial_weights(config.phase(name).init_from, plan.resolved["resolved"]["vocab_sha256"],
-                                       f"{name}.init_from")
+                init = functools.partial(initial_weights, config.phase(name).init_from,
+                                         plan.resolved["resolved"]["vocab_sha256"], f"{name}.init_from")
             elif saved is not None:  # the previous phase's end checkpoint
-                init = consolidated_state_dict(checkpoints.root, latest)
+                init = functools.partial(consolidated_state_dict, checkpoints.root, latest)
             outcome, trainer = run_phase(name, config, plan, dist_info, checkpoints, metrics, stop, resume_tag, init,
                                          samples_seen, step_callbacks or [], steps_done, extra_loss, codistill)
             steps_done = trainer.steps_this_process

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import deepspeed
@@ -11,10 +13,20 @@ import pytest
 import torch
 from torch import nn
 
-from pretrain.engine import DistInfo, build_engine, client_optimizer, init_distributed
+from pretrain.engine import (
+    DistInfo,
+    build_engine,
+    client_optimizer,
+    device_index,
+    init_distributed,
+    process_group_backend,
+)
 from pretrain.lamb import Lamb, UnboundZeroLayoutError, bind_zero_layout
 from pretrain.zero_lamb import ZeroLayout
-from tests.launch_util import deepspeed_cpu_env
+from tests.launch_util import deepspeed_cpu_env, free_port
+from tests.scripts.pretrain_fixtures import build_shards, tiny_run_config
+
+PROBE = Path(__file__).parent / "scripts" / "one_rank_probe.py"
 
 
 def tiny_model() -> nn.Module:
@@ -150,3 +162,52 @@ def test_init_distributed_from_slurm_environment() -> None:
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-4:] == ["0", "1", "0", str(20000 + 4321 % 20000)]
+
+
+@pytest.mark.parametrize(
+    ("device", "accelerator_backend", "expected"),
+    [("cpu", "gloo", "gloo"), ("cpu", "ccl", "gloo"), ("cuda", "nccl", "nccl"), ("xpu", "ccl", "ccl")],
+)
+def test_backend_follows_the_accelerator_not_the_hardware(
+    device: str, accelerator_backend: str, expected: str
+) -> None:
+    # --cpu on a CUDA machine: the accelerator is "cpu" whatever torch.cuda.is_available() says.
+    assert process_group_backend(device, accelerator_backend) == expected
+
+
+@pytest.mark.parametrize(
+    ("local_rank", "visible", "expected"),
+    [(3, "2", 0), (3, " 7 ", 0), (3, "0,1,2,3", 3), (3, None, 3), (3, "", 3), (1, "4,5", 1),
+     (0, "GPU-6f1c", 0)],
+)
+def test_device_index_is_zero_when_the_task_sees_one_device(
+    local_rank: int, visible: str | None, expected: int
+) -> None:
+    assert device_index(local_rank, visible) == expected
+
+
+def test_one_process_run_gets_its_timeout_and_backend_and_leaves_no_shm(tmp_path: Path) -> None:
+    """A real 1-process `pretrain.train` (srun-style variables, one GPU bound to the task): the process
+    group is gloo with run.dist_timeout_minutes, LOCAL_RANK became the device index 0, and DeepSpeed's
+    66 MiB CPU all-reduce segment, which it creates for a world of one too, is gone from /dev/shm."""
+    shards = build_shards(tmp_path / "shards", seq_lens=(32,), train=32, val=8)
+    config = tiny_run_config(tmp_path / "run.json", shards, tmp_path / "run")
+    env = {k: v for k, v in deepspeed_cpu_env().items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(SLURM_PROCID="0", SLURM_NTASKS="1", SLURM_LOCALID="3", SLURM_JOB_ID="77",
+               CUDA_VISIBLE_DEVICES="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+               LOCAL_SIZE="1")  # what the DeepSpeed launcher sets; shm.cpp maps segments only when it matches
+    out = tmp_path / "probe.json"
+    args = ["--config", str(config), '--run.phases=["phase1"]', "--phase1.steps=1",
+            "--run.dist_timeout_minutes=77", "--checkpoint.export_at_phase_end=false",
+            "--logging.tensorboard=false"]
+    proc = subprocess.run([sys.executable, str(PROBE), str(out), *args], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(out.read_text())
+    assert seen["backend"] == "gloo"
+    assert seen["timeout_s"] == 77 * 60
+    assert (seen["local_rank"], seen["device_local_rank"]) == ("0", 0)
+    if not seen["segment_mapped"]:
+        pytest.skip("DeepSpeed's CPU shared-memory all-reduce is not available on this machine")
+    assert not seen["segment_listed"]  # unlinked while the process still had it mapped
+    assert not Path(seen["segment"]).exists()

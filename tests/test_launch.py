@@ -151,6 +151,22 @@ def test_slurm_dry_run(tmp_path: Path, run_json: Path) -> None:
     ]  # fmt: skip
 
 
+def test_slurm_passes_cpus_per_task_to_srun_and_omp(tmp_path: Path, run_json: Path) -> None:
+    # Since Slurm 22.05 srun does not inherit the batch job's --cpus-per-task: launch.sh passes it on.
+    env = slurm_env("gpu-[007-008]", SLURM_GPUS_ON_NODE="4", SLURM_CPUS_PER_TASK="6")
+    proc = launch(["--dry-run", "pretrain", "--config", "run.json"], tmp_path, **env)
+    assert proc.returncode == 0, proc.stderr
+    commands = printed_commands(proc.stdout)
+    assert commands[-1][:6] == [
+        "srun", "--nodes=2", "--ntasks-per-node=4", "--ntasks=8", "--cpus-per-task=6", "--kill-on-bad-exit=1",
+    ]  # fmt: skip
+    assert exported(commands)["OMP_NUM_THREADS"] == "6"
+    proc = launch(["--dry-run", "pretrain", "--config", "run.json"], tmp_path, OMP_NUM_THREADS="3", **env)
+    commands = printed_commands(proc.stdout)
+    assert "--cpus-per-task=6" in commands[-1]
+    assert exported(commands)["OMP_NUM_THREADS"] == "3"  # the user's own setting wins
+
+
 @pytest.mark.parametrize(
     ("nodelist", "gpus_env", "master", "per_node"),
     [
@@ -180,6 +196,13 @@ def test_slurm_rank_wrapper_maps_slurm_variables(tmp_path: Path) -> None:
     proc = subprocess.run(["bash", str(wrapper), "python3", "-c", probe], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["5", "1", "8", "2", "4"]
+    # One GPU bound per task (--gpus-per-task=1): the task's only device is index 0, not SLURM_LOCALID.
+    for visible, local_rank in (("3", "0"), ("GPU-6f1c", "0"), ("0,1,2,3", "1"), ("", "1")):
+        bound = {**env, "CUDA_VISIBLE_DEVICES": visible}
+        command = ["bash", str(wrapper), "python3", "-c", probe]
+        proc = subprocess.run(command, env=bound, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split()[1] == local_rank, (visible, proc.stdout)
     del env["MASTER_ADDR"]
     proc = subprocess.run(["bash", str(wrapper), "true"], env=env, capture_output=True, text=True)
     assert proc.returncode == 2 and "MASTER_ADDR is unset" in proc.stderr
@@ -205,6 +228,9 @@ def test_slurm_rank_wrapper_maps_slurm_variables(tmp_path: Path) -> None:
         (["pretrain", "--config", "run.json", "--nodes", "2", "--gpus", "1"], {}, "--nodes 2 needs --hostfile"),
         (["pretrain", "--config", "run.json", "--gpus", "4"], {"SLURM_JOB_ID": "7"}, "SLURM_JOB_NODELIST is unset"),
         (["pretrain", "--config", "run.json"], {"SLURM_JOB_ID": "7"}, "how many GPUs each node of SLURM job 7"),
+        (["pretrain", "--config", "run.json", "--gpus", "4"],
+         {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1", "SLURM_CPUS_PER_TASK": "all"},
+         "SLURM_CPUS_PER_TASK must be a positive integer, got 'all'"),
         (["pretrain", "--config", "run.json", "--hostfile", "hosts", "--nodes", "3"], {}, "lists 2 host(s)"),
         (["pretrain", "--config", "run.json", "--nodes", "3", "--gpus", "1"], {"SLURM_JOB_ID": "7", "SLURM_NNODES": "2",
          "SLURM_JOB_NODELIST": "n[1-2]"}, "--nodes 3 but SLURM job 7 has 2 node(s)"),
