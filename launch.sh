@@ -40,7 +40,85 @@ show() {
 run() {
     show "$@"
     if ((DRY_RUN)); then return 0; fi
-    "$@"
+    if ((FORWARD_SIGNALS)); then
+        run_forwarding_signals "$@"
+    else
+        "$@"
+    fi
+}
+
+# ----------------------------------------------------------------------------- signals
+# A supervisor stops a job by signalling launch.sh or its process group: SIGTERM (a scheduler, a
+# container runtime), SIGUSR1 (SLURM before the time limit), SIGINT (Ctrl-C). The ranks must get it,
+# checkpoint and exit, and launch.sh must wait for them and exit with their status. So the launcher
+# runs in a process group of its own (a signal to ours reaches launch.sh only) and launch.sh delivers
+# each signal itself: with the local DeepSpeed launcher straight to the ranks, its grandchildren
+# (that launcher would SIGKILL them 30 s after forwarding, dies of SIGUSR1 and exits 1 whatever the
+# ranks did); otherwise to the child: the one plain rank, srun (forwards to its tasks), or the pdsh
+# runner (handles TERM and INT only, so SIGUSR1 reaches it as SIGTERM).
+FORWARD_SIGNALS=0 CHILD_PID="" PENDING_SIGNAL=""
+
+child_pids() { # $1 = a pid: its children's pids, one a line (read from /proc: no procps needed)
+    local stat line fields
+    for stat in /proc/[0-9]*/stat; do
+        { read -r line <"$stat"; } 2>/dev/null || continue
+        fields=(${line##*) }) # after "pid (command name)": state, ppid, ...
+        if [[ "${fields[1]:-}" == "$1" ]]; then echo "${line%% *}"; fi
+    done
+    return 0
+}
+
+signal_targets() { # the pids a forwarded signal goes to; none while the local ranks are starting
+    local launcher
+    if [[ "$LAUNCHER" == local ]]; then
+        for launcher in $(child_pids "$CHILD_PID"); do child_pids "$launcher"; done
+    else
+        echo "$CHILD_PID"
+    fi
+    return 0
+}
+
+deliver_pending() {
+    local signal=$PENDING_SIGNAL targets
+    [[ "$LAUNCHER" != hostfile || "$signal" != USR1 ]] || signal=TERM
+    targets=$(signal_targets)
+    [[ -n "$targets" ]] || return 0 # retried while waiting
+    echo "launch.sh: forwarding SIG$signal to" $targets >&2
+    kill -s "$signal" $targets 2>/dev/null || true
+    PENDING_SIGNAL=""
+}
+
+on_signal() {
+    PENDING_SIGNAL=$1
+    deliver_pending
+}
+
+# Run "$@" in the background, in its own process group, and return its exit status once it is gone;
+# signals that reach launch.sh meanwhile are delivered as described above.
+run_forwarding_signals() {
+    local status=0
+    trap 'on_signal TERM' TERM
+    trap 'on_signal INT' INT
+    trap 'on_signal USR1' USR1
+    # Job control: the child leads a new process group and keeps SIGINT (not ignored). Its stdin is
+    # /dev/null: a background group reading the terminal (srun, ssh under pdsh) would be stopped.
+    set -m
+    "$@" </dev/null &
+    CHILD_PID=$!
+    set +m
+    while :; do
+        if [[ -n "$PENDING_SIGNAL" ]] && kill -0 "$CHILD_PID" 2>/dev/null; then
+            sleep 0.2 # the ranks are not started yet: deliver as soon as they are
+            deliver_pending
+            continue
+        fi
+        status=0
+        wait "$CHILD_PID" || status=$?
+        # wait also returns when a trapped signal arrives; the child is gone only when kill -0 fails.
+        kill -0 "$CHILD_PID" 2>/dev/null || break
+    done
+    trap - TERM INT USR1
+    return "$status"
 }
 
 # An input that an earlier step produces may be missing in a --dry-run of a pipeline: warn there.
@@ -93,9 +171,12 @@ LAUNCH OPTIONS (pretrain, squad finetune). Where the ranks run is chosen in this
   --master-port P  rendezvous port (default: 29500; under SLURM 20000 + job id % 20000)
   --cpu            CPU ranks over gloo (DS_ACCELERATOR=cpu) instead of GPUs; needs --gpus N
   --               pass everything after it to the Python module unchanged
+  SIGTERM/SIGUSR1/SIGINT to launch.sh (or its process group) go on to the ranks; launch.sh waits and
+  exits with their status (0 after a SIGTERM/SIGUSR1 checkpoint; rerun the same command to resume)
 
 Environment defaults (only set when unset; documented in README.md, "Environment defaults")
-  OMP_NUM_THREADS=cores/ranks-per-node  TOKENIZERS_PARALLELISM=false  NCCL_DEBUG=WARN
+  OMP_NUM_THREADS=cores/ranks-per-node (SLURM: cpus-per-task, also passed to srun)
+  TOKENIZERS_PARALLELISM=false  NCCL_DEBUG=WARN
   PYTHONUNBUFFERED=1  PYTHONPATH=<repo>:$PYTHONPATH
   PYTHON = the interpreter (default: the active venv's, else <repo>/.venv's, else python3 on PATH)
 
@@ -115,13 +196,16 @@ cpu_count() {
     nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1
 }
 
-# The variables launch.sh sets for every rank, as NAME=VALUE lines; $1 = ranks per node.
+# The variables launch.sh sets for every rank, as NAME=VALUE lines; $1 = ranks per node, $2 = CPUs
+# per rank when the scheduler granted a number (SLURM's cpus-per-task).
 # OMP threads: an unset OMP_NUM_THREADS lets every rank spawn one thread per core, so 8 ranks on
 # a 64-core node run 512 threads; splitting the cores evenly is the safe default.
 rank_env_lines() {
-    local ranks_per_node=$1 threads
-    threads=$(($(cpu_count) / (ranks_per_node > 0 ? ranks_per_node : 1)))
-    ((threads >= 1)) || threads=1
+    local ranks_per_node=$1 threads=${2:-}
+    if [[ -z "$threads" ]]; then
+        threads=$(($(cpu_count) / (ranks_per_node > 0 ? ranks_per_node : 1)))
+        ((threads >= 1)) || threads=1
+    fi
     echo "OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads}"
     # The fast tokenizers' thread pool deadlocks after fork (DataLoader workers); keep it off.
     echo "TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-false}"
@@ -140,12 +224,12 @@ with_repo_on_path() {
     esac
 }
 
-export_rank_env() {
+export_rank_env() { # $1 = ranks per node, $2 = CPUs per rank (optional)
     local line assignments=()
     while IFS= read -r line; do
         export "${line?}"
         assignments+=("$line")
-    done < <(rank_env_lines "$1")
+    done < <(rank_env_lines "$1" "${2:-}")
     if ((CPU_MODE)); then
         export DS_ACCELERATOR=cpu
         assignments+=("DS_ACCELERATOR=cpu")
@@ -282,6 +366,7 @@ parse_launch_options() {
 launch_module() { # $1 = python module; MODULE_ARGS = its arguments
     local module=$1 ranks nodes master_addr master_port
     local ds=("$PYTHON" -m deepspeed.launcher.runner)
+    FORWARD_SIGNALS=1 # see "signals" above
     case "$LAUNCHER" in
         none)
             export_rank_env 1
@@ -322,8 +407,16 @@ launch_module() { # $1 = python module; MODULE_ARGS = its arguments
             ranks=${GPUS:-$first_slots}
             export_rank_env "$ranks"
             write_ds_env_file "$ranks"
+            # DeepSpeed launches on 2+ nodes through pdsh + ssh, and the module's arguments cross a remote
+            # shell there; with one node it runs them locally, unquoted (its own rule: len(hosts) > 1).
+            local args=(${MODULE_ARGS[@]+"${MODULE_ARGS[@]}"})
+            if ((${NODES:-$(wc -l <<<"$hosts")} > 1)); then
+                pdsh_quoted_args ${MODULE_ARGS[@]+"${MODULE_ARGS[@]}"}
+                args=(${PDSH_ARGS[@]+"${PDSH_ARGS[@]}"})
+                echo "# hostfile: the module's arguments below are quoted once more for the remote shell (pdsh + ssh)"
+            fi
             run "${ds[@]}" --hostfile "$HOSTFILE" --master_addr "$master_addr" --master_port "$master_port" \
-                "${extra[@]}" --no_local_rank --module "$module" "${MODULE_ARGS[@]}"
+                "${extra[@]}" --no_local_rank --module "$module" ${args[@]+"${args[@]}"}
             ;;
         slurm)
             local allocated=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}
@@ -337,14 +430,47 @@ launch_module() { # $1 = python module; MODULE_ARGS = its arguments
             master_addr=${MASTER_ADDR_OPT:-$(slurm_first_host "$SLURM_JOB_NODELIST")}
             # A port derived from the job id keeps two jobs that share a node from colliding.
             master_port=${MASTER_PORT_OPT:-$((20000 + SLURM_JOB_ID % 20000))}
-            export_rank_env "$ranks"
+            # Since Slurm 22.05 srun no longer inherits the batch job's --cpus-per-task: pass it on,
+            # or every task is confined to one CPU; OMP threads follow the same count.
+            local cpus=${SLURM_CPUS_PER_TASK:-} srun_cpus=()
+            if [[ -n "$cpus" ]]; then
+                { is_uint "$cpus" && ((cpus > 0)); } ||
+                    die "SLURM_CPUS_PER_TASK must be a positive integer, got '$cpus'"
+                srun_cpus=(--cpus-per-task="$cpus")
+            fi
+            export_rank_env "$ranks" "$cpus"
             export MASTER_ADDR=$master_addr MASTER_PORT=$master_port WORLD_SIZE=$((nodes * ranks))
             show export "MASTER_ADDR=$MASTER_ADDR" "MASTER_PORT=$MASTER_PORT" "WORLD_SIZE=$WORLD_SIZE"
             run srun --nodes="$nodes" --ntasks-per-node="$ranks" --ntasks=$((nodes * ranks)) \
+                ${srun_cpus[@]+"${srun_cpus[@]}"} \
                 --kill-on-bad-exit=1 --export=ALL bash "$REPO_ROOT/launch/slurm_rank.sh" \
                 "$PYTHON" -u -m "$module" "${MODULE_ARGS[@]}"
             ;;
     esac
+}
+
+# DeepSpeed's pdsh runner joins the remote command into one string that pdsh sends over ssh to each
+# node's login shell, which splits it again: unquoted, --run.phases=["phase1"] arrives as [phase1],
+# {a,b} is brace-expanded, $X expanded, and pdsh itself replaces %n/%h/%u (node rank, host, user) and %%.
+# DeepSpeed passes an argument without a space as is and wraps one with a space in "..." (escaping only
+# its "). So quote each argument once more, for that path (PDSH_ARGS): single quotes when it has no
+# space, else escape what stays special inside "..." (\ $ `); then double every %. The ranks then get
+# exactly the argv the local launcher would give them (tests/test_cluster.py checks it end to end).
+pdsh_quoted_args() {
+    local arg word squote="'" squote_escaped="'\\''" backslash='\' dollar='$' backtick='`'
+    PDSH_ARGS=()
+    for arg in "$@"; do
+        if [[ -n "$arg" && "$arg" != *[!A-Za-z0-9_@%+=:,./-]* ]]; then
+            word=$arg
+        elif [[ "$arg" == *" "* ]]; then
+            word=${arg//"$backslash"/"$backslash$backslash"}
+            word=${word//"$dollar"/"$backslash$dollar"}
+            word=${word//"$backtick"/"$backslash$backtick"}
+        else
+            word="'${arg//"$squote"/"$squote_escaped"}'"
+        fi
+        PDSH_ARGS+=("${word//%/%%}")
+    done
 }
 
 # The pdsh launcher forwards only NCCL*/PYTHON*/UCX*/MV2*/MLFLOW* variables to the other nodes;
