@@ -1,32 +1,48 @@
-"""One prepared GPU check: training throughput / MFU of BERT-base and BERT-Large, the LAMB step
-against its memory-traffic floor, peak memory. Run through bench/gpu_check.sh (see README.md, "Speed on GPUs").
+"""One prepared GPU check: training throughput / MFU of BERT-Large and BERT-base, the LAMB step
+against its memory-traffic floor, peak memory. Run through bench/gpu_check.sh (README.md, "Speed on GPUs").
 
-    python bench/gpu_check.py [--smoke] [--models bert-base,bert-large] [--steps 20] [--warmup 5]
-                              [--phase1 128:256] [--phase2 512:64] [--json OUT.json]
+    python bench/gpu_check.py [--smoke] [--models bert-large,bert-base] [--steps 20] [--warmup 5]
+                              [--phase1 128:256] [--phase2 512:64] [--jsonl OUT.jsonl] [--deadline T]
 
-Training rows: the project's engine builder (`pretrain.engine.build_engine`) with our ExactLamb,
-ZeRO-1 on one rank, bf16 on GPUs (fp32 on CPU), gradient clipping 1.0, the sparse-MLM model with
-SDPA attention, synthetic full-length rows (max_predictions = 15% of the length). A "packed" row
-runs phase-2 shapes with 2 instances of 256 tokens per 512 row (block-diagonal mask) and counts
-instances and the FLOPs of 256-token sequences: what packing buys on data that is half padding.
-FLOPs follow pretrain/metrics.py; MFU uses the table's dense bf16 peak of the device.
+Every row is saved and printed the moment it is measured: one JSON line appended (and fsynced) to
+--jsonl (default ./gpu_check.jsonl; records "run", "train", "lamb", "end", all with the run's start
+time as "run"), then its markdown row on stdout (table headers first). A crash, a timeout (SIGTERM:
+an "end" record says so, exit 124) or a failing row keeps every row measured before it; a row that
+raises is printed as "failed: <reason>" and the check goes on with the next one (exit 1 at the end).
 
-LAMB rows: one step over BERT-Large's parameters as ZeRO-1 flat fp32 partitions (one rank holds all),
-reference multi-tensor step vs the fused compiled step, against the floor of ~40 bytes per
-parameter (read w, g, m, v; write m, v; read + write w and the update) at the copy bandwidth
-measured in this process.
+Training rows: the engine users run. The DeepSpeed config is read from the shipped
+ds_configs/bert_large_phase1_64k.json (--ds-config) with only the batch sizes shrunk to one
+micro-batch per step: bf16, "data_types": {"grad_accum_dtype": "fp32"}, ZeRO-1 (so DeepSpeed wraps our
+ExactLamb in BF16_Optimizer), gradient clipping 1.0; built by `pretrain.engine.build_engine`, sparse-MLM
+model with SDPA attention, synthetic full-length rows (max_predictions = 15% of the length). Each
+row records the wrapper the engine really has (`type(engine.optimizer).__name__`), the precision and
+which LAMB step ran (fused compiled / reference / fused math uncompiled after a failed compile).
+A "packed" row runs phase-2 shapes with 2 instances of 256 tokens per 512 row (block-diagonal mask)
+and counts instances and the FLOPs of 256-token sequences. FLOPs follow pretrain/metrics.py; MFU uses
+its dense bf16 peak of the device.
 
---smoke: CPU, tiny shapes, 2 steps; checks the whole script in CI in well under a minute.
+LAMB rows: one step over BERT-Large's parameters as ZeRO-1 flat fp32 partitions (one rank holds all):
+the reference multi-tensor step first, then the fused compiled step, against the floor of ~40 bytes
+per parameter (read w, g, m, v; write m, v; read + write w and the update) at the copy bandwidth
+measured in this process. A fused step that fails to compile (no C compiler or Python headers for
+Triton on CUDA; on CPU no C++ compiler, which --inductor-cxx /nonexistent forces) is printed as
+"fused: failed: <reason>"; the reference row stands.
+
+--smoke: CPU (DS_ACCELERATOR=cpu), tiny shapes, 2 steps, the same bf16 + BF16_Optimizer engine; the
+fused LAMB row only with --fused-on-cpu. CI runs it in well under a minute.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
-import statistics
+import os
+import signal
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,20 +52,18 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from pretrain.engine import build_engine, init_distributed  # noqa: E402
-from pretrain.lamb import Lamb, weight_decay_param_groups  # noqa: E402
-from pretrain.metrics import flops_per_sequence, peak_tflops  # noqa: E402
-from pretrain.model import bert_config, build_model, count_parameters  # noqa: E402
-from pretrain.packing import MAX_INSTANCES_PER_ROW  # noqa: E402
-from pretrain.zero_lamb import ZeroLayout, partition_from_ranges  # noqa: E402
+from deepspeed.utils import logger as ds_logger  # noqa: E402
 
-LAMB_FLOOR_BYTES_PER_PARAM = 40
+from bench.gpu_check_preflight import DEFAULT_JSONL, loaded_distributions  # noqa: E402
+from bench.gpu_check_rows import lamb_floor_ms, lamb_row, lamb_shapes, train_row  # noqa: E402
+from pretrain.engine import init_distributed  # noqa: E402
+
 VOCAB = 30522
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+DS_CONFIG = REPO_ROOT / "ds_configs" / "bert_large_phase1_64k.json"
+TRAIN_HEADER = ("| model | seq | micro | inst/row | prec | optimizer / LAMB step | step ms | seq/s | "
+                "tokens/s | TFLOP/s | MFU | peak mem GB |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+LAMB_HEADER = ("| LAMB step | params (M) | step ms | floor ms (40 B/param) | x floor | first step s |\n"
+               "|---|---|---|---|---|---|")
 
 
 def shape_arg(text: str) -> tuple[int, int]:
@@ -57,210 +71,176 @@ def shape_arg(text: str) -> tuple[int, int]:
     return int(seq), int(micro)
 
 
-def synthetic_batch(micro: int, seq: int, predictions: int, vocab: int, instances_per_row: int,
-                    device: torch.device) -> dict[str, torch.Tensor]:
-    """Full rows of random tokens; with instances_per_row > 1, a packed layout of equal instances."""
-    g = torch.Generator().manual_seed(0)
-    batch = {
-        "input_ids": torch.randint(5, vocab, (micro, seq), generator=g),
-        "token_type_ids": (torch.arange(seq) >= seq // 2).long().expand(micro, seq).clone(),
-        "attention_mask": torch.ones(micro, seq, dtype=torch.long),
-        "masked_positions": torch.argsort(torch.rand(micro, seq - 1, generator=g), dim=1)[:, :predictions] + 1,
-        "masked_labels": torch.randint(5, vocab, (micro, predictions), generator=g),
-        "next_sentence_label": torch.randint(0, 2, (micro,), generator=g),
-    }
-    if instances_per_row > 1:
-        length = seq // instances_per_row
-        slots = MAX_INSTANCES_PER_ROW
-        batch["segment_ids"] = (torch.arange(seq) // length + 1).expand(micro, seq).clone()
-        batch["position_ids"] = (torch.arange(seq) % length).expand(micro, seq).clone()
-        batch["token_type_ids"] = ((torch.arange(seq) % length) >= length // 2).long().expand(micro, seq).clone()
-        cls = torch.zeros(micro, slots, dtype=torch.long)
-        cls[:, :instances_per_row] = torch.arange(instances_per_row) * length
-        batch["cls_positions"] = cls
-        nsp = torch.full((micro, slots), -100, dtype=torch.long)
-        nsp[:, :instances_per_row] = torch.randint(0, 2, (micro, instances_per_row), generator=g)
-        batch["next_sentence_label"] = nsp.reshape(-1)
-    return {k: v.to(device) for k, v in batch.items()}
+def one_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:240]
 
 
-def train_row(preset: str, seq: int, micro: int, instances_per_row: int, args: argparse.Namespace,
-              device: torch.device, precision: str) -> dict[str, Any]:
-    config = bert_config(preset, args.vocab, max_position_embeddings=max(512, seq))
-    torch.manual_seed(0)
-    model = build_model(config)
-    counts = count_parameters(model)
-    ds = {
-        "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
-        "zero_optimization": {"stage": 1}, "bf16": {"enabled": precision == "bf16"},
-        "optimizer": {"type": "ExactLamb", "params": {"lr": 1e-4, "weight_decay": 0.01}},
-        "steps_per_print": 10**9, "wall_clock_breakdown": False,
-    }
+def fmt(value: Any, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+class Recorder:
+    """Appends one JSON line per record (flushed and fsynced) before its markdown row is printed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.run = path, time.strftime("%Y-%m-%dT%H:%M:%S")
+        self.failed = self.rows = 0
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(self, kind: str, record: dict[str, Any], markdown: str | None = None) -> None:
+        with self.path.open("a", encoding="utf-8") as out:
+            out.write(json.dumps({"kind": kind, "run": self.run, **record}) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        if kind in ("train", "lamb"):
+            self.rows += 1
+            self.failed += record.get("status") == "failed"
+        if markdown is not None:
+            print(markdown, flush=True)
+
+
+def train_markdown(r: dict[str, Any]) -> str:
+    key = f"| {r['model']} | {r['seq_len']} | {r['micro_batch']} | {r['instances_per_row']} |"
+    if r["status"] != "ok":
+        return f"{key} {r['status']}: {r['reason']} |"
+    return (f"{key} {r['precision']} | {r['wrapper']} / {r['lamb_step']} | {r['step_ms']:.1f} | "
+            f"{r['seq_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['tflops']:.2f} | {fmt(r['mfu'], '.1%')} | "
+            f"{fmt(r['peak_mem_gb'], '.1f')} |")
+
+
+def lamb_markdown(r: dict[str, Any]) -> str:
+    if r["status"] != "ok":
+        return f"| {r['model']} {r['variant']} | {r['variant']}: {r['status']}: {r['reason']} |"
+    return (f"| {r['model']} {r['variant']} | {r['params_m']:.1f} | {r['step_ms']:.2f} | "
+            f"{fmt(r['floor_ms'], '.2f')} | "
+            f"{fmt(r['x_floor'], '.2f')} | {r['first_step_s']:.1f} |")
+
+
+def measure(key: dict[str, Any], fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    """One measurement, DeepSpeed's prints sent to stderr; one that raises (out of memory, no compiler
+    for the fused step, an impossible shape, ...) is a "failed" row and the check goes on."""
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            return {**fn(*args), "status": "ok"}
+    except Exception as error:  # noqa: BLE001 - a failed row is a result
+        print(f"[gpu_check] {key} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        return {**key, "status": "failed", "reason": one_line(error)}
+
+
+def release(device: torch.device) -> None:
+    gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-    engine = build_engine(model, ds)
-    length = seq // instances_per_row
-    predictions = max(1, round(0.15 * length)) * instances_per_row
-    batch = synthetic_batch(micro, seq, predictions, args.vocab, instances_per_row, device)
-
-    def step() -> None:
-        loss = engine(**batch).loss
-        engine.backward(loss)
-        engine.step()
-
-    for _ in range(args.warmup):
-        step()
-    sync(device)
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        step()
-    sync(device)
-    seconds = (time.perf_counter() - start) / args.steps
-    sequences = micro * instances_per_row
-    flops = instances_per_row * flops_per_sequence(
-        counts["encoder"], counts["mlm_head"], config.num_hidden_layers, config.hidden_size, length,
-        predictions // instances_per_row,
-    )
-    seq_per_s = sequences / seconds
-    tflops = seq_per_s * flops / instances_per_row / 1e12
-    peak = peak_tflops(device, precision, args.peak_tflops)
-    row = {
-        "model": preset, "seq_len": seq, "micro_batch": micro, "instances_per_row": instances_per_row,
-        "precision": precision, "step_ms": seconds * 1e3, "seq_per_s": seq_per_s,
-        "tokens_per_s": seq_per_s * length, "tflops": tflops, "mfu": tflops / peak if peak else None,
-        "peak_mem_gb": (torch.cuda.max_memory_allocated(device) / 2**30) if device.type == "cuda" else None,
-    }
-    engine.destroy()
-    gc.collect()
-    return row
 
 
-def copy_bandwidth(device: torch.device) -> float:
-    """Bytes/s (read + write) of a large copy, best of 5."""
-    numel = (64 if device.type == "cpu" else 1024) * 2**20 // 4
-    src, dst = torch.rand(numel, device=device), torch.empty(numel, device=device)
-    best = float("inf")
-    for _ in range(6):
-        sync(device)
-        start = time.perf_counter()
-        dst.copy_(src)
-        sync(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * 4 * numel / best
-
-
-def flat_lamb(shapes: list[list[torch.Size]], device: torch.device, fused: bool) -> Lamb:
-    """Our Lamb over one fp32 flat per group, exactly as ZeRO-1 on one rank hands them over."""
-    g = torch.Generator(device=device).manual_seed(0)
-    flats, partitions = [], {}
-    for key, group_shapes in enumerate(shapes):
-        numels = [int(s.numel()) for s in group_shapes]
-        flat = torch.randn(sum(numels), device=device, generator=g) * 0.02
-        flat.grad = torch.randn(flat.shape, device=device, generator=g) * 1e-3
-        starts = [sum(numels[:i]) for i in range(len(numels))]
-        ranges = [(i, s, n) for i, (s, n) in enumerate(zip(starts, numels, strict=True))]
-        partitions[id(flat)] = partition_from_ranges(flat.numel(), ranges, len(numels), None, key, None)
-        flats.append(flat)
-    optimizer = Lamb([{"params": [torch.empty(0)], "weight_decay": wd} for wd in (0.01, 0.0)], lr=1e-3, fused=fused)
-    for group, flat in zip(optimizer.param_groups, flats, strict=True):
-        group["params"] = [flat]
-    optimizer.set_zero_layout(ZeroLayout(wrapper="gpu_check", partitions=partitions))
-    return optimizer
-
-
-def timed_median(fn: Callable[[], object], reps: int, device: torch.device) -> float:
-    times = []
-    for _ in range(reps):
-        sync(device)
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def lamb_rows(preset: str, args: argparse.Namespace, device: torch.device) -> list[dict[str, Any]]:
-    with torch.device("meta"):
-        model = build_model(bert_config(preset, args.vocab))
-    shapes = [[p.shape for p in group["params"]] for group in weight_decay_param_groups(model, 0.01)]
-    numel = sum(int(s.numel()) for group in shapes for s in group)
-    floor_ms = LAMB_FLOOR_BYTES_PER_PARAM * numel / copy_bandwidth(device) * 1e3
-    variants = {"reference": False} if device.type == "cpu" and not args.fused_on_cpu else {
-        "reference": False, "fused": True}
-    rows = []
-    for name, fused in variants.items():
-        optimizer = flat_lamb(shapes, device, fused)
-        start = time.perf_counter()
-        optimizer.step()  # allocates state; compiles the fused kernels
-        sync(device)
-        first_s = time.perf_counter() - start
-        ms = timed_median(optimizer.step, args.lamb_reps, device) * 1e3
-        rows.append({"model": preset, "variant": name, "params_m": numel / 1e6, "step_ms": ms,
-                     "floor_ms": floor_ms, "x_floor": ms / floor_ms, "first_step_s": first_s})
-        del optimizer
-        gc.collect()
-    return rows
-
-
-def print_tables(train: list[dict[str, Any]], lamb: list[dict[str, Any]], device_name: str) -> None:
-    def fmt(value: Any, spec: str) -> str:
-        return "n/a" if value is None else format(value, spec)
-
-    print(f"\n### {device_name}\n")
-    print("| model | seq | micro | inst/row | prec | step ms | seq/s | tokens/s | TFLOP/s | MFU | peak mem GB |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in train:
-        print(f"| {r['model']} | {r['seq_len']} | {r['micro_batch']} | {r['instances_per_row']} | {r['precision']} | "
-              f"{r['step_ms']:.1f} | {r['seq_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['tflops']:.2f} | "
-              f"{fmt(r['mfu'], '.1%')} | {fmt(r['peak_mem_gb'], '.1f')} |")
-    print("\n| LAMB step | params (M) | step ms | floor ms (40 B/param) | x floor | first step s |")
-    print("|---|---|---|---|---|---|")
-    for r in lamb:
-        print(f"| {r['model']} {r['variant']} | {r['params_m']:.1f} | {r['step_ms']:.2f} | {r['floor_ms']:.2f} | "
-              f"{r['x_floor']:.2f} | {r['first_step_s']:.1f} |")
-
-
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, 2 steps (CI)")
-    parser.add_argument("--models", default="bert-base,bert-large")
+    parser.add_argument("--models", default="bert-large,bert-base", help="comma-separated presets, in order")
     parser.add_argument("--phase1", type=shape_arg, default=(128, 256), help="seq:micro_batch")
     parser.add_argument("--phase2", type=shape_arg, default=(512, 64), help="seq:micro_batch")
     parser.add_argument("--no-packed", action="store_true", help="skip the packed phase-2 rows")
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=5, help="steps before timing (the first one compiles)")
+    parser.add_argument("--ds-config", type=Path, default=DS_CONFIG, help="the shipped DeepSpeed config")
     parser.add_argument("--lamb-model", default="bert-large")
     parser.add_argument("--lamb-reps", type=int, default=10)
     parser.add_argument("--fused-on-cpu", action="store_true", help="also time the compiled LAMB on CPU")
+    parser.add_argument("--inductor-cxx", default=None,
+                        help="the C++ compiler torch.compile uses on CPU (inductor's cpp.cxx; default $CXX "
+                             "or g++); a missing one makes the fused LAMB compile fail (the test does this)")
     parser.add_argument("--vocab", type=int, default=VOCAB)
-    parser.add_argument("--peak-tflops", type=float, default=None, help="per device; default: from the GPU name")
-    parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    parser.add_argument("--peak-tflops", type=float, default=None, help="per device; default: by GPU name")
+    parser.add_argument("--jsonl", type=Path, default=Path(DEFAULT_JSONL), help="one JSON line per row")
+    parser.add_argument("--deadline", type=float, default=None,
+                        help="unix time by which to be done (gpu_check.sh passes its limit): training rows "
+                             "that would start with under --lamb-reserve-s left are skipped; LAMB rows run")
+    parser.add_argument("--lamb-reserve-s", type=float, default=120.0)
+    if parser.parse_known_args(argv)[0].smoke:  # smoke defaults; flags given explicitly still win
+        parser.set_defaults(models="tiny", lamb_model="tiny", vocab=512, phase1=(32, 4), phase2=(64, 2),
+                            steps=2, warmup=1, lamb_reps=3)
     args = parser.parse_args(argv)
-    if args.smoke:
-        args.models, args.lamb_model, args.vocab = "tiny", "tiny", 512
-        args.phase1, args.phase2, args.steps, args.warmup, args.lamb_reps = (32, 4), (64, 2), 2, 1, 3
+    args.warmup = max(1, args.warmup)
+    if args.inductor_cxx is not None:
+        import torch._inductor.config as inductor_config
 
-    dist_info = init_distributed()
+        inductor_config.cpp.cxx = (None, args.inductor_cxx)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
+    args = parse_args(argv)
+    recorder = Recorder(args.jsonl)
+
+    def on_term(signum: int, _frame: object) -> None:  # `timeout` ends the check: keep what was measured
+        recorder.save("end", {"status": f"killed by signal {signum} (time limit)", "rows": recorder.rows,
+                              "seconds": time.monotonic() - started})
+        print(f"gpu_check: stopped by signal {signum} after {recorder.rows} rows; they are in {args.jsonl}",
+              file=sys.stderr, flush=True)
+        os._exit(124)
+
+    signal.signal(signal.SIGTERM, on_term)
+    imported = loaded_distributions()
+    # DeepSpeed logs (and prints, see below) to stdout; keep stdout for the tables.
+    for handler in ds_logger.handlers:
+        if getattr(handler, "stream", None) is sys.stdout:
+            handler.setStream(sys.stderr)
+    with contextlib.redirect_stdout(sys.stderr):
+        dist_info = init_distributed()
     device = dist_info.device
     if device.type != "cuda" and not args.smoke:
         print("gpu_check: no CUDA device; use --smoke for the CPU check", file=sys.stderr)
         return 2
-    precision = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (smoke)"
-    train: list[dict[str, Any]] = []
-    for preset in args.models.split(","):
-        shapes = [(*args.phase1, 1), (*args.phase2, 1)] + ([] if args.no_packed else [(*args.phase2, 2)])
-        for seq, micro, per_row in shapes:
-            started = time.perf_counter()
-            train.append(train_row(preset, seq, micro, per_row, args, device, precision))
-            print(f"[gpu_check] {preset} seq {seq} x{per_row}: {train[-1]['seq_per_s']:.1f} seq/s "
-                  f"({time.perf_counter() - started:.0f} s)", flush=True)
-    lamb = lamb_rows(args.lamb_model, args, device)
-    print_tables(train, lamb, f"{device_name}, torch {torch.__version__}")
-    if args.json is not None:
-        args.json.write_text(json.dumps({"device": device_name, "train": train, "lamb": lamb}, indent=2))
-    return 0
+    recorder.save("run", {"device": device_name, "torch": torch.__version__, "cuda": torch.version.cuda,
+                          "args": {k: str(v) for k, v in vars(args).items()}})
+    print(f"\n### {device_name}, torch {torch.__version__}, CUDA {torch.version.cuda}\n\n{TRAIN_HEADER}",
+          flush=True)
+
+    def left() -> float:
+        return float("inf") if args.deadline is None else args.deadline - time.time()
+
+    packed = [] if args.no_packed else [(*args.phase2, 2)]
+    for preset in [m for m in args.models.split(",") if m]:
+        for seq, micro, per_row in [(*args.phase1, 1), (*args.phase2, 1), *packed]:
+            key = {"model": preset, "seq_len": seq, "micro_batch": micro, "instances_per_row": per_row}
+            if left() < args.lamb_reserve_s:
+                row = {**key, "status": "skipped", "reason": f"time budget ({left():.0f} s left)"}
+            else:
+                print(f"[gpu_check] {preset} seq {seq} micro {micro} x{per_row} ...", file=sys.stderr,
+                      flush=True)
+                row = measure(key, train_row, preset, seq, micro, per_row, args, device, dist_info.world_size)
+            release(device)
+            recorder.save("train", row, train_markdown(row))
+
+    print(f"\n{LAMB_HEADER}", flush=True)
+    shapes = lamb_shapes(args.lamb_model, args.vocab)
+    # None when the bandwidth measurement fails (the rows then have no "x floor")
+    floor_ms = measure({}, lambda: {"floor_ms": lamb_floor_ms(shapes, device)}).get("floor_ms")
+    for variant in ("reference", "fused"):
+        key = {"model": args.lamb_model, "variant": variant}
+        if variant == "fused" and device.type == "cpu" and not args.fused_on_cpu:
+            row = {**key, "status": "skipped", "reason": "CPU (--fused-on-cpu times it)"}
+        elif left() <= 0:
+            row = {**key, "status": "skipped", "reason": "time budget"}
+        else:
+            row = measure(key, lamb_row, args.lamb_model, shapes, variant, floor_ms, args.lamb_reps, device)
+        release(device)
+        recorder.save("lamb", row, lamb_markdown(row))
+
+    loaded = loaded_distributions()
+    lazily = {name: version for name, version in loaded.items() if name not in imported}
+    recorder.save("end", {"status": "done", "rows": recorder.rows, "failed": recorder.failed,
+                          "seconds": time.monotonic() - started, "distributions": loaded,
+                          "loaded_lazily": lazily})
+    print("gpu_check: wheels loaded during the run, after the imports: "
+          + (" ".join(f"{n}=={v}" for n, v in lazily.items()) or "none"), file=sys.stderr)
+    print(f"\ngpu_check: {recorder.rows} rows ({recorder.failed} failed) in "
+          f"{time.monotonic() - started:.0f} s; "
+          f"saved to {args.jsonl}", file=sys.stderr, flush=True)
+    return 1 if recorder.failed else 0
 
 
 if __name__ == "__main__":
