@@ -7,12 +7,19 @@ Layout of `checkpoint.dir`::
         trainer_state.json         phase, step, samples seen, data position, counters (rank 0)
         run_config.json            the resolved run configuration (rank 0)
         rng_rank00000.pt           each rank's torch / numpy / python RNG states
+        elastic_layout_rank00000.json  where each rank's flat partitions hold which parameter slices
+        MANIFEST.json              every file's size and sha256 (pretrain/checkpoint_manifest.py)
+        elastic_state.pt           only after a resume on another world size: the world-size-free state
         PHASE_END                  present on the checkpoint that closes a phase (never pruned)
 
 Why our own `latest`: DeepSpeed's rank 0 writes its `latest` before the final barrier of
 `save_checkpoint`, so a crash can leave it naming a tag other ranks never finished. We pass
 `save_latest=False` and switch the pointer only after a barrier that every rank reaches after
 writing, with temp file + rename. Older tags are pruned only after the switch.
+
+Another world size: `load` of a tag written by a different number of ranks puts the converted state
+(pretrain/elastic.py; the driver converts once before loading) into the new engine instead of
+DeepSpeed's own loader, which needs the same partitioning.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from data_prep.shards import atomic_write_bytes, atomic_write_json
+from pretrain.checkpoint_manifest import write_manifest
 
 LATEST = "latest"
 TRAINER_STATE = "trainer_state.json"
@@ -50,6 +58,7 @@ def _barrier() -> None:
 class CheckpointManager:
     def __init__(self, root: Path, keep_last: int, rank: int) -> None:
         self.root, self.keep_last, self.rank = Path(root), keep_last, rank
+        self.hash_seconds = 0.0  # this rank's sha256 time at the last save (the manifest's cost)
 
     def latest_tag(self) -> str | None:
         pointer = self.root / LATEST
@@ -68,6 +77,8 @@ class CheckpointManager:
     ) -> Path:
         """Collective: every rank calls it. Returns the tag folder."""
         folder = self.root / tag
+        if self.rank == 0:  # a tag saved again (after a manual rollback) must not keep an older conversion
+            (folder / "elastic_state.pt").unlink(missing_ok=True)
         client_state = {"trainer_state": trainer_state, "run_config": run_config}
         engine.save_checkpoint(str(self.root), tag=tag, client_state=client_state, save_latest=False)
         # Each rank's RNG: not needed for exactness (steps reseed), kept so anything else random resumes too.
@@ -75,11 +86,18 @@ class CheckpointManager:
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state()
         atomic_write_bytes(folder / f"rng_rank{self.rank:05d}.pt", pickle.dumps(rng))
+        if isinstance(getattr(engine, "basic_optimizer", None), torch.optim.Optimizer):
+            from pretrain.elastic import write_layout_record
+
+            write_layout_record(engine, folder, self.rank)
         if self.rank == 0:
             atomic_write_json(folder / TRAINER_STATE, trainer_state)
             atomic_write_json(folder / RUN_CONFIG, run_config)
             if phase_end:
                 atomic_write_bytes(folder / PHASE_END, b"")
+        self.before_manifest(engine, folder)
+        world = run_config.get("resolved", {}).get("world_size", 1)
+        self.hash_seconds = write_manifest(folder, self.rank, world)  # collective; files + sizes + sha256
         _barrier()  # every rank has written everything of this tag
         if self.rank == 0:
             atomic_write_bytes(self.root / LATEST, tag.encode("utf-8"))
@@ -87,8 +105,17 @@ class CheckpointManager:
         _barrier()
         return folder
 
+    def before_manifest(self, engine: Any, folder: Path) -> None:
+        """Subclasses patch files of a tag here: after every rank wrote its part, before the sha256s are taken."""
+
     def load(self, engine: Any, tag: str) -> dict[str, Any]:
         """Weights, optimizer, lr-scheduler position, RNG; returns the trainer state saved with them."""
+        saved_world = read_run_config(self.root, tag)["resolved"]["world_size"]
+        if saved_world != getattr(engine, "dp_world_size", saved_world):
+            from pretrain.elastic import CONSOLIDATED, load_converted
+
+            load_converted(engine, self.root / tag / CONSOLIDATED)  # per-rank RNG states do not carry over
+            return self.trainer_state(tag)
         path, _ = engine.load_checkpoint(
             str(self.root), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
         )

@@ -50,7 +50,6 @@ from pretrain.codistill_teacher import (
     make_teacher,
     soft_targets,
 )
-from pretrain.data import batch_loader
 from pretrain.engine import DistInfo
 from pretrain.export import EXPORT_INFO, export_checkpoint
 from pretrain.model import IGNORE_INDEX
@@ -288,8 +287,9 @@ class Codistillation:
         engine.eval()
         # own nll, ensemble nll, teachers' nll, disagreements with the teachers, masked positions
         sums = torch.zeros(5, dtype=torch.float64, device=device)
-        count = min(trainer.config.logging.val_batches, len(trainer.val_batches))
-        for batch in batch_loader(trainer.val_batches, 0, 0, count=count):
+        from pretrain.trainer import validation_batches  # the trainer's own held-out instances
+
+        for batch in validation_batches(trainer.config, trainer.val_batches):
             batch = {key: value.to(device) for key, value in batch.items()}
             own = engine(**batch)
             # every slot has logits; only labelled ones count (empty slots: IGNORE_INDEX, masked out)
@@ -338,11 +338,12 @@ class TeacherCheckpointManager(CheckpointManager):
             buffer = io.BytesIO()
             torch.save(self.codistill.teacher_state(), buffer)
             atomic_write_bytes(self.root / tag / TEACHERS_FILE, buffer.getvalue())
-        folder = super().save(engine, tag, trainer_state, run_config, phase_end)
+        return super().save(engine, tag, trainer_state, run_config, phase_end)
+
+    def before_manifest(self, engine: Any, folder: Path) -> None:
+        # patched before the files are hashed and before anyone (world rank 0 exporting every group) reads them
         if self.rank == 0 and dist.get_rank() != 0:
             record_tied_parameters(engine.module, folder)
-        dist.barrier()  # patched before anyone (world rank 0 exporting every group) reads the folder
-        return folder
 
     def load(self, engine: Any, tag: str) -> dict[str, Any]:
         state = super().load(engine, tag)

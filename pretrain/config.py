@@ -87,7 +87,10 @@ class LoggingSection:
     tensorboard: bool = True
     progress_bar: bool = True
     val_every_steps: int = 500
-    val_batches: int = 8  # micro-batches per rank
+    val_batches: int = 8  # micro-batches per rank, when val_instances is unset
+    # Held-out instances per evaluation (the first ones, the same at any world size and split); unset:
+    # val_batches micro-batches per rank, whose count depends on the job's shape.
+    val_instances: int | None = None
     peak_tflops: float | None = None  # per device; default: looked up from the GPU name (CPU: none, no MFU)
 
 
@@ -268,6 +271,8 @@ def check_values(config: RunConfig) -> None:
         raise ConfigError(f"run.stop_after_steps: must be > 0, got {config.run.stop_after_steps}")
     if config.run.dist_timeout_minutes < 1:
         raise ConfigError(f"run.dist_timeout_minutes: must be >= 1, got {config.run.dist_timeout_minutes}")
+    if config.logging.val_instances is not None and config.logging.val_instances < 1:
+        raise ConfigError(f"logging.val_instances: must be >= 1, got {config.logging.val_instances}")
     if config.failures.max_consecutive_nonfinite < 1:
         raise ConfigError("failures.max_consecutive_nonfinite: must be >= 1")
     if config.data.num_workers < 0:

@@ -1,18 +1,22 @@
-"""Pretraining batches from data_prep shards: validation, per-rank order, collate + dynamic masking.
+"""Pretraining batches from data_prep shards: validation, the global data stream, collate + dynamic masking.
 
 Parts. With `num_parts` > 1 the training instances are first dealt into `num_parts` disjoint parts
 by a fixed permutation that depends only on (instance count, num_parts), never on the seed, so runs
 with different seeds (codistillation groups) agree on the parts; a run then only sees its own part.
 
-Order. Epoch e is a permutation of the run's instances (all of them, or its part) drawn from
-`default_rng([seed, e])`, the same on every rank; rank r takes every world_size-th instance of it
-(disjoint across ranks), the tail that does not fill a micro-batch on every rank is dropped for that
-epoch (it comes back in another position next epoch). A rank's stream is therefore a pure function of (seed, world size,
-rank, micro batch): micro-batch k of the stream is epoch k // batches_per_epoch. The data position
-saved in checkpoints is just k, and resuming means starting the sampler at k.
+One stream, any number of ranks. Epoch e is a permutation of the run's instances (all of them, or its
+part) drawn from `default_rng([seed, e])`; the epochs follow each other into one endless stream of
+instances, nothing dropped (a batch may straddle two epochs). Global step s trains on stream samples
+[s*G, (s+1)*G), G = the global batch. The stream is cut into chunks of one micro-batch (m instances)
+and chunk c goes to rank c % W as that rank's micro-batch c // W; the A accumulation steps of
+W ranks therefore cover exactly the G samples of the step, for every split of G into m x A x W.
+The data position saved in checkpoints is the number of samples of the phase consumed (s*G), so a
+run resumes on any number of ranks at the same sample.
 
-Masking. Unmasked (dynamic) shards are masked in collate with `default_rng([seed, epoch, rank,
-batch_in_epoch])`: different masks each epoch and rank, and no generator state to checkpoint.
+Masking. Unmasked (dynamic) shards are masked in collate, each instance with its own generator
+`default_rng([seed, phase, epoch, instance])`: a mask depends on which instance it is and in which
+epoch and phase, never on the rank, the world size or the micro-batch it lands in; no generator
+state to checkpoint. Validation instances use a fixed salt instead of the seed and epoch 0.
 """
 
 from __future__ import annotations
@@ -167,20 +171,24 @@ def mask_instance(
     return masked, positions, labels
 
 
+Generators = np.random.Generator | list[np.random.Generator] | None  # one for the batch, or one per instance
+
+
 class Collator:
     """Instances -> padded tensors (one instance per row), or packed rows when `packing` (see
-    pretrain/packing.py). Masking draws from `rng` in instance order either way, so both layouts of
-    the same instances carry the same masks. Picklable, so DataLoader workers can run it."""
+    pretrain/packing.py). Masking draws from `rng` in instance order (or from one generator per
+    instance when given a list) either way, so both layouts of the same instances carry the same
+    masks. Picklable, so DataLoader workers can run it."""
 
     def __init__(self, data: PhaseData, packing: bool = False) -> None:
         self.data = data
         self.packing = packing
 
-    def masked_instances(self, rows: list[dict[str, Any]], rng: np.random.Generator | None) -> list[dict[str, Any]]:
+    def masked_instances(self, rows: list[dict[str, Any]], rng: Generators) -> list[dict[str, Any]]:
         """(ids with masks applied, a_len, masked positions, original ids there, nsp label) per instance."""
         seq_len, predictions = self.data.seq_len, self.data.max_predictions
         out = []
-        for row in rows:
+        for index, row in enumerate(rows):
             ids = row["input_ids"]
             if len(ids) > seq_len:
                 raise DataConfigError(f"an instance has {len(ids)} tokens, more than the phase's seq_len {seq_len}")
@@ -188,14 +196,15 @@ class Collator:
                 ids, pos, lab = ids, row["masked_positions"], row["masked_label_ids"]
             else:
                 assert rng is not None, "dynamic masking needs a generator"
+                own = rng[index] if isinstance(rng, list | tuple) else rng
                 ids, pos, lab = mask_instance(
-                    ids, self.data.vocab, self.data.mask_prob, predictions, self.data.whole_word, rng
+                    ids, self.data.vocab, self.data.mask_prob, predictions, self.data.whole_word, own
                 )
             out.append({"ids": ids, "a_len": row["a_len"], "positions": pos, "labels": lab,
                         "nsp": row["next_sentence_label"]})
         return out
 
-    def __call__(self, rows: list[dict[str, Any]], rng: np.random.Generator | None) -> dict[str, torch.Tensor]:
+    def __call__(self, rows: list[dict[str, Any]], rng: Generators) -> dict[str, torch.Tensor]:
         instances = self.masked_instances(rows, rng)
         seq_len, predictions = self.data.seq_len, self.data.max_predictions
         if self.packing:
@@ -227,51 +236,106 @@ class Collator:
 
 
 class RankBatches(Dataset):
-    """Item k = this rank's k-th micro-batch of the endless, epoch-reshuffled stream."""
+    """Item k = this rank's k-th micro-batch: chunk k * world_size + rank of the endless global stream."""
 
     def __init__(
         self, data: PhaseData, split: str, seed: int, rank: int, world_size: int, micro_batch: int,
-        shuffle: bool = True, packing: bool = False, part: int = 0, num_parts: int = 1,
+        shuffle: bool = True, packing: bool = False, part: int = 0, num_parts: int = 1, phase_index: int = 0,
     ) -> None:
         self.data = data
         self.reader = ShardReader(data.manifest, data.seq_len, split)
         self.collate = Collator(data, packing=packing)  # packing changes the layout, never the instances
         self.seed, self.rank, self.world_size, self.micro_batch = seed, rank, world_size, micro_batch
         self.shuffle = shuffle
+        self.phase_index = phase_index  # part of every mask's seed; the trainer sets it for its phase
         self.pool = partition_indices(len(self.reader), part, num_parts)  # the instances this run reads
-        self.batches_per_epoch = len(self.pool) // world_size // micro_batch
+        self.batches_per_epoch = len(self.pool) // world_size // micro_batch  # whole chunks per rank and epoch
         if self.batches_per_epoch == 0:
             where = f" in data.part {part} of {num_parts}" if num_parts > 1 else ""
             raise DataConfigError(
                 f"{data.manifest.root}: {len(self.pool)} {split} instances at seq {data.seq_len}{where} cannot fill "
                 f"one micro-batch of {micro_batch} on each of {world_size} ranks"
             )
-        self._epoch_order: tuple[int, np.ndarray] | None = None
+        self._slices: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # epoch -> (positions, instances) of this rank
 
     def __len__(self) -> int:
         return self.batches_per_epoch
 
-    def rank_indices(self, epoch: int) -> np.ndarray:
-        """This rank's instance indices of `epoch`, in order (cached for the current epoch).
+    def _rank_slice(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """The positions of `epoch` that fall into this rank's chunks, and the instances there.
 
-        The cache is a copy of this rank's slice: a strided view would keep the whole epoch permutation
-        (world_size times larger) alive in the dataset, i.e. in every DataLoader worker.
+        Only this rank's share is kept (a copy): the whole epoch permutation (world_size times larger)
+        would otherwise live in every DataLoader worker. At most two epochs are cached (a micro-batch
+        may straddle an epoch boundary).
         """
-        if self._epoch_order is None or self._epoch_order[0] != epoch:
+        if epoch not in self._slices:
             total = len(self.pool)
             picks = np.random.default_rng([self.seed, epoch]).permutation(total) if self.shuffle else np.arange(total)
-            order = self.pool[picks]  # with one part the pool is 0..n-1: the order is the permutation itself
-            used = self.batches_per_epoch * self.micro_batch * self.world_size
-            self._epoch_order = (epoch, order[:used][self.rank :: self.world_size].copy())
-        return self._epoch_order[1]
+            chunk = (epoch * total + np.arange(total, dtype=np.int64)) // self.micro_batch
+            positions = np.flatnonzero(chunk % self.world_size == self.rank)
+            self._slices[epoch] = (positions, self.pool[picks[positions]].copy())
+            while len(self._slices) > 2:
+                del self._slices[min(self._slices)]
+        return self._slices[epoch]
+
+    def rank_indices(self, epoch: int) -> np.ndarray:
+        """This rank's instance indices of `epoch`, in stream order (its own copy)."""
+        return self._rank_slice(epoch)[1].copy()
+
+    def stream_instances(self, first: int, count: int) -> list[tuple[int, int]]:
+        """(epoch, instance index) of stream samples first .. first+count-1 (they must be this rank's)."""
+        total = len(self.pool)
+        out = []
+        for sample in range(first, first + count):
+            epoch, position = divmod(sample, total)
+            positions, instances = self._rank_slice(epoch)
+            at = int(np.searchsorted(positions, position))
+            if at >= len(positions) or positions[at] != position:
+                raise IndexError(f"stream sample {sample} is not in rank {self.rank}'s chunks")
+            out.append((epoch, int(instances[at])))
+        return out
+
+    def collate_instances(self, picked: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
+        """Read and collate (epoch, instance) pairs, each masked by its own generator."""
+        salt = self.seed if self.shuffle else VAL_SEED_SALT
+        rows = [self.reader[instance] for _, instance in picked]
+        rngs = [np.random.default_rng([salt, self.phase_index, epoch, instance]) for epoch, instance in picked]
+        return self.collate(rows, rngs)
 
     def __getitem__(self, k: int) -> dict[str, torch.Tensor]:
-        epoch, within = divmod(int(k), self.batches_per_epoch)
-        indices = self.rank_indices(epoch)[within * self.micro_batch : (within + 1) * self.micro_batch]
-        rows = [self.reader[int(i)] for i in indices]
-        salt = self.seed if self.shuffle else VAL_SEED_SALT
-        rng = np.random.default_rng([salt, epoch, self.rank, within])
-        return self.collate(rows, rng)
+        chunk = int(k) * self.world_size + self.rank
+        return self.collate_instances(self.stream_instances(chunk * self.micro_batch, self.micro_batch))
+
+
+class ValidationBatches:
+    """This rank's share of the first `instances` held-out instances, as micro-batches.
+
+    The held-out set is read in file order and cut into chunks of one micro-batch, dealt round robin
+    to the ranks; which instances are evaluated and their masks do not depend on the world size. Every
+    rank runs the same number of forward passes (ZeRO-3 gathers parameters in each one): a rank whose
+    chunks ran out evaluates its first chunk again with every label ignored, which adds nothing.
+    """
+
+    def __init__(self, batches: RankBatches, instances: int) -> None:
+        self.batches = batches
+        self.total = min(int(instances), len(batches.pool))
+        micro, world = batches.micro_batch, batches.world_size
+        chunks = [(start, min(micro, self.total - start)) for start in range(0, self.total, micro)]
+        self.mine = chunks[batches.rank :: world]
+        self.count = -(-len(chunks) // world)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        for i in range(self.count):
+            blank = i >= len(self.mine)
+            start, size = self.mine[0 if blank else i] if self.mine else (0, 1)
+            positions = range(start, start + size)
+            batch = self.batches.collate_instances([(0, int(self.batches.pool[p])) for p in positions])
+            if blank or not self.mine:
+                batch["masked_labels"] = torch.full_like(batch["masked_labels"], IGNORE_INDEX)
+            yield batch
 
 
 class StreamSampler(Sampler[int]):

@@ -35,6 +35,7 @@ from pretrain.zero_lamb import (
     UnboundZeroLayoutError,
     ZeroLayout,
     build_zero_layout,
+    flat_views,
 )
 
 __all__ = [
@@ -147,10 +148,19 @@ class Lamb(torch.optim.Optimizer):
 
     # ------------------------------------------------------------------ binding
     def bind(self, engine: Any) -> None:
-        """Attach the flat-partition layout of `engine` (a DeepSpeedEngine); see bind_zero_layout."""
+        """Attach the flat-partition layout of `engine` (a DeepSpeedEngine); see bind_zero_layout.
+
+        Also creates every flat partition's state (zero moments, step 0) now instead of at its first step:
+        ZeRO-1/2 link DeepSpeed's per-parameter views of the optimizer state (`safe_get_full_optimizer_state`,
+        used by elastic resume checks and universal checkpoints) once, right after the *first* group's
+        step, so a group whose state did not exist yet would stay unreadable through them for good.
+        """
         self._layout = build_zero_layout(engine, self)
         self._engine_ref = weakref.ref(engine)
         self._scratch.clear()  # the flat tensors they shadowed may be gone
+        for view in flat_views(engine, self) or []:
+            if not self.state[view.flat]:
+                self._new_flat_state(view.flat)
 
     def set_zero_layout(self, layout: ZeroLayout | None) -> None:
         """Use a layout built elsewhere (benchmarks, other wrappers); no automatic rebinding."""
@@ -209,6 +219,12 @@ class Lamb(torch.optim.Optimizer):
             )
         return partition
 
+    def _new_flat_state(self, flat: torch.Tensor) -> dict[str, Any]:
+        """Padding's moments stay zero forever: only segment views are ever written."""
+        state = self.state[flat]
+        state.update(step=0, exp_avg=torch.zeros_like(flat), exp_avg_sq=torch.zeros_like(flat))
+        return state
+
     def _scratch_for(self, tensor: torch.Tensor) -> torch.Tensor | None:
         """A reusable buffer shaped like `tensor` on the CPU (page-faulting a fresh one each step costs
         more than the math); None on accelerators, whose caching allocator makes temporaries free."""
@@ -256,12 +272,7 @@ class Lamb(torch.optim.Optimizer):
     def _step_flat_partition(
         self, group: dict[str, Any], partition: FlatPartition, flat: torch.Tensor
     ) -> None:
-        state = self.state[flat]
-        if not state:
-            # Padding's moments stay zero forever: only segment views are ever written.
-            state["step"] = 0
-            state["exp_avg"] = torch.zeros_like(flat)
-            state["exp_avg_sq"] = torch.zeros_like(flat)
+        state = self.state[flat] if self.state[flat] else self._new_flat_state(flat)
         state["step"] += 1
         if flat.grad is None or flat.grad.numel() != flat.numel():
             raise RuntimeError(f"Lamb: flat partition of {flat.numel()} elements has no matching gradient")

@@ -57,11 +57,14 @@ class PretrainingOutput:
     """Losses and the numbers needed for accuracy, all computed on this rank's micro-batch."""
 
     loss: torch.Tensor  # mlm + nsp (what backward runs on)
-    mlm_loss: torch.Tensor
+    mlm_loss: torch.Tensor  # mean over this micro-batch's labelled slots
     nsp_loss: torch.Tensor
     mlm_logits: torch.Tensor  # [instances*max_predictions, vocab]: every slot, labelled or not
     mlm_labels: torch.Tensor  # [instances*max_predictions], IGNORE_INDEX in empty slots
     nsp_logits: torch.Tensor  # [batch, 2]
+    # Cross-entropy summed over the labelled slots: the trainer divides it by the labelled count of the whole
+    # global batch, so that the gradient does not depend on how the batch is split (pretrain/trainer.py).
+    mlm_loss_sum: torch.Tensor | None = None
 
     @property
     def mlm_mask(self) -> torch.Tensor:
@@ -117,7 +120,8 @@ class SparseBertForPreTraining(BertForPreTraining):
         mlm_logits, labels = self.masked_lm_logits(sequence_output, masked_positions, masked_labels,
                                                    flat_positions=segment_ids is not None)
         nsp_logits = self.cls.seq_relationship(pooled_output)
-        mlm_loss = masked_lm_loss(mlm_logits, labels)
+        mlm_loss_sum = masked_lm_loss_sum(mlm_logits, labels)
+        mlm_loss = mlm_loss_sum / (labels != IGNORE_INDEX).sum().clamp_min(1)
         # ignore_index: empty slots of packed rows; every label of an unpacked batch is 0 or 1.
         nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label.long(), ignore_index=IGNORE_INDEX)
         return PretrainingOutput(
@@ -127,6 +131,7 @@ class SparseBertForPreTraining(BertForPreTraining):
             mlm_logits=mlm_logits,
             mlm_labels=labels,
             nsp_logits=nsp_logits,
+            mlm_loss_sum=mlm_loss_sum,
         )
 
     def masked_lm_logits(
@@ -162,8 +167,12 @@ def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     Sum over slots (empty ones add exactly 0) divided by the on-device count, instead of
     `reduction="mean"`, which is NaN (0/0) for a micro-batch without labels; no host sync either way.
     """
-    total = F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
-    return total / (labels != IGNORE_INDEX).sum().clamp_min(1)
+    return masked_lm_loss_sum(logits, labels) / (labels != IGNORE_INDEX).sum().clamp_min(1)
+
+
+def masked_lm_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy summed over the labelled slots (empty slots add exactly 0), in fp32."""
+    return F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
 
 
 def build_model(config: BertConfig, activation_checkpointing: bool = False) -> SparseBertForPreTraining:

@@ -32,9 +32,11 @@ from pretrain.checkpoint import (
     read_run_config,
     split_checkpoint_path,
 )
+from pretrain.checkpoint_manifest import resolve_resume_tag
 from pretrain.codistill import Codistillation
 from pretrain.config import ConfigError, RunConfig, load_config, phase_ds_config
 from pretrain.data import DataConfigError, PhaseData, RankBatches, open_phase_data
+from pretrain.elastic import prepare_resume
 from pretrain.engine import DistInfo, build_engine, check_ds_config, client_optimizer, init_distributed
 from pretrain.export import EXPORT_INFO, export_checkpoint, load_weights
 from pretrain.lamb import Lamb, bind_zero_layout
@@ -278,16 +280,13 @@ def train(
         checkpoints = CheckpointManager(config.checkpoint_dir, config.checkpoint.keep_last, dist_info.rank)
     if dist_info.rank == 0:
         atomic_write_json(run_dir / RESOLVED_CONFIG, plan.resolved)
-    latest = checkpoints.latest_tag()
+    # The newest checkpoint, verified against its manifest (a damaged one is set aside for the newest intact one),
+    # then, if this job has another number of ranks than the one that wrote it, converted once for them.
+    latest = resolve_resume_tag(checkpoints)
     saved = checkpoints.trainer_state(latest) if latest else None
     if latest is not None:
-        saved_world = read_run_config(checkpoints.root, latest)["resolved"]["world_size"]
-        if saved_world != dist_info.world_size:
-            raise ConfigError(
-                f"checkpoint.dir: {checkpoints.root / latest} was written by {saved_world} ranks, this job has "
-                f"{dist_info.world_size}; resume with the same number of ranks, or start a phase from it with "
-                "phaseN.init_from in a new checkpoint.dir"
-            )
+        source = (codistill.layout.first_rank, codistill.reduce_group) if codistill else (0, None)
+        prepare_resume(checkpoints.root, latest, plan.ds_configs, dist_info.rank, dist_info.world_size, *source)
     if saved is None and config.run.phases[0] == "phase2" and not config.phase2.init_from:
         raise ConfigError("phase2.init_from: required when phase 2 runs without a phase-1 checkpoint in checkpoint.dir")
     metrics = MetricsWriter(run_dir / "tensorboard", enabled=dist_info.rank == 0 and config.logging.tensorboard)

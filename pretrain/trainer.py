@@ -8,6 +8,15 @@ Determinism: before every micro-batch the global torch RNG (dropout) is reseeded
 phase, step, micro-batch, rank), so the random stream after a resume is the one an uninterrupted
 run would have drawn, with no RNG bookkeeping in the loop.
 
+Loss normalisation, independent of the split: the MLM loss of a step is the cross-entropy summed over
+every labelled token of the global batch divided by their number, whatever the micro-batch size,
+accumulation and world size. Each micro-batch contributes its summed cross-entropy times
+(micro-batches per step / labelled tokens of the step); DeepSpeed's averaging over the accumulation
+steps and ranks divides the factor back out. The step's labelled count needs one small all-reduce
+before the first backward (all micro-batches of the step are read first). The NSP loss stays a mean
+per micro-batch: every micro-batch holds the same number of instances, so the mean of the means is
+the mean over the global batch.
+
 Extension point (codistillation): `extra_loss(output, batch, state) -> (tensor, dict of floats)` is
 added to the task loss; its numbers are logged under their own tags.
 """
@@ -25,7 +34,7 @@ import torch.distributed as dist
 
 from pretrain.checkpoint import CheckpointManager, make_tag
 from pretrain.config import PHASE_NAMES, RunConfig
-from pretrain.data import RankBatches, batch_loader
+from pretrain.data import RankBatches, ValidationBatches, batch_loader
 from pretrain.engine import DistInfo, client_optimizer
 from pretrain.lamb import Lamb
 from pretrain.metrics import MetricsWriter, StepCounts, Throughput, memory_stats
@@ -45,18 +54,21 @@ class NonFiniteLossError(RuntimeError):
 class PhaseState:
     phase: str
     step: int = 0  # optimizer steps done in this phase (skipped ones included: their data was consumed)
-    data_position: int = 0  # micro-batches this rank consumed in this phase
+    data_position: int = 0  # samples of this phase's data stream consumed by all ranks (step x global batch)
     samples_seen: int = 0  # sequences of the whole run (all phases, all ranks)
     nonfinite_steps: int = 0
     consecutive_nonfinite: int = 0
     complete: bool = False
+    # 2: the data stream does not depend on the world size and data_position counts samples. States without
+    # the key were written when data_position counted this rank's micro-batches (resumable on that world only).
+    data_order: int = 2
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PhaseState:
-        return cls(**data)
+        return cls(**{"data_order": 1, **data})
 
 
 @dataclass
@@ -87,6 +99,15 @@ class StepResult:
     counts: StepCounts  # rows, instances, real tokens, MLM predictions of the step over the model's ranks
     stop_requested: bool = False  # some rank received SIGTERM/SIGUSR1 before this step's all-reduce
     abort_elsewhere: bool = False  # codistillation: another group hit failures.max_consecutive_nonfinite
+
+
+def validation_batches(config: RunConfig, val_batches: RankBatches) -> ValidationBatches:
+    """The held-out micro-batches of one evaluation: `logging.val_instances` instances (the same ones at any
+    world size), or, unset, `logging.val_batches` micro-batches per rank (how many depends on the job)."""
+    wanted = config.logging.val_instances
+    if wanted is None:
+        wanted = config.logging.val_batches * val_batches.micro_batch * val_batches.world_size
+    return ValidationBatches(val_batches, wanted)
 
 
 def step_seed(*parts: int) -> int:
@@ -126,8 +147,14 @@ class PhaseTrainer:
         self.reduce_group = reduce_group
         self.accumulation = engine.gradient_accumulation_steps()
         self.global_batch = engine.train_batch_size()
+        self.micro_batches_per_step = self.global_batch // engine.train_micro_batch_size_per_gpu()
+        train_batches.phase_index = PHASE_NAMES.index(state.phase)  # masks differ between phases
+        if val_batches is not None:
+            val_batches.phase_index = train_batches.phase_index
         self.steps_this_process = 0
-        self.step_callbacks: list[Callable[[PhaseTrainer], None]] = []  # run on every rank after each step
+        # Run on every rank after each step; one with a `phase_started(trainer)` method also gets that call once
+        # the engine is built and any checkpoint loaded, before the first step (tests compare restored states).
+        self.step_callbacks: list[Callable[[PhaseTrainer], None]] = []
         self._batches: Iterator[dict[str, torch.Tensor]] | None = None
 
     def state_dict(self) -> dict[str, Any]:
@@ -136,17 +163,34 @@ class PhaseTrainer:
     # ------------------------------------------------------------------ one optimizer step
     def _next_batch(self) -> dict[str, torch.Tensor]:
         if self._batches is None:
-            loader = batch_loader(self.train_batches, self.state.data_position, self.config.data.num_workers)
+            per_chunk = self.train_batches.micro_batch * self.train_batches.world_size
+            if self.state.data_position % per_chunk:
+                raise ValueError(f"data position {self.state.data_position} is not a whole number of micro-batches "
+                                 f"of {per_chunk} samples over all ranks")
+            loader = batch_loader(self.train_batches, self.state.data_position // per_chunk,
+                                  self.config.data.num_workers)
             self._batches = iter(loader)
-        batch = next(self._batches)
-        self.state.data_position += 1
-        return {key: value.to(self.dist.device, non_blocking=True) for key, value in batch.items()}
+        return next(self._batches)  # on the host; moved to the device right before its forward pass
 
-    def loss(self, output: PretrainingOutput, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(
+        self, output: PretrainingOutput, batch: dict[str, torch.Tensor], mlm_scale: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """What backward runs on. `mlm_scale` = micro-batches per step / labelled tokens of the step: the MLM
+        term becomes split-independent (module docstring); None keeps the micro-batch mean."""
+        task = output.loss if mlm_scale is None else output.mlm_loss_sum * mlm_scale.float() + output.nsp_loss
         if self.extra_loss is None:
-            return output.loss, {}
+            return task, {}
         extra, numbers = self.extra_loss(output, batch, self.state)
-        return output.loss + extra, numbers
+        return task + extra, numbers
+
+    def _step_mlm_scale(self, batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+        """micro-batches per step / labelled MLM slots of the whole global batch (one tiny all-reduce of a
+        number counted on the host from the collated labels: no device -> host sync)."""
+        labelled = sum(int((b["masked_labels"] != IGNORE_INDEX).sum()) for b in batches)
+        labelled = torch.tensor([float(labelled)], dtype=torch.float64, device=self.dist.device)
+        if dist.is_initialized() and self.dist.world_size > 1:
+            dist.all_reduce(labelled, group=self.reduce_group)
+        return self.micro_batches_per_step / labelled[0].clamp_min(1)
 
     def train_step(self) -> StepResult:
         """Accumulate `gradient_accumulation_steps` micro-batches, then one optimizer step.
@@ -157,15 +201,19 @@ class PhaseTrainer:
         rank's batches rather than extrapolating rank 0's.
         """
         phase_index = PHASE_NAMES.index(self.state.phase)
-        # sums over micro-batches: mlm loss, nsp loss, mlm correct, mlm count, nsp correct, nsp count, nonfinite,
+        # (before it, one all-reduce of the step's labelled-token count: the loss normalisation, see the module doc)
+        # sums over micro-batches: mlm loss sum, nsp loss, mlm correct, mlm count, nsp correct, nsp count, nonfinite,
         # then the work counts: rows, instances, real tokens, MLM head rows
         sums = torch.zeros(11, dtype=torch.float64, device=self.dist.device)
         extra_sums: dict[str, torch.Tensor] = {}
-        for micro in range(self.accumulation):
-            batch = self._next_batch()
+        batches = [self._next_batch() for _ in range(self.accumulation)]
+        self.state.data_position += self.global_batch
+        mlm_scale = self._step_mlm_scale(batches)
+        for micro, host_batch in enumerate(batches):
+            batch = {key: value.to(self.dist.device, non_blocking=True) for key, value in host_batch.items()}
             torch.manual_seed(step_seed(self.config.run.seed, phase_index, self.state.step, micro, self.dist.rank))
             output: PretrainingOutput = self.engine(**batch)
-            loss, extra = self.loss(output, batch)
+            loss, extra = self.loss(output, batch, mlm_scale)
             # A NaN/inf loss is still back-propagated: its non-finite gradients make DeepSpeed's overflow
             # check skip the step on every rank together (checked below), so no rank diverges.
             self.engine.backward(loss)
@@ -177,7 +225,7 @@ class PhaseTrainer:
                 # packed rows pad their unused NSP slots: the labelled ones are the instances
                 instances = (batch["next_sentence_label"] != IGNORE_INDEX).sum().double()
                 sums += torch.stack([
-                    torch.where(finite > 0, output.mlm_loss.detach().double(), zero),
+                    torch.where(finite > 0, output.mlm_loss_sum.detach().double(), zero),  # / labelled below
                     torch.where(finite > 0, output.nsp_loss.detach().double(), zero),
                     mlm_correct.double(),
                     mlm_labelled.double(),
@@ -217,7 +265,7 @@ class PhaseTrainer:
                 "gradients for overflow (use ZeRO stage >= 1 or fp16); stopping before the weights are used"
             )
         values = {
-            "loss/mlm": mlm / max(finite_micro, 1),
+            "loss/mlm": mlm / max(mlm_n, 1),  # over every labelled token of the step (NaN micro-batches: 0)
             "loss/nsp": nsp / max(finite_micro, 1),
             "acc/mlm": mlm_ok / max(mlm_n, 1),
             "acc/nsp": nsp_ok / max(nsp_n, 1),
@@ -266,12 +314,11 @@ class PhaseTrainer:
             return {}
         self.engine.eval()
         sums = torch.zeros(3, dtype=torch.float64, device=self.dist.device)  # loss sum, correct, labelled
-        count = min(self.config.logging.val_batches, len(self.val_batches))
-        for batch in batch_loader(self.val_batches, 0, 0, count=count):
+        for batch in validation_batches(self.config, self.val_batches):
             batch = {key: value.to(self.dist.device) for key, value in batch.items()}
             output: PretrainingOutput = self.engine(**batch)
             correct, n = output.mlm_counts()  # labelled slots only
-            sums += torch.stack([output.mlm_loss.double() * n, correct.double(), n.double()])
+            sums += torch.stack([output.mlm_loss_sum.double(), correct.double(), n.double()])
         self.engine.train()
         loss_sum, correct, n = _all_reduce(sums.tolist(), self.dist.device, self.reduce_group)
         return {"val/mlm_loss": loss_sum / max(n, 1), "val/mlm_acc": correct / max(n, 1)}
@@ -293,6 +340,10 @@ class PhaseTrainer:
         """Run to the end of the phase. Returns 'complete' or the reason it stopped early (after a checkpoint)."""
         every = self.config.checkpoint.every_steps
         val_every = self.config.logging.val_every_steps
+        for callback in self.step_callbacks:  # a callback may also watch the phase start (after any resume)
+            started = getattr(callback, "phase_started", None)
+            if started is not None:
+                started(self)
         self.throughput.restart()
         while self.state.step < self.phase.steps:
             result = self.train_step()

@@ -34,6 +34,9 @@ class FlatPartition:
     reduce_device: torch.device | None = (
         None  # where to all-reduce (the accelerator for offloaded CPU partitions)
     )
+    # per segment: where it starts inside its parameter's flattened elements (elastic resume copies
+    # parameters in and out of partitions with it); empty when the ranges did not say
+    param_starts: list[int] = field(default_factory=list)
     _index_cache: dict[torch.device, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
@@ -70,6 +73,17 @@ class FlatPartition:
 
 
 @dataclass
+class FlatView:
+    """One flat fp32 tensor the client optimizer steps: the parameters it slices (index j = position in
+    `params`), the client optimizer's param group it belongs to, and how it is cut."""
+
+    flat: torch.Tensor
+    params: list[torch.Tensor]
+    group: int
+    partition: FlatPartition
+
+
+@dataclass
 class ZeroLayout:
     """All flat partitions of one engine, keyed by id() of the fp32 tensor the optimizer steps."""
 
@@ -79,18 +93,20 @@ class ZeroLayout:
 
 def partition_from_ranges(
     flat_numel: int,
-    ranges: list[tuple[int, int, int]],
+    ranges: list[tuple[int, ...]],
     num_params: int,
     process_group: Any,
     ratio_key: int,
     reduce_device: torch.device | None,
 ) -> FlatPartition:
-    """Build a FlatPartition from (param_index, start, length) ranges local to the flat tensor."""
+    """Build a FlatPartition from (param_index, start, length[, start inside the parameter]) ranges local
+    to the flat tensor."""
     piece_sizes: list[int] = []
     segment_pieces: list[int] = []
     param_indices: list[int] = []
+    param_starts: list[int] = []
     cursor = 0
-    for param_index, start, length in sorted(ranges, key=lambda r: r[1]):
+    for param_index, start, length, *inside in sorted(ranges, key=lambda r: r[1]):
         if length <= 0:
             continue
         if start < cursor or start + length > flat_numel:
@@ -103,6 +119,8 @@ def partition_from_ranges(
         segment_pieces.append(len(piece_sizes))
         piece_sizes.append(length)
         param_indices.append(param_index)
+        if inside:
+            param_starts.append(int(inside[0]))
         cursor = start + length
     if cursor < flat_numel:
         piece_sizes.append(flat_numel - cursor)
@@ -114,14 +132,15 @@ def partition_from_ranges(
         process_group=process_group,
         ratio_key=ratio_key,
         reduce_device=reduce_device,
+        param_starts=param_starts if len(param_starts) == len(param_indices) else [],
     )
 
 
 def _intersect(
     param_index: int, offset: int, numel: int, start: int, end: int
-) -> tuple[int, int, int] | None:
+) -> tuple[int, int, int, int] | None:
     lo, hi = max(offset, start), min(offset + numel, end)
-    return (param_index, lo - start, hi - lo) if lo < hi else None
+    return (param_index, lo - start, hi - lo, lo - offset) if lo < hi else None
 
 
 def _reduce_device(flat: torch.Tensor, engine_device: torch.device) -> torch.device | None:
@@ -131,8 +150,8 @@ def _reduce_device(flat: torch.Tensor, engine_device: torch.device) -> torch.dev
     return None
 
 
-def _zero12_layout(wrapper: Any, engine_device: torch.device) -> ZeroLayout:
-    layout = ZeroLayout(wrapper=type(wrapper).__name__)
+def _zero12_views(wrapper: Any, engine_device: torch.device) -> list[FlatView]:
+    views = []
     for i, flat in enumerate(wrapper.single_partition_of_fp32_groups):
         group = wrapper.real_dp_process_group[i]
         rank = dist.get_rank(group=group)
@@ -155,14 +174,14 @@ def _zero12_layout(wrapper: Any, engine_device: torch.device) -> ZeroLayout:
             piece = _intersect(original_index[id(param)], int(offset), meta.numel(), start, end)
             if piece is not None:
                 ranges.append(piece)
-        layout.partitions[id(flat)] = partition_from_ranges(
+        views.append(FlatView(flat, list(wrapper.bit16_groups[i]), i, partition_from_ranges(
             flat.numel(), ranges, len(original_index), group, i, _reduce_device(flat, engine_device)
-        )
-    return layout
+        )))
+    return views
 
 
-def _zero3_layout(wrapper: Any, engine_device: torch.device) -> ZeroLayout:
-    layout = ZeroLayout(wrapper=type(wrapper).__name__)
+def _zero3_views(wrapper: Any, engine_device: torch.device) -> list[FlatView]:
+    views = []
     for sub_group, params in enumerate(wrapper.fp16_groups):
         flat = wrapper.fp32_partitioned_groups_flat[sub_group]
         group = wrapper.sub_group_process_groups[sub_group]
@@ -174,15 +193,15 @@ def _zero3_layout(wrapper: Any, engine_device: torch.device) -> ZeroLayout:
             # uninitialised padding (torch.empty) and must be masked out.
             valid = max(0, min(partition_numel, param.ds_numel - rank * partition_numel))
             if valid:
-                ranges.append((j, int(offset), int(valid)))
-        layout.partitions[id(flat)] = partition_from_ranges(
+                ranges.append((j, int(offset), int(valid), rank * int(partition_numel)))
+        views.append(FlatView(flat, list(params), int(wrapper.sub_group_to_group_id[sub_group]), partition_from_ranges(
             flat.numel(), ranges, len(params), group, sub_group, _reduce_device(flat, engine_device)
-        )
-    return layout
+        )))
+    return views
 
 
-def _bf16_layout(wrapper: Any, engine_device: torch.device) -> ZeroLayout:
-    layout = ZeroLayout(wrapper=type(wrapper).__name__)
+def _bf16_views(wrapper: Any, engine_device: torch.device) -> list[FlatView]:
+    views = []
     for i, flat in enumerate(wrapper.fp32_groups_flat_partition):
         group = wrapper.real_dp_process_group[i]
         rank = dist.get_rank(group=group)
@@ -194,20 +213,29 @@ def _bf16_layout(wrapper: Any, engine_device: torch.device) -> ZeroLayout:
             if piece is not None:
                 ranges.append(piece)
             offset += param.numel()
-        layout.partitions[id(flat)] = partition_from_ranges(
+        views.append(FlatView(flat, list(wrapper.bf16_groups[i]), i, partition_from_ranges(
             flat.numel(), ranges, len(wrapper.bf16_groups[i]), group, i, _reduce_device(flat, engine_device)
-        )
-    return layout
+        )))
+    return views
 
 
 def build_zero_layout(engine: Any, client_optimizer: torch.optim.Optimizer) -> ZeroLayout:
     """Describe every tensor that `engine`'s optimizer wrapper will hand to `client_optimizer.step()`."""
+    views = flat_views(engine, client_optimizer)
+    if views is None:
+        return ZeroLayout(wrapper="none")
+    return ZeroLayout(wrapper=type(engine.optimizer).__name__, partitions={id(v.flat): v.partition for v in views})
+
+
+def flat_views(engine: Any, client_optimizer: torch.optim.Optimizer) -> list[FlatView] | None:
+    """Every flat tensor `engine`'s wrapper hands to `client_optimizer.step()`, in the wrapper's order (group
+    for ZeRO-1/2 and BF16_Optimizer, sub-group for ZeRO-3); None when there is no wrapper (ZeRO-0)."""
     wrapper = engine.optimizer
     engine_device = (
         torch.device(engine.device) if getattr(engine, "device", None) is not None else torch.device("cpu")
     )
     if wrapper is client_optimizer:
-        return ZeroLayout(wrapper="none")
+        return None
     if getattr(wrapper, "optimizer", None) is not client_optimizer:
         raise UnboundZeroLayoutError(
             f"engine.optimizer ({type(wrapper).__name__}) does not wrap this Lamb instance; was the engine "
@@ -215,16 +243,16 @@ def build_zero_layout(engine: Any, client_optimizer: torch.optim.Optimizer) -> Z
         )
     name = type(wrapper).__name__
     if name == "DeepSpeedZeroOptimizer":
-        return _zero12_layout(wrapper, engine_device)
+        return _zero12_views(wrapper, engine_device)
     if name == "DeepSpeedZeroOptimizer_Stage3":
         if getattr(wrapper, "backup_optimizer", None) is not None:
             raise UnboundZeroLayoutError(
                 "ZeRO-3 with a partial optimizer offload ratio steps a second (backup) optimizer; ExactLamb "
                 "supports offload_optimizer only with ratio 1.0"
             )
-        return _zero3_layout(wrapper, engine_device)
+        return _zero3_views(wrapper, engine_device)
     if name == "BF16_Optimizer":
-        return _bf16_layout(wrapper, engine_device)
+        return _bf16_views(wrapper, engine_device)
     raise UnboundZeroLayoutError(
         f"ExactLamb does not know the layout of DeepSpeed's {name} optimizer wrapper; supported: no wrapper "
         "(fp32, ZeRO-0), ZeRO stages 1-3, BF16_Optimizer. For fp16/bf16 use ZeRO stage >= 1."

@@ -67,7 +67,7 @@ def test_runs_complete_with_checkpoints_of_both_phases(runs: Path) -> None:
     assert not (checkpoints / "phase1-step0000002").exists()
     final = json.loads((checkpoints / "phase2-step0000004" / "trainer_state.json").read_text())
     assert final["samples_seen"] == (6 + 4) * 16  # global batch 4 x 2 accumulation x 2 ranks
-    assert final["data_position"] == 4 * 2  # micro-batches this rank consumed in phase 2
+    assert final["data_position"] == 4 * 16  # samples of phase 2's stream consumed by all ranks
 
 
 @pytest.mark.multirank
