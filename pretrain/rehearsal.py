@@ -10,7 +10,8 @@ the sizes changed:
 
     changed (sizes)          model preset -> tiny; phase steps; sequence lengths (to the shards');
                              global/micro batch (accumulation stays > 1); ZeRO bucket sizes; checkpoint
-                             and validation intervals; codistillation burn-in and refresh interval;
+                             and validation intervals (and validation instances); codistillation
+                             burn-in and refresh interval;
                              DataLoader workers (at most 1); run folder; no progress bar
     precision                what a GPU with bf16 gets (`run.precision` resolved for CUDA): the
                              shipped JSON's bf16/fp16, else bf16. CPU DeepSpeed runs bf16; it cannot
@@ -120,6 +121,8 @@ def shrink_run_config(
     checkpoint.update(dir=None, every_steps=2)
     logging = shrunk.setdefault("logging", {})
     logging.update(progress_bar=False, val_every_steps=2, val_batches=1)
+    if logging.get("val_instances") is not None:
+        logging["val_instances"] = TOY_MICRO_BATCH * ranks  # the same held-out instances, a few of them
     return shrunk
 
 

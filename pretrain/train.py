@@ -255,12 +255,31 @@ def train(
     config: RunConfig,
     step_callbacks: list[Callable[[PhaseTrainer], None]] | None = None,
     extra_loss: ExtraLoss | None = None,
+    stop: StopRequest | None = None,
 ) -> str:
     """Run (or resume) the configured phases. Returns 'complete' or why it stopped early.
 
     step_callbacks run on every rank after each optimizer step; extra_loss is added to the task loss
-    (see PhaseTrainer) — the hooks tests and codistillation use.
+    (see PhaseTrainer) — the hooks tests and codistillation use. `stop`: a StopRequest the caller
+    installed earlier (main() does, before start-up work), else one is installed here.
     """
+    own_stop = stop is None
+    stop = stop or StopRequest()
+    if own_stop:
+        stop.install()
+    try:
+        return _train(config, step_callbacks, extra_loss, stop)
+    finally:
+        if own_stop:
+            stop.uninstall()
+
+
+def _train(
+    config: RunConfig,
+    step_callbacks: list[Callable[[PhaseTrainer], None]] | None,
+    extra_loss: ExtraLoss | None,
+    stop: StopRequest,
+) -> str:
     dist_info = init_distributed(config.run.dist_timeout_minutes)
     codistill = None
     if config.codistill.enabled:
@@ -290,8 +309,6 @@ def train(
     if saved is None and config.run.phases[0] == "phase2" and not config.phase2.init_from:
         raise ConfigError("phase2.init_from: required when phase 2 runs without a phase-1 checkpoint in checkpoint.dir")
     metrics = MetricsWriter(run_dir / "tensorboard", enabled=dist_info.rank == 0 and config.logging.tensorboard)
-    stop = StopRequest()
-    stop.install()
     samples_seen = saved["samples_seen"] if saved else 0
     steps_done = 0
     try:
@@ -339,7 +356,6 @@ def train(
                 torch.cuda.empty_cache()
         return "complete"
     finally:
-        stop.uninstall()
         metrics.close()
 
 
@@ -359,16 +375,23 @@ def main(
     step_callbacks: list[Callable[[PhaseTrainer], None]] | None = None,
     extra_loss: ExtraLoss | None = None,
 ) -> int:
+    # SIGTERM/SIGUSR1 caught from here on: one that comes during start-up (rank 0 hashing shards, a
+    # resume's conversion) stops the run at its first step, with a checkpoint, instead of killing it
+    # (a SLURM time-limit signal to a job that has just started would otherwise end it un-requeued).
+    stop = StopRequest()
+    stop.install()
     config_path, overrides = parse_args(argv)
     try:
         config = load_config(config_path, overrides)
-        outcome = train(config, step_callbacks, extra_loss)
+        outcome = train(config, step_callbacks, extra_loss, stop)
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr, flush=True)
         return 2
     except NonFiniteLossError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return 3
+    finally:
+        stop.uninstall()
     print(f"done: {outcome}", flush=True)
     return 0
 
