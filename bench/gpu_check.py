@@ -1,5 +1,5 @@
 """One prepared GPU check: training throughput / MFU of BERT-Large and BERT-base, the LAMB step
-against its memory-traffic floor, peak memory. Run through bench/gpu_check.sh (README.md, "Speed on GPUs").
+against its memory-traffic floor, peak memory. Run through bench/gpu_check.sh (docs/performance.md).
 
     python bench/gpu_check.py [--smoke] [--models bert-large,bert-base] [--steps 20] [--warmup 5]
                               [--phase1 128:256] [--phase2 512:64] [--jsonl OUT.jsonl] [--deadline T]

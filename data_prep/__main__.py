@@ -1,4 +1,4 @@
-"""`python -m data_prep build | merge | inspect` — see README.md, "Data preparation"."""
+"""`python -m data_prep build | merge | inspect` — see docs/data_prep.md."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ and gradient all-reduces stay inside the group). Ranks with the same position in
 form an "exchange" group of n ranks, over which teacher weights are all-gathered.
 
 `torch.distributed.new_group` is collective over the world: every rank creates every group, in the
-same order, before any engine exists (DEEPSPEED_NOTES.md section 4).
+same order, before any engine exists (docs/codistillation.md, "Design notes").
 
 Separate jobs (`job_group` set): this job's whole world is that one group; there is no other group
 in it, no mpu (the world is the data-parallel group) and no exchange group (files only).

@@ -364,7 +364,7 @@ def parse_args(argv: list[str] | None) -> tuple[str | None, list[str]]:
         prog="python -m pretrain.train", description="Two-phase BERT pretraining on DeepSpeed.",
         epilog="Any --section.key=value overrides that key of the config, e.g. --phase1.steps=100.",
     )
-    parser.add_argument("--config", help="RUN.json (see ds_configs/runs/)")
+    parser.add_argument("--config", help="RUN.json (the shipped ones: ds_configs/run_*.json)")
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher
     args, rest = parser.parse_known_args(argv)
     return args.config, rest

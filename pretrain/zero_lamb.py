@@ -4,7 +4,7 @@ DeepSpeed's wrappers hand the client optimizer flat 1-D fp32 tensors, one per (p
 ZeRO-1/2 and BF16_Optimizer, one per (sub-group, rank) for ZeRO-3. A `FlatPartition` cuts such a tensor
 into pieces: the segments that belong to original parameters (index j inside its group, identical on
 every rank) and the gaps (alignment padding, ZeRO-3's uninitialised tail padding) that belong to none.
-The attribute map is DeepSpeed 0.19.8's (see shared/docs/DEEPSPEED_NOTES.md sections 1-2). Wrappers are
+The attribute map is DeepSpeed 0.19.8's (docs/lamb.md, "DeepSpeed 0.19.8 attributes the binding reads"). Wrappers are
 recognised by class name so this module does not import deepspeed (pretrain/engine.py owns that).
 """
 

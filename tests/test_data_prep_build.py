@@ -77,7 +77,7 @@ def test_static_whole_word_build_holds_every_invariant(inputs, tmp_path, capsys)
 
 def test_one_and_two_workers_give_identical_bytes(inputs, tmp_path) -> None:
     # A given vocab: `tokenizers`' WordPiece trainer breaks count ties in hash-map order, so a
-    # *trained* vocab can differ between runs on tiny synthetic corpora (see README.md, "Data preparation").
+    # *trained* vocab can differ between runs on tiny synthetic corpora (see docs/data_prep.md).
     flags = [*all_sources(inputs), "--vocab", str(inputs["vocab"]), "--seq-lens", "64", "--val-fraction", "0.1",
              "--num-shards", "4", "--docs-per-chunk", "5"]
     assert build(tmp_path / "one", *flags, "--workers", "1") == 0
