@@ -150,6 +150,7 @@ Subcommands
   squad evaluate DATA.json PREDICTIONS.json [...]
   export CHECKPOINT OUT            python -m pretrain.export CHECKPOINT OUT
   tensorboard RUN_DIR [ARGS...]    TensorBoard on RUN_DIR
+  scale RUN.json --phase1-batch N --phase2-batch M [--gpus G] --out NEW.json   the recipe at your batch
   demo [--sample-data DIR] [--out DIR] [...]
                                    the whole pipeline at toy scale on 2 CPU ranks (python -m pretrain.demo --help)
 
@@ -174,7 +175,7 @@ LAUNCH OPTIONS (pretrain, squad finetune). Where the ranks run is chosen in this
   SIGTERM/SIGUSR1/SIGINT to launch.sh (or its process group) go on to the ranks; launch.sh waits and
   exits with their status (0 after a SIGTERM/SIGUSR1 checkpoint; rerun the same command to resume)
 
-Environment defaults (only set when unset; documented in README.md, "Environment defaults")
+Environment defaults (only set when unset; documented in docs/launching.md, "Environment defaults")
   OMP_NUM_THREADS=cores/ranks-per-node (SLURM: cpus-per-task, also passed to srun)
   TOKENIZERS_PARALLELISM=false  NCCL_DEBUG=WARN
   PYTHONUNBUFFERED=1  PYTHONPATH=<repo>:$PYTHONPATH
@@ -185,7 +186,7 @@ Examples
   ./launch.sh pretrain --config ds_configs/run_bert_large_64k.json --gpus 8
   ./launch.sh pretrain --config RUN.json --hostfile hosts.txt --dry-run
   sbatch launch/slurm_pretrain.sbatch ds_configs/run_bert_large_64k.json
-  codistillation as two separate allocations that meet in a shared folder (README, Codistillation):
+  codistillation as two separate allocations that meet in a shared folder (docs/codistillation.md):
   sbatch launch/slurm_pretrain.sbatch ds_configs/run_bert_large_codistill.json --codistill.group=0 \
       --codistill.exchange=filesystem --codistill.exchange_dir=/shared/exchange     (and group=1)
 EOF
@@ -238,72 +239,20 @@ export_rank_env() { # $1 = ranks per node, $2 = CPUs per rank (optional)
 }
 
 # ----------------------------------------------------------------------------- cluster discovery
-# First host of a SLURM node list ("gpu[003-007,010],cpu1" -> gpu003). scontrol knows every
-# syntax; the parser below covers prefix[ranges] forms for machines without it.
-slurm_first_host() {
-    local list=$1 first
-    if command -v scontrol >/dev/null 2>&1; then
-        first=$(scontrol show hostnames "$list" 2>/dev/null | head -n 1 || true)
-        if [[ -n "$first" ]]; then
-            echo "$first"
-            return
-        fi
-    fi
-    local out="" depth=0 char group="" i
-    for ((i = 0; i < ${#list}; i++)); do
-        char=${list:i:1}
-        if ((depth == 0)); then
-            [[ "$char" == "," ]] && break
-            if [[ "$char" == "[" ]]; then depth=1; group=""; else out+=$char; fi
-        else
-            if [[ "$char" == "]" ]]; then
-                depth=0
-                group=${group%%,*}
-                out+=${group%%-*}
-            else
-                group+=$char
-            fi
-        fi
-    done
-    echo "$out"
-}
-
-# GPUs per node SLURM granted: SLURM_GPUS_ON_NODE, else SLURM_GPUS_PER_NODE ("4" or "a100:4").
-slurm_gpus_per_node() {
-    if [[ -n "${SLURM_GPUS_ON_NODE:-}" ]]; then
-        echo "${SLURM_GPUS_ON_NODE}"
-    elif [[ -n "${SLURM_GPUS_PER_NODE:-}" ]]; then
-        local spec=${SLURM_GPUS_PER_NODE%%(*}
-        echo "${spec##*:}"
-    fi
-}
-
-local_gpu_count() {
-    if [[ -n "${CUDA_VISIBLE_DEVICES:-}" ]]; then
-        local devices
-        IFS=, read -r -a devices <<<"$CUDA_VISIBLE_DEVICES"
-        echo "${#devices[@]}"
-    elif command -v nvidia-smi >/dev/null 2>&1; then
-        nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true
-    else
-        echo 0
-    fi
-}
-
-# Validate an MPI-style hostfile and print "host slots", one host a line.
-hostfile_hosts() {
-    local file=$1 line number=0 hosts=()
-    [[ -f "$file" ]] || die "hostfile '$file' does not exist"
-    while IFS= read -r line || [[ -n "$line" ]]; do
-        number=$((number + 1))
-        line=${line%%#*}
-        [[ "$line" =~ ^[[:space:]]*$ ]] && continue
-        [[ "$line" =~ ^[[:space:]]*([^[:space:]]+)[[:space:]]+slots=([0-9]+)[[:space:]]*$ ]] ||
-            die "hostfile '$file' line $number: expected 'HOSTNAME slots=N', got '$line'"
-        hosts+=("${BASH_REMATCH[1]} ${BASH_REMATCH[2]}")
-    done <"$file"
-    ((${#hosts[@]} > 0)) || die "hostfile '$file' lists no host"
-    printf '%s\n' "${hosts[@]}"
+# What the cluster says (SLURM's node list and GPUs, the hostfile, this machine's GPUs, the rendezvous
+# host and port, the pdsh quoting) is read by pretrain/cluster.py, which engine.py and slurm_rank.sh
+# share. One call prints every value launch_module needs as CLUSTER_* assignments, quoted there with
+# shlex.quote, so eval runs no outside text; a bad allocation or hostfile is its "error:" line and exit 2.
+read_cluster() {
+    local python assignments request=("$LAUNCHER" --gpus="$GPUS" --nodes="$NODES" --hostfile="$HOSTFILE"
+        --master-addr="$MASTER_ADDR_OPT" --master-port="$MASTER_PORT_OPT")
+    if ((CPU_MODE)); then request+=(--cpu); fi
+    # The module needs only the standard library: a --dry-run still works where $PYTHON is not installed.
+    python=$(command -v "$PYTHON" || command -v python3) ||
+        die "no Python to read the cluster with (neither '$PYTHON' nor python3 runs)"
+    assignments=$(PYTHONPATH=$(with_repo_on_path) "$python" -m pretrain.cluster --prog launch.sh plan "${request[@]}" \
+        -- ${MODULE_ARGS[@]+"${MODULE_ARGS[@]}"}) || exit $?
+    eval "$assignments"
 }
 
 # ----------------------------------------------------------------------------- distributed launch
@@ -364,113 +313,44 @@ parse_launch_options() {
 # another environment (or vanish when upstream renames it); the module path is the same in 0.19.x.
 # --no_local_rank: our modules read LOCAL_RANK from the environment and reject unknown flags.
 launch_module() { # $1 = python module; MODULE_ARGS = its arguments
-    local module=$1 ranks nodes master_addr master_port
+    local module=$1
     local ds=("$PYTHON" -m deepspeed.launcher.runner)
     FORWARD_SIGNALS=1 # see "signals" above
+    if [[ "$LAUNCHER" == none ]]; then
+        export_rank_env 1
+        run "$PYTHON" -u -m "$module" "${MODULE_ARGS[@]}"
+        return
+    fi
+    read_cluster
     case "$LAUNCHER" in
-        none)
-            export_rank_env 1
-            run "$PYTHON" -u -m "$module" "${MODULE_ARGS[@]}"
-            ;;
         local)
-            ranks=${GPUS:-$(local_gpu_count)}
-            ((ranks > 0)) || die "no GPU found on this machine (nvidia-smi); pass --gpus N, or --cpu --gpus N for CPU ranks"
-            master_port=${MASTER_PORT_OPT:-29500}
-            # DeepSpeed ignores CUDA_VISIBLE_DEVICES once --num_gpus is given and takes GPUs 0..N-1;
-            # name the visible ones with --include instead so that a user's selection holds.
-            local select=(--num_gpus "$ranks")
-            if [[ -n "${CUDA_VISIBLE_DEVICES:-}" ]] && ((!CPU_MODE)); then
-                local devices
-                IFS=, read -r -a devices <<<"$CUDA_VISIBLE_DEVICES"
-                ((ranks <= ${#devices[@]})) ||
-                    die "--gpus $ranks but CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES shows ${#devices[@]} GPU(s)"
-                local chosen
-                chosen=$(IFS=,; echo "${devices[*]:0:ranks}")
-                select=(--include "localhost:$chosen")
-            fi
-            export_rank_env "$ranks"
-            run "${ds[@]}" "${select[@]}" --master_addr "${MASTER_ADDR_OPT:-127.0.0.1}" \
-                --master_port "$master_port" --no_local_rank --module "$module" "${MODULE_ARGS[@]}"
+            export_rank_env "$CLUSTER_RANKS"
+            run "${ds[@]}" "${CLUSTER_LAUNCHER_ARGS[@]}" --master_addr "$CLUSTER_MASTER_ADDR" \
+                --master_port "$CLUSTER_MASTER_PORT" --no_local_rank --module "$module" "${MODULE_ARGS[@]}"
             ;;
         hostfile)
-            local hosts first_host first_slots
-            hosts=$(hostfile_hosts "$HOSTFILE")
-            read -r first_host first_slots <<<"$hosts"
-            master_addr=${MASTER_ADDR_OPT:-$first_host}
-            master_port=${MASTER_PORT_OPT:-29500}
-            local extra=()
-            if [[ -n "$NODES" ]]; then
-                (($(wc -l <<<"$hosts") >= NODES)) || die "--nodes $NODES but hostfile '$HOSTFILE' lists $(wc -l <<<"$hosts") host(s)"
-                extra+=(--num_nodes "$NODES")
-            fi
-            [[ -z "$GPUS" ]] || extra+=(--num_gpus "$GPUS")
-            ranks=${GPUS:-$first_slots}
-            export_rank_env "$ranks"
-            write_ds_env_file "$ranks"
-            # DeepSpeed launches on 2+ nodes through pdsh + ssh, and the module's arguments cross a remote
-            # shell there; with one node it runs them locally, unquoted (its own rule: len(hosts) > 1).
-            local args=(${MODULE_ARGS[@]+"${MODULE_ARGS[@]}"})
-            if ((${NODES:-$(wc -l <<<"$hosts")} > 1)); then
-                pdsh_quoted_args ${MODULE_ARGS[@]+"${MODULE_ARGS[@]}"}
-                args=(${PDSH_ARGS[@]+"${PDSH_ARGS[@]}"})
+            export_rank_env "$CLUSTER_RANKS"
+            write_ds_env_file "$CLUSTER_RANKS"
+            # On 2+ nodes DeepSpeed starts the ranks through pdsh + ssh, a remote shell (pdsh_quote in
+            # pretrain/cluster.py); with one node it runs them locally, and the arguments go as typed.
+            if ((CLUSTER_REMOTE_SHELL)); then
                 echo "# hostfile: the module's arguments below are quoted once more for the remote shell (pdsh + ssh)"
             fi
-            run "${ds[@]}" --hostfile "$HOSTFILE" --master_addr "$master_addr" --master_port "$master_port" \
-                "${extra[@]}" --no_local_rank --module "$module" ${args[@]+"${args[@]}"}
+            run "${ds[@]}" --hostfile "$HOSTFILE" --master_addr "$CLUSTER_MASTER_ADDR" \
+                --master_port "$CLUSTER_MASTER_PORT" ${CLUSTER_LAUNCHER_ARGS[@]+"${CLUSTER_LAUNCHER_ARGS[@]}"} \
+                --no_local_rank --module "$module" ${CLUSTER_MODULE_ARGS[@]+"${CLUSTER_MODULE_ARGS[@]}"}
             ;;
         slurm)
-            local allocated=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}
-            nodes=${NODES:-$allocated}
-            ((nodes <= allocated)) || die "--nodes $nodes but SLURM job ${SLURM_JOB_ID} has $allocated node(s)"
-            ranks=${GPUS:-$(slurm_gpus_per_node)}
-            [[ -n "$ranks" ]] || ranks=$(local_gpu_count)
-            { is_uint "$ranks" && ((ranks > 0)); } ||
-                die "cannot tell how many GPUs each node of SLURM job ${SLURM_JOB_ID} has; pass --gpus N"
-            [[ -n "${SLURM_JOB_NODELIST:-}" ]] || die "SLURM_JOB_NODELIST is unset inside SLURM job ${SLURM_JOB_ID}"
-            master_addr=${MASTER_ADDR_OPT:-$(slurm_first_host "$SLURM_JOB_NODELIST")}
-            # A port derived from the job id keeps two jobs that share a node from colliding.
-            master_port=${MASTER_PORT_OPT:-$((20000 + SLURM_JOB_ID % 20000))}
-            # Since Slurm 22.05 srun no longer inherits the batch job's --cpus-per-task: pass it on,
-            # or every task is confined to one CPU; OMP threads follow the same count.
-            local cpus=${SLURM_CPUS_PER_TASK:-} srun_cpus=()
-            if [[ -n "$cpus" ]]; then
-                { is_uint "$cpus" && ((cpus > 0)); } ||
-                    die "SLURM_CPUS_PER_TASK must be a positive integer, got '$cpus'"
-                srun_cpus=(--cpus-per-task="$cpus")
-            fi
-            export_rank_env "$ranks" "$cpus"
-            export MASTER_ADDR=$master_addr MASTER_PORT=$master_port WORLD_SIZE=$((nodes * ranks))
+            # OMP threads follow the job's --cpus-per-task, which srun gets again (CLUSTER_LAUNCHER_ARGS).
+            export_rank_env "$CLUSTER_RANKS" "$CLUSTER_CPUS_PER_TASK"
+            export MASTER_ADDR=$CLUSTER_MASTER_ADDR MASTER_PORT=$CLUSTER_MASTER_PORT WORLD_SIZE=$CLUSTER_WORLD_SIZE
             show export "MASTER_ADDR=$MASTER_ADDR" "MASTER_PORT=$MASTER_PORT" "WORLD_SIZE=$WORLD_SIZE"
-            run srun --nodes="$nodes" --ntasks-per-node="$ranks" --ntasks=$((nodes * ranks)) \
-                ${srun_cpus[@]+"${srun_cpus[@]}"} \
+            run srun --nodes="$CLUSTER_NODES" --ntasks-per-node="$CLUSTER_RANKS" --ntasks="$CLUSTER_WORLD_SIZE" \
+                ${CLUSTER_LAUNCHER_ARGS[@]+"${CLUSTER_LAUNCHER_ARGS[@]}"} \
                 --kill-on-bad-exit=1 --export=ALL bash "$REPO_ROOT/launch/slurm_rank.sh" \
                 "$PYTHON" -u -m "$module" "${MODULE_ARGS[@]}"
             ;;
     esac
-}
-
-# DeepSpeed's pdsh runner joins the remote command into one string that pdsh sends over ssh to each
-# node's login shell, which splits it again: unquoted, --run.phases=["phase1"] arrives as [phase1],
-# {a,b} is brace-expanded, $X expanded, and pdsh itself replaces %n/%h/%u (node rank, host, user) and %%.
-# DeepSpeed passes an argument without a space as is and wraps one with a space in "..." (escaping only
-# its "). So quote each argument once more, for that path (PDSH_ARGS): single quotes when it has no
-# space, else escape what stays special inside "..." (\ $ `); then double every %. The ranks then get
-# exactly the argv the local launcher would give them (tests/test_cluster.py checks it end to end).
-pdsh_quoted_args() {
-    local arg word squote="'" squote_escaped="'\\''" backslash='\' dollar='$' backtick='`'
-    PDSH_ARGS=()
-    for arg in "$@"; do
-        if [[ -n "$arg" && "$arg" != *[!A-Za-z0-9_@%+=:,./-]* ]]; then
-            word=$arg
-        elif [[ "$arg" == *" "* ]]; then
-            word=${arg//"$backslash"/"$backslash$backslash"}
-            word=${word//"$dollar"/"$backslash$dollar"}
-            word=${word//"$backtick"/"$backslash$backtick"}
-        else
-            word="'${arg//"$squote"/"$squote_escaped"}'"
-        fi
-        PDSH_ARGS+=("${word//%/%%}")
-    done
 }
 
 # The pdsh launcher forwards only NCCL*/PYTHON*/UCX*/MV2*/MLFLOW* variables to the other nodes;
@@ -495,6 +375,9 @@ write_ds_env_file() {
         return 0
     fi
     file=$(mktemp "${TMPDIR:-/tmp}/bert-ds-env.XXXXXX")
+    # The runner reads it once, at its start, on this node: it goes when launch.sh exits.
+    DS_ENV_FILE_WRITTEN=$file
+    trap 'rm -f "$DS_ENV_FILE_WRITTEN"' EXIT
     printf '%s\n' "${lines[@]}" >"$file"
     export DS_ENV_FILE=$file
     show export "DS_ENV_FILE=$file"
@@ -571,6 +454,14 @@ cmd_tensorboard() {
     run "$PYTHON" -m tensorboard.main --logdir "$logdir" "$@"
 }
 
+cmd_scale() {
+    (($#)) || die "usage: ./launch.sh scale RUN.json --phase1-batch N --phase2-batch M [--gpus G] --out NEW.json"
+    require_path -f "$1" "scale: run config '$1' does not exist"
+    PYTHONPATH=$(with_repo_on_path)
+    export PYTHONPATH
+    run "$PYTHON" -m pretrain.scale "$@"
+}
+
 cmd_demo() {
     PYTHONPATH=$(with_repo_on_path)
     export PYTHONPATH
@@ -617,6 +508,7 @@ main() {
         export) cmd_export "$@" ;;
         tensorboard) cmd_tensorboard "$@" ;;
         demo) cmd_demo "$@" ;;
+        scale) cmd_scale "$@" ;;
         *) die "unknown subcommand '$sub' (prep, pretrain, squad, export, tensorboard, demo; see --help)" ;;
     esac
 }

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
+from pretrain.cluster import device_index, slurm_task_env
 from pretrain.lamb import Lamb, bind_zero_layout, weight_decay_param_groups
 
 __all__ = [
@@ -91,15 +92,8 @@ def _fill_rendezvous_env() -> None:
             )
         return
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:  # srun without a launcher
-        env["RANK"] = env["SLURM_PROCID"]
-        env["WORLD_SIZE"] = env["SLURM_NTASKS"]
-        env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
-        if "MASTER_ADDR" not in env:
-            if "SLURM_LAUNCH_NODE_IPADDR" not in env:
-                raise RuntimeError("under SLURM set MASTER_ADDR (e.g. the first host of $SLURM_JOB_NODELIST)")
-            env["MASTER_ADDR"] = env["SLURM_LAUNCH_NODE_IPADDR"]
-        # Every task must agree on the port without talking: derive it from the job id.
-        env.setdefault("MASTER_PORT", str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000))
+        # The same mapping and rendezvous defaults as launch/slurm_rank.sh (pretrain/cluster.py).
+        env.update(slurm_task_env(env))
         return
     # A plain single process (tests, small jobs): a world of one.
     env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"] = "0", "1", "0"
@@ -144,24 +138,12 @@ def process_group_backend(device_name: str, communication_backend: str) -> str:
     return communication_backend
 
 
-def device_index(local_rank: int, visible_devices: str | None) -> int:
-    """The accelerator index a rank uses: its local rank, unless it sees exactly one device.
-
-    SLURM's per-task GPU binding (`--gpus-per-task=1`, `--gpu-bind=single:1`) hands each task a
-    CUDA_VISIBLE_DEVICES with one entry, so the only device the process can open is index 0, whatever
-    its SLURM_LOCALID; using the local rank would fail with an invalid device ordinal on every task
-    but the first of a node.
-    """
-    devices = [entry for entry in (visible_devices or "").split(",") if entry.strip()]
-    return 0 if len(devices) == 1 else local_rank
-
-
 def init_distributed(timeout_minutes: int = DIST_TIMEOUT_MINUTES) -> DistInfo:
     """Join (or create) the default process group; idempotent (a second call keeps the first timeout).
 
     The backend follows the accelerator (process_group_backend); collectives wait up to
     `timeout_minutes` for a busy peer (see DIST_TIMEOUT_MINUTES). LOCAL_RANK is rewritten to the
-    device index (device_index) before DeepSpeed reads it to bind the device.
+    device index (device_index, pretrain/cluster.py) before DeepSpeed reads it to bind the device.
     """
     accelerator = get_accelerator()
     if not dist.is_initialized():
