@@ -271,20 +271,20 @@ def preemption(slurm: LocalSlurm, workdir: Path) -> PreemptionRecord:
     shape = slurm_shape(2, cpus_per_task)
 
     first = jobs.submit(shape, command)
-    wait_for(lambda: len(step_records(run_dir)) >= 2, 240, "job 1 to train two steps",
+    wait_for(lambda: len(step_records(run_dir)) >= 2, 480, "job 1 to train two steps",
              lambda: tail(jobs.output_file(first)))
     ranks = probe_ranks(str(config))
     jobs.scancel(first)  # SIGTERM to every process of the job, SIGKILL after KillWait (30 s)
-    cancelled = jobs.wait_final(first, 120)
+    cancelled = jobs.wait_final(first, 300)
     checkpoint = latest_checkpoint(run_dir)
     records_after_cancel = len(step_records(run_dir))
 
     usr1_options, usr1_target = usr1_as_the_time_limit_sends_it()
     second = jobs.submit(shape, command)
-    wait_for(lambda: len(step_records(run_dir)) >= records_after_cancel + 2, 240, "job 2 to train two steps",
+    wait_for(lambda: len(step_records(run_dir)) >= records_after_cancel + 2, 480, "job 2 to train two steps",
              lambda: tail(jobs.output_file(second)))
     jobs.scancel(second, *usr1_options)
-    requeued = jobs.wait_final(second, 300)
+    requeued = jobs.wait_final(second, 600)
     return PreemptionRecord(run_dir, ranks, cpus_per_task, cancelled, checkpoint, requeued, usr1_target,
                             records_after_cancel, step_records(run_dir))
 
@@ -356,7 +356,7 @@ def codistill_jobs(slurm: LocalSlurm, workdir: Path) -> CodistillRecord:
                                            "--phase1.steps=6", f"--codistill.group={group}",
                                            "--codistill.exchange=filesystem", f"--codistill.exchange_dir={exchange}"])
            for group in (0, 1)]
-    return CodistillRecord([jobs.wait_final(job_id, 300) for job_id in ids], run_dir, exchange)
+    return CodistillRecord([jobs.wait_final(job_id, 600) for job_id in ids], run_dir, exchange)
 
 
 def test_codistillation_as_two_slurm_jobs_meeting_in_one_folder(codistill_jobs: CodistillRecord) -> None:
@@ -422,14 +422,14 @@ def hostfile_runs(ssh_nodes: LoopbackSsh, workdir: Path) -> HostfileRecord:
 
     proc = launch_hostfile(ssh_nodes, workdir, args, killed_log)
     try:
-        wait_for(lambda: latest_checkpoint(run_dir) is not None or proc.poll() is not None, 240,
+        wait_for(lambda: latest_checkpoint(run_dir) is not None or proc.poll() is not None, 480,
                  "the first checkpoint", lambda: tail(killed_log))
         victims = [pid for pid, rank in rank_processes(str(config)).items() if rank == 1]
         assert proc.poll() is None and victims, f"the run ended before the kill:\n{tail(killed_log)}"
         killed_at = time.monotonic()
         for pid in victims:
             os.kill(pid, signal.SIGKILL)  # node "localhost" loses its rank
-        status = finish(proc, 180, killed_log)
+        status = finish(proc, 360, killed_log)
         seconds = time.monotonic() - killed_at
     finally:
         if proc.poll() is None:
