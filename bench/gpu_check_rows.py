@@ -74,7 +74,7 @@ def synthetic_batch(micro: int, seq: int, predictions: int, vocab: int, instance
 
 
 def lamb_step_kind(engine: Any) -> str:
-    """Which step our Lamb ran inside the engine: the reference multi-tensor step, the compiled fused
+    """Which step ExactLamb ran inside the engine: the reference multi-tensor step, the compiled fused
     one, or the fused math uncompiled (fused=None falls back there when compiling fails)."""
     kernels = getattr(client_optimizer(engine), "_fused_kernels", None)
     if kernels is None:
@@ -161,7 +161,7 @@ def lamb_shapes(preset: str, vocab: int) -> list[list[torch.Size]]:
 
 
 def flat_lamb(shapes: list[list[torch.Size]], device: torch.device, fused: bool) -> Lamb:
-    """Our Lamb over one fp32 flat per group, exactly as ZeRO-1 on one rank hands them over."""
+    """ExactLamb over one fp32 flat per group, exactly as ZeRO-1 on one rank hands them over."""
     g = torch.Generator(device=device).manual_seed(0)
     flats, partitions = [], {}
     for key, group_shapes in enumerate(shapes):

@@ -3,15 +3,16 @@
     python bench/lamb_step.py [--models base,large] [--reps 7] [--device auto|cpu|cuda] [--layers N]
     deepspeed --num_gpus 2 bench/lamb_step.py --zero [--models base]   # ZeRO bookkeeping overhead
 
-Single-process mode interleaves, in one process and on the same weights and gradients, our `Lamb`,
-`torch.optim.AdamW(foreach=True)` (the baseline), `torch_optimizer.Lamb` (PyPI `torch-optimizer`, skipped
-when absent) and a naive per-tensor Python loop. It also measures a memory-copy bandwidth in the same
-run and prints the physical floor: LAMB must read w, g, m, v and write m, v, u, then read u, w and
-write w (10 x 4 bytes per element in fp32); AdamW needs 7 x 4 bytes.
+Single-process mode interleaves, in one process and on the same weights and gradients, ExactLamb
+(`pretrain.lamb.Lamb`), `torch.optim.AdamW(foreach=True)` (the baseline), `torch_optimizer.Lamb` (PyPI
+`torch-optimizer`, skipped when absent) and the textbook per-tensor loop of pretrain/lamb_reference.py.
+It also measures a memory-copy bandwidth in the same run and prints the physical floor: LAMB must read
+w, g, m, v and write m, v, u, then read u, w and write w (10 x 4 bytes per element in fp32); AdamW
+needs 7 x 4 bytes.
 
 --zero (2+ ranks, launched by deepspeed) gives each rank the flat fp32 partitions ZeRO-1/2 would
 (two param groups, aligned, boundaries cutting parameters) and compares our exact per-parameter step
-(segments + one all-reduce per partition) with the same Lamb treating each partition as one tensor.
+(segments + one all-reduce per partition) with the same ExactLamb treating each partition as one tensor.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pretrain.lamb import Lamb, weight_decay_param_groups  # noqa: E402
+from pretrain.lamb_reference import NaiveLamb  # noqa: E402
 from pretrain.zero_lamb import ZeroLayout, partition_from_ranges  # noqa: E402
 
 BYTES_PER_ELEMENT = {"lamb": 10 * 4, "adamw": 7 * 4}
@@ -49,30 +51,6 @@ def bert_groups(model_name: str, layers: int | None) -> list[list[torch.Size]]:
     with torch.device("meta"):
         model = transformers.BertForPreTraining(config)
     return [[p.shape for p in g["params"]] for g in weight_decay_param_groups(model, 0.01)]
-
-
-class NaiveLoopLamb(torch.optim.Optimizer):
-    """Per-tensor Python loop, the way LAMB is usually written: the slow baseline."""
-
-    def __init__(self, params: list[dict], lr: float) -> None:
-        super().__init__(params, dict(lr=lr, betas=(0.9, 0.999), eps=1e-6))
-
-    @torch.no_grad()
-    def step(self, closure: Callable | None = None) -> None:
-        for group in self.param_groups:
-            b1, b2 = group["betas"]
-            for p in group["params"]:
-                st = self.state[p]
-                if not st:
-                    st["t"], st["m"], st["v"] = 0, torch.zeros_like(p), torch.zeros_like(p)
-                st["t"] += 1
-                st["m"].mul_(b1).add_(p.grad, alpha=1 - b1)
-                st["v"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
-                u = (st["m"] / (1 - b1 ** st["t"])) / ((st["v"] / (1 - b2 ** st["t"])).sqrt() + group["eps"])
-                u.add_(p, alpha=group["weight_decay"])
-                w_norm, u_norm = p.norm(), u.norm()
-                ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
-                p.sub_(u * (group["lr"] * ratio))
 
 
 def synchronize(device: torch.device) -> None:
@@ -144,7 +122,7 @@ def bench_model(model_name: str, args: argparse.Namespace, device: torch.device)
     except ImportError:
         print("torch-optimizer is not installed (pip install torch-optimizer): its Lamb is skipped")
     if not args.skip_naive:
-        candidates["naive_loop_lamb"] = NaiveLoopLamb(fresh_groups(), lr=1e-3)
+        candidates["naive_loop_lamb"] = NaiveLamb(fresh_groups(), lr=1e-3)
     bandwidth = copy_bandwidth(device, args.reps)
     medians = interleaved_medians({n: o.step for n, o in candidates.items()}, args.reps, device)
     base = medians["adamw_foreach"]

@@ -5,7 +5,7 @@
 
 1. tokens/s of `PhaseTrainer.train_step` (DeepSpeed engine, ExactLamb, gradient clipping, data
    loading + dynamic masking from real shard files, loss/accuracy bookkeeping) against a bare loop
-   (same model, same Lamb, same clipping, one pre-collated batch reused, no DeepSpeed). Goal >= 0.9.
+   (same model, same ExactLamb, same clipping, one pre-collated batch reused, no DeepSpeed). Goal >= 0.9.
 2. forward+backward time of the sparse MLM head (logits only at masked positions) against
    transformers' dense `BertForPreTraining` head (logits at every position) on the same batch.
 
@@ -30,7 +30,8 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from data_prep.shards import FORMAT_NAME, FORMAT_VERSION, atomic_write_json, sha256_file, write_shard  # noqa: E402
+from data_prep.atomic_io import atomic_write_json, sha256_file  # noqa: E402
+from data_prep.shards import FORMAT_NAME, FORMAT_VERSION, write_shard  # noqa: E402
 from pretrain.checkpoint import CheckpointManager  # noqa: E402
 from pretrain.config import load_config  # noqa: E402
 from pretrain.engine import build_engine, init_distributed  # noqa: E402

@@ -14,20 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from data_prep import __version__
+from data_prep.atomic_io import atomic_write_json, sha256_file
 from data_prep.config import BuildConfig
 from data_prep.corpus_stage import VOCAB_NAME, clean_all, corpus_stats, prepare_vocab, tokenize_all
 from data_prep.instance_stage import InstanceTask, instance_chunk_done, make_instances, validation_documents
 from data_prep.parallel import Workers
 from data_prep.report import print_summary
 from data_prep.shard_stage import ShardTask, count_instances, shard_file, shard_plan, write_one_shard
-from data_prep.shards import (
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    MANIFEST_NAME,
-    SPLITS,
-    atomic_write_json,
-    sha256_file,
-)
+from data_prep.shards import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, SPLITS
 from data_prep.sources import SourceError, check_readable_file, list_text_files
 from data_prep.vocab import load_vocab
 

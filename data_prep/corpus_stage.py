@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from data_prep.atomic_io import atomic_write_bytes, sha256_file
 from data_prep.config import BuildConfig
 from data_prep.corpus import (
     merge_stats,
@@ -28,7 +29,6 @@ from data_prep.corpus import (
     write_token_part,
 )
 from data_prep.parallel import Workers
-from data_prep.shards import atomic_write_bytes, sha256_file
 from data_prep.sources import (
     RawDocument,
     read_books,

@@ -37,10 +37,8 @@ The manifest (``manifest.json``)::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +47,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
+
+# atomic_write_json is unused here: pretrain/demo.py and pretrain/squad/ still import it from this module.
+from data_prep.atomic_io import atomic_write_bytes, atomic_write_json, sha256_file  # noqa: F401
 
 FORMAT_NAME = "bert-ds-shards"
 FORMAT_VERSION = 1
@@ -78,35 +79,6 @@ def shard_schema(vocab_size: int, static_masking: bool) -> pa.Schema:
             pa.field("masked_label_ids", ids, nullable=False),
         ]
     return pa.schema(fields)
-
-
-def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write to a temp file in the same folder, fsync, then rename: readers never see a partial file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
 
 
 def write_shard(

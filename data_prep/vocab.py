@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import BertWordPieceTokenizer
 
-from data_prep.shards import atomic_write_bytes
+from data_prep.atomic_io import atomic_write_bytes
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from data_prep.shards import atomic_write_bytes, atomic_write_json
+from data_prep.atomic_io import atomic_write_bytes, atomic_write_json
 from pretrain.checkpoint_manifest import write_manifest
 
 LATEST = "latest"

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from data_prep.shards import atomic_write_bytes, atomic_write_json, sha256_file
+from data_prep.atomic_io import atomic_write_bytes, atomic_write_json, sha256_file
 
 if TYPE_CHECKING:
     from pretrain.checkpoint import CheckpointManager

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from data_prep.shards import atomic_write_bytes, atomic_write_json
+from data_prep.atomic_io import atomic_write_bytes, atomic_write_json
 from pretrain.checkpoint import CheckpointManager
 from pretrain.codistill_config import check_codistill
 from pretrain.codistill_exchange import FileExchange, GroupComm
@@ -52,7 +52,7 @@ from pretrain.codistill_teacher import (
 )
 from pretrain.engine import DistInfo
 from pretrain.export import EXPORT_INFO, export_checkpoint
-from pretrain.model import IGNORE_INDEX
+from pretrain.model import IGNORE_INDEX, masked_lm_loss_sum
 
 if TYPE_CHECKING:
     from pretrain.config import RunConfig
@@ -301,9 +301,9 @@ class Codistillation:
             ensemble_nll = torch.where(labelled, -torch.log(picked.clamp_min(1e-30)), torch.zeros_like(picked))
             own_top = own.mlm_logits.argmax(-1)
             sums += torch.stack([
-                _summed_nll(own.mlm_logits, labels).double(),
+                masked_lm_loss_sum(own.mlm_logits, labels).double(),
                 ensemble_nll.sum().double(),
-                sum(_summed_nll(t, labels) for t in others).double() / len(others),
+                sum(masked_lm_loss_sum(t, labels) for t in others).double() / len(others),
                 sum(((own_top != t.argmax(-1)) & labelled).sum() for t in others).double() / len(others),
                 labelled.sum().double(),
             ])
@@ -318,11 +318,6 @@ class Codistillation:
             "codistill/final_ensemble_val_mlm_loss": ensemble_nll / n,
             "codistill/final_churn": disagreements / n,
         }
-
-
-def _summed_nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy summed over the labelled slots (IGNORE_INDEX slots add nothing)."""
-    return F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
 
 
 class TeacherCheckpointManager(CheckpointManager):

@@ -17,7 +17,9 @@ continues after phase 1's steps, like the TensorBoard x-axis.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from pretrain.config_doc import setting
 
 DISTILL_TARGETS = ("mlm", "nsp")
 DISTILL_LOSSES = ("kl", "soft_ce")
@@ -30,21 +32,48 @@ class CodistillConfigError(ValueError):
 
 @dataclass
 class CodistillSection:
-    enabled: bool = False
-    groups: int = 2  # model copies; the world is split into this many contiguous, equal rank blocks
-    alpha: float = 1.0  # weight of the distillation term
-    burn_in_steps: int = 0  # optimizer steps (whole run) before distillation starts
-    refresh_every: int = 50  # optimizer steps between teacher refreshes
-    temperature: float = 1.0
-    loss: str = "kl"  # kl = KL(teacher || student); soft_ce = cross-entropy against the soft targets (same gradient)
-    targets: list[str] = field(default_factory=lambda: ["mlm"])  # "mlm" and optionally "nsp"
-    exchange: str = "collective"  # collective (all-gather over the world) | filesystem (others' published weights)
-    exchange_dir: str | None = None  # filesystem exchange folder; default <run.dir>/exchange
-    disjoint_data: bool = True  # group g reads only part g of `groups` disjoint parts of the training shards
-    group: int | None = None  # separate jobs: this job is group `group` alone (needs exchange = filesystem)
-    # separate jobs: how long a refresh waits for another group's first weights, and the end of the run for
-    # the other groups' final weights, before going on (without that teacher / with its older weights)
-    exchange_timeout_s: float = 1800.0
+    """Codistillation: several copies of the model train at once, each also learning from the others'
+    predictions (docs/codistillation.md)."""
+
+    enabled: bool = setting(False, "train `groups` model copies that distill from each other")
+    groups: int = setting(
+        2,
+        "model copies (>= 2); the world is split into this many contiguous, equal rank blocks",
+    )
+    alpha: float = setting(1.0, "weight of the distillation term")
+    burn_in_steps: int = setting(0, "optimizer steps (whole run) before distillation starts")
+    refresh_every: int = setting(50, "optimizer steps between teacher refreshes")
+    temperature: float = setting(
+        1.0,
+        "softmax temperature of the teachers' targets and the student's predictions in the distillation "
+        "term (> 0)",
+    )
+    loss: str = setting(
+        "kl",
+        "kl = KL(teacher || student); soft_ce = cross-entropy against the soft targets (same gradient)",
+    )
+    targets: list[str] = setting(["mlm"], 'what is distilled: "mlm" and optionally "nsp"')
+    exchange: str = setting(
+        "collective",
+        "collective (all-gather over the world) | filesystem (the other groups' published weights in "
+        "exchange_dir)",
+    )
+    exchange_dir: str | None = setting(None, "filesystem exchange folder; default <run.dir>/exchange")
+    disjoint_data: bool = setting(
+        True,
+        "group g reads only part g of `groups` disjoint parts of the training shards",
+    )
+    group: int | None = setting(
+        None,
+        "separate jobs: this job is group `group` alone (needs exchange = filesystem); null: one job runs "
+        "every group",
+    )
+    exchange_timeout_s: float = setting(
+        1800.0,
+        "separate jobs: how long a refresh waits for another group's first weights, and the end of the run "
+        "for the other groups' final weights, before going on (without that teacher / with its older "
+        "weights)",
+    )
 
 
 def check_codistill(section: CodistillSection, world_size: int | None = None) -> None:

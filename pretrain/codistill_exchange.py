@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from data_prep.shards import atomic_write_bytes
+from data_prep.atomic_io import atomic_write_bytes
 
 LATEST = "latest"
 _KEEP_PUBLISHED = 2  # a reader may still be opening the previous file while the next is written

@@ -1,5 +1,8 @@
 """Typed run configuration: JSON file, then `--section.key=value` overrides, then validation.
 
+The keys themselves (sections, types, defaults, documentation) are declared in
+pretrain/config_sections.py; this module reads, checks and resolves them.
+
 Override order (later wins): dataclass defaults < RUN.json < command-line overrides. Every key of
 every section is checked: a typo fails with the dotted key it could not place, before any process
 group or engine exists. Free-form dicts (`model.overrides`, `phaseN.ds_overrides`) are checked
@@ -15,115 +18,15 @@ import dataclasses
 import json
 import types
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pretrain.codistill_config import CodistillConfigError, CodistillSection, check_codistill
+from pretrain.codistill_config import CodistillConfigError, check_codistill
+from pretrain.config_sections import PHASE_NAMES, ConfigError, RunConfig
+from pretrain.schedule import ScheduleError, check_schedule
 
-PHASE_NAMES = ("phase1", "phase2")
-
-
-class ConfigError(ValueError):
-    """A configuration value is wrong; the message names the dotted key."""
-
-
-@dataclass
-class RunSection:
-    dir: str = "runs/bert"
-    seed: int = 12345
-    phases: list[str] = field(default_factory=lambda: list(PHASE_NAMES))  # which phases to run, in order
-    precision: str = "auto"  # auto (bf16 on GPUs that have it, else fp16 on GPU, fp32 on CPU) | fp32 | bf16 | fp16
-    stop_after_steps: int | None = None  # checkpoint and exit after this many optimizer steps of this process
-    # How long a collective waits for a busy rank before the job fails. Rank 0 alone hashes every shard at
-    # start-up and exports at each phase end while the other ranks wait in a collective; DeepSpeed's default
-    # (10 minutes) fails a large run that is only slow there. A hung rank is found this late too.
-    dist_timeout_minutes: int = 120
-
-
-@dataclass
-class ModelSection:
-    preset: str = "bert-large"
-    overrides: dict[str, Any] = field(default_factory=dict)  # BertConfig fields, e.g. {"hidden_dropout_prob": 0.0}
-    activation_checkpointing: bool = False
-
-
-@dataclass
-class DataSection:
-    shards: str = ""  # a data_prep output folder (manifest.json); a phase may name its own
-    num_workers: int = 2  # DataLoader worker processes per rank
-    verify_checksums: bool = True  # sha256 of every shard before training (once per run start)
-    # Read only part `part` of `num_parts` disjoint, fixed parts of the training instances (validation is
-    # never split). Codistillation sets these per group; a lone run can set them to match one group.
-    part: int = 0
-    num_parts: int = 1
-
-
-@dataclass
-class PhaseSection:
-    seq_len: int = 128
-    ds_config: str = ""  # DeepSpeed JSON: batch sizes, precision, ZeRO, clipping, optimizer
-    ds_overrides: dict[str, Any] = field(default_factory=dict)  # deep-merged into ds_config
-    steps: int = 0  # optimizer steps of this phase
-    warmup_fraction: float = 0.0
-    decay_power: float = 0.5
-    lr: float | None = None  # overrides optimizer.params.lr of ds_config when set
-    max_predictions: int | None = None  # default: the manifest's masking.max_predictions[seq_len]
-    shards: str | None = None  # default: data.shards
-    init_from: str | None = None  # checkpoint dir/tag folder or HF export; default: the previous phase's end
-    packing: bool = False  # several instances per row, attention kept per instance (pretrain/packing.py)
-
-
-@dataclass
-class CheckpointSection:
-    dir: str | None = None  # default: <run.dir>/checkpoints
-    every_steps: int = 500
-    keep_last: int = 3
-    export_at_phase_end: bool = True
-
-
-@dataclass
-class LoggingSection:
-    tensorboard: bool = True
-    progress_bar: bool = True
-    val_every_steps: int = 500
-    val_batches: int = 8  # micro-batches per rank, when val_instances is unset
-    # Held-out instances per evaluation (the first ones, the same at any world size and split); unset:
-    # val_batches micro-batches per rank, whose count depends on the job's shape.
-    val_instances: int | None = None
-    peak_tflops: float | None = None  # per device; default: looked up from the GPU name (CPU: none, no MFU)
-
-
-@dataclass
-class FailureSection:
-    max_consecutive_nonfinite: int = 5
-
-
-@dataclass
-class RunConfig:
-    run: RunSection = field(default_factory=RunSection)
-    model: ModelSection = field(default_factory=ModelSection)
-    data: DataSection = field(default_factory=DataSection)
-    phase1: PhaseSection = field(default_factory=PhaseSection)
-    phase2: PhaseSection = field(default_factory=lambda: PhaseSection(seq_len=512))
-    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
-    logging: LoggingSection = field(default_factory=LoggingSection)
-    failures: FailureSection = field(default_factory=FailureSection)
-    codistill: CodistillSection = field(default_factory=CodistillSection)  # see pretrain/codistill.py
-    # Sections other features (e.g. codistillation) add are kept here untyped until they own a type.
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def phase(self, name: str) -> PhaseSection:
-        if name not in PHASE_NAMES:
-            raise ConfigError(f"run.phases: unknown phase {name!r}; expected names from {list(PHASE_NAMES)}")
-        return getattr(self, name)
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        return Path(self.checkpoint.dir) if self.checkpoint.dir else Path(self.run.dir) / "checkpoints"
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+# The schedule's names for a phase's keys: its own check (pretrain/schedule.py) reports in its names.
+SCHEDULE_KEYS = {"total_steps": "steps", "warmup_fraction": "warmup_fraction", "power": "decay_power"}
 
 
 def _check_type(key: str, value: Any, annotation: Any) -> Any:
@@ -176,9 +79,7 @@ def from_dict(data: dict[str, Any]) -> RunConfig:
     hints = typing.get_type_hints(RunConfig)
     sections: dict[str, Any] = {}
     for key, value in data.items():
-        if key == "extra":
-            sections["extra"] = dict(value)
-        elif key in hints:
+        if key in hints:
             default = getattr(RunConfig(), key)
             merged = {**dataclasses.asdict(default), **value} if isinstance(value, dict) else value
             sections[key] = _build_section(hints[key], key, merged)
@@ -249,14 +150,12 @@ def check_values(config: RunConfig) -> None:
         raise ConfigError(f"run.phases: {config.run.phases} must be in order phase1, phase2")
     for name in config.run.phases:
         phase = config.phase(name)
-        if phase.steps <= 0:
-            raise ConfigError(f"{name}.steps: must be > 0, got {phase.steps}")
+        try:
+            check_schedule(phase.steps, phase.warmup_fraction, phase.decay_power)
+        except ScheduleError as err:
+            raise ConfigError(f"{name}.{SCHEDULE_KEYS[err.field]}: {err.reason}") from err
         if phase.seq_len <= 0:
             raise ConfigError(f"{name}.seq_len: must be > 0, got {phase.seq_len}")
-        if not 0.0 <= phase.warmup_fraction < 1.0:
-            raise ConfigError(f"{name}.warmup_fraction: must be in [0, 1), got {phase.warmup_fraction}")
-        if phase.decay_power <= 0:
-            raise ConfigError(f"{name}.decay_power: must be > 0, got {phase.decay_power}")
         if not phase.ds_config:
             raise ConfigError(f"{name}.ds_config: required (a DeepSpeed JSON file)")
         if not Path(phase.ds_config).is_file():

@@ -31,7 +31,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from data_prep.shards import Manifest, ShardFormatError, ShardReader, sha256_file
+from data_prep.atomic_io import sha256_file
+from data_prep.shards import Manifest, ShardFormatError, ShardReader
 from pretrain.model import IGNORE_INDEX
 from pretrain.packing import pack_masked_instances
 

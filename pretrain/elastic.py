@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from data_prep.shards import atomic_write_json
+from data_prep.atomic_io import atomic_write_json
 from pretrain.zero_lamb import FlatPartition, flat_views
 
 CONSOLIDATED = "elastic_state.pt"

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForPreTraining, BertConfig, BertForPreTraining, BertTokenizerFast
 
-from data_prep.shards import atomic_write_json
+from data_prep.atomic_io import atomic_write_json
 from pretrain.checkpoint import consolidated_state_dict, read_run_config, split_checkpoint_path
 from pretrain.model import SparseBertForPreTraining
 

@@ -1,4 +1,8 @@
-"""LAMB (You et al., ICLR 2020) with per-parameter trust ratios, exact under DeepSpeed ZeRO.
+"""ExactLamb: LAMB (You et al., ICLR 2020) with per-parameter trust ratios, exact under DeepSpeed ZeRO.
+
+Its name is ExactLamb everywhere it is named: `"type": "ExactLamb"` in a DeepSpeed JSON, the docs,
+every message. The Python class is `Lamb` (`pretrain.lamb.Lamb`); a text that means the class writes
+"ExactLamb (pretrain.lamb.Lamb)".
 
 The math is the paper's, per original parameter tensor:
 
@@ -86,7 +90,7 @@ def weight_decay_param_groups(model: nn.Module, weight_decay: float) -> list[dic
 
 
 class Lamb(torch.optim.Optimizer):
-    """Paper-exact LAMB with per-parameter trust ratios; see the module docstring."""
+    """ExactLamb: paper-exact LAMB with per-parameter trust ratios; see the module docstring."""
 
     def __init__(
         self,
@@ -110,13 +114,13 @@ class Lamb(torch.optim.Optimizer):
         compiling fails; True = always, errors raised; False = the reference multi-tensor step).
         Parameters stepped as separate tensors (no ZeRO) always take the reference step."""
         if not lr >= 0.0:
-            raise ValueError(f"Lamb: lr must be >= 0, got {lr}")
+            raise ValueError(f"ExactLamb: lr must be >= 0, got {lr}")
         if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"Lamb: betas must be two values in [0, 1), got {betas}")
+            raise ValueError(f"ExactLamb: betas must be two values in [0, 1), got {betas}")
         if not eps >= 0.0:
-            raise ValueError(f"Lamb: eps must be >= 0, got {eps}")
+            raise ValueError(f"ExactLamb: eps must be >= 0, got {eps}")
         if not weight_decay >= 0.0:
-            raise ValueError(f"Lamb: weight_decay must be >= 0, got {weight_decay}")
+            raise ValueError(f"ExactLamb: weight_decay must be >= 0, got {weight_decay}")
         if trust_clip is not None:
             trust_clip = _validated_trust_clip(trust_clip)
         defaults = dict(
@@ -142,7 +146,7 @@ class Lamb(torch.optim.Optimizer):
         self._scratch: dict[int, torch.Tensor] = {}
         self._scratch_mode = scratch_buffers
         if fused not in (None, True, False):
-            raise ValueError(f"Lamb: fused must be null, true or false, got {fused!r}")
+            raise ValueError(f"ExactLamb: fused must be null, true or false, got {fused!r}")
         self._fused_mode = fused
         self._fused_kernels: FusedKernels | None = None
 
@@ -212,7 +216,7 @@ class Lamb(torch.optim.Optimizer):
                 partition = self._layout.partitions.get(id(flat)) if self._layout is not None else None
         if partition is None:
             raise UnboundZeroLayoutError(
-                f"Lamb was asked to step a tensor of shape {tuple(flat.shape)} that is not one of the "
+                f"ExactLamb was asked to step a tensor of shape {tuple(flat.shape)} that is not one of the "
                 "parameters it was built on: a DeepSpeed ZeRO/bf16 flat partition. Per-layer trust ratios "
                 "would be wrong. Call pretrain.lamb.bind_zero_layout(engine) once after "
                 "deepspeed.initialize (pretrain.engine.build_engine does this for you)."
@@ -275,7 +279,9 @@ class Lamb(torch.optim.Optimizer):
         state = self.state[flat] if self.state[flat] else self._new_flat_state(flat)
         state["step"] += 1
         if flat.grad is None or flat.grad.numel() != flat.numel():
-            raise RuntimeError(f"Lamb: flat partition of {flat.numel()} elements has no matching gradient")
+            raise RuntimeError(
+                f"ExactLamb: flat partition of {flat.numel()} elements has no matching gradient"
+            )
         if self._fused_mode or (self._fused_mode is None and fused_available(flat.device)):
             if self._fused_kernels is None:
                 self._fused_kernels = FusedKernels(compiled=True, strict=self._fused_mode is True)
@@ -313,7 +319,7 @@ class Lamb(torch.optim.Optimizer):
 
 
 def bind_zero_layout(engine: Any) -> Lamb:
-    """Bind our Lamb behind `engine` to its ZeRO flat-partition layout; returns the Lamb.
+    """Bind the ExactLamb behind `engine` to its ZeRO flat-partition layout; returns it.
 
     Call once after `deepspeed.initialize` when not using pretrain.engine.build_engine. The binding
     is refreshed automatically when the wrapper re-creates its partitions (e.g. checkpoint load).
@@ -322,7 +328,7 @@ def bind_zero_layout(engine: Any) -> Lamb:
     if not isinstance(optimizer, Lamb):
         raise TypeError(
             f"bind_zero_layout: the engine's client optimizer is {type(optimizer).__name__}, not "
-            "pretrain.lamb.Lamb; pass `optimizer=Lamb(...)` to deepspeed.initialize"
+            "ExactLamb (pretrain.lamb.Lamb); pass `optimizer=Lamb(...)` to deepspeed.initialize"
         )
     optimizer.bind(engine)
     return optimizer
@@ -333,7 +339,7 @@ def _validated_trust_clip(trust_clip: Any) -> tuple[float, float]:
     try:
         lo, hi = (float(x) for x in trust_clip)
     except (TypeError, ValueError) as error:
-        raise ValueError(f"Lamb: trust_clip must be null or [lo, hi], got {trust_clip!r}") from error
+        raise ValueError(f"ExactLamb: trust_clip must be null or [lo, hi], got {trust_clip!r}") from error
     if not 0.0 <= lo <= hi:
-        raise ValueError(f"Lamb: trust_clip needs 0 <= lo <= hi, got {trust_clip!r}")
+        raise ValueError(f"ExactLamb: trust_clip needs 0 <= lo <= hi, got {trust_clip!r}")
     return (lo, hi)

@@ -161,15 +161,6 @@ class SparseBertForPreTraining(BertForPreTraining):
         return self.cls.predictions(encoded[0])
 
 
-def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over the labelled slots (HF's MLM loss), 0 when there are none.
-
-    Sum over slots (empty ones add exactly 0) divided by the on-device count, instead of
-    `reduction="mean"`, which is NaN (0/0) for a micro-batch without labels; no host sync either way.
-    """
-    return masked_lm_loss_sum(logits, labels) / (labels != IGNORE_INDEX).sum().clamp_min(1)
-
-
 def masked_lm_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Cross-entropy summed over the labelled slots (empty slots add exactly 0), in fp32."""
     return F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")

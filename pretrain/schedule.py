@@ -11,6 +11,28 @@ import math
 from dataclasses import dataclass
 
 
+class ScheduleError(ValueError):
+    """A schedule parameter is out of range; `field` names it as the schedule does (see check_schedule)."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"schedule: {field} {reason}")
+        self.field, self.reason = field, reason
+
+
+def check_schedule(total_steps: int, warmup_fraction: float, power: float) -> None:
+    """The schedule's ranges, checked here once: by the schedule itself and by the config check.
+
+    The config check (pretrain/config.py) calls this before any process group exists and renames
+    `ScheduleError.field` to its own keys (phaseN.steps, .warmup_fraction, .decay_power).
+    """
+    if total_steps <= 0:
+        raise ScheduleError("total_steps", f"must be > 0, got {total_steps}")
+    if not 0.0 <= warmup_fraction < 1.0:
+        raise ScheduleError("warmup_fraction", f"must be in [0, 1), got {warmup_fraction}")
+    if power <= 0:
+        raise ScheduleError("power", f"must be > 0, got {power}")
+
+
 @dataclass(frozen=True)
 class WarmupPolyDecay:
     """Linear warmup to the base lr, then polynomial decay to 0 at `total_steps` (NVIDIA's BERT recipe).
@@ -28,12 +50,7 @@ class WarmupPolyDecay:
     power: float = 0.5
 
     def __post_init__(self) -> None:
-        if self.total_steps <= 0:
-            raise ValueError(f"schedule: total_steps must be > 0, got {self.total_steps}")
-        if not 0.0 <= self.warmup_fraction < 1.0:
-            raise ValueError(f"schedule: warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
-        if self.power <= 0:
-            raise ValueError(f"schedule: power must be > 0, got {self.power}")
+        check_schedule(self.total_steps, self.warmup_fraction, self.power)
 
     @property
     def warmup_steps(self) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,9 +24,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from transformers import BertConfig
+from tqdm import tqdm
+from transformers import BertConfig, BertForPreTraining
 
-from data_prep.shards import ShardFormatError, atomic_write_json
+from data_prep.atomic_io import atomic_write_json
+from data_prep.shards import ShardFormatError
 from pretrain.checkpoint import (
     CheckpointManager,
     consolidated_state_dict,
@@ -35,6 +38,7 @@ from pretrain.checkpoint import (
 from pretrain.checkpoint_manifest import resolve_resume_tag
 from pretrain.codistill import Codistillation
 from pretrain.config import ConfigError, RunConfig, load_config, phase_ds_config
+from pretrain.config_doc import format_help
 from pretrain.data import DataConfigError, PhaseData, RankBatches, open_phase_data
 from pretrain.elastic import prepare_resume
 from pretrain.engine import DistInfo, build_engine, check_ds_config, client_optimizer, init_distributed
@@ -129,12 +133,8 @@ def initial_weights(path: str, expected_vocab_sha: str, key: str) -> dict[str, t
     """fp32 weights from a checkpoint (folder or tag) or a Hugging Face export of this toolkit."""
     folder = Path(path)
     if (folder / "config.json").is_file():
-        from transformers import BertForPreTraining
-
         info = folder / EXPORT_INFO
         if info.is_file():
-            import json
-
             sha = json.loads(info.read_text(encoding="utf-8")).get("vocab_sha256")
             if sha and sha != expected_vocab_sha:
                 raise ConfigError(f"{key}: {path} was trained with another vocab (sha256 {sha[:12]})")
@@ -206,8 +206,6 @@ def run_phase(
     trainer.step_callbacks.extend(step_callbacks)
     progress = None
     if dist_info.rank == 0 and config.logging.progress_bar:
-        from tqdm import tqdm
-
         progress = tqdm(total=phase.steps, initial=state.step, desc=name, unit="step", dynamic_ncols=True)
     try:
         outcome = trainer.train(progress)
@@ -360,9 +358,11 @@ def _train(
 
 
 def parse_args(argv: list[str] | None) -> tuple[str | None, list[str]]:
+    """--config, and the `--section.key=value` overrides as strings for pretrain.config (not argparse options,
+    which would take abbreviations and no nested dict keys); `--help` lists every key from the field docs."""
     parser = argparse.ArgumentParser(
         prog="python -m pretrain.train", description="Two-phase BERT pretraining on DeepSpeed.",
-        epilog="Any --section.key=value overrides that key of the config, e.g. --phase1.steps=100.",
+        epilog=format_help(RunConfig), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", help="RUN.json (the shipped ones: ds_configs/run_*.json)")
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 
 class UnboundZeroLayoutError(RuntimeError):
-    """Lamb was asked to step a flat ZeRO partition without knowing its parameter layout."""
+    """ExactLamb was asked to step a flat ZeRO partition without knowing its parameter layout."""
 
 
 @dataclass
@@ -238,8 +238,8 @@ def flat_views(engine: Any, client_optimizer: torch.optim.Optimizer) -> list[Fla
         return None
     if getattr(wrapper, "optimizer", None) is not client_optimizer:
         raise UnboundZeroLayoutError(
-            f"engine.optimizer ({type(wrapper).__name__}) does not wrap this Lamb instance; was the engine "
-            "built with optimizer=<this Lamb>?"
+            f"engine.optimizer ({type(wrapper).__name__}) does not wrap this ExactLamb instance; was the "
+            "engine built with optimizer=<this ExactLamb>?"
         )
     name = type(wrapper).__name__
     if name == "DeepSpeedZeroOptimizer":

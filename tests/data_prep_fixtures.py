@@ -8,7 +8,8 @@ import hashlib
 import random
 from pathlib import Path
 
-from data_prep.shards import Manifest, ShardReader, sha256_file
+from data_prep.atomic_io import sha256_file
+from data_prep.shards import Manifest, ShardReader
 from data_prep.vocab import load_vocab
 
 WORDS = (

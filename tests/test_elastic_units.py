@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from data_prep.shards import atomic_write_json
+from data_prep.atomic_io import atomic_write_json
 from pretrain.checkpoint import CheckpointManager
 from pretrain.checkpoint_manifest import MANIFEST, damage, file_owner, own_entries, resolve_resume_tag
 from pretrain.config import ConfigError

@@ -46,7 +46,7 @@ def segment_mask(flat: torch.Tensor, ranges: Ranges) -> torch.Tensor:
 
 
 def lamb_on_flats(flats: list[torch.Tensor], all_ranges: list[Ranges], fused: bool, **options: object) -> Lamb:
-    """Our Lamb handed flat partitions the way DeepSpeed's ZeRO wrappers hand them, with their layout."""
+    """ExactLamb handed flat partitions the way DeepSpeed's ZeRO wrappers hand them, with their layout."""
     optimizer = Lamb([{"params": [torch.empty(0)], "weight_decay": 0.01}, {"params": [torch.empty(0)],
                       "weight_decay": 0.0}], lr=0.02, fused=fused, **options)
     for group, flat in zip(optimizer.param_groups, flats, strict=True):

@@ -1,4 +1,4 @@
-"""ExactLamb under ZeRO 0/1/2/3 and BF16_Optimizer on 2 CPU ranks equals a single-process Lamb.
+"""ExactLamb under ZeRO 0/1/2/3 and BF16_Optimizer on 2 CPU ranks equals a single-process ExactLamb.
 
 One launch of tests/scripts/lamb_zero_equality.py runs every scenario (a 2-rank launch costs ~20 s of
 startup); this module asserts on the JSON it writes.

@@ -54,7 +54,8 @@ def test_config_file_then_overrides(run_json: Path) -> None:
         ("--trainer.steps=3", "trainer: unknown section"),
         ("--phase1.steps=many", "phase1.steps: expected int"),
         ("--phase1.steps=0", "phase1.steps: must be > 0"),
-        ("--phase2.warmup_fraction=1.5", "phase2.warmup_fraction"),
+        ("--phase2.warmup_fraction=1.5", "phase2.warmup_fraction: must be in [0, 1), got 1.5"),
+        ("--phase1.decay_power=-1", "phase1.decay_power: must be > 0, got -1"),
         ("--run.precision=fp8", "run.precision"),
         ("--run.phases=[\"phase2\",\"phase1\"]", "run.phases"),
         ("--run.phases=[\"phase3\"]", "run.phases: unknown phase 'phase3'"),
@@ -375,7 +376,7 @@ def test_throughput_counts_rows_for_device_work_and_instances_for_useful_work() 
 def test_run_config_round_trips_through_json(run_json: Path) -> None:
     config = load_config(run_json)
     again = load_config(None, [f"--{section}.{key}={json.dumps(value)}"
-                               for section, body in config.to_dict().items() if section != "extra"
+                               for section, body in config.to_dict().items()
                                for key, value in body.items()])
     assert again.to_dict() == config.to_dict()
     assert isinstance(RunConfig().phase2.seq_len, int)

@@ -1,4 +1,4 @@
-"""Run on N ranks by tests/test_lamb_zero.py: ExactLamb under ZeRO 0/1/2/3 vs a single-process Lamb.
+"""Run on N ranks by tests/test_lamb_zero.py: ExactLamb under ZeRO 0/1/2/3 vs a single-process ExactLamb.
 
 Every rank also trains the reference itself (one process, the whole global batch, no DeepSpeed), so
 no result crosses processes except through the engine under test. Rank 0 writes one JSON with, per
@@ -24,6 +24,7 @@ from torch import nn
 
 from pretrain.engine import build_engine, client_optimizer, init_distributed
 from pretrain.lamb import Lamb, UnboundZeroLayoutError, weight_decay_param_groups
+from pretrain.lamb_reference import NaiveLamb
 
 VOCAB, WIDTH, HIDDEN, SEQ = 37, 15, 33, 6  # odd sizes: padding everywhere, params straddle partitions
 LAMB_PARAMS = {"lr": 6e-3, "betas": [0.9, 0.999], "eps": 1e-6, "weight_decay": 0.01}
@@ -62,34 +63,6 @@ class Scenario:
     # bit for bit and any weight difference is the optimizer's. With distinct data the reduction's
     # rounding (~1 ulp of each gradient) is amplified by Adam where m nearly cancels.
     replicated: bool = True
-
-
-class NaiveLamb(torch.optim.Optimizer):
-    """Textbook LAMB: one trust ratio per tensor it is handed (what ZeRO users get by default)."""
-
-    def __init__(
-        self, params: Any, lr: float, betas: tuple[float, float], eps: float, weight_decay: float
-    ) -> None:
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
-
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> None:
-        for group in self.param_groups:
-            b1, b2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                st = self.state[p]
-                if not st:
-                    st["t"], st["m"], st["v"] = 0, torch.zeros_like(p), torch.zeros_like(p)
-                st["t"] += 1
-                st["m"].mul_(b1).add_(p.grad, alpha=1 - b1)
-                st["v"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
-                u = (st["m"] / (1 - b1 ** st["t"])) / ((st["v"] / (1 - b2 ** st["t"])).sqrt() + group["eps"])
-                u.add_(p, alpha=group["weight_decay"])
-                w_norm, u_norm = p.norm().item(), u.norm().item()
-                ratio = w_norm / u_norm if w_norm > 0 and u_norm > 0 else 1.0
-                p.add_(u, alpha=-group["lr"] * ratio)
 
 
 def global_batches(steps: int, micro: int, grad_accum: int, ranks_with_own_data: int) -> torch.Tensor:
@@ -231,7 +204,7 @@ def run_scenario(sc: Scenario, micro: int, ckpt_root: Path) -> dict[str, Any]:
 
 
 def unbound_error_message(micro: int) -> str:
-    """deepspeed.initialize with our Lamb but no bind_zero_layout: the first step must refuse."""
+    """deepspeed.initialize with ExactLamb but no bind_zero_layout: the first step must refuse."""
     model = fresh_model()
     cfg = ds_config(Scenario("unbound", stage=2), micro)
     del cfg["optimizer"]

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from data_prep.shards import FORMAT_NAME, FORMAT_VERSION, atomic_write_json, sha256_file, write_shard
+from data_prep.atomic_io import atomic_write_json, sha256_file
+from data_prep.shards import FORMAT_NAME, FORMAT_VERSION, write_shard
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

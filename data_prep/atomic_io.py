@@ -1,0 +1,47 @@
+"""Whole-file writes that no crash or concurrent reader sees half done, and the checksum that verifies them.
+
+Shards, manifests, checkpoint records, exports and exchange files are all written this way: to a
+temporary file in the target's folder, flushed and fsynced, then renamed over the target (a rename
+within one file system is atomic). Their readers verify files by sha256. It lives in data_prep,
+which imports nothing from pretrain, so both packages (and bench/, tests/) can use this one copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in chunks (shards and checkpoints do not fit in memory twice)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write to a temp file in the same folder, fsync, then rename: readers never see a partial file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    """`obj` as indented, key-sorted JSON (the same object always gives the same bytes), atomically."""
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
