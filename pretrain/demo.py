@@ -2,7 +2,9 @@
 
 prep (WordPiece vocab trained on the corpus, seq 64/128 shards) -> phase 1 + phase 2 of a tiny
 BERT on a 2-rank DeepSpeed ZeRO-2 engine with our LAMB -> Hugging Face export -> SQuAD fine-tune
-and EM/F1 on a dev set -> a closing summary table.
+and EM/F1 on a dev set, beside the same fine-tune from random weights (run at the same time on the
+core the first leaves idle) -> a closing summary table that puts the F1 next to that baseline and
+next to the published full-recipe figure.
 
 Every step is a `./launch.sh` subcommand, so the demo runs exactly what a user would run and
 prints it; nothing here trains or tokenizes itself. Data it can reach, in this order:
@@ -23,14 +25,19 @@ import argparse
 import importlib.util
 import os
 import socket
-import subprocess
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from pretrain.demo_summary import render_table, summary_rows
+from pretrain.demo_steps import Step, finish_background, run_step
+from pretrain.demo_summary import (
+    BASELINE_EVALUATE,
+    BASELINE_FINETUNE,
+    RANDOM_SQUAD_DIR,
+    render_table,
+    summary_rows,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_SH = REPO_ROOT / "launch.sh"
@@ -206,48 +213,6 @@ def download_squad_subset(source: SquadSource, train_articles: int = 8, dev_arti
         atomic_write_json(path, {"version": "1.1", "data": data})
 
 
-@dataclass
-class Step:
-    name: str
-    # Built when the step starts: the export's checkpoint path exists only after pretraining.
-    argv: Callable[[], list[str]]
-    seconds: float = 0.0
-    output: list[str] = field(default_factory=list)
-
-
-def run_step(step: Step, log_dir: Path, dry_run: bool) -> None:
-    """Run one launch.sh command, streaming its output to the console and to a log file."""
-    print(f"\n=== {step.name}", flush=True)
-    argv = step.argv()
-    if dry_run:
-        subprocess.run([argv[0], "--dry-run", *argv[1:]], check=False, env=demo_env())
-        return
-    log_dir.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    log_path = log_dir / f"{step.name.replace(' ', '_')}.log"
-    captured = bytearray()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=demo_env())
-        assert proc.stdout is not None
-        # Raw chunks, not lines: progress bars redraw with "\r" and must show as they happen.
-        for chunk in iter(lambda: proc.stdout.read1(65536), b""):  # type: ignore[union-attr]
-            sys.stdout.buffer.write(chunk)
-            sys.stdout.buffer.flush()
-            log.write(chunk)
-            captured += chunk
-        returncode = proc.wait()
-    step.output = captured.decode("utf-8", errors="replace").splitlines()
-    step.seconds = time.monotonic() - started
-    if returncode != 0:
-        raise SystemExit(f"demo: step '{step.name}' failed (exit {returncode}); its log: {log_path}")
-
-
-def demo_env() -> dict[str, str]:
-    """One OpenMP thread per process unless the user chose: the demo's matrices are tiny, and on a
-    busy 2-core machine a 2-thread process spin-waits (SQuAD steps measured 4x slower)."""
-    return {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-
-
 def pretrain_overrides(data_dir: Path, run_dir: Path) -> list[str]:
     """Point the driver's tiny CPU run config at the demo's shards and run folder."""
     return [f"--data.shards={data_dir}", f"--run.dir={run_dir}"]
@@ -276,15 +241,17 @@ def build_steps(
     ]
     if squad is not None:
         squad_flags = {"--model": model_dir, "--train": squad.train, "--dev": squad.dev, "--out": squad_dir}
+        random_flags = {**squad_flags, "--out": out / RANDOM_SQUAD_DIR}
+        finetune = [launch, "squad", "finetune", "--cpu", "--launcher", "none"]
         steps += [
-            Step(
-                "squad finetune",
-                lambda: [
-                    launch, "squad", "finetune", "--cpu", "--launcher", "none",
-                    *_flags(squad_flags), *SQUAD_DEMO_FLAGS,
-                ],  # fmt: skip
-            ),
+            # The same fine-tune from random weights: what pretraining bought, on the second core.
+            Step(BASELINE_FINETUNE, lambda: [*finetune, *_flags(random_flags), *SQUAD_DEMO_FLAGS, "--random-init"],
+                 background=True),
+            Step("squad finetune", lambda: [*finetune, *_flags(squad_flags), *SQUAD_DEMO_FLAGS]),
             Step("squad evaluate", lambda: [launch, "squad", "evaluate", str(squad.dev), str(squad_dir / "predictions.json")]),
+            Step(BASELINE_EVALUATE, lambda: [launch, "squad", "evaluate", str(squad.dev),
+                                             str(out / RANDOM_SQUAD_DIR / "predictions.json")],
+                 waits_for=BASELINE_FINETUNE),
         ]
     return steps
 
@@ -356,8 +323,16 @@ def main(argv: list[str] | None = None) -> int:
     steps = build_steps(out, corpus, squad, args.ranks, args.overrides)
     if squad is not None and squad.needs_download and not args.dry_run:
         download_squad_subset(squad)
-    for step in steps:
-        run_step(step, out / "logs", args.dry_run)
+    background = {step.name: step for step in steps if step.background}
+    try:
+        for step in steps:
+            if step.waits_for:
+                finish_background(background[step.waits_for], out / "logs")
+            run_step(step, out / "logs", args.dry_run)
+    finally:
+        for step in background.values():
+            if step.process is not None and step.process.poll() is None:
+                step.process.terminate()  # a failed step ends the demo; nothing it started outlives it
     if args.dry_run:
         return 0
     rows = summary_rows(out, steps, corpus.description, squad.description if squad else None)

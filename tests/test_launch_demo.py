@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -124,8 +125,12 @@ def test_demo_dry_run_prints_every_step_through_launch_sh(tmp_path: Path) -> Non
     assert any("deepspeed.launcher.runner --num_gpus 2" in c and "--module pretrain.train" in c for c in commands)
     assert any("DS_ACCELERATOR=cpu" in c for c in commands)
     assert any("-m pretrain.export" in c and str(tmp_path / "out" / "run" / "checkpoints") in c for c in commands)
-    assert any("-m pretrain.squad finetune" in c for c in commands)
-    assert any("-m pretrain.squad evaluate" in c for c in commands)
+    finetunes = [c for c in commands if "-m pretrain.squad finetune" in c]
+    assert len(finetunes) == 2 and sum("--random-init" in c for c in finetunes) == 1, finetunes
+    random_out = str(tmp_path / "out" / demo_summary.RANDOM_SQUAD_DIR)
+    assert all(("--random-init" in c) == (random_out in c) for c in finetunes), "the baseline writes apart"
+    evaluates = [c for c in commands if "-m pretrain.squad evaluate" in c]
+    assert len(evaluates) == 2 and any(random_out + "/predictions.json" in c for c in evaluates)
     exports = [c for c in commands if c.startswith("+ export")]
     assert exports and all("OMP_NUM_THREADS=1 " in c for c in exports), "the demo runs one thread per process"
     assert not (tmp_path / "out").exists(), "a dry run writes nothing"
@@ -172,8 +177,22 @@ def test_summary_reads_manifest_tensorboard_and_scores(tmp_path: Path) -> None:
     assert rows["tensorboard/loss/mlm"] == "9.000 (step 1) -> 6.250 (step 1)"
     assert rows["tensorboard/perf/seq_per_s (median)"] == "40"
     assert rows["SQuAD v1.1 dev"].startswith("EM 3.50  F1 7.25")
+    assert "SQuAD from random weights" not in rows, "no baseline ran: no baseline row"
+    published = rows["SQuAD published (full recipe)"]
+    assert "90.9" in published and "90.58" in published
     table = demo_summary.render_table(list(rows.items()))
     assert "Demo summary" in table and "EM 3.50" in table
+    # With the random-weights baseline: its scores and what pretraining bought, before the published figure.
+    baseline = demo.Step(demo_summary.BASELINE_EVALUATE, list, output=['{"exact_match": 0.5, "f1": 2.0}'])
+    names = [name for name, _ in demo_summary.summary_rows(out, [evaluate, baseline], "corpus X", "squad Y")]
+    rows = dict(demo_summary.summary_rows(out, [evaluate, baseline], "corpus X", "squad Y"))
+    assert rows["SQuAD from random weights"].startswith("EM 0.50  F1 2.00")
+    assert "pretraining bought +5.25 F1" in rows["SQuAD from random weights"]
+    assert names.index("SQuAD v1.1 dev") + 1 == names.index("SQuAD from random weights")
+    assert names.index("SQuAD from random weights") + 1 == names.index("SQuAD published (full recipe)")
+    worse = demo.Step(demo_summary.BASELINE_EVALUATE, list, output=['{"exact_match": 4.0, "f1": 9.0}'])
+    rows = dict(demo_summary.summary_rows(out, [evaluate, worse], "corpus X", "squad Y"))
+    assert "pretraining bought -1.75 F1" in rows["SQuAD from random weights"]
     assert demo_summary.squad_scores(["not json", "[1, 2]"]) is None
     # The driver's metrics.jsonl, when present, gives per-phase rows instead.
     lines = [
@@ -204,3 +223,25 @@ def test_launch_sh_runs_the_squad_scorer_and_the_demo_reads_its_output(shared_da
     assert proc.stdout.startswith("+ ") and "-m pretrain.squad evaluate" in proc.stdout.splitlines()[0]
     scores = demo_summary.squad_scores(proc.stdout.splitlines())
     assert scores is not None and 70.0 < scores["exact_match"] < scores["f1"] <= 100.0
+
+
+def test_a_background_step_runs_beside_the_next_and_is_collected(tmp_path: Path) -> None:
+    """The random-weights fine-tune runs on the core the other fine-tune leaves idle: started, not waited
+    for, then collected with its output and time; a failure stops the demo naming the log."""
+    from pretrain.demo_steps import Step, finish_background, run_step
+
+    marker = tmp_path / "foreground-ran"
+    sleeper = "import time; time.sleep(1.5); print('baseline done')"
+    slow = Step("slow", lambda: [sys.executable, "-c", sleeper], background=True)
+    started = time.monotonic()
+    run_step(slow, tmp_path / "logs", dry_run=False)
+    assert time.monotonic() - started < 1.0 and slow.process is not None, "it must not block"
+    touch = f"open({str(marker)!r}, 'w').close()"
+    run_step(Step("fast", lambda: [sys.executable, "-c", touch]), tmp_path / "logs", dry_run=False)
+    assert marker.exists() and slow.process.poll() is None, "the next step ran while the background one did"
+    finish_background(slow, tmp_path / "logs")
+    assert slow.output == ["baseline done"] and slow.seconds >= 1.5 and slow.process is None
+    failing = Step("bad one", lambda: [sys.executable, "-c", "raise SystemExit(4)"], background=True)
+    run_step(failing, tmp_path / "logs", dry_run=False)
+    with pytest.raises(SystemExit, match=r"step 'bad one' failed \(exit 4\); its log: .*bad_one.log"):
+        finish_background(failing, tmp_path / "logs")

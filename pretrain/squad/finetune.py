@@ -162,7 +162,7 @@ def finetune(config: FinetuneConfig) -> dict[str, Any] | None:
     train_set, dev_set, version = _load_and_limit(config)
 
     # Heavy imports only now that the inputs are known to be good.
-    from transformers import AutoTokenizer, BertForQuestionAnswering
+    from transformers import AutoTokenizer, BertConfig, BertForQuestionAnswering
 
     from pretrain.engine import build_engine, init_distributed
 
@@ -175,14 +175,18 @@ def finetune(config: FinetuneConfig) -> dict[str, Any] | None:
     tokenizer = AutoTokenizer.from_pretrained(str(config.model))
     if not tokenizer.is_fast:
         raise SquadFormatError(f"--model {config.model}: the tokenizer is not a fast tokenizer (offsets needed)")
-    model = BertForQuestionAnswering.from_pretrained(str(config.model))
+    if config.random_init:  # same architecture, BERT's own initialisation (normal, std initializer_range)
+        model = BertForQuestionAnswering(BertConfig.from_pretrained(str(config.model)))
+    else:
+        model = BertForQuestionAnswering.from_pretrained(str(config.model))
     feature_config = FeatureConfig(config.max_seq_length, config.doc_stride, config.max_query_length)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     dev_examples = dev_set.examples
 
     writer = _summary_writer(config.out / "tensorboard") if dist_info.rank == 0 else None
     results: dict[str, Any] = {"model": str(config.model), "world_size": dist_info.world_size,
-                               "precision": _precision_name(ds)}
+                               "precision": _precision_name(ds),
+                               "init": "random" if config.random_init else "model"}
     if train_set is not None:
         train_features = build_features(train_set.examples, tokenizer, feature_config, with_labels=True)
         global_batch = ds["train_batch_size"]

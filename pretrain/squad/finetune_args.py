@@ -39,6 +39,9 @@ class FinetuneConfig:
     max_eval_examples: int | None = None
     log_every: int = 10  # optimizer steps between TensorBoard / console logs
     save_model: bool = False  # save_pretrained the fine-tuned model into OUT/model
+    # The architecture and tokenizer of --model with fresh weights (drawn from --seed): the same fine-tune
+    # without pretraining, the baseline that shows what pretraining bought (the demo runs both).
+    random_init: bool = False
 
     def __post_init__(self) -> None:
         if self.hf_dataset is not None and (self.train is not None or self.dev is not None):
@@ -106,6 +109,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-eval-examples", type=int, default=None)
     parser.add_argument("--log-every", type=int, default=defaults.log_every)
     parser.add_argument("--save-model", action="store_true", help="save_pretrained the fine-tuned model to OUT/model")
+    parser.add_argument("--random-init", action="store_true",
+                        help="--model's architecture + tokenizer, fresh weights: the no-pretraining baseline")
     # The deepspeed launcher appends --local_rank=N; the rank comes from the environment instead.
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
 
