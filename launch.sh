@@ -509,7 +509,7 @@ main() {
         tensorboard) cmd_tensorboard "$@" ;;
         demo) cmd_demo "$@" ;;
         scale) cmd_scale "$@" ;;
-        *) die "unknown subcommand '$sub' (prep, pretrain, squad, export, tensorboard, demo; see --help)" ;;
+        *) die "unknown subcommand '$sub' (prep, pretrain, squad, export, tensorboard, scale, demo; see --help)" ;;
     esac
 }
 

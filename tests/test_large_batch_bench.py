@@ -47,8 +47,7 @@ def test_bad_settings_stop_with_one_line(args: list[str], message: str, tmp_path
 
 
 @pytest.mark.shared_data
-@pytest.mark.multirank
-def test_quick_sweep_on_two_ranks(shared_data: Path, tmp_path: Path) -> None:
+def test_quick_sweep(shared_data: Path, tmp_path: Path) -> None:
     results_path, plot_path = tmp_path / "lb.json", tmp_path / "lb.png"
     common = [
         "--quick",
@@ -61,7 +60,7 @@ def test_quick_sweep_on_two_ranks(shared_data: Path, tmp_path: Path) -> None:
         "--plot",
         str(plot_path),
     ]
-    proc = bench(*common, "--ranks", "2", "--parallel", "1")
+    proc = bench(*common, "--ranks", "1", "--parallel", "2")  # as the full sweep runs: one process per run
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     data = json.loads(results_path.read_text(encoding="utf-8"))
     s, runs = data["settings"], data["runs"]
