@@ -1,0 +1,135 @@
+"""The model and the throughput numbers: the sparse MLM head against Hugging Face's, a forward with no
+data-dependent shape (no host sync on GPU), the FLOP model, MFU, and rows vs instances when packed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import BertForPreTraining
+
+from pretrain.metrics import StepCounts, Throughput, flops_per_sequence
+from pretrain.model import bert_config, build_model, count_parameters
+from pretrain.packing import pack_masked_instances
+
+
+def test_sparse_head_equals_hf_pretraining_loss_and_names() -> None:
+    config = bert_config("tiny", vocab_size=48, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                         attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    model = build_model(config).eval()
+    reference = BertForPreTraining(config).eval()
+    assert [n for n, _ in model.named_parameters()] == [n for n, _ in reference.named_parameters()]
+    reference.load_state_dict(model.state_dict())
+    input_ids = torch.randint(5, 48, (3, 20))
+    positions = torch.tensor([[1, 4, 7], [2, 3, 0], [5, 0, 0]])
+    labels = torch.tensor([[9, 10, 11], [12, 13, -100], [14, -100, -100]])
+    nsp = torch.tensor([0, 1, 0])
+    token_types, attention = torch.zeros_like(input_ids), torch.ones_like(input_ids)
+    out = model(input_ids, token_types, attention, positions, labels, nsp)
+    dense_labels = torch.full_like(input_ids, -100)
+    for b in range(3):
+        for p, lab in zip(positions[b], labels[b], strict=True):
+            if lab != -100:
+                dense_labels[b, p] = lab
+    ref = reference(input_ids=input_ids, token_type_ids=token_types, attention_mask=attention,
+                    labels=dense_labels, next_sentence_label=nsp)
+    torch.testing.assert_close(out.loss, ref.loss, rtol=1e-5, atol=1e-6)
+    assert out.mlm_logits.shape == (9, 48) and int(out.mlm_mask.sum()) == 6  # every slot; 6 labelled
+    torch.testing.assert_close(out.mlm_logits[out.mlm_mask], ref.prediction_logits[dense_labels != -100],
+                               rtol=1e-5, atol=1e-5)
+
+
+def data_dependent_shapes(fn: object, *args: torch.Tensor) -> list[tuple[str, tuple]]:
+    """Nodes of `fn`'s traced graph (torch.compile, whole graph) whose shape depends on tensor values
+    (unbacked symbols, e.g. after a boolean index): each one is a device -> host sync on GPU."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    found: list[tuple[str, tuple]] = []
+
+    def inspect(graph_module: torch.fx.GraphModule, example_inputs: list) -> object:
+        for node in graph_module.graph.nodes:
+            value = node.meta.get("example_value")
+            if isinstance(value, torch.Tensor) and free_unbacked_symbols(value.shape):
+                found.append((node.name, tuple(value.shape)))
+        return graph_module.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, fullgraph=True, backend=inspect)(*args)
+    return found
+
+
+def test_forward_has_no_data_dependent_shape() -> None:
+    """The MLM head runs on every slot: batch x max_predictions logits however many labels are valid, and no
+    value-dependent shape anywhere in the forward, unpacked or packed (the check does catch a boolean select)."""
+    config = bert_config("tiny", vocab_size=48, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = build_model(config)
+    ids = torch.randint(5, 48, (3, 20))
+    positions = torch.tensor([[1, 4, 7, 9], [2, 3, 0, 0], [5, 0, 0, 0]])
+    for labels in (torch.randint(5, 48, (3, 4)), torch.tensor([[9, 10, 11, -100], [12, -100, -100, -100]] + [[-100] * 4]),
+                   torch.full((3, 4), -100)):
+        out = model(ids, torch.zeros_like(ids), torch.ones_like(ids), positions, labels, torch.tensor([0, 1, 0]))
+        assert out.mlm_logits.shape == (12, 48) and out.mlm_labels.shape == (12,)
+        assert torch.isfinite(out.loss)  # no labels at all: mlm loss 0, not 0/0
+    assert out.mlm_loss.item() == 0.0
+
+    def forward(*batch: torch.Tensor) -> torch.Tensor:
+        return model(*batch).loss
+
+    unpacked = (ids, torch.zeros_like(ids), torch.ones_like(ids), positions, labels, torch.tensor([0, 1, 0]))
+    assert data_dependent_shapes(forward, *unpacked) == []
+    instances = [{"ids": np.array([2, *range(5, 5 + n), 3]), "a_len": 3, "positions": np.arange(1, 1 + n // 4),
+                  "labels": np.full(n // 4, 7), "nsp": n % 2} for n in (12, 20, 6, 9)]
+    packed = pack_masked_instances(instances, 32, 4, 0)
+    assert packed["masked_positions"].shape == (4, 4) and packed["input_ids"].size(0) < 4
+
+    def packed_forward(*values: torch.Tensor) -> torch.Tensor:
+        return model(**dict(zip(packed, values, strict=True))).loss
+
+    assert data_dependent_shapes(packed_forward, *packed.values()) == []
+
+    def boolean_select(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return logits[labels != -100].sum()
+
+    assert data_dependent_shapes(boolean_select, torch.randn(12, 48), labels.reshape(-1)) != []
+
+
+def test_flop_model_and_mfu() -> None:
+    layers, d, vocab = 24, 1024, 30522
+    encoder = layers * (4 * d * d + 4 * d + 2 * d * 4 * d + 4 * d + d + 4 * d) + d * d + d  # + pooler
+    tiny = build_model(bert_config("tiny", vocab_size=48, max_position_embeddings=64))
+    tiny_counts = count_parameters(tiny)
+    h, L = 64, 2
+    assert tiny_counts["encoder"] == L * (4 * h * h + 4 * h + 2 * h * 2 * h + 2 * h + h + 4 * h) + h * h + h
+    assert tiny_counts["mlm_head"] == h * h + h + 2 * h + 48 * h + 48
+    flops = flops_per_sequence(encoder, d * d + 3 * d + vocab * d + vocab, layers, d, 128, 20)
+    assert flops == pytest.approx(6 * encoder * 128 + 12 * layers * d * 128**2 + 6 * (d * d + 3 * d + vocab * d + vocab) * 20)
+    assert 2.0e11 < flops < 2.6e11  # ~0.23 TFLOP per BERT-Large sequence at 128
+    meter = Throughput(flops, 128, world_size=8, peak_tflops_per_device=312.0)
+    stats = meter.step(StepCounts(rows=65536, instances=65536, real_tokens=65536 * 100, predictions=65536 * 20))
+    assert stats["perf/mfu"] == pytest.approx(stats["perf/tflops"] / (312.0 * 8))
+
+
+def test_throughput_counts_rows_for_device_work_and_instances_for_useful_work() -> None:
+    """Known counts of one step over all ranks, 2 s: each rate exactly. Packed: 25 instances in 10 rows of 128
+    (1000 real tokens), the head on 25 x 20 predictions; unpacked: rows == instances, the numbers as before."""
+    row_flops, head = 1.0e9, 6.0e6  # a full row (head at 20 predictions included), one more head prediction
+    meter = Throughput(row_flops, 128, world_size=2, peak_tflops_per_device=0.01, head_flops_per_prediction=head,
+                       predictions_per_seq=20)
+    packed = StepCounts(rows=10, instances=25, real_tokens=1000, predictions=25 * 20)
+    stats = meter.rates(packed, seconds=2.0)
+    tflops = (10 * row_flops + (25 - 10) * 20 * head) / 2.0 / 1e12
+    assert stats == pytest.approx({
+        "perf/seq_per_s": 5.0, "perf/tokens_per_s": 640.0, "perf/instances_per_s": 12.5,
+        "perf/real_tokens_per_s": 500.0, "perf/tflops": tflops, "perf/mfu": tflops / 0.02, "perf/step_s": 2.0,
+    }, rel=1e-12)
+    assert packed.data_stats(128) == pytest.approx(
+        {"data/packing_factor": 2.5, "data/padding_fraction": 1 - 1000 / 1280}, rel=1e-12)
+    unpacked = StepCounts(rows=8, instances=8, real_tokens=600, predictions=8 * 20)
+    stats = meter.rates(unpacked, seconds=2.0)
+    assert stats["perf/seq_per_s"] == stats["perf/instances_per_s"] == 4.0
+    assert stats["perf/tflops"] == pytest.approx(8 * row_flops / 2.0 / 1e12, rel=1e-12)  # = sequences x flops_per_seq
+    assert unpacked.data_stats(128)["data/packing_factor"] == 1.0
+    with pytest.raises(ValueError, match="predictions_per_seq"):
+        Throughput(row_flops, 128, 1, None, head_flops_per_prediction=head)
