@@ -231,7 +231,7 @@ def pdsh_quote(arg: str) -> str:
     {a,b} is brace-expanded, $X expanded, and pdsh itself replaces %n/%h/%u and %%. DeepSpeed passes
     an argument without a space as is and wraps one with a space in "..." (escaping only its "). So:
     single quotes when there is no space, else escape what stays special inside "..." (\\ $ `); then
-    double every %. tests/test_cluster.py checks it end to end through real pdsh + ssh.
+    double every %. tests/test_cluster_hostfile.py checks it end to end through real pdsh + ssh.
     """
     if _PLAIN_WORD.fullmatch(arg):
         word = arg

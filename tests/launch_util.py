@@ -77,3 +77,19 @@ def run_ranks(
 ) -> subprocess.CompletedProcess[str]:
     """Start `deepspeed --num_gpus N script args` on CPU and fail loudly with its output."""
     return finish_ranks(start_ranks(script, args, num_ranks, cwd), timeout)
+
+
+FAKE_PYTHON = "/opt/py/bin/python3"  # launch.sh prints it as $PYTHON under --dry-run, never runs it
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test's environment without anything that would change launch.sh's choices."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith("SLURM_")
+        and key not in {"CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "NCCL_DEBUG", "PYTHONPATH", "DS_ACCELERATOR"}
+    }
+    env["PYTHON"] = FAKE_PYTHON
+    env.update(extra)
+    return env

@@ -10,22 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.launch_util import FAKE_PYTHON, clean_env
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = REPO_ROOT / "launch.sh"
-FAKE_PYTHON = "/opt/py/bin/python3"  # printed, never run: --dry-run
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """The test's environment without anything that would change launch.sh's choices."""
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith("SLURM_")
-        and key not in {"CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "NCCL_DEBUG", "PYTHONPATH", "DS_ACCELERATOR"}
-    }
-    env["PYTHON"] = FAKE_PYTHON
-    env.update(extra)
-    return env
 
 
 def launch(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_launch import clean_env
+from tests.launch_util import clean_env
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ARGS = [

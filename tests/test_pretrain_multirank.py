@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from tests.launch_util import run_ranks
-from tests.scripts.pretrain_fixtures import build_shards, tiny_run_config
+from tests.scripts.pretrain_fixtures import PRETRAIN_SCENARIOS, build_shards, step_records, tiny_run_config
 
-SCRIPT = Path(__file__).parent / "scripts" / "pretrain_scenarios.py"
+SCRIPT = PRETRAIN_SCENARIOS
 TB_TAGS = [
     "loss/total", "loss/mlm", "loss/nsp", "acc/mlm", "acc/nsp", "lr", "grad_norm", "loss_scale",
     "lamb/trust_ratio_min", "lamb/trust_ratio_mean", "lamb/trust_ratio_max",
@@ -24,16 +24,6 @@ TB_TAGS = [
     "perf/real_tokens_per_s", "perf/instances_per_s",
     "val/mlm_loss", "val/mlm_acc",
 ]
-
-
-def step_records(run_dir: Path) -> dict[tuple[str, int], dict]:
-    """The last logged record of each (phase, step): a resumed step overwrites nothing it should not."""
-    records = {}
-    for line in (run_dir / "tensorboard" / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if "phase" in record:
-            records[(record["phase"], record["phase_step"])] = record
-    return records
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.launch_util import REPO_ROOT, deepspeed_cpu_env, run_ranks
-from tests.scripts.pretrain_fixtures import tiny_run_config
-from tests.test_pretrain_multirank import SCRIPT, step_records
+from tests.scripts.pretrain_fixtures import PRETRAIN_SCENARIOS as SCRIPT
+from tests.scripts.pretrain_fixtures import step_records, tiny_run_config
 
 
 @pytest.mark.multirank

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from pretrain.rehearsal import gpu_precision, shrink_run_config, shrink_squad_ds_config
 from tests.launch_util import REPO_ROOT, deepspeed_cpu_env, run_ranks
-from tests.scripts.pretrain_fixtures import build_shards
+from tests.scripts.pretrain_fixtures import build_shards, step_records
 from tests.scripts.squad_fixtures import write_squad
 
 SCRIPT = REPO_ROOT / "tests" / "scripts" / "recipe_scenarios.py"
@@ -38,17 +38,8 @@ def expected_wrapper(ds: dict[str, Any], precision: str) -> str:
     stage = int(ds.get("zero_optimization", {}).get("stage", 0))
     if precision == "bf16" and stage == 1 and ds.get("data_types", {}).get("grad_accum_dtype") == "fp32":
         return "BF16_Optimizer"
-    return {0: "Lamb", 1: "DeepSpeedZeroOptimizer", 2: "DeepSpeedZeroOptimizer",
+    return {0: "ExactLamb", 1: "DeepSpeedZeroOptimizer", 2: "DeepSpeedZeroOptimizer",
             3: "DeepSpeedZeroOptimizer_Stage3"}[stage]
-
-
-def phase_records(run_dir: Path) -> dict[tuple[str, int], dict[str, Any]]:
-    records = {}
-    for line in (run_dir / "tensorboard" / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if "phase" in record:
-            records[(record["phase"], record["phase_step"])] = record
-    return records
 
 
 class Rehearsals:
@@ -101,7 +92,7 @@ def test_recipe_runs_both_phases_resumes_and_exports_through_the_gpu_path(rehear
         assert run["run"]["precision"] == precision
         took = paths[phase]
         assert took["wrapper"] == expected_wrapper(ds, precision), took
-        assert took["client"] == ("Lamb" if ds["optimizer"]["type"] == "ExactLamb" else took["client"])
+        assert took["client"] == ("ExactLamb" if ds["optimizer"]["type"] == "ExactLamb" else took["client"])
         assert took["bf16"] == (precision == "bf16") and took["fp16"] == (precision == "fp16")
         assert took["zero_stage"] == ds["zero_optimization"]["stage"] and took["accumulation"] > 1
 
@@ -121,8 +112,8 @@ def test_recipe_runs_both_phases_resumes_and_exports_through_the_gpu_path(rehear
     if not run.get("codistill", {}).get("enabled"):
         # A's phase 2 was interrupted and resumed; C ran phase 2 in one go from A's phase-1 export.
         # Same weights, data and schedule: the same losses, to the last bit.
-        a = phase_records(model_dirs(work)[0])
-        c = phase_records(work / "c")
+        a = step_records(model_dirs(work)[0])
+        c = step_records(work / "c")
         for step in range(1, STEPS + 1):
             assert a[("phase2", step)]["loss/total"] == c[("phase2", step)]["loss/total"], step
             assert a[("phase2", step)]["lr"] == c[("phase2", step)]["lr"], step
@@ -165,6 +156,6 @@ def test_squad_configs_finetune_the_rehearsed_export(rehearsals: Rehearsals, tmp
         assert results["precision"] == meta["precision"] and results["train_steps"] == 3
         assert results["world_size"] == 2 and 0 <= results["scores"]["f1"] <= 100
         # DeepSpeed-native Adam types must be torch's (FusedAdam would compile with nvcc on every rank)
-        expected = "Lamb" if shipped["optimizer"]["type"] == "ExactLamb" else "AdamW"
+        expected = "ExactLamb" if shipped["optimizer"]["type"] == "ExactLamb" else "AdamW"
         assert results["optimizer"] == expected, results
         assert results["optimizer_wrapper"] == expected_wrapper(shipped, meta["precision"]), results

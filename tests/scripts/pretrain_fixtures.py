@@ -81,3 +81,17 @@ def tiny_run_config(path: Path, shards: Path, run_dir: Path, **phase_steps: int)
     }
     path.write_text(json.dumps(config, indent=2), encoding="utf-8")
     return path
+
+
+PRETRAIN_SCENARIOS = REPO_ROOT / "tests" / "scripts" / "pretrain_scenarios.py"
+
+
+def step_records(run_dir: Path) -> dict[tuple[str, int], dict[str, Any]]:
+    """The last logged record of each (phase, step) in a run's metrics.jsonl (a resumed step's record
+    replaces the one logged before the stop)."""
+    records = {}
+    for line in (run_dir / "tensorboard" / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "phase" in record:
+            records[(record["phase"], record["phase_step"])] = record
+    return records
