@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from pretrain.engine import build_engine, client_optimizer
-from pretrain.lamb import Lamb, weight_decay_param_groups
+from pretrain.lamb import ExactLamb, weight_decay_param_groups
 from pretrain.metrics import flops_per_sequence, peak_tflops
 from pretrain.model import bert_config, build_model, count_parameters
 from pretrain.packing import MAX_INSTANCES_PER_ROW
@@ -160,7 +160,7 @@ def lamb_shapes(preset: str, vocab: int) -> list[list[torch.Size]]:
     return [[p.shape for p in group["params"]] for group in weight_decay_param_groups(model, 0.01)]
 
 
-def flat_lamb(shapes: list[list[torch.Size]], device: torch.device, fused: bool) -> Lamb:
+def flat_lamb(shapes: list[list[torch.Size]], device: torch.device, fused: bool) -> ExactLamb:
     """ExactLamb over one fp32 flat per group, exactly as ZeRO-1 on one rank hands them over."""
     g = torch.Generator(device=device).manual_seed(0)
     flats, partitions = [], {}
@@ -173,7 +173,7 @@ def flat_lamb(shapes: list[list[torch.Size]], device: torch.device, fused: bool)
         partitions[id(flat)] = partition_from_ranges(flat.numel(), ranges, len(numels), None, key, None)
         flats.append(flat)
     groups = [{"params": [torch.empty(0)], "weight_decay": wd} for wd in (0.01, 0.0)]
-    optimizer = Lamb(groups, lr=1e-3, fused=fused)
+    optimizer = ExactLamb(groups, lr=1e-3, fused=fused)
     for group, flat in zip(optimizer.param_groups, flats, strict=True):
         group["params"] = [flat]
     optimizer.set_zero_layout(ZeroLayout(wrapper="gpu_check", partitions=partitions))

@@ -4,7 +4,7 @@
     deepspeed --num_gpus 2 bench/lamb_step.py --zero [--models base]   # ZeRO bookkeeping overhead
 
 Single-process mode interleaves, in one process and on the same weights and gradients, ExactLamb
-(`pretrain.lamb.Lamb`), `torch.optim.AdamW(foreach=True)` (the baseline), `torch_optimizer.Lamb` (PyPI
+(`pretrain.lamb.ExactLamb`), `torch.optim.AdamW(foreach=True)` (the baseline), `torch_optimizer.ExactLamb` (PyPI
 `torch-optimizer`, skipped when absent) and the textbook per-tensor loop of pretrain/lamb_reference.py.
 It also measures a memory-copy bandwidth in the same run and prints the physical floor: LAMB must read
 w, g, m, v and write m, v, u, then read u, w and write w (10 x 4 bytes per element in fp32); AdamW
@@ -29,7 +29,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pretrain.lamb import Lamb, weight_decay_param_groups  # noqa: E402
+from pretrain.lamb import ExactLamb, weight_decay_param_groups  # noqa: E402
 from pretrain.lamb_reference import NaiveLamb  # noqa: E402
 from pretrain.zero_lamb import ZeroLayout, partition_from_ranges  # noqa: E402
 
@@ -113,14 +113,14 @@ def bench_model(model_name: str, args: argparse.Namespace, device: torch.device)
 
     candidates: dict[str, torch.optim.Optimizer] = {
         "adamw_foreach": torch.optim.AdamW(fresh_groups(), lr=1e-3, foreach=True),
-        "ours_lamb": Lamb(fresh_groups(), lr=1e-3),
+        "ours_lamb": ExactLamb(fresh_groups(), lr=1e-3),
     }
     try:
         import torch_optimizer
 
-        candidates["torch_optimizer_lamb"] = torch_optimizer.Lamb(fresh_groups(), lr=1e-3)
+        candidates["torch_optimizer_lamb"] = torch_optimizer.ExactLamb(fresh_groups(), lr=1e-3)
     except ImportError:
-        print("torch-optimizer is not installed (pip install torch-optimizer): its Lamb is skipped")
+        print("torch-optimizer is not installed (pip install torch-optimizer): its ExactLamb is skipped")
     if not args.skip_naive:
         candidates["naive_loop_lamb"] = NaiveLamb(fresh_groups(), lr=1e-3)
     bandwidth = copy_bandwidth(device, args.reps)
@@ -141,7 +141,7 @@ def bench_model(model_name: str, args: argparse.Namespace, device: torch.device)
     floor = numel * BYTES_PER_ELEMENT["lamb"] / bandwidth
     print(f"ours vs floor: x{ours / floor:.2f}")
     if "torch_optimizer_lamb" in medians:
-        print(f"torch-optimizer Lamb / ours: x{medians['torch_optimizer_lamb'] / ours:.2f} (goal >= 3)")
+        print(f"torch-optimizer ExactLamb / ours: x{medians['torch_optimizer_lamb'] / ours:.2f} (goal >= 3)")
     print(f"ours / AdamW-foreach: x{ours / base:.2f} (goal <= 1.5)")
 
 
@@ -169,12 +169,12 @@ def bench_zero(model_name: str, args: argparse.Namespace) -> None:
         partitions[id(flat)] = partition_from_ranges(
             partition, ranges, len(sizes), dist.group.WORLD, key, None
         )
-    exact = Lamb(
+    exact = ExactLamb(
         [torch.empty(0)], lr=1e-3
     )  # constructed on a placeholder, then handed the flats like ZeRO does
     exact.param_groups[0]["params"] = flats
     exact.set_zero_layout(ZeroLayout(wrapper="bench", partitions=partitions))
-    per_partition = Lamb([{"params": [f]} for f in flats], lr=1e-3)  # one ratio per flat: no bookkeeping
+    per_partition = ExactLamb([{"params": [f]} for f in flats], lr=1e-3)  # one ratio per flat: no bookkeeping
     medians = interleaved_medians(
         {"per_partition": per_partition.step, "exact": exact.step}, args.reps, device
     )

@@ -35,7 +35,7 @@ from data_prep.shards import FORMAT_NAME, FORMAT_VERSION, write_shard  # noqa: E
 from pretrain.checkpoint import CheckpointManager  # noqa: E402
 from pretrain.config import load_config  # noqa: E402
 from pretrain.engine import build_engine, init_distributed  # noqa: E402
-from pretrain.lamb import Lamb, weight_decay_param_groups  # noqa: E402
+from pretrain.lamb import ExactLamb, weight_decay_param_groups  # noqa: E402
 from pretrain.metrics import MetricsWriter, Throughput  # noqa: E402
 from pretrain.model import build_model  # noqa: E402
 from pretrain.schedule import WarmupPolyDecay  # noqa: E402
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     # --- the baseline: the same model and optimizer in a bare loop on one batch
     torch.manual_seed(0)
     bare = build_model(model_config).to(device)
-    optimizer = Lamb(weight_decay_param_groups(bare, 0.01), lr=1e-3)
+    optimizer = ExactLamb(weight_decay_param_groups(bare, 0.01), lr=1e-3)
     fixed = {k: v.to(device) for k, v in batches[0].items()}
 
     def bare_step() -> None:

@@ -12,8 +12,9 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 
 def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
@@ -25,14 +26,15 @@ def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write to a temp file in the same folder, fsync, then rename: readers never see a partial file."""
+def atomic_write_stream(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:
+    """Call `write(handle)` on a temp file in the same folder, fsync, then rename: readers never see a
+    partial file. For writers that stream (torch.save of a large state) instead of holding the bytes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -40,6 +42,11 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """`data` written atomically (see atomic_write_stream)."""
+    atomic_write_stream(path, lambda handle: handle.write(data))
 
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:

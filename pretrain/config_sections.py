@@ -27,6 +27,11 @@ class ConfigError(ValueError):
 class RunSection:
     """Where the run lives, which phases it runs, its seed and its numeric precision."""
 
+    about: str = setting(
+        "",
+        "what this run config is for and where its numbers come from (free text; the shipped recipes say "
+        "it; config.resolved.json keeps it with the run)",
+    )
     dir: str = setting(
         "runs/bert",
         "run folder: config.resolved.json, checkpoints/ (unless checkpoint.dir), export/, tensorboard/",

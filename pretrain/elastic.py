@@ -24,15 +24,13 @@ Why not DeepSpeed's universal checkpoints: see docs/elastic_resume.md.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from data_prep.atomic_io import atomic_write_json
+from data_prep.atomic_io import atomic_write_json, atomic_write_stream
 from pretrain.zero_lamb import FlatPartition, flat_views
 
 CONSOLIDATED = "elastic_state.pt"
@@ -196,17 +194,7 @@ def convert_once(folder: Path, world_size: int) -> tuple[Path, str]:
         return out, f"reused {out.name} (converted earlier)"
     began = time.perf_counter()
     state = convert(folder, world_size)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(state, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_stream(out, lambda handle: torch.save(state, handle))
     kind = state["source"]["wrapper"]
     what = "the ZeRO-0 (unpartitioned) state" if kind == "none" else f"the {kind} partitions"
     return out, (f"converted {what} of {len(state['params'])} parameters into {out.name} "

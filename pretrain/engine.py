@@ -6,7 +6,7 @@ optimizer block with a type DeepSpeed does not own:
     "optimizer": {"type": "ExactLamb", "params": {"lr": 6e-3, "betas": [0.9, 0.999], "eps": 1e-6,
                   "weight_decay": 0.01, "bias_correction": true, "trust_clip": null, "adapt_all": true}}
 
-DeepSpeed has no optimizer registry, so the builder constructs `pretrain.lamb.Lamb` itself, removes the
+DeepSpeed has no optimizer registry, so the builder constructs `pretrain.lamb.ExactLamb` itself, removes the
 block, hands the instance to `deepspeed.initialize` and binds the ZeRO layout right after. A
 DeepSpeed-native type ("AdamW", "Adam", ...) stays in the config and gets our decay / no-decay groups.
 LR schedules are ours: a multiplier function wrapped in a torch LambdaLR that DeepSpeed steps after
@@ -31,7 +31,7 @@ import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
 from pretrain.cluster import device_index, slurm_task_env
-from pretrain.lamb import Lamb, bind_zero_layout, weight_decay_param_groups
+from pretrain.lamb import ExactLamb, bind_zero_layout, weight_decay_param_groups
 
 __all__ = [
     "EXACT_LAMB_TYPE",
@@ -54,7 +54,7 @@ _EXACT_LAMB_PARAMS = (
     "bias_correction",
     "trust_clip",
     "adapt_all",
-    "scratch_buffers",  # performance knob, see Lamb; null = automatic
+    "scratch_buffers",  # performance knob, see ExactLamb; null = automatic
     "fused",  # compiled multi-tensor step (pretrain/fused_lamb.py); null = on for CUDA tensors
 )
 
@@ -253,7 +253,7 @@ def check_ds_config(ds_config: dict[str, Any]) -> None:
     optimizer_type, params = _optimizer_block(ds_config)
     if optimizer_type == EXACT_LAMB_TYPE:
         _refuse_low_precision_without_zero(ds_config)
-        Lamb([torch.zeros(1, requires_grad=True)], **_exact_lamb_kwargs(params))  # its own range checks
+        ExactLamb([torch.zeros(1, requires_grad=True)], **_exact_lamb_kwargs(params))  # its own range checks
 
 
 # ---------------------------------------------------------------------- engine
@@ -288,7 +288,7 @@ def build_engine(
         _refuse_low_precision_without_zero(config)
         kwargs = _exact_lamb_kwargs(params)
         groups = weight_decay_param_groups(model, float(kwargs.get("weight_decay", 0.01)))
-        optimizer = Lamb(groups, **kwargs)
+        optimizer = ExactLamb(groups, **kwargs)
         del config["optimizer"]
         config["zero_allow_untested_optimizer"] = True
         engine, *_ = deepspeed.initialize(
@@ -305,7 +305,7 @@ def build_engine(
 
 
 def client_optimizer(engine: Any) -> torch.optim.Optimizer:
-    """Our Lamb (or the torch optimizer DeepSpeed built) behind the engine's ZeRO/fp16 wrappers."""
+    """Our ExactLamb (or the torch optimizer DeepSpeed built) behind the engine's ZeRO/fp16 wrappers."""
     optimizer = getattr(engine, "basic_optimizer", None)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"engine has no client torch optimizer (found {type(optimizer).__name__})")

@@ -1,8 +1,7 @@
 """ExactLamb: LAMB (You et al., ICLR 2020) with per-parameter trust ratios, exact under DeepSpeed ZeRO.
 
-Its name is ExactLamb everywhere it is named: `"type": "ExactLamb"` in a DeepSpeed JSON, the docs,
-every message. The Python class is `Lamb` (`pretrain.lamb.Lamb`); a text that means the class writes
-"ExactLamb (pretrain.lamb.Lamb)".
+Its name is ExactLamb everywhere: `"type": "ExactLamb"` in a DeepSpeed JSON, the Python class
+`pretrain.lamb.ExactLamb`, the docs and every message.
 
 The math is the paper's, per original parameter tensor:
 
@@ -43,7 +42,7 @@ from pretrain.zero_lamb import (
 )
 
 __all__ = [
-    "Lamb",
+    "ExactLamb",
     "UnboundZeroLayoutError",
     "bind_zero_layout",
     "weight_decay_param_groups",
@@ -89,7 +88,7 @@ def weight_decay_param_groups(model: nn.Module, weight_decay: float) -> list[dic
     return [group for group in groups if group["params"]]
 
 
-class Lamb(torch.optim.Optimizer):
+class ExactLamb(torch.optim.Optimizer):
     """ExactLamb: paper-exact LAMB with per-parameter trust ratios; see the module docstring."""
 
     def __init__(
@@ -318,17 +317,17 @@ class Lamb(torch.optim.Optimizer):
         self._last_ratios[("b", partition.ratio_key)] = param_ratios
 
 
-def bind_zero_layout(engine: Any) -> Lamb:
+def bind_zero_layout(engine: Any) -> ExactLamb:
     """Bind the ExactLamb behind `engine` to its ZeRO flat-partition layout; returns it.
 
     Call once after `deepspeed.initialize` when not using pretrain.engine.build_engine. The binding
     is refreshed automatically when the wrapper re-creates its partitions (e.g. checkpoint load).
     """
     optimizer = getattr(engine, "basic_optimizer", None)
-    if not isinstance(optimizer, Lamb):
+    if not isinstance(optimizer, ExactLamb):
         raise TypeError(
             f"bind_zero_layout: the engine's client optimizer is {type(optimizer).__name__}, not "
-            "ExactLamb (pretrain.lamb.Lamb); pass `optimizer=Lamb(...)` to deepspeed.initialize"
+            "pretrain.lamb.ExactLamb; pass `optimizer=ExactLamb(...)` to deepspeed.initialize"
         )
     optimizer.bind(engine)
     return optimizer

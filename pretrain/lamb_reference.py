@@ -1,10 +1,10 @@
 """Textbook LAMB: a per-tensor Python loop with one trust ratio per tensor it is handed.
 
-The reference ExactLamb (`pretrain.lamb.Lamb`) is measured against, written the way LAMB is usually
+The reference ExactLamb (`pretrain.lamb`) is measured against, written the way LAMB is usually
 written and sharing no code with pretrain/lamb.py or pretrain/lamb_math.py, so a mistake there cannot
 hide in both. One copy serves three uses:
 
-* tests/test_lamb.py runs it in float64 as the ground truth of the math (every option of Lamb's);
+* tests/test_lamb.py runs it in float64 as the ground truth of the math (every option of ExactLamb's);
 * tests/scripts/lamb_zero_equality.py hands it to DeepSpeed directly, as a ZeRO user would: it then
   computes one ratio per flat partition, which is what ExactLamb exists to avoid;
 * bench/lamb_step.py times it as the slow baseline.

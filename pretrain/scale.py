@@ -185,6 +185,10 @@ def scaled_config(
         )
     # A run folder of its own: resuming the shipped recipe's checkpoints with another batch would be wrong.
     new.setdefault("run", {})["dir"] = str(Path(config.run.dir).parent / out.stem)
+    batches = ", ".join(f"{s.name} {s.batch:,} sequences, lr {s.lr:.3g}, {s.steps:,} steps" for s in scales)
+    original = config.run.about or f"the recipe in {config.run.dir}"
+    new["run"]["about"] = (f"{original} -- rescaled by ./launch.sh scale with the "
+                           f"LAMB paper's rules (sqrt lr, same samples and warmup steps): {batches}")
     new.get("checkpoint", {}).pop("dir", None)
     return new
 

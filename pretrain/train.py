@@ -43,7 +43,7 @@ from pretrain.data import DataConfigError, PhaseData, RankBatches, open_phase_da
 from pretrain.elastic import prepare_resume
 from pretrain.engine import DistInfo, build_engine, check_ds_config, client_optimizer, init_distributed
 from pretrain.export import EXPORT_INFO, export_checkpoint, load_weights
-from pretrain.lamb import Lamb, bind_zero_layout
+from pretrain.lamb import ExactLamb, bind_zero_layout
 from pretrain.metrics import MetricsWriter, Throughput, flops_per_sequence, peak_tflops
 from pretrain.model import bert_config, build_model, count_parameters
 from pretrain.schedule import WarmupPolyDecay
@@ -179,7 +179,7 @@ def run_phase(
     state = PhaseState(phase=name, samples_seen=samples_seen)
     if resume_tag is not None:
         state = PhaseState.from_dict(checkpoints.load(engine, resume_tag))
-        if isinstance(client_optimizer(engine), Lamb):
+        if isinstance(client_optimizer(engine), ExactLamb):
             bind_zero_layout(engine)
     if codistill is not None:
         codistill.start_phase(engine, model_config, state)

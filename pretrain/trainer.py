@@ -36,7 +36,7 @@ from pretrain.checkpoint import CheckpointManager, make_tag
 from pretrain.config import PHASE_NAMES, RunConfig
 from pretrain.data import RankBatches, ValidationBatches, batch_loader
 from pretrain.engine import DistInfo, client_optimizer
-from pretrain.lamb import Lamb
+from pretrain.lamb import ExactLamb
 from pretrain.metrics import MetricsWriter, StepCounts, Throughput, memory_stats
 from pretrain.model import IGNORE_INDEX, PretrainingOutput
 
@@ -294,7 +294,7 @@ class PhaseTrainer:
 
     def log_step(self, values: dict[str, float]) -> None:
         optimizer = client_optimizer(self.engine)
-        if isinstance(optimizer, Lamb):
+        if isinstance(optimizer, ExactLamb):
             for name, value in optimizer.trust_ratio_stats().items():
                 values[f"lamb/trust_ratio_{name}"] = value
             ratios = optimizer.last_trust_ratios()

@@ -110,3 +110,22 @@ def test_schedule_ranges_are_checked_once_and_named_in_config_terms() -> None:
     config = from_dict({"run": {"phases": ["phase1"]}, "phase1": {"steps": 5, "decay_power": 0}})
     with pytest.raises(ConfigError, match=r"^phase1.decay_power: must be > 0, got 0.0$"):
         check_values(config)  # the schedule's own check, reported with the config's key
+
+
+def test_squad_finetune_help_lists_every_field_with_its_doc() -> None:
+    """The SQuAD flags are generated from FinetuneConfig: each field is a flag with its doc and default."""
+    import argparse
+    import dataclasses
+
+    from pretrain.squad import finetune_args
+
+    parser = argparse.ArgumentParser(prog="finetune")
+    finetune_args.add_arguments(parser)
+    text = " ".join(parser.format_help().split())
+    for spec in dataclasses.fields(finetune_args.FinetuneConfig):
+        option = "--" + spec.name.replace("_", "-")
+        doc = " ".join(spec.metadata["doc"].split())
+        assert option in text and doc and doc[:40] in text, option
+    args = parser.parse_args(["--model", "m", "--out", "o", "--dev", "d.json", "--precision", "bf16", "--save-model"])
+    config = finetune_args.config_from_args(args)
+    assert config.precision == "bf16" and config.save_model and config.epochs == 2.0 and config.train is None

@@ -217,7 +217,7 @@ def test_resume_on_another_world_size_restores_the_whole_state_exactly(runs: Pat
     worlds = {"e21": (2, 1), "e24": (2, 4), "e42": (4, 2)}[move]
     assert (before["world_size"], after["world_size"]) == worlds
     assert before["wrapper"] == after["wrapper"] == {
-        "z0": "Lamb", "z1": "DeepSpeedZeroOptimizer", "z2": "DeepSpeedZeroOptimizer",
+        "z0": "ExactLamb", "z1": "DeepSpeedZeroOptimizer", "z2": "DeepSpeedZeroOptimizer",
         "z3": "DeepSpeedZeroOptimizer_Stage3", "bf16": "BF16_Optimizer"}[kind]
     assert state_gap(before, after) == 0.0
     for key in ("optimizer_steps", "lrs", "scheduler_last_epoch", "global_steps", "global_samples", "trainer_state"):

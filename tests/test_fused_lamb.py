@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pretrain.fused_lamb import FusedKernels
-from pretrain.lamb import Lamb
+from pretrain.lamb import ExactLamb
 from pretrain.zero_lamb import ZeroLayout, partition_from_ranges
 
 SHAPES = [(37, 5), (11,), (64, 3), (7, 7), (5,)]
@@ -45,9 +45,9 @@ def segment_mask(flat: torch.Tensor, ranges: Ranges) -> torch.Tensor:
     return mask
 
 
-def lamb_on_flats(flats: list[torch.Tensor], all_ranges: list[Ranges], fused: bool, **options: object) -> Lamb:
+def lamb_on_flats(flats: list[torch.Tensor], all_ranges: list[Ranges], fused: bool, **options: object) -> ExactLamb:
     """ExactLamb handed flat partitions the way DeepSpeed's ZeRO wrappers hand them, with their layout."""
-    optimizer = Lamb([{"params": [torch.empty(0)], "weight_decay": 0.01}, {"params": [torch.empty(0)],
+    optimizer = ExactLamb([{"params": [torch.empty(0)], "weight_decay": 0.01}, {"params": [torch.empty(0)],
                       "weight_decay": 0.0}], lr=0.02, fused=fused, **options)
     for group, flat in zip(optimizer.param_groups, flats, strict=True):
         group["params"] = [flat]
@@ -92,14 +92,14 @@ def test_fused_flat_step_equals_reference(options: dict) -> None:
 
 def test_fused_argument_is_validated() -> None:
     with pytest.raises(ValueError, match="fused must be null, true or false"):
-        Lamb([torch.zeros(2, requires_grad=True)], fused="yes")  # type: ignore[arg-type]
+        ExactLamb([torch.zeros(2, requires_grad=True)], fused="yes")  # type: ignore[arg-type]
 
 
 def test_separate_parameters_take_the_reference_step_even_when_fused() -> None:
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(5))]
     twins = [torch.nn.Parameter(p.detach().clone()) for p in params]
-    fused, reference = Lamb(params, lr=0.1, fused=True), Lamb(twins, lr=0.1, fused=False)
+    fused, reference = ExactLamb(params, lr=0.1, fused=True), ExactLamb(twins, lr=0.1, fused=False)
     for p, q in zip(params, twins, strict=True):
         p.grad = torch.randn_like(p)
         q.grad = p.grad.clone()

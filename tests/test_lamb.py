@@ -1,4 +1,4 @@
-"""ExactLamb (`pretrain.lamb.Lamb`): its math against the textbook LAMB of pretrain/lamb_reference.py, param
+"""ExactLamb (`pretrain.lamb`): its math against the textbook LAMB of pretrain/lamb_reference.py, param
 groups, state round trip, layout pieces."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from pretrain.lamb import Lamb, UnboundZeroLayoutError, weight_decay_param_groups
+from pretrain.lamb import ExactLamb, UnboundZeroLayoutError, weight_decay_param_groups
 from pretrain.lamb_reference import NaiveLamb
 from pretrain.zero_lamb import partition_from_ranges
 
@@ -64,7 +64,7 @@ def test_matches_textbook_reference_over_steps(case: dict, scratch: bool) -> Non
         adapt_all=case["adapt_all"],
     )
     params = [nn.Parameter(torch.tensor(w, dtype=torch.float64)) for w in weights]
-    opt = Lamb(
+    opt = ExactLamb(
         params,
         lr=hyper["lr"],
         betas=(hyper["b1"], hyper["b2"]),
@@ -95,7 +95,7 @@ def test_float32_matches_textbook_reference() -> None:
         [w.astype(np.float64) for w in weights], steps, 0.02, 0.9, 0.999, 1e-6, weight_decay=0.01
     )
     params = [nn.Parameter(torch.tensor(w)) for w in weights]
-    opt = Lamb(params, lr=0.02)
+    opt = ExactLamb(params, lr=0.02)
     for grads in steps:
         for p, g in zip(params, grads, strict=True):
             p.grad = torch.tensor(g)
@@ -104,7 +104,7 @@ def test_float32_matches_textbook_reference() -> None:
         np.testing.assert_allclose(p.detach().numpy(), expected, atol=1e-6)
 
 
-def _train(opt: Lamb, params: list[nn.Parameter], seeds: range) -> None:
+def _train(opt: ExactLamb, params: list[nn.Parameter], seeds: range) -> None:
     for seed in seeds:
         gen = torch.Generator().manual_seed(seed)
         for p in params:
@@ -115,7 +115,7 @@ def _train(opt: Lamb, params: list[nn.Parameter], seeds: range) -> None:
 def test_state_dict_round_trip_continues_identically() -> None:
     torch.manual_seed(0)
     params = [nn.Parameter(torch.randn(s)) for s in SHAPES[:3]]
-    opt = Lamb(
+    opt = ExactLamb(
         [{"params": params[:2]}, {"params": params[2:], "weight_decay": 0.0}], lr=0.01, trust_clip=(0.1, 5.0)
     )
     _train(opt, params, range(3))
@@ -125,7 +125,7 @@ def test_state_dict_round_trip_continues_identically() -> None:
     expected = [p.detach().clone() for p in params]
 
     restored = [nn.Parameter(w.clone()) for w in saved_weights]
-    opt2 = Lamb([{"params": restored[:2]}, {"params": restored[2:], "weight_decay": 0.0}], lr=0.5)
+    opt2 = ExactLamb([{"params": restored[:2]}, {"params": restored[2:], "weight_decay": 0.0}], lr=0.5)
     opt2.load_state_dict(saved_state)
     assert opt2.param_groups[0]["lr"] == 0.01 and opt2.param_groups[0]["trust_clip"] == (0.1, 5.0)
     _train(opt2, restored, range(3, 6))
@@ -183,7 +183,7 @@ def test_weight_decay_groups_on_hf_bert_with_tied_embeddings() -> None:
 
 def test_unbound_flat_tensor_is_refused() -> None:
     params = [nn.Parameter(torch.randn(5)), nn.Parameter(torch.randn(3))]
-    opt = Lamb(params, lr=0.1)
+    opt = ExactLamb(params, lr=0.1)
     flat = torch.cat([p.detach() for p in params]).requires_grad_()
     flat.grad = torch.ones_like(flat)
     opt.param_groups[0]["params"] = [flat]  # what a ZeRO wrapper does to the group
@@ -203,7 +203,7 @@ def test_unbound_flat_tensor_is_refused() -> None:
 )
 def test_bad_hyper_parameters_are_named(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        Lamb([nn.Parameter(torch.zeros(2))], **kwargs)
+        ExactLamb([nn.Parameter(torch.zeros(2))], **kwargs)
 
 
 def test_partition_pieces_skip_padding_and_reject_overlap() -> None:

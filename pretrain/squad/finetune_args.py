@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import typing
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pretrain.squad.data import SquadFormatError
 
@@ -13,37 +16,51 @@ DEFAULT_DS_CONFIG = REPO_ROOT / "ds_configs" / "squad.json"
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
+def flag(default: Any, doc: str, choices: tuple[Any, ...] | None = None, required: bool = False) -> Any:
+    """A FinetuneConfig field with what its command-line flag needs (doc, choices, required)."""
+    return dataclasses.field(default=default, metadata={"doc": doc, "choices": choices, "required": required})
+
+
 @dataclass(frozen=True)
 class FinetuneConfig:
-    model: Path  # a Hugging Face BERT folder: config.json + weights + vocab.txt / tokenizer.json
-    out: Path
-    train: Path | None = None
-    dev: Path | None = None
-    hf_dataset: str | None = None  # "squad" or "squad_v2": load both splits by name
-    ds_config: Path = DEFAULT_DS_CONFIG
-    version: int | None = None  # 1 or 2; None = from the data (v2 when any question is unanswerable)
-    epochs: float = 2.0
-    max_steps: int | None = None  # overrides epochs
-    lr: float | None = None  # overrides ds_config optimizer.params.lr
-    warmup_fraction: float = 0.1
-    precision: str = "auto"  # auto: the JSON's bf16/fp16 on GPU, fp32 on CPU
-    seed: int = 42
-    max_seq_length: int = 384
-    doc_stride: int = 128
-    max_query_length: int = 64
-    n_best: int = 20
-    max_answer_length: int = 30
-    null_score_diff_threshold: float = 0.0
-    eval_batch_size: int = 64  # windows per forward pass and rank
-    max_train_examples: int | None = None  # first N questions only (smoke runs, benchmarks)
-    max_eval_examples: int | None = None
-    log_every: int = 10  # optimizer steps between TensorBoard / console logs
-    save_model: bool = False  # save_pretrained the fine-tuned model into OUT/model
+    """Every `finetune` flag, declared once: `add_arguments` builds the command line (names, types,
+    defaults, choices, help) from these fields, so the flags and their documentation cannot drift apart."""
+
+    model: Path = flag(None, "Hugging Face BERT folder (our export, MiniLM, ...): config.json + weights + "
+                             "vocab.txt / tokenizer.json", required=True)
+    out: Path = flag(None, "output folder (predictions, results, tensorboard)", required=True)
+    train: Path | None = flag(None, "SQuAD training JSON; omit to only evaluate")
+    dev: Path | None = flag(None, "SQuAD dev JSON to predict and score")
+    hf_dataset: str | None = flag(None, "load SQuAD (both splits) by name", choices=("squad", "squad_v2"))
+    ds_config: Path = flag(DEFAULT_DS_CONFIG, "DeepSpeed JSON (ds_configs/squad*.json)")
+    version: int | None = flag(None, "SQuAD version (default: from the data: 2 when any question is "
+                                     "unanswerable)", choices=(1, 2))
+    epochs: float = flag(2.0, "passes over the training windows")
+    max_steps: int | None = flag(None, "optimizer steps (overrides --epochs)")
+    lr: float | None = flag(None, "peak learning rate (overrides the DeepSpeed JSON's optimizer.params.lr)")
+    warmup_fraction: float = flag(0.1, "share of the steps with a linear warmup (then linear decay to 0)")
+    precision: str = flag("auto", "auto: the JSON's bf16/fp16 on GPU, fp32 on CPU", choices=PRECISIONS)
+    seed: int = flag(42, "seed of the head's initial weights, the data order and dropout")
+    max_seq_length: int = flag(384, "tokens per window (question + context + 3 special tokens)")
+    doc_stride: int = flag(128, "context tokens between the starts of two windows of one paragraph")
+    max_query_length: int = flag(64, "question tokens kept")
+    n_best: int = flag(20, "start/end candidates per window considered by the post-processing")
+    max_answer_length: int = flag(30, "longest answer (tokens) the post-processing accepts")
+    null_score_diff_threshold: float = flag(0.0, "v2: predict no answer when its score beats the best span by this")
+    eval_batch_size: int = flag(64, "windows per forward pass and rank")
+    max_train_examples: int | None = flag(None, "first N training questions only (smoke runs, benchmarks)")
+    max_eval_examples: int | None = flag(None, "first N dev questions only")
+    log_every: int = flag(10, "optimizer steps between TensorBoard / console logs")
+    save_model: bool = flag(False, "save_pretrained the fine-tuned model into OUT/model")
     # The architecture and tokenizer of --model with fresh weights (drawn from --seed): the same fine-tune
     # without pretraining, the baseline that shows what pretraining bought (the demo runs both).
-    random_init: bool = False
+    random_init: bool = flag(False, "--model's architecture + tokenizer, fresh weights: the no-pretraining "
+                                     "baseline")
 
     def __post_init__(self) -> None:
+        for name in ("model", "out"):
+            if getattr(self, name) is None:
+                raise SquadFormatError(f"--{name} is required")
         if self.hf_dataset is not None and (self.train is not None or self.dev is not None):
             raise SquadFormatError("give either --hf-dataset or --train/--dev files, not both")
         if self.hf_dataset is not None and self.hf_dataset not in ("squad", "squad_v2"):
@@ -84,33 +101,22 @@ class FinetuneConfig:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    defaults = FinetuneConfig(model=Path("."), out=Path("."), dev=Path("."))
-    parser.add_argument("--model", type=Path, required=True, help="Hugging Face BERT folder (our export, MiniLM, ...)")
-    parser.add_argument("--out", type=Path, required=True, help="output folder (predictions, results, tensorboard)")
-    parser.add_argument("--train", type=Path, default=None, help="SQuAD training JSON; omit to only evaluate")
-    parser.add_argument("--dev", type=Path, default=None, help="SQuAD dev JSON to predict and score")
-    parser.add_argument("--hf-dataset", default=None, choices=("squad", "squad_v2"), help="load SQuAD by name")
-    parser.add_argument("--ds-config", type=Path, default=defaults.ds_config, help="DeepSpeed JSON (ds_configs/squad*.json)")
-    parser.add_argument("--version", type=int, default=None, choices=(1, 2), help="SQuAD version (default: from the data)")
-    parser.add_argument("--epochs", type=float, default=defaults.epochs)
-    parser.add_argument("--max-steps", type=int, default=None, help="optimizer steps (overrides --epochs)")
-    parser.add_argument("--lr", type=float, default=None, help="peak learning rate (overrides the DeepSpeed JSON)")
-    parser.add_argument("--warmup-fraction", type=float, default=defaults.warmup_fraction)
-    parser.add_argument("--precision", default=defaults.precision, choices=PRECISIONS)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--max-seq-length", type=int, default=defaults.max_seq_length)
-    parser.add_argument("--doc-stride", type=int, default=defaults.doc_stride)
-    parser.add_argument("--max-query-length", type=int, default=defaults.max_query_length)
-    parser.add_argument("--n-best", type=int, default=defaults.n_best)
-    parser.add_argument("--max-answer-length", type=int, default=defaults.max_answer_length)
-    parser.add_argument("--null-score-diff-threshold", type=float, default=defaults.null_score_diff_threshold)
-    parser.add_argument("--eval-batch-size", type=int, default=defaults.eval_batch_size)
-    parser.add_argument("--max-train-examples", type=int, default=None)
-    parser.add_argument("--max-eval-examples", type=int, default=None)
-    parser.add_argument("--log-every", type=int, default=defaults.log_every)
-    parser.add_argument("--save-model", action="store_true", help="save_pretrained the fine-tuned model to OUT/model")
-    parser.add_argument("--random-init", action="store_true",
-                        help="--model's architecture + tokenizer, fresh weights: the no-pretraining baseline")
+    """`--name-with-dashes` for every FinetuneConfig field: its type, default, choices and doc."""
+    hints = typing.get_type_hints(FinetuneConfig)
+    for spec in dataclasses.fields(FinetuneConfig):
+        option, doc = "--" + spec.name.replace("_", "-"), spec.metadata["doc"]
+        kind = hints[spec.name]
+        if kind is bool:
+            parser.add_argument(option, action="store_true", help=doc)
+            continue
+        options = [a for a in typing.get_args(kind) if a is not type(None)] or [kind]
+        extra: dict[str, Any] = {"choices": spec.metadata["choices"]} if spec.metadata.get("choices") else {}
+        if spec.metadata.get("required"):
+            extra["required"] = True
+        else:
+            extra["default"] = spec.default
+            doc += " (default: %(default)s)"
+        parser.add_argument(option, type=options[0], help=doc, **extra)
     # The deepspeed launcher appends --local_rank=N; the rank comes from the environment instead.
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
 

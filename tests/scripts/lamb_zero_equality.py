@@ -23,7 +23,7 @@ from deepspeed.utils import safe_get_full_fp32_param
 from torch import nn
 
 from pretrain.engine import build_engine, client_optimizer, init_distributed
-from pretrain.lamb import Lamb, UnboundZeroLayoutError, weight_decay_param_groups
+from pretrain.lamb import ExactLamb, UnboundZeroLayoutError, weight_decay_param_groups
 from pretrain.lamb_reference import NaiveLamb
 
 VOCAB, WIDTH, HIDDEN, SEQ = 37, 15, 33, 6  # odd sizes: padding everywhere, params straddle partitions
@@ -78,8 +78,8 @@ def fresh_model(seed: int = 0) -> TinyLM:
 def reference_run(sc: Scenario, batches: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     model = fresh_model()
     params = {**LAMB_PARAMS, **sc.lamb}
-    params.pop("scratch_buffers", None)  # the reference always takes Lamb's default code path
-    opt = Lamb(
+    params.pop("scratch_buffers", None)  # the reference always takes ExactLamb's default code path
+    opt = ExactLamb(
         weight_decay_param_groups(model, params["weight_decay"]),
         **{**params, "betas": tuple(params["betas"])},
     )
@@ -209,7 +209,7 @@ def unbound_error_message(micro: int) -> str:
     cfg = ds_config(Scenario("unbound", stage=2), micro)
     del cfg["optimizer"]
     cfg["zero_allow_untested_optimizer"] = True
-    lamb = Lamb(weight_decay_param_groups(model, 0.01), lr=1e-2)
+    lamb = ExactLamb(weight_decay_param_groups(model, 0.01), lr=1e-2)
     engine, *_ = deepspeed.initialize(model=model, optimizer=lamb, config=cfg)
     batches = global_batches(1, micro, 1, 1)
     try:
