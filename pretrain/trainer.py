@@ -202,9 +202,9 @@ class PhaseTrainer:
         """
         phase_index = PHASE_NAMES.index(self.state.phase)
         # (before it, one all-reduce of the step's labelled-token count: the loss normalisation, see the module doc)
-        # sums over micro-batches: mlm loss sum, nsp loss, mlm correct, mlm count, nsp correct, nsp count, nonfinite,
-        # then the work counts: rows, instances, real tokens, MLM head rows
-        sums = torch.zeros(11, dtype=torch.float64, device=self.dist.device)
+        # sums over micro-batches: mlm loss sum, nsp loss, mlm correct, mlm count, nsp correct, instances (the NSP
+        # count), nonfinite, then the rest of the work counts: rows, real tokens, MLM head rows
+        sums = torch.zeros(10, dtype=torch.float64, device=self.dist.device)
         extra_sums: dict[str, torch.Tensor] = {}
         batches = [self._next_batch() for _ in range(self.accumulation)]
         self.state.data_position += self.global_batch
@@ -233,7 +233,6 @@ class PhaseTrainer:
                     instances,
                     1.0 - finite,
                     zero + batch["input_ids"].size(0),
-                    instances,
                     batch["attention_mask"].sum().double(),
                     zero + output.mlm_labels.numel(),
                 ])
@@ -245,9 +244,8 @@ class PhaseTrainer:
         if dist.is_initialized() and self.dist.world_size > 1:
             dist.all_reduce(packed, group=self.reduce_group)
         reduced = packed.tolist()
-        mlm, nsp, mlm_ok, mlm_n, nsp_ok, nsp_n, nonfinite = reduced[:7]
-        counts = StepCounts(*reduced[7:11])
-        stop = reduced[11]
+        mlm, nsp, mlm_ok, mlm_n, nsp_ok, nsp_n, nonfinite, rows, real_tokens, head_rows, stop = reduced[:11]
+        counts = StepCounts(rows=rows, instances=nsp_n, real_tokens=real_tokens, predictions=head_rows)
         aborting_here = bool(nonfinite) and (
             self.state.consecutive_nonfinite + 1 >= self.config.failures.max_consecutive_nonfinite)
         abort_elsewhere = False
@@ -272,7 +270,7 @@ class PhaseTrainer:
         }
         values["loss/total"] = values["loss/mlm"] + values["loss/nsp"]
         divisor = self.accumulation * self.dist.world_size
-        values.update({key: total / divisor for key, total in zip(extra_sums, reduced[12:], strict=True)})
+        values.update({key: total / divisor for key, total in zip(extra_sums, reduced[11:], strict=True)})
         return StepResult(applied=applied, nonfinite=nonfinite > 0, values=values, counts=counts,
                           stop_requested=stop > 0, abort_elsewhere=abort_elsewhere)
 

@@ -45,9 +45,11 @@ def save_engine_logits(out: Path):
     return callback
 
 
-def sigterm_rank1_after(step: int):
+def sigterm_rank1_after(step: int, phase: str = "phase1"):
+    """SIGTERM to rank 1 alone after `phase` step `step`: the ranks must agree to stop and checkpoint."""
+
     def callback(trainer: PhaseTrainer) -> None:
-        if trainer.state.phase == "phase1" and trainer.state.step == step and dist.get_rank() == 1:
+        if trainer.state.phase == phase and trainer.state.step == step and dist.get_rank() == 1:
             os.kill(os.getpid(), signal.SIGTERM)
 
     return callback

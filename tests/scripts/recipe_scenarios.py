@@ -13,8 +13,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
 from pathlib import Path
 
@@ -27,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from pretrain.squad.__main__ import main as squad_main  # noqa: E402
 from pretrain.train import main  # noqa: E402
 from pretrain.trainer import PhaseTrainer  # noqa: E402
+from tests.scripts.pretrain_scenarios import record, sigterm_rank1_after  # noqa: E402
 
 SHORT_WINDOWS = ["--max-seq-length", "48", "--doc-stride", "20", "--max-query-length", "16"]
 
@@ -62,22 +61,6 @@ def save_masters(trainer: PhaseTrainer) -> None:
         torch.save(masters, Path(trainer.config.run.dir) / f"masters_{trainer.state.phase}.pt")
 
 
-def sigterm_rank1_at(phase: str, step: int):
-    def callback(trainer: PhaseTrainer) -> None:
-        if trainer.state.phase == phase and trainer.state.step == step and dist.get_rank() == 1:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return callback
-
-
-def record(work: Path, name: str, value: object) -> None:
-    if dist.get_rank() == 0:
-        path = work / "outcomes.json"
-        data = json.loads(path.read_text()) if path.exists() else {}
-        data[name] = value
-        path.write_text(json.dumps(data))
-
-
 def pretrain(work: Path) -> None:
     config = work / "run.json"
     run = json.loads(config.read_text())
@@ -85,7 +68,7 @@ def pretrain(work: Path) -> None:
     paths = record_paths(work / "paths_a.json")
     codistill = run.get("codistill", {}).get("enabled", False)
     first_model = a_dir / "group0" if codistill else a_dir
-    rc = main(["--config", str(config)], [paths, save_masters, sigterm_rank1_at("phase2", 1)])
+    rc = main(["--config", str(config)], [paths, save_masters, sigterm_rank1_after(1, "phase2")])
     record(work, "a_interrupted", rc)
     if dist.get_rank() == 0:
         record(work, "a_latest_after_stop", (first_model / "checkpoints" / "latest").read_text())
