@@ -183,11 +183,11 @@ Environment defaults (only set when unset; documented in docs/launching.md, "Env
 
 Examples
   ./launch.sh demo --sample-data ../shared/data
-  ./launch.sh pretrain --config ds_configs/run_bert_large_64k.json --gpus 8
+  ./launch.sh pretrain --config ds_configs/recipes/bert_large_64k.json --gpus 8
   ./launch.sh pretrain --config RUN.json --hostfile hosts.txt --dry-run
-  sbatch launch/slurm_pretrain.sbatch ds_configs/run_bert_large_64k.json
+  sbatch launch/slurm_pretrain.sbatch ds_configs/recipes/bert_large_64k.json
   codistillation as two separate allocations that meet in a shared folder (docs/codistillation.md):
-  sbatch launch/slurm_pretrain.sbatch ds_configs/run_bert_large_codistill.json --codistill.group=0 \
+  sbatch launch/slurm_pretrain.sbatch ds_configs/recipes/bert_large_codistill.json --codistill.group=0 \
       --codistill.exchange=filesystem --codistill.exchange_dir=/shared/exchange     (and group=1)
 EOF
 }

@@ -7,7 +7,7 @@
 
 Both arms are ONE 2-rank job of the real driver (`deepspeed pretrain/train.py`) with 2 groups x 1 rank:
   alone        codistill.alpha = 0: each group is bit-for-bit the model trained by itself (tested in
-               tests/test_codistill_multirank.py), so the two groups are two independent models;
+               tests/codistill/test_multirank.py), so the two groups are two independent models;
   codistilled  codistill.alpha = --alpha after --burn-in of the steps, teachers refreshed every
                --refresh-every steps.
 Groups use seeds s and s+1 in both arms, so group g starts from the same weights and sees the same
@@ -68,7 +68,7 @@ def run_config(args: argparse.Namespace, shards: Path, arm: str) -> Path:
         "model": {"preset": args.preset},
         "data": {"shards": str(shards), "num_workers": 0},
         "phase1": {
-            "seq_len": 64, "ds_config": str(REPO_ROOT / "ds_configs" / "tiny_cpu_zero2.json"),
+            "seq_len": 64, "ds_config": str(REPO_ROOT / "ds_configs" / "deepspeed" / "tiny_cpu_zero2.json"),
             "ds_overrides": {"train_micro_batch_size_per_gpu": args.micro_batch, "gradient_accumulation_steps": 1},
             "steps": args.steps, "warmup_fraction": 0.1, "lr": args.lr,
         },

@@ -11,7 +11,7 @@ an "end" record says so, exit 124) or a failing row keeps every row measured bef
 raises is printed as "failed: <reason>" and the check goes on with the next one (exit 1 at the end).
 
 Training rows: the engine users run. The DeepSpeed config is read from the shipped
-ds_configs/bert_large_phase1_64k.json (--ds-config) with only the batch sizes shrunk to one
+ds_configs/deepspeed/bert_large_phase1_64k.json (--ds-config) with only the batch sizes shrunk to one
 micro-batch per step: bf16, "data_types": {"grad_accum_dtype": "fp32"}, ZeRO-1 (so DeepSpeed wraps our
 ExactLamb in BF16_Optimizer), gradient clipping 1.0; built by `pretrain.engine.build_engine`, sparse-MLM
 model with SDPA attention, synthetic full-length rows (max_predictions = 15% of the length). Each
@@ -59,7 +59,7 @@ from bench.gpu_check_rows import lamb_floor_ms, lamb_row, lamb_shapes, train_row
 from pretrain.engine import init_distributed  # noqa: E402
 
 VOCAB = 30522
-DS_CONFIG = REPO_ROOT / "ds_configs" / "bert_large_phase1_64k.json"
+DS_CONFIG = REPO_ROOT / "ds_configs" / "deepspeed" / "bert_large_phase1_64k.json"
 TRAIN_HEADER = ("| model | seq | micro | inst/row | prec | optimizer / LAMB step | step ms | seq/s | "
                 "tokens/s | TFLOP/s | MFU | peak mem GB |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
 LAMB_HEADER = ("| LAMB step | params (M) | step ms | floor ms (40 B/param) | x floor | first step s |\n"

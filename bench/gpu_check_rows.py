@@ -13,11 +13,11 @@ from typing import Any
 import torch
 
 from pretrain.engine import build_engine, client_optimizer
-from pretrain.lamb import ExactLamb, weight_decay_param_groups
 from pretrain.metrics import flops_per_sequence, peak_tflops
 from pretrain.model import bert_config, build_model, count_parameters
+from pretrain.optim.lamb import ExactLamb, weight_decay_param_groups
+from pretrain.optim.zero_layout import ZeroLayout, partition_from_ranges
 from pretrain.packing import MAX_INSTANCES_PER_ROW
-from pretrain.zero_lamb import ZeroLayout, partition_from_ranges
 
 LAMB_FLOOR_BYTES_PER_PARAM = 40
 

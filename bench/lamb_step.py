@@ -4,8 +4,8 @@
     deepspeed --num_gpus 2 bench/lamb_step.py --zero [--models base]   # ZeRO bookkeeping overhead
 
 Single-process mode interleaves, in one process and on the same weights and gradients, ExactLamb
-(`pretrain.lamb.ExactLamb`), `torch.optim.AdamW(foreach=True)` (the baseline), `torch_optimizer.ExactLamb` (PyPI
-`torch-optimizer`, skipped when absent) and the textbook per-tensor loop of pretrain/lamb_reference.py.
+(`pretrain.optim.lamb.ExactLamb`), `torch.optim.AdamW(foreach=True)` (the baseline), `torch_optimizer.ExactLamb` (PyPI
+`torch-optimizer`, skipped when absent) and the textbook per-tensor loop of pretrain/optim/lamb_reference.py.
 It also measures a memory-copy bandwidth in the same run and prints the physical floor: LAMB must read
 w, g, m, v and write m, v, u, then read u, w and write w (10 x 4 bytes per element in fp32); AdamW
 needs 7 x 4 bytes.
@@ -29,9 +29,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pretrain.lamb import ExactLamb, weight_decay_param_groups  # noqa: E402
-from pretrain.lamb_reference import NaiveLamb  # noqa: E402
-from pretrain.zero_lamb import ZeroLayout, partition_from_ranges  # noqa: E402
+from pretrain.optim.lamb import ExactLamb, weight_decay_param_groups  # noqa: E402
+from pretrain.optim.lamb_reference import NaiveLamb  # noqa: E402
+from pretrain.optim.zero_layout import ZeroLayout, partition_from_ranges  # noqa: E402
 
 BYTES_PER_ELEMENT = {"lamb": 10 * 4, "adamw": 7 * 4}
 

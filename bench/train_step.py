@@ -32,12 +32,12 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from data_prep.atomic_io import atomic_write_json, sha256_file  # noqa: E402
 from data_prep.shards import FORMAT_NAME, FORMAT_VERSION, write_shard  # noqa: E402
-from pretrain.checkpoint import CheckpointManager  # noqa: E402
+from pretrain.checkpointing.checkpoint import CheckpointManager  # noqa: E402
 from pretrain.config import load_config  # noqa: E402
 from pretrain.engine import build_engine, init_distributed  # noqa: E402
-from pretrain.lamb import ExactLamb, weight_decay_param_groups  # noqa: E402
 from pretrain.metrics import MetricsWriter, Throughput  # noqa: E402
 from pretrain.model import build_model  # noqa: E402
+from pretrain.optim.lamb import ExactLamb, weight_decay_param_groups  # noqa: E402
 from pretrain.schedule import WarmupPolyDecay  # noqa: E402
 from pretrain.train import bert_config_from_plan, plan_run  # noqa: E402
 from pretrain.trainer import PhaseState, PhaseTrainer, StopRequest  # noqa: E402

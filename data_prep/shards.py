@@ -48,8 +48,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-# atomic_write_json is unused here: pretrain/demo.py and pretrain/squad/ still import it from this module.
-from data_prep.atomic_io import atomic_write_bytes, atomic_write_json, sha256_file  # noqa: F401
+from data_prep.atomic_io import atomic_write_bytes, sha256_file
 
 FORMAT_NAME = "bert-ds-shards"
 FORMAT_VERSION = 1

@@ -2,7 +2,7 @@
 
 launch.sh, launch/slurm_rank.sh and pretrain/engine.py need the same answers (the first node of a SLURM
 allocation, GPUs per node, the rendezvous host and port, which device a task opens). Written once, as
-functions with unit tests (tests/test_pretrain_cluster.py), they cannot drift apart; the shell scripts
+functions with unit tests (tests/launch/test_cluster_units.py), they cannot drift apart; the shell scripts
 call this module's CLI:
 
     python -m pretrain.cluster [--prog NAME] plan LAUNCHER [--gpus N] [--nodes N] [--hostfile F]
@@ -231,7 +231,7 @@ def pdsh_quote(arg: str) -> str:
     {a,b} is brace-expanded, $X expanded, and pdsh itself replaces %n/%h/%u and %%. DeepSpeed passes
     an argument without a space as is and wraps one with a space in "..." (escaping only its "). So:
     single quotes when there is no space, else escape what stays special inside "..." (\\ $ `); then
-    double every %. tests/test_cluster_hostfile.py checks it end to end through real pdsh + ssh.
+    double every %. tests/launch/test_hostfile.py checks it end to end through real pdsh + ssh.
     """
     if _PLAIN_WORD.fullmatch(arg):
         word = arg

@@ -4,8 +4,8 @@ A key is declared as ``name: type = setting(default, "what it does")``. The text
 dataclass field's ``metadata``, so everything that shows it (``python -m pretrain.train --help``, the
 configuration table of docs/pretraining.md) reads it back with ``dataclasses.fields``: no source
 parsing (works from .pyc files and zipped installs), no second list of keys to keep in step, and
-a key added without a text fails tests/test_config_doc.py. This module imports only the standard
-library, so the typed sections (pretrain/config.py, pretrain/codistill_config.py) can use it
+a key added without a text fails tests/pretrain/test_config_doc.py. This module imports only the standard
+library, so the typed sections (pretrain/config.py, pretrain/codistill/config.py) can use it
 without an import cycle or torch.
 
     python -m pretrain.config_doc            # print the generated markdown table

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pretrain.codistill_config import CodistillSection
+from pretrain.codistill.config import CodistillSection
 from pretrain.config_doc import setting
 
 PHASE_NAMES = ("phase1", "phase2")
@@ -211,7 +211,7 @@ class RunConfig:
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
     failures: FailureSection = field(default_factory=FailureSection)
-    codistill: CodistillSection = field(default_factory=CodistillSection)  # see pretrain/codistill.py
+    codistill: CodistillSection = field(default_factory=CodistillSection)  # see pretrain/codistill/plugin.py
 
     def phase(self, name: str) -> PhaseSection:
         if name not in PHASE_NAMES:

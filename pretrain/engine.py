@@ -6,7 +6,7 @@ optimizer block with a type DeepSpeed does not own:
     "optimizer": {"type": "ExactLamb", "params": {"lr": 6e-3, "betas": [0.9, 0.999], "eps": 1e-6,
                   "weight_decay": 0.01, "bias_correction": true, "trust_clip": null, "adapt_all": true}}
 
-DeepSpeed has no optimizer registry, so the builder constructs `pretrain.lamb.ExactLamb` itself, removes the
+DeepSpeed has no optimizer registry, so the builder constructs `pretrain.optim.lamb.ExactLamb` itself, removes the
 block, hands the instance to `deepspeed.initialize` and binds the ZeRO layout right after. A
 DeepSpeed-native type ("AdamW", "Adam", ...) stays in the config and gets our decay / no-decay groups.
 LR schedules are ours: a multiplier function wrapped in a torch LambdaLR that DeepSpeed steps after
@@ -31,7 +31,7 @@ import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
 from pretrain.cluster import device_index, slurm_task_env
-from pretrain.lamb import ExactLamb, bind_zero_layout, weight_decay_param_groups
+from pretrain.optim.lamb import ExactLamb, bind_zero_layout, weight_decay_param_groups
 
 __all__ = [
     "EXACT_LAMB_TYPE",
@@ -55,7 +55,7 @@ _EXACT_LAMB_PARAMS = (
     "trust_clip",
     "adapt_all",
     "scratch_buffers",  # performance knob, see ExactLamb; null = automatic
-    "fused",  # compiled multi-tensor step (pretrain/fused_lamb.py); null = on for CUDA tensors
+    "fused",  # compiled multi-tensor step (pretrain/optim/fused_lamb.py); null = on for CUDA tensors
 )
 
 

@@ -24,7 +24,7 @@ import torch
 from transformers import AutoModelForPreTraining, BertConfig, BertForPreTraining, BertTokenizerFast
 
 from data_prep.atomic_io import atomic_write_json
-from pretrain.checkpoint import consolidated_state_dict, read_run_config, split_checkpoint_path
+from pretrain.checkpointing.checkpoint import consolidated_state_dict, read_run_config, split_checkpoint_path
 from pretrain.model import SparseBertForPreTraining
 
 EXPORT_INFO = "export_info.json"

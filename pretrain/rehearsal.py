@@ -32,7 +32,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pretrain.config import PHASE_NAMES, deep_merge
+from pretrain.config import PHASE_NAMES
+from pretrain.ds_config import deep_merge
 
 TOY_PRESET = "tiny"
 TOY_MICRO_BATCH = 2
@@ -133,7 +134,7 @@ def shrink_squad_ds_config(ds: dict[str, Any], data_parallel: int) -> dict[str, 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pretrain.rehearsal", description=__doc__.split("\n\n")[0])
-    parser.add_argument("config", type=Path, help="a shipped RUN.json (ds_configs/run_*.json)")
+    parser.add_argument("config", type=Path, help="a shipped RUN.json (ds_configs/recipes/*.json)")
     parser.add_argument("--shards", type=Path, required=True, help="a data_prep output folder (small is fine)")
     parser.add_argument("--out", type=Path, required=True, help="where run.json and the rehearsal's run go")
     parser.add_argument("--ranks", type=int, default=2, help="CPU ranks the rehearsal runs on")

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pretrain.config import PHASE_NAMES, ConfigError, RunConfig, deep_merge, load_config, phase_ds_config
+from pretrain.config import PHASE_NAMES, ConfigError, RunConfig, load_config
+from pretrain.ds_config import deep_merge, phase_ds_config
 
 # What the shipped micro batches are taken to be sized for (not yet measured on a GPU: bench/gpu_check.sh).
 REFERENCE_GPU_MEMORY_GB = 80.0
@@ -225,7 +226,7 @@ def explain(scales: list[PhaseScale], source: Path, out: Path, run_dir: str) -> 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="./launch.sh scale", description=__doc__.split("\n\n")[0])
-    parser.add_argument("config", type=Path, help="a run config (e.g. ds_configs/run_bert_large_64k.json)")
+    parser.add_argument("config", type=Path, help="a run config (e.g. ds_configs/recipes/bert_large_64k.json)")
     for name in PHASE_NAMES:
         parser.add_argument(
             f"--{name}-batch", type=int, help=f"new global batch of {name} (sequences per step)"

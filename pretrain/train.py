@@ -29,23 +29,24 @@ from transformers import BertConfig, BertForPreTraining
 
 from data_prep.atomic_io import atomic_write_json
 from data_prep.shards import ShardFormatError
-from pretrain.checkpoint import (
+from pretrain.checkpointing.checkpoint import (
     CheckpointManager,
     consolidated_state_dict,
     read_run_config,
     split_checkpoint_path,
 )
-from pretrain.checkpoint_manifest import resolve_resume_tag
-from pretrain.codistill import Codistillation
-from pretrain.config import ConfigError, RunConfig, load_config, phase_ds_config
+from pretrain.checkpointing.elastic import prepare_resume
+from pretrain.checkpointing.manifest import resolve_resume_tag
+from pretrain.codistill.plugin import Codistillation
+from pretrain.config import ConfigError, RunConfig, load_config
 from pretrain.config_doc import format_help
 from pretrain.data import DataConfigError, PhaseData, RankBatches, open_phase_data
-from pretrain.elastic import prepare_resume
+from pretrain.ds_config import phase_ds_config
 from pretrain.engine import DistInfo, build_engine, check_ds_config, client_optimizer, init_distributed
 from pretrain.export import EXPORT_INFO, export_checkpoint, load_weights
-from pretrain.lamb import ExactLamb, bind_zero_layout
 from pretrain.metrics import MetricsWriter, Throughput, flops_per_sequence, peak_tflops
 from pretrain.model import bert_config, build_model, count_parameters
+from pretrain.optim.lamb import ExactLamb, bind_zero_layout
 from pretrain.schedule import WarmupPolyDecay
 from pretrain.trainer import ExtraLoss, NonFiniteLossError, PhaseState, PhaseTrainer, StopRequest
 
@@ -281,7 +282,7 @@ def _train(
     dist_info = init_distributed(config.run.dist_timeout_minutes)
     codistill = None
     if config.codistill.enabled:
-        # Each group runs this function as a job of its own: its seed, folders, ranks (see pretrain/codistill.py).
+        # Each group runs this function as a job of its own: its seed, folders, ranks (see pretrain/codistill/plugin.py).
         try:
             codistill = Codistillation(config, dist_info)
         except ValueError as err:
@@ -364,7 +365,7 @@ def parse_args(argv: list[str] | None) -> tuple[str | None, list[str]]:
         prog="python -m pretrain.train", description="Two-phase BERT pretraining on DeepSpeed.",
         epilog=format_help(RunConfig), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config", help="RUN.json (the shipped ones: ds_configs/run_*.json)")
+    parser.add_argument("--config", help="RUN.json (the shipped ones: ds_configs/recipes/*.json)")
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher
     args, rest = parser.parse_known_args(argv)
     return args.config, rest

@@ -32,13 +32,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pretrain.checkpoint import CheckpointManager, make_tag
+from pretrain.checkpointing.checkpoint import CheckpointManager, make_tag
 from pretrain.config import PHASE_NAMES, RunConfig
 from pretrain.data import RankBatches, ValidationBatches, batch_loader
 from pretrain.engine import DistInfo, client_optimizer
-from pretrain.lamb import ExactLamb
 from pretrain.metrics import MetricsWriter, StepCounts, Throughput, memory_stats
 from pretrain.model import IGNORE_INDEX, PretrainingOutput
+from pretrain.optim.lamb import ExactLamb
 
 # (output, batch, state) -> (extra loss term, numbers to log as the mean over micro-batches and ranks)
 ExtraLoss = Callable[

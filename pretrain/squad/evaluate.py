@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     # v1.1 prints one line, v2.0 an indented object: as the official scripts do.
     print(json.dumps(report.scores) if args.version == 1 else json.dumps(report.scores, indent=2))
     if args.out_file is not None:
-        from data_prep.shards import atomic_write_json
+        from data_prep.atomic_io import atomic_write_json
 
         atomic_write_json(args.out_file, report.scores)
     return 0

@@ -27,8 +27,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from data_prep.shards import atomic_write_json
-from pretrain.config import ConfigError, deep_merge, resolve_batch, resolve_precision
+from data_prep.atomic_io import atomic_write_json
+from pretrain.config import ConfigError
+from pretrain.ds_config import deep_merge, resolve_batch, resolve_precision
 from pretrain.schedule import WarmupPolyDecay
 from pretrain.squad.data import SquadFormatError, SquadSet, load_hf_squad, load_squad
 from pretrain.squad.features import FeatureConfig, Features, build_features, pad_batch

@@ -12,7 +12,7 @@ from typing import Any
 from pretrain.squad.data import SquadFormatError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_DS_CONFIG = REPO_ROOT / "ds_configs" / "squad.json"
+DEFAULT_DS_CONFIG = REPO_ROOT / "ds_configs" / "deepspeed" / "squad.json"
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 

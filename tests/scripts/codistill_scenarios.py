@@ -1,4 +1,4 @@
-"""Launched by tests/test_codistill_multirank.py: real runs of `pretrain.train.main` with codistillation.
+"""Launched by tests/codistill/test_multirank.py: real runs of `pretrain.train.main` with codistillation.
 
     python codistill_scenarios.py SCENARIO WORKDIR     (SCENARIO: solo1 | two | four | job0 | job1 | job0x2 | job1x2)
 
@@ -20,13 +20,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from pretrain.codistill import TeacherCheckpointManager  # noqa: E402
-from pretrain.codistill_teacher import flat_weights  # noqa: E402
-from pretrain.train import main  # noqa: E402
-from pretrain.trainer import PhaseTrainer  # noqa: E402
-from tests.scripts.pretrain_fixtures import tiny_run_config  # noqa: E402
+from pretrain.codistill.plugin import TeacherCheckpointManager
+from pretrain.codistill.teacher import flat_weights
+from pretrain.train import main
+from pretrain.trainer import PhaseTrainer
+from tests.support.pretrain_fixtures import tiny_run_config
 
 BASE_SEED = 7
 CODISTILL_FULL = {"enabled": True, "groups": 2, "alpha": 1.0, "burn_in_steps": 2, "refresh_every": 4,

@@ -1,4 +1,4 @@
-"""Launched by tests/test_elastic_multirank.py on 1, 2 or 4 CPU ranks: several `pretrain.train.main` runs.
+"""Launched by tests/checkpointing/test_elastic_multirank.py on 1, 2 or 4 CPU ranks: several `pretrain.train.main` runs.
 
     elastic_scenarios.py PLAN.json    runs every entry of the plan in order, in this one launch:
         {"name": ..., "config": RUN.json, "overrides": [...], "snapshot_steps": [s, ...], "snapshot_start": bool}
@@ -23,11 +23,9 @@ import torch
 import torch.distributed as dist
 from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from pretrain.engine import full_parameters  # noqa: E402
-from pretrain.train import main  # noqa: E402
-from pretrain.trainer import PhaseTrainer  # noqa: E402
+from pretrain.engine import full_parameters
+from pretrain.train import main
+from pretrain.trainer import PhaseTrainer
 
 
 def snapshot(trainer: PhaseTrainer) -> dict[str, Any]:

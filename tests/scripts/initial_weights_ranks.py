@@ -1,4 +1,4 @@
-"""Launched on 2 CPU ranks by tests/test_initial_weights.py: a phase's initial weights are read once.
+"""Launched on 2 CPU ranks by tests/pretrain/test_initial_weights.py: a phase's initial weights are read once.
 
     python initial_weights_ranks.py WORK
 
@@ -16,12 +16,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from pretrain.config import ConfigError  # noqa: E402
-from pretrain.engine import init_distributed  # noqa: E402
-from pretrain.model import bert_config, build_model  # noqa: E402
-from pretrain.train import load_initial_weights  # noqa: E402
+from pretrain.config import ConfigError
+from pretrain.engine import init_distributed
+from pretrain.model import bert_config, build_model
+from pretrain.train import load_initial_weights
 
 
 def run(work: Path) -> None:

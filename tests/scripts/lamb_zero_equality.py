@@ -1,4 +1,4 @@
-"""Run on N ranks by tests/test_lamb_zero.py: ExactLamb under ZeRO 0/1/2/3 vs a single-process ExactLamb.
+"""Run on N ranks by tests/optim/test_lamb_zero.py: ExactLamb under ZeRO 0/1/2/3 vs a single-process ExactLamb.
 
 Every rank also trains the reference itself (one process, the whole global batch, no DeepSpeed), so
 no result crosses processes except through the engine under test. Rank 0 writes one JSON with, per
@@ -23,8 +23,8 @@ from deepspeed.utils import safe_get_full_fp32_param
 from torch import nn
 
 from pretrain.engine import build_engine, client_optimizer, init_distributed
-from pretrain.lamb import ExactLamb, UnboundZeroLayoutError, weight_decay_param_groups
-from pretrain.lamb_reference import NaiveLamb
+from pretrain.optim.lamb import ExactLamb, UnboundZeroLayoutError, weight_decay_param_groups
+from pretrain.optim.lamb_reference import NaiveLamb
 
 VOCAB, WIDTH, HIDDEN, SEQ = 37, 15, 33, 6  # odd sizes: padding everywhere, params straddle partitions
 LAMB_PARAMS = {"lr": 6e-3, "betas": [0.9, 0.999], "eps": 1e-6, "weight_decay": 0.01}
@@ -241,7 +241,7 @@ SCENARIOS = {
     "stage3_checkpoint": Scenario("stage3_checkpoint", 3, steps=5, checkpoint_after=3),
     "bf16_optimizer": Scenario("bf16_optimizer", 1, bf16=True, replicated=False),
     "stage2_bf16": Scenario("stage2_bf16", 2, bf16=True, replicated=False),
-    # the torch.compile'd flat-partition kernels (pretrain/fused_lamb.py), forced on (they default to CUDA only)
+    # the torch.compile'd flat-partition kernels (pretrain/optim/fused_lamb.py), forced on (they default to CUDA only)
     "stage2_fused": Scenario("stage2_fused", 2, grad_accum=2, clip=0.05, lamb={"fused": True}),
     "stage3_fused": Scenario("stage3_fused", 3, lamb={"fused": True}),
     "naive_stage0": Scenario("naive_stage0", 0, naive=True),

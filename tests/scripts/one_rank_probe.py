@@ -2,7 +2,7 @@
 
     python tests/scripts/one_rank_probe.py OUT.json --config RUN.json [--section.key=value ...]
 
-tests/test_engine.py starts it in a fresh interpreter (the process group, its timeout and DeepSpeed's
+tests/pretrain/test_engine.py starts it in a fresh interpreter (the process group, its timeout and DeepSpeed's
 shared-memory segment are per process) and reads OUT.json: the backend, the default group's timeout,
 LOCAL_RANK as DeepSpeed saw it, and this rank's CPU all-reduce segment (its name, whether the name is
 still in /dev/shm, and whether this process had it mapped, i.e. DeepSpeed really created it).
@@ -18,11 +18,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from pretrain.engine import cpu_shm_segment  # noqa: E402
-from pretrain.train import main  # noqa: E402
-from pretrain.trainer import PhaseTrainer  # noqa: E402
+from pretrain.engine import cpu_shm_segment
+from pretrain.train import main
+from pretrain.trainer import PhaseTrainer
 
 
 def probe(out: Path):

@@ -1,4 +1,4 @@
-"""Launched on 2 CPU ranks by tests/test_pretrain_multirank.py: real runs of `pretrain.train.main`.
+"""Launched on 2 CPU ranks by tests/pretrain/test_multirank.py: real runs of `pretrain.train.main`.
 
     first WORKDIR    R1: uninterrupted two-phase run; saves the engine's MLM logits on a fixed batch
                      at the last step. R2: the same config in another folder, SIGTERM delivered to
@@ -21,11 +21,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from pretrain.export import verification_batch  # noqa: E402
-from pretrain.train import main  # noqa: E402
-from pretrain.trainer import PhaseTrainer  # noqa: E402
+from pretrain.export import verification_batch
+from pretrain.train import main
+from pretrain.trainer import PhaseTrainer
 
 
 def save_engine_logits(out: Path):

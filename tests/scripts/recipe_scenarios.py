@@ -1,4 +1,4 @@
-"""Launched on 2 CPU ranks by tests/test_recipes.py: a shipped recipe, shrunk, run as a user runs it.
+"""Launched on 2 CPU ranks by tests/pretrain/test_recipes.py: a shipped recipe, shrunk, run as a user runs it.
 
     pretrain WORK    WORK/run.json (pretrain.rehearsal's shrink of a shipped RUN.json):
                      A: both phases, SIGTERM to rank 1 after phase-2 step 1 (the ranks agree at step 2, checkpoint, stop),
@@ -20,12 +20,10 @@ import torch
 import torch.distributed as dist
 from deepspeed.utils import safe_get_full_fp32_param
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from pretrain.squad.__main__ import main as squad_main  # noqa: E402
-from pretrain.train import main  # noqa: E402
-from pretrain.trainer import PhaseTrainer  # noqa: E402
-from tests.scripts.pretrain_scenarios import record, sigterm_rank1_after  # noqa: E402
+from pretrain.squad.__main__ import main as squad_main
+from pretrain.train import main
+from pretrain.trainer import PhaseTrainer
+from tests.scripts.pretrain_scenarios import record, sigterm_rank1_after
 
 SHORT_WINDOWS = ["--max-seq-length", "48", "--doc-stride", "20", "--max-query-length", "16"]
 

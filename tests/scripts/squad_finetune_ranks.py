@@ -1,4 +1,4 @@
-"""Launched on 2 CPU ranks by tests/test_squad_finetune.py: one short fine-tune, then one evaluation.
+"""Launched on 2 CPU ranks by tests/squad/test_finetune.py: one short fine-tune, then one evaluation.
 
 Usage: deepspeed --num_gpus 2 squad_finetune_ranks.py WORK_DIR
 WORK_DIR holds export/ (a tiny BertForPreTraining, our export's layout), qa/ (a tiny
@@ -12,8 +12,7 @@ import sys
 from pathlib import Path
 
 from pretrain.squad.__main__ import main
-
-SHORT_WINDOWS = ["--max-seq-length", "48", "--doc-stride", "20", "--max-query-length", "16"]
+from tests.support.squad_fixtures import SHORT_WINDOWS
 
 
 def run(work: Path) -> None:

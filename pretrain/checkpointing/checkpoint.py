@@ -1,0 +1,239 @@
+"""Resume checkpoints: DeepSpeed save/load, our trainer state beside it, an atomic `latest`, keep-last-k.
+
+Layout of `checkpoint.dir`::
+
+    latest                         tag of the newest COMPLETE checkpoint (rewritten atomically, last)
+    phase1-step0000200/            one DeepSpeed checkpoint per tag (model states, ZeRO partitions)
+        trainer_state.json         phase, step, samples seen, data position, counters (rank 0)
+        run_config.json            the resolved run configuration (rank 0)
+        rng_rank00000.pt           each rank's torch / numpy / python RNG states
+        elastic_layout_rank00000.json  where each rank's flat partitions hold which parameter slices
+        MANIFEST.json              every file's size and sha256 (pretrain/checkpointing/manifest.py)
+        elastic_state.pt           only after a resume on another world size: the world-size-free state
+        PHASE_END                  present on the checkpoint that closes a phase (never pruned)
+
+Why our own `latest`: DeepSpeed's rank 0 writes its `latest` before the final barrier of
+`save_checkpoint`, so a crash can leave it naming a tag other ranks never finished. We pass
+`save_latest=False` and switch the pointer only after a barrier that every rank reaches after
+writing, with temp file + rename. Older tags are pruned only after the switch.
+
+Another world size: `load` of a tag written by a different number of ranks puts the converted state
+(pretrain/checkpointing/elastic.py; the driver converts once before loading) into the new engine instead of
+DeepSpeed's own loader, which needs the same partitioning.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from data_prep.atomic_io import atomic_write_bytes, atomic_write_json
+from pretrain.checkpointing.manifest import write_manifest
+
+LATEST = "latest"
+TRAINER_STATE = "trainer_state.json"
+RUN_CONFIG = "run_config.json"
+PHASE_END = "PHASE_END"
+TAG_PATTERN = re.compile(r"^(phase\d)-step(\d+)$")
+
+
+def make_tag(phase: str, step: int) -> str:
+    return f"{phase}-step{step:07d}"
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+class CheckpointManager:
+    def __init__(self, root: Path, keep_last: int, rank: int) -> None:
+        self.root, self.keep_last, self.rank = Path(root), keep_last, rank
+        self.hash_seconds = 0.0  # this rank's sha256 time at the last save (the manifest's cost)
+
+    def latest_tag(self) -> str | None:
+        pointer = self.root / LATEST
+        if not pointer.is_file():
+            return None
+        tag = pointer.read_text(encoding="utf-8").strip()
+        if not (self.root / tag / TRAINER_STATE).is_file():
+            raise FileNotFoundError(f"{pointer} names {tag!r}, but {self.root / tag / TRAINER_STATE} is missing")
+        return tag
+
+    def trainer_state(self, tag: str) -> dict[str, Any]:
+        return json.loads((self.root / tag / TRAINER_STATE).read_text(encoding="utf-8"))
+
+    def save(
+        self, engine: Any, tag: str, trainer_state: dict[str, Any], run_config: dict[str, Any], phase_end: bool
+    ) -> Path:
+        """Collective: every rank calls it. Returns the tag folder."""
+        folder = self.root / tag
+        if self.rank == 0:  # a tag saved again (after a manual rollback) must not keep an older conversion
+            (folder / "elastic_state.pt").unlink(missing_ok=True)
+        client_state = {"trainer_state": trainer_state, "run_config": run_config}
+        engine.save_checkpoint(str(self.root), tag=tag, client_state=client_state, save_latest=False)
+        # Each rank's RNG: not needed for exactness (steps reseed), kept so anything else random resumes too.
+        rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state()
+        atomic_write_bytes(folder / f"rng_rank{self.rank:05d}.pt", pickle.dumps(rng))
+        if isinstance(getattr(engine, "basic_optimizer", None), torch.optim.Optimizer):
+            from pretrain.checkpointing.elastic import write_layout_record
+
+            write_layout_record(engine, folder, self.rank)
+        if self.rank == 0:
+            atomic_write_json(folder / TRAINER_STATE, trainer_state)
+            atomic_write_json(folder / RUN_CONFIG, run_config)
+            if phase_end:
+                atomic_write_bytes(folder / PHASE_END, b"")
+        self.before_manifest(engine, folder)
+        world = run_config.get("resolved", {}).get("world_size", 1)
+        self.hash_seconds = write_manifest(folder, self.rank, world)  # collective; files + sizes + sha256
+        _barrier()  # every rank has written everything of this tag
+        if self.rank == 0:
+            atomic_write_bytes(self.root / LATEST, tag.encode("utf-8"))
+            self._prune(keep=tag)
+        _barrier()
+        return folder
+
+    def before_manifest(self, engine: Any, folder: Path) -> None:
+        """Subclasses patch files of a tag here: after every rank wrote its part, before the sha256s are taken."""
+
+    def load(self, engine: Any, tag: str) -> dict[str, Any]:
+        """Weights, optimizer, lr-scheduler position, RNG; returns the trainer state saved with them."""
+        saved_world = read_run_config(self.root, tag)["resolved"]["world_size"]
+        if saved_world != getattr(engine, "dp_world_size", saved_world):
+            from pretrain.checkpointing.elastic import CONSOLIDATED, load_converted
+
+            load_converted(engine, self.root / tag / CONSOLIDATED)  # per-rank RNG states do not carry over
+            return self.trainer_state(tag)
+        path, _ = engine.load_checkpoint(
+            str(self.root), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
+        )
+        if path is None:
+            raise FileNotFoundError(f"{self.root / tag}: DeepSpeed could not load this checkpoint")
+        rng_file = self.root / tag / f"rng_rank{self.rank:05d}.pt"
+        if rng_file.is_file():
+            rng = pickle.loads(rng_file.read_bytes())
+            torch.set_rng_state(rng["torch"])
+            np.random.set_state(rng["numpy"])
+            random.setstate(rng["python"])
+            if "cuda" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state(rng["cuda"])
+        return self.trainer_state(tag)
+
+    def _prune(self, keep: str) -> None:
+        """Keep the newest `keep_last` step checkpoints (and every phase end); delete the rest."""
+        tags = []
+        for child in self.root.iterdir():
+            match = TAG_PATTERN.match(child.name)
+            if match and child.is_dir() and not (child / PHASE_END).exists() and child.name != keep:
+                tags.append((match.group(1), int(match.group(2)), child))
+        tags.sort()
+        for *_, folder in tags[: max(0, len(tags) - (self.keep_last - 1))]:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def split_checkpoint_path(path: str | Path) -> tuple[Path, str]:
+    """A checkpoint root (with `latest`) or one tag folder -> (root, tag)."""
+    path = Path(path)
+    if (path / LATEST).is_file():
+        return path, (path / LATEST).read_text(encoding="utf-8").strip()
+    if path.is_dir() and any(path.glob("*model_states.pt")):
+        return path.parent, path.name
+    raise FileNotFoundError(f"{path}: neither a checkpoint folder with a 'latest' file nor a checkpoint tag folder")
+
+
+def consolidated_state_dict(root: Path, tag: str) -> dict[str, torch.Tensor]:
+    """fp32 weights of a checkpoint, merged from every rank's partition, keyed like the module.
+
+    Three layouts: ZeRO-1/2/3 (DeepSpeed's own zero_to_fp32), DeepSpeed's BF16_Optimizer (what the GPU
+    recipes get: bf16 + ZeRO-1 + fp32 gradient accumulation; zero_to_fp32 refuses it, see
+    `bf16_optimizer_state_dict`), and stage 0 (the module itself holds the fp32 weights).
+    """
+    folder = root / tag
+    optimizer_files = sorted(folder.glob("*optim_states.pt"))
+    if optimizer_files:
+        if written_by_bf16_optimizer(optimizer_files[0]):
+            return bf16_optimizer_state_dict(folder)
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        return dict(get_fp32_state_dict_from_zero_checkpoint(str(root), tag=tag))
+    # ZeRO stage 0: rank 0's model states hold the full module (fp32 masters are the module weights).
+    states = sorted(folder.glob("mp_rank_*_model_states.pt"))
+    if not states:
+        raise FileNotFoundError(f"{folder}: no DeepSpeed model states")
+    module = torch.load(states[0], map_location="cpu", weights_only=False)["module"]
+    return {key: value.float() for key, value in module.items()}
+
+
+def written_by_bf16_optimizer(optimizer_file: Path) -> bool:
+    """True for BF16_Optimizer's partition files: its state has no `zero_stage` (ZeRO's always has one;
+    both name their files `bf16_zero_pp_rank_*` when bf16 is on, so the name does not tell)."""
+    from deepspeed.checkpoint.constants import (
+        OPTIMIZER_STATE_DICT,
+        SINGLE_PARTITION_OF_FP32_GROUPS,
+        ZERO_STAGE,
+    )
+
+    state = torch.load(optimizer_file, map_location="cpu", mmap=True, weights_only=False)[OPTIMIZER_STATE_DICT]
+    return ZERO_STAGE not in state and SINGLE_PARTITION_OF_FP32_GROUPS in state
+
+
+def bf16_optimizer_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    """fp32 master weights of a BF16_Optimizer checkpoint (files `bf16_zero_pp_rank_*_optim_states.pt`).
+
+    DeepSpeed's zero_to_fp32 rejects these ("is not a zero checkpoint": the optimizer state carries no
+    zero_stage), although the layout is ZeRO-1's: per parameter group, the trainable parameters flattened
+    in module order, padded at the end to a multiple of 2 x data-parallel size, and cut into one equal
+    partition per rank. So: concatenate the ranks' fp32 partitions in rank order and slice the
+    parameters back out in the order the model states record, checking that only the end padding is left.
+    """
+    from deepspeed.checkpoint.constants import (
+        OPTIMIZER_STATE_DICT,
+        PARTITION_COUNT,
+        SINGLE_PARTITION_OF_FP32_GROUPS,
+    )
+    from deepspeed.utils.zero_to_fp32 import get_model_state_files, get_optim_files, parse_model_states
+
+    model_state = parse_model_states(get_model_state_files(str(folder))[:1])[0]
+    partitions: list[list[torch.Tensor]] = []
+    counts: set[int] = set()
+    files = get_optim_files(str(folder))  # natural order: rank 0, 1, 2, ..., 10, ...
+    for file in files:
+        state = torch.load(file, map_location="cpu", mmap=True, weights_only=False)[OPTIMIZER_STATE_DICT]
+        partitions.append(list(state[SINGLE_PARTITION_OF_FP32_GROUPS]))
+        count = state[PARTITION_COUNT]
+        counts.update(count if isinstance(count, list) else [count])
+    if counts != {len(files)}:
+        raise ValueError(f"{folder}: {len(files)} optimizer partition files, but they were written by "
+                         f"{sorted(counts)} ranks (a rank's file is missing or from another run)")
+    world = len(files)
+    weights: dict[str, torch.Tensor] = dict(model_state.buffers)
+    for group, shapes in enumerate(model_state.param_shapes):
+        flat = torch.cat([rank_groups[group].detach().float() for rank_groups in partitions])
+        offset = 0
+        for name, shape in shapes.items():
+            numel = int(torch.Size(shape).numel())
+            weights[name] = flat.narrow(0, offset, numel).view(shape).clone()
+            offset += numel
+        if not 0 <= flat.numel() - offset < 2 * world:
+            raise ValueError(f"{folder}: parameter group {group} holds {flat.numel()} values, its parameters "
+                             f"{offset}: not the BF16_Optimizer layout")
+    for alias, target in model_state.shared_params:
+        if target in weights:
+            weights[alias] = weights[target]
+    return weights
+
+
+def read_run_config(root: Path, tag: str) -> dict[str, Any]:
+    return json.loads((root / tag / RUN_CONFIG).read_text(encoding="utf-8"))

@@ -1,0 +1,182 @@
+"""What a checkpoint holds (files, sizes, sha256), written with it and checked before a resume.
+
+Writing: each rank hashes the files it wrote itself, right after writing them (they are still in the
+page cache, and the ranks hash in parallel): files named for a rank (`zero_pp_rank_R_*`,
+`rng_rankR.pt`, `elastic_layout_rankR.json`) belong to rank R, every other file to rank 0, which
+writes them (model states, trainer state, run config, PHASE_END, ...). One all-gather brings the
+entries to rank 0, which writes `MANIFEST.json` atomically before `latest` may name the tag.
+
+Resuming: rank 0 of each model checks the newest checkpoint against its manifest (every file there,
+same size, same sha256). A damaged one is reported in one line naming the file, moved aside to
+`<tag>.damaged`, and the newest intact older checkpoint that keep-last-k kept is used instead; the
+`latest` pointer is switched to it. The verdict travels with one all-gather, so every rank resumes
+from the same tag, and codistillation groups of one job agree on the newest tag intact in all of
+them. Without any intact checkpoint the run stops with one line listing what was wrong with each.
+A checkpoint written before manifests existed is resumed unverified.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+
+from data_prep.atomic_io import atomic_write_bytes, atomic_write_json, sha256_file
+
+if TYPE_CHECKING:
+    from pretrain.checkpointing.checkpoint import CheckpointManager
+
+MANIFEST = "MANIFEST.json"
+_RANK_FILE = re.compile(r"^(?:[a-z0-9]+_)?(?:zero_pp_rank_|rng_rank|elastic_layout_rank)(\d+)[_.]")
+_TAG = re.compile(r"^(phase\d)-step(\d+)$")
+_UNLISTED = ("elastic_state.pt", MANIFEST)  # written after the manifest (conversion), or the manifest itself
+
+
+def file_owner(name: str) -> int:
+    """The rank that writes a checkpoint file: the one in its name, else rank 0."""
+    match = _RANK_FILE.match(name)
+    return int(match.group(1)) if match else 0
+
+
+def own_entries(folder: Path, rank: int) -> dict[str, dict[str, Any]]:
+    """Size and sha256 of every file in `folder` that `rank` wrote (temp files excluded)."""
+    entries = {}
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder).as_posix()
+        if not path.is_file() or path.name.startswith(".") or rel in _UNLISTED or file_owner(path.name) != rank:
+            continue
+        entries[rel] = {"size": path.stat().st_size, "sha256": sha256_file(path), "rank": rank}
+    return entries
+
+
+def write_manifest(folder: Path, rank: int, world_size: int) -> float:
+    """Collective over the world (every rank of every model saving now). Returns this rank's hashing seconds."""
+    began = time.perf_counter()
+    mine = own_entries(folder, rank)
+    seconds = time.perf_counter() - began
+    gathered: list[Any] = [(str(folder), mine)]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, (str(folder), mine))
+    if rank == 0:
+        files: dict[str, dict[str, Any]] = {}
+        for where, entries in gathered:
+            if where == str(folder):
+                files.update(entries)
+        atomic_write_json(folder / MANIFEST, {"tag": folder.name, "world_size": world_size, "files": files})
+    return seconds
+
+
+def damage(folder: Path) -> str | None:
+    """Why the checkpoint in `folder` cannot be trusted (one phrase naming the file), or None if it is whole.
+    A folder without a manifest predates them: it is taken as it is."""
+    if not folder.is_dir():
+        return "the folder is missing"
+    manifest = folder / MANIFEST
+    if not manifest.is_file():
+        return None
+    try:
+        files = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+    except (ValueError, KeyError) as err:
+        return f"{MANIFEST} is unreadable ({err})"
+    for rel, entry in sorted(files.items()):
+        path = folder / rel
+        if not path.is_file():
+            return f"{rel} is missing"
+        size = path.stat().st_size
+        if size != entry["size"]:
+            return f"{rel} has {size} bytes, {entry['size']} were written"
+        if sha256_file(path) != entry["sha256"]:
+            return f"{rel} differs from what was written (sha256)"
+    return None
+
+
+def _key(tag: str) -> tuple[str, int]:
+    match = _TAG.match(tag)
+    return (match.group(1), int(match.group(2))) if match else ("", -1)
+
+
+def _candidates(root: Path, pointer: str) -> list[str]:
+    """The tag `latest` names, then the older tags still in the folder, newest first."""
+    older = [p.name for p in root.iterdir() if p.is_dir() and _TAG.match(p.name) and _key(p.name) < _key(pointer)]
+    return [pointer, *sorted(older, key=_key, reverse=True)]
+
+
+def resolve_resume_tag(manager: CheckpointManager, label: str = "checkpoint.dir") -> str | None:
+    """The tag to resume from (None: start fresh), agreed by every rank; see the module docstring.
+
+    Collective over the world. Votes: ("tag", t) the newest intact tag <= the bound, ("fresh", "") no
+    checkpoint, ("broken", why) nothing intact, ("abstain", "") ranks other than a model's rank 0.
+    """
+    root, first = manager.root, manager.rank == 0
+    pointer_file = root / "latest"
+    pointer = pointer_file.read_text(encoding="utf-8").strip() if first and pointer_file.is_file() else None
+    candidates = _candidates(root, pointer) if pointer else []
+    verdicts: dict[str, str | None] = {}
+    bound: tuple[str, int] | None = None
+    began = time.perf_counter()
+    while True:
+        vote: tuple[str, str] = ("abstain", "")
+        if first:
+            vote = ("fresh", "") if pointer is None else ("broken", "")
+            for tag in candidates:
+                if bound is not None and _key(tag) > bound:
+                    continue
+                if tag not in verdicts:
+                    verdicts[tag] = damage(root / tag)
+                if verdicts[tag] is None:
+                    vote = ("tag", tag)
+                    break
+            if vote[0] == "broken":
+                reasons = "; ".join(f"{t}: {verdicts[t]}" for t in candidates if verdicts.get(t))
+                vote = ("broken", f"{label}: no intact checkpoint to resume from in {root} ({reasons})")
+        votes = [vote]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            votes = [None] * dist.get_world_size()
+            dist.all_gather_object(votes, vote)
+        votes = [v for v in votes if v[0] != "abstain"]
+        broken = [why for kind, why in votes if kind == "broken"]
+        if broken:
+            from pretrain.config import ConfigError
+
+            raise ConfigError(" | ".join(dict.fromkeys(broken)))
+        kinds = {kind for kind, _ in votes}
+        if kinds == {"fresh"}:
+            return None
+        if "fresh" in kinds:
+            from pretrain.config import ConfigError
+
+            raise ConfigError(f"{label}: some codistillation groups have checkpoints and others none")
+        tags = {tag for _, tag in votes}
+        if len(tags) == 1:
+            chosen = tags.pop()
+            break
+        bound = min(_key(t) for t in tags)
+    if first:
+        _set_aside(root, pointer, chosen, verdicts, time.perf_counter() - began)
+    if dist.is_initialized():
+        dist.barrier()  # the pointer and folders are in place before anyone reads them
+    return chosen
+
+
+def _set_aside(root: Path, pointer: str | None, chosen: str, verdicts: dict[str, str | None], seconds: float) -> None:
+    """Move damaged tags newer than `chosen` aside, point `latest` at `chosen`, say so in one line each."""
+    for tag, why in verdicts.items():
+        if why is None or _key(tag) <= _key(chosen):
+            continue
+        aside = root / f"{tag}.damaged"
+        suffix = 1
+        while aside.exists():
+            aside, suffix = root / f"{tag}.damaged{suffix}", suffix + 1
+        if (root / tag).exists():
+            os.replace(root / tag, aside)
+        print(f"checkpoint {root / tag} is damaged: {why}; moved to {aside.name}, resuming from {chosen}", flush=True)
+    if pointer != chosen:
+        atomic_write_bytes(root / "latest", chosen.encode("utf-8"))
+    elif chosen in verdicts and (root / chosen / MANIFEST).is_file():
+        print(f"checkpoint {root / chosen} verified against its manifest in {seconds:.2f} s", flush=True)

@@ -1,0 +1,373 @@
+"""Codistillation (Anil et al. 2018) as a switch of the pretraining driver: `"codistill": {"enabled": true}`.
+
+The world is split into `groups` contiguous rank blocks (see codistill_groups.py). Each group is an
+ordinary run of the single-model driver with its own view of the job:
+
+    run.seed        = run.seed + g         (initial weights, dropout, masks, data order)
+    data.part       = g of `groups` parts  (disjoint training data; `disjoint_data: false` shares it all)
+    run.dir         = <run.dir>/group<g>   (TensorBoard, resolved config, exports, final numbers)
+    checkpoint.dir  = <checkpoint.dir>/group<g>   (default <run.dir>/group<g>/checkpoints)
+    rank/world size = position in the group / group size (data sharding, per-rank seeds, batch arithmetic)
+
+so a group with `alpha = 0` is bit-for-bit the single-model run with seed `run.seed + g` and
+`data.part = g, data.num_parts = groups` on `group size` ranks. The groups share one job (the world
+split into rank blocks), or run as separate jobs (`codistill.group`, files only: codistill_exchange.py).
+Each rank also holds frozen teachers (the other groups' models) and adds
+
+    alpha * T^2 * D(mean_teachers softmax(z_t / T), softmax(z / T))      at masked positions (+ NSP)
+
+to its task loss from global step `burn_in_steps` on. Teachers are refreshed at the global steps
+burn_in + k * refresh_every (and when a phase starts after the burn-in); the teacher used at step
+s is therefore the other groups' weights after the last refresh step <= s.
+
+Hooks into the driver (pretrain/train.py): `group_config`, `group_dist_info`, `mpu` for the engine,
+`reduce_group` for the trainer's statistics, `checkpoint_manager` (teachers saved with every
+checkpoint), `start_phase` after the engine (and a resume) exist, `extra_loss`, `after_step`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from data_prep.atomic_io import atomic_write_bytes, atomic_write_json
+from pretrain.checkpointing.checkpoint import CheckpointManager
+from pretrain.codistill.config import check_codistill
+from pretrain.codistill.exchange import FileExchange, GroupComm
+from pretrain.codistill.groups import GroupLayout, ProcessGroups, create_process_groups
+from pretrain.codistill.teacher import (
+    collective_refresh,
+    distillation_loss,
+    engine_dtype,
+    flat_weights,
+    load_flat,
+    make_teacher,
+    soft_targets,
+)
+from pretrain.engine import DistInfo
+from pretrain.export import EXPORT_INFO, export_checkpoint
+from pretrain.model import IGNORE_INDEX, masked_lm_loss_sum
+
+if TYPE_CHECKING:
+    from pretrain.config import RunConfig
+    from pretrain.model import PretrainingOutput
+    from pretrain.trainer import PhaseState, PhaseTrainer
+
+TEACHERS_FILE = "codistill_teachers.pt"
+FINAL_FILE = "codistill_final.json"
+
+
+class Codistillation:
+    def __init__(self, config: RunConfig, world: DistInfo) -> None:
+        """Collective: every rank constructs it at the same point (it creates the process groups)."""
+        self.section = config.codistill
+        check_codistill(self.section, world.world_size)
+        self.base_config, self.world = config, world
+        self.layout = GroupLayout(world.world_size, self.section.groups, world.rank, job_group=self.section.group)
+        self.groups: ProcessGroups = create_process_groups(self.layout)
+        self.exchange_dir = Path(self.section.exchange_dir or Path(config.run.dir) / "exchange")
+        comm = GroupComm(self.layout.group_size, self.layout.first_rank, self.groups.data_parallel, world.device)
+        self.files = FileExchange(self.exchange_dir, self.layout.group, self.layout.other_groups, comm,
+                                  is_first=self.layout.group_rank == 0)
+        self.teachers: dict[int, torch.nn.Module] = {}  # other group index -> frozen model
+        self.refreshed_at: int | None = None  # global step of the last refresh
+        self.teacher_steps: dict[int, int] = {}  # other group -> global step its teacher's weights are from
+        self.refresh_log: list[int] = []  # refresh steps of this process (tests, logs)
+        self.final: dict[str, float] | None = None
+        self._engine: Any = None
+        self._pending: dict[str, Any] | None = None  # teachers read from a checkpoint before they exist
+
+    # ------------------------------------------------------------------ the group's view of the run
+    @property
+    def mpu(self) -> Any:
+        return self.groups.mpu
+
+    @property
+    def reduce_group(self) -> Any:
+        return self.groups.data_parallel
+
+    def group_config(self, config: RunConfig) -> RunConfig:
+        g = self.layout.group
+        run = dataclasses.replace(config.run, seed=config.run.seed + g, dir=str(Path(config.run.dir) / f"group{g}"))
+        checkpoint = config.checkpoint
+        if checkpoint.dir:
+            checkpoint = dataclasses.replace(checkpoint, dir=str(Path(checkpoint.dir) / f"group{g}"))
+        data = config.data
+        if self.section.disjoint_data:
+            data = dataclasses.replace(data, part=g, num_parts=self.layout.groups)
+        return dataclasses.replace(config, run=run, checkpoint=checkpoint, data=data)
+
+    def group_dist_info(self, world: DistInfo) -> DistInfo:
+        return DistInfo(rank=self.layout.group_rank, world_size=self.layout.group_size,
+                        local_rank=world.local_rank, device=world.device)
+
+    def checkpoint_manager(self, root: Path, keep_last: int) -> CheckpointManager:
+        return TeacherCheckpointManager(root, keep_last, self.layout.group_rank, self)
+
+    def group_run_dir(self, group: int) -> Path:
+        return Path(self.base_config.run.dir) / f"group{group}"
+
+    def group_checkpoint_dir(self, group: int) -> Path:
+        if self.base_config.checkpoint.dir:
+            return Path(self.base_config.checkpoint.dir) / f"group{group}"
+        return self.group_run_dir(group) / "checkpoints"
+
+    def export_phase(self, phase: str, only_missing: bool = False) -> None:
+        """Every group's phase-end model as a Hugging Face folder at <run.dir>/group<g>/export/<phase>.
+
+        transformers 5 `save_pretrained` writes nothing on a torch.distributed rank other than 0, so world
+        rank 0 exports every group of this job (after the collective phase-end save, all folders are complete).
+        """
+        if self.world.rank != 0:
+            return
+        for group in self.layout.groups_in_job:
+            out = self.group_run_dir(group) / "export" / phase
+            if not (only_missing and (out / EXPORT_INFO).is_file()):
+                export_checkpoint(self.group_checkpoint_dir(group), out)
+
+    # ------------------------------------------------------------------ schedule
+    def global_step(self, phase: str, step: int) -> int:
+        return step + (self.base_config.phase1.steps if phase == "phase2" else 0)
+
+    def is_refresh_step(self, global_step: int) -> bool:
+        since = global_step - self.section.burn_in_steps
+        return since >= 0 and since % self.section.refresh_every == 0
+
+    # ------------------------------------------------------------------ teachers
+    def start_phase(self, engine: Any, model_config: Any, state: PhaseState) -> None:
+        """After the engine exists (and a resume loaded): build teachers, refresh when a phase starts."""
+        self._engine = engine
+        if not self.teachers:
+            dtype = engine_dtype(engine)
+            self.teachers = {h: make_teacher(model_config, self.world.device, dtype) for h in self.layout.other_groups}
+        if self._pending is not None:
+            self._restore(self._pending)
+            self._pending = None
+        step = self.global_step(state.phase, state.step)
+        if step >= self.section.burn_in_steps and (state.step == 0 or self.refreshed_at is None):
+            self.refresh(step)
+
+    @property
+    def teacher_step(self) -> int | None:
+        """The oldest teacher's step; None until every teacher has weights (no distillation before)."""
+        if not self.teachers or set(self.teacher_steps) != set(self.teachers):
+            return None
+        return min(self.teacher_steps.values())
+
+    def refresh(self, global_step: int, final: bool = False) -> None:
+        """Collective over this job: every rank refreshes at the same global step."""
+        if self.section.exchange == "collective":
+            collective_refresh(self._engine, self.teachers, self.groups.exchange, self.layout.group,
+                               self.layout.groups)
+            self.teacher_steps = dict.fromkeys(self.teachers, global_step)
+        else:
+            self._refresh_from_files(global_step, final)
+        self.refreshed_at = global_step
+        if not self.refresh_log or self.refresh_log[-1] != global_step:
+            self.refresh_log.append(global_step)
+
+    def _refresh_from_files(self, global_step: int, final: bool) -> None:
+        self.files.publish(global_step, flat_weights(self._engine))  # a collective in the group under ZeRO-3
+        if not self.layout.separate_jobs:
+            dist.barrier()  # every group of this job has published this very step
+            self.teacher_steps.update(self.files.fetch(self.teachers, load_flat))
+            missing = [h for h in self.teachers if self.teacher_steps.get(h) != global_step]
+            if missing:
+                raise FileNotFoundError(f"{self.exchange_dir}: groups {missing} did not publish step {global_step}")
+            return
+        # Separate jobs: wait (bounded) for a group that has never published, and at the end for the others'
+        # final weights; otherwise take whatever each group published last.
+        need = {h: global_step if final else 0 for h in self.teachers if final or h not in self.teacher_steps}
+        if need and not self.files.wait(need, self.section.exchange_timeout_s) and self.layout.group_rank == 0:
+            late = {h: str(self.files.folder(h)) for h in need}
+            print(f"codistill: group {self.layout.group} at step {global_step}: after "
+                  f"{self.section.exchange_timeout_s:.0f} s (codistill.exchange_timeout_s) groups {late} have not "
+                  f"published {'their final weights' if final else 'any weights'}; going on with what there is",
+                  flush=True)
+        self.teacher_steps.update(self.files.fetch(self.teachers, load_flat))
+
+    def teacher_state(self) -> dict[str, Any]:
+        flat = {h: torch.cat([p.detach().reshape(-1) for p in t.parameters()]).cpu() for h, t in self.teachers.items()}
+        return {"refreshed_at": self.refreshed_at, "teacher_step": self.teacher_step,
+                "teacher_steps": dict(self.teacher_steps), "teachers": flat}
+
+    def load_teacher_state(self, state: dict[str, Any]) -> None:
+        if self.teachers:
+            self._restore(state)
+        else:
+            self._pending = state
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self.refreshed_at = state["refreshed_at"]
+        self.teacher_steps = {int(h): int(step) for h, step in state["teacher_steps"].items()}
+        for h, flat in state["teachers"].items():
+            teacher = self.teachers[int(h)]
+            param = next(teacher.parameters())
+            load_flat(teacher, flat.to(device=param.device, dtype=param.dtype))
+
+    # ------------------------------------------------------------------ loss (the trainer's extra_loss hook)
+    def extra_loss(
+        self, output: PretrainingOutput, batch: dict[str, torch.Tensor], state: PhaseState
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        step = self.global_step(state.phase, state.step)
+        zero = output.loss.new_zeros(())
+        if step < self.section.burn_in_steps or self.teacher_step is None:
+            return zero, {"codistill/distill_loss": 0.0, "codistill/active": 0.0}
+        temperature, kind = self.section.temperature, self.section.loss
+        with torch.no_grad():
+            teacher_outputs = [teacher(**batch) for teacher in self.teachers.values()]
+            mlm_targets = soft_targets([t.mlm_logits for t in teacher_outputs], temperature)
+        labelled = output.mlm_mask  # every slot has logits; only the labelled ones are distilled
+        mlm = distillation_loss(output.mlm_logits, mlm_targets, temperature, kind, valid=labelled)
+        total = mlm
+        numbers: dict[str, Any] = {"codistill/distill_mlm": mlm.detach()}
+        if "nsp" in self.section.targets:
+            with torch.no_grad():
+                nsp_targets = soft_targets([t.nsp_logits for t in teacher_outputs], temperature)
+            valid = batch["next_sentence_label"].reshape(-1) != IGNORE_INDEX  # packed rows pad NSP slots
+            nsp = distillation_loss(output.nsp_logits, nsp_targets, temperature, kind, valid=valid)
+            total = total + nsp
+            numbers["codistill/distill_nsp"] = nsp.detach()
+        agrees = (output.mlm_logits.detach().argmax(-1) == mlm_targets.argmax(-1)) & labelled
+        agreement = agrees.sum().double() / labelled.sum().clamp_min(1)
+        numbers.update({
+            "codistill/distill_loss": total.detach(),
+            "codistill/active": 1.0,
+            "codistill/agreement": agreement,
+            "codistill/teacher_age": float(step - self.teacher_step),
+        })
+        # alpha = 0 keeps the task loss tensor untouched: the group then trains exactly like a lone run.
+        term = self.section.alpha * total if self.section.alpha > 0 else zero
+        return term, numbers
+
+    def with_extra_loss(self, other: Any | None) -> Any:
+        """This extra loss plus another hook's (tests inject NaNs through one)."""
+        if other is None:
+            return self.extra_loss
+
+        def combined(output: Any, batch: dict[str, torch.Tensor], state: Any) -> tuple[torch.Tensor, dict]:
+            mine, numbers = self.extra_loss(output, batch, state)
+            theirs, more = other(output, batch, state)
+            return mine + theirs, {**numbers, **more}
+
+        return combined
+
+    # ------------------------------------------------------------------ step hook
+    def after_step(self, trainer: PhaseTrainer) -> None:
+        state = trainer.state
+        step = self.global_step(state.phase, state.step)
+        if state.step < trainer.phase.steps and self.is_refresh_step(step):
+            self.refresh(step)
+        if state.step == trainer.phase.steps and state.phase == self.base_config.run.phases[-1]:
+            self.final_evaluation(trainer, step)
+
+    @torch.no_grad()
+    def final_evaluation(self, trainer: PhaseTrainer, step: int) -> dict[str, float]:
+        """Every model's and the ensemble's validation MLM loss, and the prediction churn between models."""
+        if self.refreshed_at != step or self.layout.separate_jobs:
+            self.refresh(step, final=True)  # the teachers become the other groups' final models
+        values: dict[str, float] = {}
+        if trainer.val_batches is not None:
+            values = self._evaluate(trainer)
+            trainer.metrics.scalars(trainer.global_step, values)
+        if self.layout.group_rank == 0:
+            report = {"group": self.layout.group, "global_step": step, "teacher_steps": self.teacher_steps, **values}
+            atomic_write_json(Path(trainer.config.run.dir) / FINAL_FILE, report)
+        self.final = values
+        return values
+
+    def _evaluate(self, trainer: PhaseTrainer) -> dict[str, float]:
+        engine, device = trainer.engine, self.world.device
+        engine.eval()
+        # own nll, ensemble nll, teachers' nll, disagreements with the teachers, masked positions
+        sums = torch.zeros(5, dtype=torch.float64, device=device)
+        from pretrain.trainer import validation_batches  # the trainer's own held-out instances
+
+        for batch in validation_batches(trainer.config, trainer.val_batches):
+            batch = {key: value.to(device) for key, value in batch.items()}
+            own = engine(**batch)
+            # every slot has logits; only labelled ones count (empty slots: IGNORE_INDEX, masked out)
+            labels, labelled = own.mlm_labels, own.mlm_mask
+            others = [teacher(**batch).mlm_logits.float() for teacher in self.teachers.values()]
+            probs = [F.softmax(own.mlm_logits.float(), -1), *(F.softmax(t, -1) for t in others)]
+            ensemble = torch.stack(probs).mean(0)
+            picked = ensemble.gather(-1, labels.clamp_min(0).unsqueeze(-1)).squeeze(-1)
+            ensemble_nll = torch.where(labelled, -torch.log(picked.clamp_min(1e-30)), torch.zeros_like(picked))
+            own_top = own.mlm_logits.argmax(-1)
+            sums += torch.stack([
+                masked_lm_loss_sum(own.mlm_logits, labels).double(),
+                ensemble_nll.sum().double(),
+                sum(masked_lm_loss_sum(t, labels) for t in others).double() / len(others),
+                sum(((own_top != t.argmax(-1)) & labelled).sum() for t in others).double() / len(others),
+                labelled.sum().double(),
+            ])
+        engine.train()
+        if self.layout.group_size > 1:
+            dist.all_reduce(sums, group=self.reduce_group)
+        own_nll, ensemble_nll, teacher_nll, disagreements, n = sums.tolist()
+        n = max(n, 1.0)
+        return {
+            "codistill/final_val_mlm_loss": own_nll / n,
+            "codistill/final_teachers_val_mlm_loss": teacher_nll / n,
+            "codistill/final_ensemble_val_mlm_loss": ensemble_nll / n,
+            "codistill/final_churn": disagreements / n,
+        }
+
+
+class TeacherCheckpointManager(CheckpointManager):
+    """A group's checkpoints, with the group's teachers saved beside the engine state (for exact resume)."""
+
+    def __init__(self, root: Path, keep_last: int, rank: int, codistill: Codistillation) -> None:
+        super().__init__(root, keep_last, rank)
+        self.codistill = codistill
+
+    def save(self, engine: Any, tag: str, trainer_state: dict[str, Any], run_config: dict[str, Any],
+             phase_end: bool) -> Path:
+        if self.rank == 0:  # written before the collective save, so `latest` never names a tag without it
+            buffer = io.BytesIO()
+            torch.save(self.codistill.teacher_state(), buffer)
+            atomic_write_bytes(self.root / tag / TEACHERS_FILE, buffer.getvalue())
+        return super().save(engine, tag, trainer_state, run_config, phase_end)
+
+    def before_manifest(self, engine: Any, folder: Path) -> None:
+        # patched before the files are hashed and before anyone (world rank 0 exporting every group) reads them
+        if self.rank == 0 and dist.get_rank() != 0:
+            record_tied_parameters(engine.module, folder)
+
+    def load(self, engine: Any, tag: str) -> dict[str, Any]:
+        state = super().load(engine, tag)
+        path = self.root / tag / TEACHERS_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: a codistillation checkpoint needs its teachers file")
+        self.codistill.load_teacher_state(torch.load(path, map_location="cpu", weights_only=True))
+        return state
+
+
+def record_tied_parameters(module: torch.nn.Module, folder: Path) -> None:
+    """Write the tied-parameter map DeepSpeed 0.19.8 records only on world rank 0 (engine.py:5525).
+
+    Without it `zero_to_fp32` drops tied weights (e.g. `cls.predictions.decoder.bias`) from every group
+    but the first, and the export refuses the checkpoint. Same convention as DeepSpeed: the first name
+    in module order holds the data, later names map to it.
+    """
+    holder: dict[int, str] = {}
+    shared: dict[str, str] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        if id(param) in holder:
+            shared[name] = holder[id(param)]
+        else:
+            holder[id(param)] = name
+    for path in folder.glob("*model_states.pt"):
+        states = torch.load(path, map_location="cpu", weights_only=False)
+        if states.get("shared_params") == shared:
+            continue
+        states["shared_params"] = shared
+        buffer = io.BytesIO()
+        torch.save(states, buffer)
+        atomic_write_bytes(path, buffer.getvalue())

@@ -1,0 +1,173 @@
+"""bench/gpu_check.sh --smoke: the prepared GPU check runs end to end on CPU (CI has no GPU), with the
+production engine (bf16 + ZeRO-1 + fp32 grad accumulation = BF16_Optimizer), rows saved as measured,
+failures reported as rows, and a preflight that names every wheel the check loads."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.launching import child_env
+from tests.support.pretrain_fixtures import REPO_ROOT
+
+SCRIPT = str(REPO_ROOT / "bench" / "gpu_check.sh")
+SHIPPED = REPO_ROOT / "ds_configs" / "deepspeed" / "bert_large_phase1_64k.json"
+
+
+def smoke_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in child_env().items() if k != "DS_ACCELERATOR"}
+    env.update(PYTHON=sys.executable, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), **extra)
+    return env
+
+
+def run_smoke(tmp_path: Path, *flags: str) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
+    out = tmp_path / "rows.jsonl"
+    done = subprocess.run([SCRIPT, "--smoke", "--jsonl", str(out), *flags], cwd=tmp_path,
+                          env=smoke_env(tmp_path), capture_output=True, text=True, timeout=240)
+    return done, read_records(out)
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def table_rows(stdout: str, first_cell: str) -> list[str]:
+    return [line for line in stdout.splitlines() if line.startswith(f"| {first_cell}")]
+
+
+def test_engine_config_is_the_shipped_file_with_only_the_sizes_shrunk() -> None:
+    from bench.gpu_check_rows import engine_config
+
+    shipped = json.loads(SHIPPED.read_text())
+    config = engine_config(SHIPPED, 4, 1)
+    sizes = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size")
+    assert [config.pop(key) for key in sizes] == [4, 1, 4]
+    for key in sizes:
+        shipped.pop(key, None)
+    assert config == shipped  # everything else exactly as shipped:
+    assert config["bf16"] == {"enabled": True} and config["data_types"] == {"grad_accum_dtype": "fp32"}
+    assert config["zero_optimization"]["stage"] == 1 and config["gradient_clipping"] == 1.0
+
+
+def test_gpu_check_smoke_runs_the_production_wrapper_and_saves_every_row(tmp_path: Path) -> None:
+    from bench.gpu_check_preflight import requirement_closure
+
+    done, records = run_smoke(tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    kinds = [r["kind"] for r in records]
+    assert kinds == ["preflight", "run", "train", "train", "train", "lamb", "lamb", "end"]
+    # headers first, then one printed row per saved row
+    out = done.stdout
+    header, first_row = out.index("| model | seq | micro | inst/row |"), out.index("| tiny | 32 |")
+    assert header < first_row < out.index("| LAMB step |")
+    assert len(table_rows(out, "tiny |")) == 3 and len(table_rows(out, "tiny ")) == 5
+    train = {(r["seq_len"], r["instances_per_row"]): r for r in records if r["kind"] == "train"}
+    assert set(train) == {(32, 1), (64, 1), (64, 2)}
+    for row in train.values():
+        assert row["status"] == "ok" and row["seq_per_s"] > 0 and row["tflops"] > 0
+        # the shipped config's engine on CPU too: bf16 + ZeRO-1 + grad_accum_dtype fp32 -> BF16_Optimizer
+        assert (row["precision"], row["wrapper"], row["lamb_step"]) == ("bf16", "BF16_Optimizer", "reference")
+        assert row["ds_config"] == str(SHIPPED)
+        tokens_per_s = row["seq_per_s"] * row["seq_len"] / row["instances_per_row"]
+        assert row["tokens_per_s"] == pytest.approx(tokens_per_s)
+        assert "| bf16 | BF16_Optimizer / reference |" in out
+    # the packed row counts two instances per row
+    packed = train[(64, 2)]
+    assert packed["seq_per_s"] == pytest.approx(2 * packed["micro_batch"] * 1e3 / packed["step_ms"])
+    reference, fused = (r for r in records if r["kind"] == "lamb")
+    assert reference["status"] == "ok" and reference["step_ms"] > 0 and reference["floor_ms"] > 0
+    assert fused["status"] == "skipped" and "| tiny fused | fused: skipped:" in out
+    # the preflight named the wheels; what the run loaded later is torch's own (nothing else to carry)
+    preflight, end = records[0], records[-1]
+    assert {"deepspeed", "transformers", "tokenizers", "safetensors", "numpy"} <= set(preflight["carry"])
+    assert "torch" in preflight["with_torch"] and "gpu_check preflight: wheels the check loads" in out
+    assert "deepspeed==" in out
+    torch_stack, _ = requirement_closure(["torch"])
+    missed = set(end["distributions"]) - set(preflight["carry"]) - set(preflight["with_torch"])
+    assert {name.lower().replace("_", "-") for name in missed} <= torch_stack, missed
+
+
+def test_failing_rows_are_reported_and_every_other_row_is_still_measured(tmp_path: Path) -> None:
+    # Two real failures in one run (CPU time is shared): micro-batch 0 at phase 2 is an impossible
+    # shape (DeepSpeed refuses the config for those rows), and torch.compile gets a C++ compiler that
+    # does not exist, so the fused LAMB step cannot build.
+    done, records = run_smoke(tmp_path, "--phase2", "64:0", "--fused-on-cpu",
+                              "--inductor-cxx", "/nonexistent/c++")
+    assert done.returncode == 1, done.stderr[-3000:]
+    train = [r for r in records if r["kind"] == "train"]
+    assert [r["status"] for r in train] == ["ok", "failed", "failed"]
+    assert "Train batch size" in train[1]["reason"]
+    (ok_row,) = table_rows(done.stdout, "tiny | 32 | 4 | 1 | bf16 |")
+    assert ok_row.split("|")[7].strip() == f"{train[0]['step_ms']:.1f}"
+    assert len(table_rows(done.stdout, "tiny | 64 | 0 |")) == 2 and "| failed: AssertionError:" in done.stdout
+    # the reference LAMB step is measured; the fused one is one row saying why it failed
+    reference, fused = (r for r in records if r["kind"] == "lamb")
+    assert reference["status"] == "ok" and reference["step_ms"] > 0
+    assert fused["status"] == "failed" and "/nonexistent/c++" in fused["reason"]
+    assert len(table_rows(done.stdout, "tiny reference | 0.1 |")) == 1
+    (fused_row,) = table_rows(done.stdout, "tiny fused | fused: failed: ")
+    assert "C++ compiler" in fused_row
+    assert records[-1]["kind"] == "end" and records[-1]["failed"] == 3
+
+
+def test_a_killed_run_keeps_the_rows_measured_before_the_kill(tmp_path: Path) -> None:
+    out = tmp_path / "rows.jsonl"
+    proc = subprocess.Popen([SCRIPT, "--smoke", "--jsonl", str(out), "--steps", "4"], cwd=tmp_path,
+                            env=smoke_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, start_new_session=True)
+    printed = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("| tiny |"):
+                printed.append(line.strip())
+                os.killpg(proc.pid, signal.SIGTERM)  # what `timeout` sends at the time limit
+                break
+        proc.stdout.read()
+        returncode = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert printed and returncode != 0
+    records = read_records(out)
+    saved = [r for r in records if r["kind"] == "train"]
+    assert 1 <= len(saved) <= 2 and saved[0]["seq_len"] == 32 and saved[0]["status"] == "ok"
+    assert printed[0].startswith("| tiny | 32 | 4 | 1 | bf16 | BF16_Optimizer")
+    assert records[-1]["kind"] == "end" and records[-1]["status"].startswith("killed by signal 15")
+
+
+def test_gpu_check_names_missing_wheels_and_installs_nothing(tmp_path: Path) -> None:
+    fake = tmp_path / "python3"
+    # a "python" without the packages: the script must stop with the list, before any work
+    fake.write_text("#!/bin/sh\nexec /usr/bin/env python3 -S -I \"$@\"\n")
+    fake.chmod(0o755)
+    done = subprocess.run([SCRIPT, "--smoke"], cwd=tmp_path,
+                          env=child_env(PYTHON=str(fake)), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "missing Python packages" in done.stderr and "deepspeed" in done.stderr
+    assert not (tmp_path / "gpu_check.jsonl").exists() and "| model |" not in done.stdout
+
+
+def test_preflight_names_every_missing_wheel_in_one_line(tmp_path: Path) -> None:
+    # this interpreter's site-packages without hjson and py-cpuinfo (two of deepspeed's requirements)
+    site = Path(next(p for p in sys.path if p.endswith("site-packages") and (Path(p) / "deepspeed").is_dir()))
+    partial = tmp_path / "site"
+    partial.mkdir()
+    for entry in site.iterdir():
+        if not entry.name.lower().startswith(("hjson", "cpuinfo", "py_cpuinfo")):
+            (partial / entry.name).symlink_to(entry)
+    preflight = str(REPO_ROOT / "bench" / "gpu_check_preflight.py")
+    done = subprocess.run([sys.executable, "-S", preflight, "--smoke"],
+                          cwd=tmp_path, env=child_env(PYTHONPATH=str(partial), DS_ACCELERATOR="cpu"),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    (line,) = [line for line in done.stderr.splitlines() if "missing Python packages" in line]
+    assert "hjson" in line and "py-cpuinfo" in line

@@ -1,0 +1,170 @@
+"""Signals that stop a job, for real: launch.sh on 2 CPU ranks through the DeepSpeed launcher, and the
+SLURM batch script run by bash with a stand-in `scontrol` that records its arguments (no SLURM here).
+
+A supervisor's SIGTERM to launch.sh alone, or to its whole process group, must make the ranks
+checkpoint and exit, and launch.sh exit 0 with no rank left behind; the same command then resumes.
+The batch script must requeue itself after a SIGUSR1 stop only: not after a cancel (SIGTERM), a
+completed run or a configuration error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.launching import child_env, free_port
+from tests.support.paths import REPO_ROOT
+from tests.support.pretrain_fixtures import build_shards, tiny_run_config
+
+STEPS = 60
+
+
+def job_env(**extra: str) -> dict[str, str]:
+    """This environment without SLURM_* (launch.sh would pick srun) and with one thread per rank."""
+    env = {k: v for k, v in child_env().items() if not k.startswith("SLURM_") and k != "DS_ACCELERATOR"}
+    env.update(PYTHON=sys.executable, OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def logged_steps(run_dir: Path) -> int:
+    path = run_dir / "tensorboard" / "metrics.jsonl"
+    return path.read_text().count('"phase"') if path.is_file() else 0
+
+
+def start(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    # A session of its own: killpg reaches exactly this job's process group, never pytest's.
+    with log.open("ab") as out:
+        return subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def signal_once_training(
+    proc: subprocess.Popen[bytes], run_dir: Path, log: Path, signum: int, whole_group: bool = False
+) -> int:
+    """Wait for the first optimizer step of this launch (the trainer's handlers are installed), send
+    `signum` to its pid (or its whole process group), and return its exit status."""
+    before = logged_steps(run_dir)
+    deadline = time.monotonic() + 600
+    while logged_steps(run_dir) <= before:
+        assert proc.poll() is None, f"exited {proc.returncode} before training:\n{log.read_text()[-4000:]}"
+        assert time.monotonic() < deadline, "no training step within 600 s"
+        time.sleep(0.1)
+    if whole_group:
+        os.killpg(proc.pid, signum)
+    else:
+        os.kill(proc.pid, signum)
+    return proc.wait(timeout=600)
+
+
+def processes_mentioning(text: str) -> list[str]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(text.encode() in arg for arg in args):
+            found.append(f"{cmdline.parent.name}: {b' '.join(args).decode(errors='replace')}")
+    return found
+
+
+def latest_state(run_dir: Path) -> dict:
+    checkpoints = run_dir / "checkpoints"
+    tag = (checkpoints / "latest").read_text().strip()
+    return json.loads((checkpoints / tag / "trainer_state.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def run_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("launch_signals")
+    shards = build_shards(work / "shards", seq_lens=(32,), train=64, val=8)
+    return tiny_run_config(work / "tiny.json", shards, work / "unused")
+
+
+def overrides(run_dir: Path) -> list[str]:
+    return [f"--run.dir={run_dir}", '--run.phases=["phase1"]', f"--phase1.steps={STEPS}",
+            "--checkpoint.every_steps=1000", "--checkpoint.export_at_phase_end=false",
+            "--logging.val_every_steps=1000"]
+
+
+@pytest.mark.multirank
+def test_sigterm_to_launch_sh_or_its_group_checkpoints_exits_0_and_resumes(
+    run_config: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    log = tmp_path / "launch.log"
+    cmd = ["bash", str(REPO_ROOT / "launch.sh"), "pretrain", "--cpu", "--gpus", "2", "--master-port",
+           str(free_port()), "--config", str(run_config), *overrides(run_dir)]
+
+    # 1. SIGTERM to launch.sh's pid only (a supervisor stopping its main process).
+    status = signal_once_training(start(cmd, log, job_env()), run_dir, log, signal.SIGTERM)
+    assert status == 0, log.read_text()[-4000:]
+    assert processes_mentioning(str(run_dir)) == []
+    first = latest_state(run_dir)  # the only checkpoint: every_steps is beyond the phase
+    assert first["phase"] == "phase1" and not first["complete"] and 0 < first["step"] < STEPS
+    assert "done: SIGTERM" in log.read_text()
+
+    # 2. The same command resumes; SIGTERM to the whole process group (os.killpg) stops it again.
+    status = signal_once_training(start(cmd, log, job_env()), run_dir, log, signal.SIGTERM, whole_group=True)
+    assert status == 0, log.read_text()[-4000:]
+    assert processes_mentioning(str(run_dir)) == []
+    second = latest_state(run_dir)
+    assert not second["complete"] and first["step"] < second["step"] < STEPS
+
+    # 3. Once more, unsignalled: it resumes and completes the phase.
+    done = subprocess.run(cmd, cwd=REPO_ROOT, env=job_env(), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "done: complete" in done.stdout
+    final = latest_state(run_dir)
+    assert final["complete"] and final["step"] == STEPS
+
+
+@pytest.mark.multirank
+def test_batch_script_requeues_only_after_a_usr1_stop(run_config: Path, tmp_path: Path) -> None:
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    calls = tmp_path / "scontrol.calls"
+    (fake_bin / "scontrol").write_text(f'#!/usr/bin/env bash\necho "$*" >> {calls}\n')
+    (fake_bin / "scontrol").chmod(0o755)
+    env = job_env(SLURM_JOB_ID="4242", PATH=f"{fake_bin}:{os.environ['PATH']}")
+    run_dir = tmp_path / "run"
+    log = tmp_path / "sbatch.log"
+    # One plain CPU process, so that no srun is needed; the script's own logic runs unchanged.
+    cmd = ["bash", str(REPO_ROOT / "launch" / "slurm_pretrain.sbatch"), str(run_config), "--launcher", "none",
+           "--cpu", *overrides(run_dir)]
+
+    def requeues() -> list[str]:
+        return calls.read_text().splitlines() if calls.exists() else []
+
+    # SIGUSR1 to the batch shell, as `#SBATCH --signal=B:USR1@600` sends it: checkpoint, exit 0, requeue.
+    status = signal_once_training(start(cmd, log, env), run_dir, log, signal.SIGUSR1)
+    assert status == 0, log.read_text()[-4000:]
+    assert "done: SIGUSR1" in log.read_text()
+    assert requeues() == ["requeue 4242"]
+    first = latest_state(run_dir)
+    assert not first["complete"]
+
+    # scancel (SIGTERM): the ranks checkpoint, and the job is not requeued.
+    status = signal_once_training(start(cmd, log, env), run_dir, log, signal.SIGTERM)
+    assert status == 0, log.read_text()[-4000:]
+    assert requeues() == ["requeue 4242"]
+    assert first["step"] < latest_state(run_dir)["step"] < STEPS
+
+    # The requeued job resumes and completes: no requeue.
+    done = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "done: complete" in done.stdout and latest_state(run_dir)["complete"]
+    assert requeues() == ["requeue 4242"]
+
+    # A configuration error keeps its status (2) and is not requeued.
+    bad = subprocess.run([*cmd, "--phase1.steps=0"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode == 2 and "phase1.steps: must be > 0" in bad.stderr + bad.stdout
+    assert requeues() == ["requeue 4242"]

@@ -1,0 +1,123 @@
+"""Fine-tuning end to end on CPU: our export's layout on 2 DeepSpeed ranks, and 1-rank references."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pretrain.squad.__main__ import main
+from tests.support import squad_fixtures
+from tests.support.launching import REPO_ROOT, deepspeed_cpu_env, run_ranks
+from tests.support.paths import SCRIPTS
+from tests.support.squad_fixtures import SHORT_WINDOWS
+
+TINY_DS = {
+    "train_micro_batch_size_per_gpu": 4,
+    "gradient_accumulation_steps": 1,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}},
+    "gradient_clipping": 1.0,
+    "zero_optimization": {"stage": 1},
+    "steps_per_print": 1000000,
+}
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("squad")
+    squad_fixtures.build_tiny_bert(work / "export", head="pretraining", seed=1)
+    squad_fixtures.build_tiny_bert(work / "qa", head="qa", seed=2)
+    squad_fixtures.write_squad(work / "train.json", repeat=2)
+    squad_fixtures.write_squad(work / "dev.json")
+    (work / "ds.json").write_text(json.dumps(TINY_DS))
+    return work
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, "-m", "pretrain.squad", *args], cwd=REPO_ROOT, env=deepspeed_cpu_env(),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc
+
+
+def _dev_ids(work: Path) -> set[str]:
+    data = json.loads((work / "dev.json").read_text())
+    return {qa["id"] for article in data["data"] for p in article["paragraphs"] for qa in p["qas"]}
+
+
+@pytest.mark.multirank
+def test_two_rank_finetune_and_exactly_once_evaluation(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_ranks(SCRIPTS / "squad_finetune_ranks.py", [str(work)], num_ranks=2, timeout=600)
+    trained = work / "out_train"
+    results = json.loads((trained / "results.json").read_text())
+    assert results["world_size"] == 2 and results["train_steps"] == 6 and results["train_batch_size"] == 8
+    assert set(results["scores"]) == {"exact_match", "f1"} and 0 <= results["scores"]["f1"] <= 100
+    predictions = json.loads((trained / "predictions.json").read_text())
+    assert set(predictions) == _dev_ids(work)  # a prediction for every question
+    assert list((trained / "tensorboard").glob("events.out.tfevents.*"))
+    # The evaluate command reproduces the number the fine-tuner wrote.
+    assert main(["evaluate", str(work / "dev.json"), str(trained / "predictions.json")]) == 0
+    assert json.loads(capsys.readouterr().out) == results["scores"]
+
+    # Evaluation on 2 ranks (uneven blocks, a padding batch) == the same model scored in this process.
+    two = json.loads((work / "out_eval" / "results.json").read_text())
+    assert two["dev_windows"] % 2 == 1, "pick window sizes that give an odd number of windows"
+    nbest_one = _single_process_nbest(work)
+    nbest_two = json.loads((work / "out_eval" / "nbest_predictions.json").read_text())
+    predictions_two = json.loads((work / "out_eval" / "predictions.json").read_text())
+    assert nbest_one.keys() == nbest_two.keys() == predictions_two.keys() == _dev_ids(work)
+    for qid, entries in nbest_one.items():
+        assert predictions_two[qid] == entries[0]["text"]
+        assert [e["text"] for e in entries] == [e["text"] for e in nbest_two[qid]]
+        assert [e["start_logit"] for e in entries] == pytest.approx([e["start_logit"] for e in nbest_two[qid]], abs=1e-5)
+
+
+def _single_process_nbest(work: Path) -> dict:
+    """The n-best lists of work/qa on dev.json computed here, without ranks or an engine."""
+    import torch
+    from transformers import AutoTokenizer, BertForQuestionAnswering
+
+    from pretrain.squad.data import load_squad
+    from pretrain.squad.features import FeatureConfig, build_features
+    from pretrain.squad.inference import gather_logits
+    from pretrain.squad.postprocess import PostprocessConfig, postprocess
+
+    tokenizer = AutoTokenizer.from_pretrained(str(work / "qa"))
+    model = BertForQuestionAnswering.from_pretrained(str(work / "qa")).eval()
+    examples = load_squad(work / "dev.json").examples
+    lengths = dict(zip(SHORT_WINDOWS[::2], map(int, SHORT_WINDOWS[1::2]), strict=True))
+    config = FeatureConfig(lengths["--max-seq-length"], lengths["--doc-stride"], lengths["--max-query-length"])
+    features = build_features(examples, tokenizer, config, with_labels=False)
+    starts, ends = gather_logits(model, features, 64, tokenizer.pad_token_id, torch.device("cpu"))
+    return postprocess(examples, features, starts, ends, PostprocessConfig()).nbest
+
+
+def test_single_process_finetune_with_exact_lamb(work: Path) -> None:
+    out = work / "out_lamb"
+    proc = _cli("finetune", "--model", str(work / "qa"), "--train", str(work / "train.json"),
+                "--dev", str(work / "dev.json"), "--out", str(out), "--ds-config",
+                str(REPO_ROOT / "ds_configs" / "deepspeed" / "squad_lamb.json"), "--max-steps", "3", "--log-every", "1",
+                "--lr", "1e-3", "--save-model", *SHORT_WINDOWS)
+    results = json.loads((out / "results.json").read_text())
+    assert results["world_size"] == 1 and results["precision"] == "fp32"  # auto: fp32 on CPU
+    assert results["train_batch_size"] == 32
+    assert set(json.loads((out / "predictions.json").read_text())) == _dev_ids(work)
+    assert "step 3/3" in proc.stdout
+    assert (out / "model" / "config.json").is_file() and (out / "model" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_micro_batches_give_each_window_once_per_epoch(world_size: int) -> None:
+    from pretrain.squad.finetune import micro_batches
+
+    streams = [micro_batches(10, 3, world_size, rank, seed=7) for rank in range(world_size)]
+    order: list[int] = []
+    for _ in range(7):  # several epochs, with rounds that cross epoch boundaries
+        rounds = [next(stream) for stream in streams]
+        assert all(len(batch) == 3 for batch in rounds)
+        order += [index for batch in rounds for index in batch]
+    for epoch in range(len(order) // 10):
+        assert sorted(order[epoch * 10 : (epoch + 1) * 10]) == list(range(10))

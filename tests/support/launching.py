@@ -1,0 +1,95 @@
+"""Run a script on several CPU ranks through the real `deepspeed` launcher (gloo backend)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.paths import REPO_ROOT
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# An in-process engine (init_distributed in a lone test process) exports these and keeps its
+# rendezvous port open; a child that inherited them would try to listen on that same port.
+RENDEZVOUS_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a child process, without its torch.distributed rendezvous."""
+    env = {name: value for name, value in os.environ.items() if name not in RENDEZVOUS_VARS}
+    env.update(extra)
+    return env
+
+
+def deepspeed_cpu_env() -> dict[str, str]:
+    env = child_env()
+    env["DS_ACCELERATOR"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
+    # One intra-op thread per rank: 2 ranks on 2 cores must not oversubscribe.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+def start_ranks(
+    script: str | Path,
+    args: list[str] | None = None,
+    num_ranks: int = 2,
+    cwd: str | Path | None = None,
+) -> subprocess.Popen[str]:
+    """Start `deepspeed --num_gpus N script args` on CPU (own rendezvous port) without waiting for it."""
+    launcher = shutil.which("deepspeed") or str(Path(sys.executable).with_name("deepspeed"))
+    cmd = [launcher, "--num_gpus", str(num_ranks), "--master_port", str(free_port()), str(script), *(args or [])]
+    return subprocess.Popen(cmd, env=deepspeed_cpu_env(), cwd=str(cwd or REPO_ROOT), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish_ranks(proc: subprocess.Popen[str], timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """Wait for a `start_ranks` launch and fail loudly with its output."""
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(map(str, proc.args))} exited {proc.returncode}\n--- stdout ---\n{stdout[-8000:]}"
+            f"\n--- stderr ---\n{stderr[-8000:]}"
+        )
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def run_ranks(
+    script: str | Path,
+    args: list[str] | None = None,
+    num_ranks: int = 2,
+    timeout: float = 900,
+    cwd: str | Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Start `deepspeed --num_gpus N script args` on CPU and fail loudly with its output."""
+    return finish_ranks(start_ranks(script, args, num_ranks, cwd), timeout)
+
+
+FAKE_PYTHON = "/opt/py/bin/python3"  # launch.sh prints it as $PYTHON under --dry-run, never runs it
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test's environment without anything that would change launch.sh's choices."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith("SLURM_")
+        and key not in {"CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "NCCL_DEBUG", "PYTHONPATH", "DS_ACCELERATOR"}
+    }
+    env["PYTHON"] = FAKE_PYTHON
+    env.update(extra)
+    return env

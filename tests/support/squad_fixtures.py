@@ -1,0 +1,110 @@
+"""Tiny SQuAD files and tiny BERT folders for the SQuAD tests (built in tmp_path, never downloaded)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# Hand-written paragraphs (ours, not SQuAD's): enough text for a WordPiece vocab and several
+# windows per paragraph at short sequence lengths.
+PARAGRAPHS = [
+    (
+        "The lighthouse at Karsby Point was built in 1871 by the engineer Marta Lund. Its lamp was first "
+        "lit with whale oil, later with kerosene, and since 1954 with electricity. The tower is 31 metres "
+        "tall and is painted with red and white bands so that sailors can see it during the day.",
+        [
+            ("Who built the lighthouse at Karsby Point?", "Marta Lund"),
+            ("When was the lighthouse built?", "1871"),
+            ("How tall is the tower?", "31 metres"),
+            ("What has powered the lamp since 1954?", "electricity"),
+        ],
+    ),
+    (
+        "Bread in the village of Ostra Vik is baked every morning by the cooperative bakery. The bakery uses "
+        "rye flour from the mill on the river, and the most popular loaf is a dark sourdough called "
+        "svartbrod. On Saturdays the bakers also make cardamom buns, which sell out before nine o'clock.",
+        [
+            ("Who bakes the bread in Ostra Vik?", "the cooperative bakery"),
+            ("What is the most popular loaf called?", "svartbrod"),
+            ("What do the bakers make on Saturdays?", "cardamom buns"),
+            ("Where does the rye flour come from?", "the mill on the river"),
+        ],
+    ),
+    (
+        "The annual rowing race between the two colleges starts at the old stone bridge and ends at the "
+        "boathouse, a distance of about four kilometres. In the first race, held in 1902, the crews rowed "
+        "in heavy wooden boats. Today the boats are made of carbon fibre and weigh less than ninety kilograms.",
+        [
+            ("Where does the rowing race start?", "the old stone bridge"),
+            ("How long is the race?", "about four kilometres"),
+            ("When was the first race held?", "1902"),
+            ("What are the boats made of today?", "carbon fibre"),
+        ],
+    ),
+]
+
+
+def squad_articles(repeat: int = 1) -> list[dict]:
+    """Official-layout ``data``: the paragraphs above (``repeat`` copies with distinct ids)."""
+    articles = []
+    for copy in range(repeat):
+        paragraphs = []
+        for p_index, (context, qas) in enumerate(PARAGRAPHS):
+            items = []
+            for q_index, (question, answer) in enumerate(qas):
+                start = context.index(answer)
+                items.append({
+                    "id": f"q{copy}-{p_index}-{q_index}",
+                    "question": question,
+                    "answers": [{"text": answer, "answer_start": start}],
+                })
+            paragraphs.append({"context": context, "qas": items})
+        articles.append({"title": f"Fixture_{copy}", "paragraphs": paragraphs})
+    return articles
+
+
+def write_squad(path: Path, repeat: int = 1) -> Path:
+    path.write_text(json.dumps({"data": squad_articles(repeat), "version": "1.1"}), encoding="utf-8")
+    return path
+
+
+def build_tokenizer(vocab_size: int = 400):
+    """A BERT WordPiece fast tokenizer trained with `tokenizers` on the fixture paragraphs."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    backend = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    backend.normalizer = normalizers.BertNormalizer(lowercase=True)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials)
+    texts = [context + " " + " ".join(q for q, _ in qas) for context, qas in PARAGRAPHS]
+    backend.train_from_iterator(texts, trainer)
+    cls_id, sep_id = backend.token_to_id("[CLS]"), backend.token_to_id("[SEP]")
+    backend.post_processor = processors.BertProcessing(("[SEP]", sep_id), ("[CLS]", cls_id))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+        sep_token="[SEP]", mask_token="[MASK]",
+    )
+
+
+def build_tiny_bert(folder: Path, head: str = "pretraining", seed: int = 0) -> Path:
+    """save_pretrained a tiny random BertForPreTraining (our export's layout) or BertForQuestionAnswering."""
+    import torch
+    from transformers import BertConfig, BertForPreTraining, BertForQuestionAnswering
+
+    tokenizer = build_tokenizer()
+    config = BertConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = (BertForPreTraining if head == "pretraining" else BertForQuestionAnswering)(config)
+    model.save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    return folder
+
+
+# Short SQuAD windows that keep a tiny model quick; the fine-tune tests and the script they launch share them.
+SHORT_WINDOWS = ["--max-seq-length", "48", "--doc-stride", "20", "--max-query-length", "16"]
