@@ -1,19 +1,17 @@
 """Cluster discovery, written once: what a launch reads from SLURM, a hostfile and this machine's GPUs.
 
-launch.sh, launch/slurm_rank.sh and pretrain/engine.py need the same answers (the first node of a SLURM
-allocation, GPUs per node, the rendezvous host and port, which device a task opens). Written once, as
-functions with unit tests (tests/launch/test_cluster_units.py), they cannot drift apart; the shell scripts
-call this module's CLI:
+launch.sh (through pretrain/launch_plan.py), launch/slurm_rank.sh and pretrain/engine.py need the same
+answers (the first node of a SLURM allocation, GPUs per node, the rendezvous host and port, which device
+a task opens). Written once, as functions with unit tests (tests/launch/test_cluster_units.py), they
+cannot drift apart. launch_plan.py calls `plan` for launch.sh; slurm_rank.sh calls this module's CLI:
 
-    python -m pretrain.cluster [--prog NAME] plan LAUNCHER [--gpus N] [--nodes N] [--hostfile F]
-        [--master-addr A] [--master-port P] [--cpu] -- MODULE_ARGS...     (launch.sh, once per launch)
     python -m pretrain.cluster [--prog NAME] slurm-task                    (slurm_rank.sh, once per task)
 
-Each prints shell assignments (`NAME=value`, `NAME=(a b)`; `export NAME=value` for slurm-task) that the
-caller `eval`s, or "NAME: error: ..." on stderr and exit status 2. One call that prints every value,
-rather than one query per value: one interpreter start per launch (~30 ms), every error phrased in one
-place, and bash parses nothing. The eval is safe by construction: the names are fixed here and every
-value is quoted with shlex.quote, so no text from the environment, a hostfile or an argument is run.
+It prints `export NAME=value` lines that the caller `eval`s, or "NAME: error: ..." on stderr and exit
+status 2. One call that prints every value, rather than one query per value: one interpreter start per
+task, every error phrased in one place, and bash parses nothing. The eval is safe by construction: the
+names are fixed here and every value is quoted with shlex.quote (shell_assignments, which launch_plan.py
+uses too), so no text from the environment, a hostfile or an argument is run.
 
 Standard library only, and nothing else from `pretrain` is imported: launch.sh may run this with a
 bare python3 (a --dry-run on a laptop) that has none of the toolkit's dependencies.
@@ -283,7 +281,7 @@ def plan(launcher: str, env: Mapping[str, str], *, gpus: int | None = None, node
     or --include localhost:<CUDA_VISIBLE_DEVICES>, since DeepSpeed ignores that variable once
     --num_gpus is given; hostfile: --num_nodes/--num_gpus; slurm: --cpus-per-task for srun, which since
     Slurm 22.05 no longer inherits it); CPUS_PER_TASK; MODULE_ARGS, pdsh-quoted when REMOTE_SHELL is 1.
-    launch.sh checked the options' syntax; a ClusterError here is about what the cluster says.
+    launch_plan.py checked the options; a ClusterError here is about what the cluster says.
     """
     launcher_args: list[str] = []
     cpus_per_task = ""
@@ -362,31 +360,13 @@ def shell_assignments(values: Mapping[str, str | Sequence[str]], export: bool = 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The CLI of the module docstring; exit status 2 with "PROG: error: ..." on a ClusterError."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    module_args: list[str] = []
-    if "--" in argv:  # split by hand: argparse would drop or mistake a "--" among the module's arguments
-        argv, module_args = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     parser = argparse.ArgumentParser(prog="python -m pretrain.cluster", description=__doc__.split("\n\n")[0])
     parser.add_argument("--prog", default="pretrain.cluster", help="name to prefix errors with (the caller)")
     commands = parser.add_subparsers(dest="command", required=True)
-    plan_parser = commands.add_parser("plan", help="launch.sh's values for LAUNCHER, as CLUSTER_* assignments")
-    plan_parser.add_argument("launcher", choices=["local", "hostfile", "slurm"])
-    for option in ("--gpus", "--nodes", "--master-port"):  # launch.sh passes "--gpus=" for an option not given
-        plan_parser.add_argument(option, type=lambda text: int(text) if text else None, default=None)
-    plan_parser.add_argument("--hostfile", default="")
-    plan_parser.add_argument("--master-addr", default="")
-    plan_parser.add_argument("--cpu", action="store_true")
     commands.add_parser("slurm-task", help="one srun task's RANK, LOCAL_RANK, ... as export lines")
     args = parser.parse_args(argv)
-    env = dict(os.environ)
     try:
-        if args.command == "plan":
-            values = plan(args.launcher, env, gpus=args.gpus, nodes=args.nodes, hostfile=args.hostfile,
-                          master_addr=args.master_addr, master_port=args.master_port, cpu=args.cpu,
-                          module_args=module_args)
-            sys.stdout.write(shell_assignments(values))
-        else:
-            sys.stdout.write(shell_assignments(slurm_task_env(env), export=True))
+        sys.stdout.write(shell_assignments(slurm_task_env(dict(os.environ)), export=True))
     except ClusterError as err:
         print(f"{args.prog}: error: {err}", file=sys.stderr)
         return 2

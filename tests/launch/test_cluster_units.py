@@ -2,14 +2,14 @@
 device-index rules, the launch plan and the shell assignments launch.sh and slurm_rank.sh eval.
 
 No SLURM, GPU or DeepSpeed needed: scontrol and nvidia-smi are stand-in scripts on PATH where a test
-needs them. test_launch.py checks the same rules through launch.sh's printed commands.
+needs them. test_launch_sh.py checks the same rules through launch.sh's printed commands;
+test_launch_plan.py the launch options and the ranks' environment that launch.sh gets from
+pretrain/launch_plan.py.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,6 @@ from pretrain.cluster import (
     shell_assignments,
     slurm_task_env,
 )
-from tests.support.paths import REPO_ROOT
 
 
 def fake_program(folder: Path, name: str, script: str) -> None:
@@ -342,22 +341,9 @@ def test_shell_assignments_survive_eval() -> None:
             shell_assignments(bad)
 
 
-def test_cli_plan_is_evaluated_by_bash(tmp_path: Path) -> None:
-    """The way launch.sh calls it: a separate interpreter, arguments after --, the output eval'd."""
-    (tmp_path / "hosts").write_text("w1 slots=2\nw2 slots=2\n")
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PATH": os.environ["PATH"]}
-    call = f"{sys.executable} -m pretrain.cluster --prog launch.sh plan hostfile --gpus= --hostfile=hosts -- \"$@\""
-    script = f'set -euo pipefail; out=$({call}); eval "$out"; printf "%s\\0" "$CLUSTER_RANKS" "${{CLUSTER_MODULE_ARGS[@]}}"'
-    proc = subprocess.run(["bash", "-c", script, "bash", *AWKWARD, "--"], capture_output=True, text=True,
-                          cwd=tmp_path, env=env, check=True)
-    assert proc.stdout.split("\0")[:-1] == ["2", *map(pdsh_quote, [*AWKWARD, "--"])]
-
-
 def test_cli_errors_exit_2_with_the_callers_name(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert main(["--prog", "launch.sh", "plan", "hostfile", f"--hostfile={tmp_path / 'none'}"]) == 2
-    assert capsys.readouterr().err == f"launch.sh: error: hostfile '{tmp_path / 'none'}' does not exist\n"
     monkeypatch.delenv("SLURM_PROCID", raising=False)
     assert main(["--prog", "slurm_rank.sh", "slurm-task"]) == 2
     assert capsys.readouterr().err.startswith("slurm_rank.sh: error: SLURM_PROCID is unset; start this through")
