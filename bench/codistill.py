@@ -68,8 +68,8 @@ def run_config(args: argparse.Namespace, shards: Path, arm: str) -> Path:
         "model": {"preset": args.preset},
         "data": {"shards": str(shards), "num_workers": 0},
         "phase1": {
-            "seq_len": 64, "ds_config": str(REPO_ROOT / "ds_configs" / "deepspeed" / "tiny_cpu_zero2.json"),
-            "ds_overrides": {"train_micro_batch_size_per_gpu": args.micro_batch, "gradient_accumulation_steps": 1},
+            "seq_len": 64, "ds_config": str(REPO_ROOT / "ds_configs" / "deepspeed" / "lamb_zero2_cpu.json"),
+            "micro_batch_size": args.micro_batch, "gradient_accumulation_steps": 1,
             "steps": args.steps, "warmup_fraction": 0.1, "lr": args.lr,
         },
         "checkpoint": {"every_steps": args.steps, "keep_last": 1, "export_at_phase_end": False},

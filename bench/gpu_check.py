@@ -10,10 +10,12 @@ time as "run"), then its markdown row on stdout (table headers first). A crash, 
 an "end" record says so, exit 124) or a failing row keeps every row measured before it; a row that
 raises is printed as "failed: <reason>" and the check goes on with the next one (exit 1 at the end).
 
-Training rows: the engine users run. The DeepSpeed config is read from the shipped
-ds_configs/deepspeed/bert_large_phase1_64k.json (--ds-config) with only the batch sizes shrunk to one
-micro-batch per step: bf16, "data_types": {"grad_accum_dtype": "fp32"}, ZeRO-1 (so DeepSpeed wraps our
-ExactLamb in BF16_Optimizer), gradient clipping 1.0; built by `pretrain.engine.build_engine`, sparse-MLM
+Training rows: the engine users run. The DeepSpeed config is what the driver builds for the phase of
+the shipped recipe ds_configs/recipes/bert_large_64k.json (--recipe; phase-1 shapes from phase1,
+phase-2 and packed ones from phase2; --ds-config swaps the DeepSpeed JSON) with only the batch shrunk
+to one micro-batch per step: its lr, run.precision resolved as on a GPU (bf16), its
+ds_configs/deepspeed/lamb_zero1.json ("data_types": {"grad_accum_dtype": "fp32"}, ZeRO-1, so DeepSpeed
+wraps our ExactLamb in BF16_Optimizer; gradient clipping 1.0); built by `pretrain.engine.build_engine`, sparse-MLM
 model with SDPA attention, synthetic full-length rows (max_predictions = 15% of the length). Each
 row records the wrapper the engine really has (`type(engine.optimizer).__name__`), the precision and
 which LAMB step ran (fused compiled / reference / fused math uncompiled after a failed compile).
@@ -54,12 +56,11 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from deepspeed.utils import logger as ds_logger  # noqa: E402
 
-from bench.gpu_check_preflight import DEFAULT_JSONL, loaded_distributions  # noqa: E402
+from bench.gpu_check_preflight import DEFAULT_JSONL, DEFAULT_RECIPE, loaded_distributions  # noqa: E402
 from bench.gpu_check_rows import lamb_floor_ms, lamb_row, lamb_shapes, train_row  # noqa: E402
 from pretrain.engine import init_distributed  # noqa: E402
 
 VOCAB = 30522
-DS_CONFIG = REPO_ROOT / "ds_configs" / "deepspeed" / "bert_large_phase1_64k.json"
 TRAIN_HEADER = ("| model | seq | micro | inst/row | prec | optimizer / LAMB step | step ms | seq/s | "
                 "tokens/s | TFLOP/s | MFU | peak mem GB |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
 LAMB_HEADER = ("| LAMB step | params (M) | step ms | floor ms (40 B/param) | x floor | first step s |\n"
@@ -143,7 +144,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-packed", action="store_true", help="skip the packed phase-2 rows")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5, help="steps before timing (the first one compiles)")
-    parser.add_argument("--ds-config", type=Path, default=DS_CONFIG, help="the shipped DeepSpeed config")
+    parser.add_argument("--recipe", type=Path, default=DEFAULT_RECIPE, help="the shipped run config the engines come from")
+    parser.add_argument("--ds-config", type=Path, default=None,
+                        help="another DeepSpeed JSON of engine mechanics for every row (default: the recipe's)")
     parser.add_argument("--lamb-model", default="bert-large")
     parser.add_argument("--lamb-reps", type=int, default=10)
     parser.add_argument("--fused-on-cpu", action="store_true", help="also time the compiled LAMB on CPU")
@@ -202,16 +205,17 @@ def main(argv: list[str] | None = None) -> int:
     def left() -> float:
         return float("inf") if args.deadline is None else args.deadline - time.time()
 
-    packed = [] if args.no_packed else [(*args.phase2, 2)]
+    packed = [] if args.no_packed else [("phase2", *args.phase2, 2)]
     for preset in [m for m in args.models.split(",") if m]:
-        for seq, micro, per_row in [(*args.phase1, 1), (*args.phase2, 1), *packed]:
+        for phase, seq, micro, per_row in [("phase1", *args.phase1, 1), ("phase2", *args.phase2, 1), *packed]:
             key = {"model": preset, "seq_len": seq, "micro_batch": micro, "instances_per_row": per_row}
             if left() < args.lamb_reserve_s:
                 row = {**key, "status": "skipped", "reason": f"time budget ({left():.0f} s left)"}
             else:
                 print(f"[gpu_check] {preset} seq {seq} micro {micro} x{per_row} ...", file=sys.stderr,
                       flush=True)
-                row = measure(key, train_row, preset, seq, micro, per_row, args, device, dist_info.world_size)
+                row = measure(key, train_row, preset, phase, seq, micro, per_row, args, device,
+                              dist_info.world_size)
             release(device)
             recorder.save("train", row, train_markdown(row))
 

@@ -1,6 +1,8 @@
-"""Preflight of bench/gpu_check.sh: which wheels the check loads, and stop (exit 2) if one is missing.
+"""Preflight of bench/gpu_check.sh: which wheels the check loads, and stop (exit 2) if one is missing or
+the recipe's engine configs cannot be built.
 
-    python bench/gpu_check_preflight.py [--smoke] [--jsonl OUT.jsonl] [any other gpu_check flag]
+    python bench/gpu_check_preflight.py [--smoke] [--jsonl OUT.jsonl] [--recipe RUN.json] [--ds-config X.json]
+                                        [any other gpu_check flag]
 
 Imports what bench/gpu_check.py imports (the module itself, so nothing is hand-listed, plus the
 DeepSpeed modules the engine loads lazily for bf16 + ZeRO-1) in this interpreter, then names every
@@ -8,8 +10,11 @@ distribution that got loaded, from `sys.modules` (top-level names) and
 `importlib.metadata.packages_distributions()`: the wheels to carry onto a bare GPU machine. Those in
 torch's own requirement closure come with torch and are listed apart. An import that fails stops the
 check in one line naming what is missing (plus every requirement the installed wheels declare and lack,
-so one carry-in round is enough) before any work: exit 2. Standard library only, so it runs where
-nothing else is installed. The record is also appended to --jsonl as {"kind": "preflight", ...}.
+so one carry-in round is enough) before any work: exit 2. Then each phase's engine config is built
+from --recipe the way the check builds it (the driver's own config code): a recipe or DeepSpeed JSON the
+driver refuses (e.g. one that still sets train_batch_size) stops here in one line, exit 2, not as a
+failed row per model. Standard library only at import time, so it runs where nothing else is
+installed. The record is also appended to --jsonl as {"kind": "preflight", ...}.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_JSONL = "gpu_check.jsonl"
+DEFAULT_RECIPE = REPO_ROOT / "ds_configs" / "recipes" / "bert_large_64k.json"  # bench/gpu_check.py's too
 # What the check imports: bench.gpu_check itself (everything it imports at the top) and the DeepSpeed
 # modules its engine loads lazily for bf16 + ZeRO-1.
 ROOTS = ("torch", "deepspeed", "transformers", "bench.gpu_check",
@@ -160,10 +166,24 @@ def preflight(smoke: bool) -> dict[str, Any]:
     }
 
 
+def recipe_problem(recipe: Path, ds_config: Path | None) -> str | None:
+    """None when every phase of `recipe` gives an engine config as the check builds it; else why not."""
+    try:
+        from bench.gpu_check_rows import engine_config
+
+        for phase in ("phase1", "phase2"):
+            engine_config(recipe, phase, 1, 1, ds_config)
+    except Exception as error:  # noqa: BLE001 - any refusal stops the check, named
+        return f"{type(error).__name__}: {error}".splitlines()[0]
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--jsonl", type=Path, default=Path(DEFAULT_JSONL))
+    parser.add_argument("--recipe", type=Path, default=DEFAULT_RECIPE)
+    parser.add_argument("--ds-config", type=Path, default=None)
     args, _ = parser.parse_known_args(argv)
     report = preflight(args.smoke)
     say = "gpu_check preflight:"
@@ -176,6 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_check: this script installs nothing; carry the wheels in and "
               "'pip install --no-index --find-links DIR ...'", file=sys.stderr)
         return 2
+    problem = recipe_problem(args.recipe, args.ds_config)
+    if problem is not None:
+        print(f"gpu_check: --recipe {args.recipe}: {problem}", file=sys.stderr)
+        return 2
+    report["recipe"] = str(args.recipe)
     fails = "the compiled fused LAMB step will fail; its row says so"
     print(f"{say} python {report['python']}, torch {report['torch']} (CUDA {report['cuda']}), "
           f"C compiler {report['c_compiler'] or f'none ({fails})'}, Python headers "

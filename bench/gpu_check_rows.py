@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -12,6 +11,8 @@ from typing import Any
 
 import torch
 
+from pretrain.config import load_config
+from pretrain.ds_config import phase_ds_config
 from pretrain.engine import build_engine, client_optimizer
 from pretrain.metrics import flops_per_sequence, peak_tflops
 from pretrain.model import bert_config, build_model, count_parameters
@@ -27,13 +28,22 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def engine_config(path: Path, micro: int, world_size: int) -> dict[str, Any]:
-    """The shipped DeepSpeed config as it is (bf16, grad_accum_dtype fp32, ZeRO-1, ExactLamb, clipping
-    1.0); only the batch sizes shrink to one micro-batch per step on this machine."""
-    config = json.loads(path.read_text())
-    config.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=1,
-                  train_batch_size=micro * world_size)
-    return config
+def engine_config(recipe: Path, phase: str, micro: int, world_size: int, ds_config: Path | None = None,
+                  bf16_supported: bool = True) -> dict[str, Any]:
+    """What the driver builds for `phase` of the shipped `recipe` (its DeepSpeed JSON: grad_accum_dtype fp32,
+    ZeRO-1, ExactLamb, clipping 1.0; its lr; run.precision), through the driver's own config code, with only
+    the batch shrunk to one micro-batch per step on this machine. Precision is resolved as on a GPU
+    (auto: bf16 where the GPU has it, so the CPU smoke check runs the same BF16_Optimizer path)."""
+    overrides = [f"--{phase}.batch_size={micro * world_size}", f"--{phase}.micro_batch_size={micro}",
+                 f"--{phase}.gradient_accumulation_steps=1"]
+    if ds_config is not None:
+        overrides.append(f"--{phase}.ds_config={ds_config.resolve()}")
+    return phase_ds_config(load_config(recipe, overrides), phase, world_size, "cuda", bf16_supported)
+
+
+def ds_config_path(recipe: Path, phase: str, ds_config: Path | None = None) -> Path:
+    """The DeepSpeed JSON a row's engine was built from: --ds-config, else the recipe's for that phase."""
+    return (ds_config or Path(load_config(recipe).phase(phase).ds_config)).resolve()
 
 
 def synthetic_batch(micro: int, seq: int, predictions: int, vocab: int, instances_per_row: int,
@@ -82,7 +92,7 @@ def lamb_step_kind(engine: Any) -> str:
     return "fused" if kernels.compiled else "fused-eager (compile failed)"
 
 
-def train_row(preset: str, seq: int, micro: int, instances_per_row: int, args: argparse.Namespace,
+def train_row(preset: str, phase: str, seq: int, micro: int, instances_per_row: int, args: argparse.Namespace,
               device: torch.device, world_size: int) -> dict[str, Any]:
     config = bert_config(preset, args.vocab, max_position_embeddings=max(512, seq))
     torch.manual_seed(0)
@@ -92,7 +102,8 @@ def train_row(preset: str, seq: int, micro: int, instances_per_row: int, args: a
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     started = time.perf_counter()
-    engine = build_engine(model, engine_config(args.ds_config, micro, world_size))
+    bf16_ok = torch.cuda.is_bf16_supported() if device.type == "cuda" else True
+    engine = build_engine(model, engine_config(args.recipe, phase, micro, world_size, args.ds_config, bf16_ok))
     build_s = time.perf_counter() - started
     try:
         precision = "bf16" if engine.bfloat16_enabled() else "fp16" if engine.fp16_enabled() else "fp32"
@@ -131,7 +142,8 @@ def train_row(preset: str, seq: int, micro: int, instances_per_row: int, args: a
             "model": preset, "seq_len": seq, "micro_batch": micro, "instances_per_row": instances_per_row,
             "precision": precision, "wrapper": type(engine.optimizer).__name__,
             "lamb_step": lamb_step_kind(engine),
-            "ds_config": str(args.ds_config), "step_ms": seconds * 1e3, "seq_per_s": seq_per_s,
+            "recipe": f"{args.recipe}:{phase}", "ds_config": str(ds_config_path(args.recipe, phase, args.ds_config)),
+            "step_ms": seconds * 1e3, "seq_per_s": seq_per_s,
             "tokens_per_s": seq_per_s * length, "tflops": tflops, "mfu": tflops / peak if peak else None,
             "peak_mem_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
             "loss": float(losses[-1]), "build_s": build_s, "first_step_s": first_step_s,

@@ -193,24 +193,24 @@ def build_shards(shared: Path, out: Path, s: Settings) -> Path:
     return out
 
 
-def ds_config(spec: RunSpec, s: Settings, ranks: int) -> dict[str, Any]:
-    """The DeepSpeed JSON of one run: fp32, ZeRO-0, global-norm clipping, the optimizer under test."""
+def ds_config(spec: RunSpec, s: Settings) -> dict[str, Any]:
+    """The DeepSpeed JSON of one run, engine mechanics only: ZeRO-0, global-norm clipping, the optimizer
+    under test (its lr and the batch are the RUN.json's, fp32 is run.precision auto on CPU)."""
     if spec.optimizer == "lamb":
-        optimizer = {"type": "ExactLamb", "params": {"lr": spec.lr(s), "betas": [0.9, 0.999], "eps": 1e-6,
+        optimizer = {"type": "ExactLamb", "params": {"betas": [0.9, 0.999], "eps": 1e-6,
                                                      "weight_decay": s.weight_decay, "bias_correction": True,
                                                      "trust_clip": None, "adapt_all": s.lamb_adapt_all}}
     else:
-        optimizer = {"type": "AdamW", "params": {"lr": spec.lr(s), "betas": [0.9, 0.999], "eps": 1e-6,
+        optimizer = {"type": "AdamW", "params": {"betas": [0.9, 0.999], "eps": 1e-6,
                                                  "weight_decay": s.weight_decay, "torch_adam": True}}
-    return {"train_batch_size": spec.batch(s), "train_micro_batch_size_per_gpu": s.base_batch // ranks,
-            "gradient_clipping": s.gradient_clipping, "zero_optimization": {"stage": 0},
+    return {"gradient_clipping": s.gradient_clipping, "zero_optimization": {"stage": 0},
             "optimizer": optimizer, "steps_per_print": 10**9, "wall_clock_breakdown": False}
 
 
 def run_config(spec: RunSpec, s: Settings, shards: Path, folder: Path, ranks: int) -> Path:
     """RUN.json (+ its DeepSpeed JSON) for one run, written into `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "ds.json").write_text(json.dumps(ds_config(spec, s, ranks), indent=2), encoding="utf-8")
+    (folder / "ds.json").write_text(json.dumps(ds_config(spec, s), indent=2), encoding="utf-8")
     steps = spec.steps(s)
     config = {
         "run": {"dir": str(folder / "run"), "seed": s.seed, "phases": ["phase1"]},
@@ -218,7 +218,8 @@ def run_config(spec: RunSpec, s: Settings, shards: Path, folder: Path, ranks: in
                                                   "num_attention_heads": s.heads,
                                                   "intermediate_size": s.intermediate}},
         "data": {"shards": str(shards), "num_workers": 0},
-        "phase1": {"seq_len": s.seq_len, "ds_config": "ds.json", "steps": steps,
+        "phase1": {"seq_len": s.seq_len, "ds_config": "ds.json", "steps": steps, "lr": spec.lr(s),
+                   "batch_size": spec.batch(s), "micro_batch_size": s.base_batch // ranks,
                    "warmup_fraction": spec.warmup_fraction(s), "decay_power": 0.5},
         "checkpoint": {"every_steps": steps + 1, "keep_last": 1, "export_at_phase_end": False},
         "logging": {"progress_bar": False, "val_every_steps": steps // s.val_points,

@@ -48,7 +48,7 @@ def finetune(model: Path, out: Path, args: argparse.Namespace, ds_config: Path) 
         sys.executable, "-m", "pretrain.squad", "finetune", "--model", str(model), "--train", str(args.train),
         "--dev", str(args.dev), "--out", str(out), "--ds-config", str(ds_config), "--max-steps", str(args.steps),
         "--lr", str(args.lr), "--max-seq-length", str(args.max_seq_length), "--doc-stride", str(args.doc_stride),
-        "--seed", str(args.seed), "--log-every", "25",
+        "--batch-size", str(args.batch_size), "--seed", str(args.seed), "--log-every", "25",
     ]
     if args.max_eval_examples:
         command += ["--max-eval-examples", str(args.max_eval_examples)]
@@ -77,10 +77,8 @@ def main() -> None:
     model = args.model or minilm_folder()
     args.out.mkdir(parents=True, exist_ok=True)
     ds_config = args.out / "ds_config.json"
-    ds_config.write_text(json.dumps({
-        "train_micro_batch_size_per_gpu": args.batch_size,
-        "gradient_accumulation_steps": 1,
-        "optimizer": {"type": "AdamW", "params": {"lr": args.lr, "eps": 1e-6, "weight_decay": 0.01}},
+    ds_config.write_text(json.dumps({  # engine mechanics; lr, batch and precision are the command's flags
+        "optimizer": {"type": "AdamW", "params": {"eps": 1e-6, "weight_decay": 0.01}},
         "gradient_clipping": 1.0,
         "steps_per_print": 10**9,
     }))

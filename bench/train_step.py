@@ -106,9 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     overrides = [
         f"--data.shards={shards}", f"--data.num_workers={args.num_workers}", f"--run.dir={work / 'run'}",
         f"--model.preset={args.preset}", '--run.phases=["phase1"]', f"--phase1.seq_len={args.seq_len}",
-        f"--phase1.ds_config={REPO_ROOT / 'ds_configs' / 'tiny_cpu_zero2.json'}", "--phase1.steps=1000000",
-        f"--phase1.ds_overrides.train_micro_batch_size_per_gpu={args.micro_batch}",
-        "--phase1.ds_overrides.gradient_accumulation_steps=1",
+        f"--phase1.ds_config={REPO_ROOT / 'ds_configs' / 'deepspeed' / 'lamb_zero2_cpu.json'}",
+        "--phase1.steps=1000000", f"--phase1.micro_batch_size={args.micro_batch}",
+        "--phase1.gradient_accumulation_steps=1",
         f"--phase1.ds_overrides.zero_optimization.stage={args.zero_stage}",
         "--phase1.lr=1e-3", "--logging.tensorboard=false", "--model.overrides.hidden_dropout_prob=0.0",
         "--model.overrides.attention_probs_dropout_prob=0.0",

@@ -3,10 +3,15 @@
 The keys themselves (sections, types, defaults, documentation) are declared in
 pretrain/config_sections.py; this module reads, checks and resolves them.
 
+Plug-in sections (pretrain/plugin.py): a top-level key that is no core section is looked up among the
+installed plug-ins (entry points named after their section); only then is that plug-in imported, and
+its declaration types and checks the section into `RunConfig.plugins`.
+
 Override order (later wins): dataclass defaults < RUN.json < command-line overrides. Every key of
 every section is checked: a typo fails with the dotted key it could not place, before any process
 group or engine exists. Free-form dicts (`model.overrides`, `phaseN.ds_overrides`) are checked
-where they are used (BertConfig fields, DeepSpeed batch keys).
+where they are used (BertConfig fields; DeepSpeed keys the run config owns are refused in
+pretrain/ds_config.py).
 
 Relative paths: `ds_config` resolves against the folder of the RUN.json that names it (configs refer
 to each other); every other path resolves against the current directory, like any CLI argument.
@@ -21,8 +26,9 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from pretrain.codistill.config import CodistillConfigError, check_codistill
+from pretrain.config_doc import PLUGINS_FIELD
 from pretrain.config_sections import PHASE_NAMES, ConfigError, RunConfig
+from pretrain.plugin import installed_plugins, plugin_spec
 from pretrain.schedule import ScheduleError, check_schedule
 
 # The schedule's names for a phase's keys: its own check (pretrain/schedule.py) reports in its names.
@@ -76,16 +82,22 @@ def _build_section(cls: type, name: str, data: Any) -> Any:
 
 
 def from_dict(data: dict[str, Any]) -> RunConfig:
-    hints = typing.get_type_hints(RunConfig)
+    """Core sections by their type; any other top-level key must name an installed plug-in's section."""
+    hints = {name: cls for name, cls in typing.get_type_hints(RunConfig).items() if name != PLUGINS_FIELD}
     sections: dict[str, Any] = {}
+    plugins: dict[str, Any] = {}
     for key, value in data.items():
         if key in hints:
             default = getattr(RunConfig(), key)
             merged = {**dataclasses.asdict(default), **value} if isinstance(value, dict) else value
             sections[key] = _build_section(hints[key], key, merged)
+        elif key in installed_plugins():
+            section_type = plugin_spec(key).section
+            merged = {**dataclasses.asdict(section_type()), **value} if isinstance(value, dict) else value
+            plugins[key] = _build_section(section_type, key, merged)
         else:
-            raise ConfigError(f"{key}: unknown section (known: {sorted(hints)})")
-    return RunConfig(**sections)
+            raise ConfigError(f"{key}: unknown section (known: {sorted([*hints, *installed_plugins()])})")
+    return RunConfig(**sections, plugins=plugins)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -180,12 +192,8 @@ def check_values(config: RunConfig) -> None:
         raise ConfigError(f"data.num_parts: must be >= 1, got {config.data.num_parts}")
     if not 0 <= config.data.part < config.data.num_parts:
         raise ConfigError(f"data.part: must be in [0, data.num_parts={config.data.num_parts}), got {config.data.part}")
-    try:
-        check_codistill(config.codistill)
-    except CodistillConfigError as err:
-        raise ConfigError(str(err)) from err
-    if config.codistill.enabled and config.codistill.disjoint_data and config.data.num_parts != 1:
-        raise ConfigError(
-            f"data.num_parts: codistillation deals the data into one part per group (codistill.disjoint_data); "
-            f"leave data.part/num_parts unset, got num_parts={config.data.num_parts}"
-        )
+    for name, section in config.plugins.items():  # each plug-in's own checks, cross-section ones included
+        try:
+            plugin_spec(name).check(section, config)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pretrain.codistill.config import CodistillSection
-from pretrain.config_doc import setting
+from pretrain.config_doc import PLUGINS_FIELD, setting
 
 PHASE_NAMES = ("phase1", "phase2")
 
@@ -44,8 +43,9 @@ class RunSection:
     )
     precision: str = setting(
         "auto",
-        "auto | fp32 | bf16 | fp16. auto: fp32 on CPU; on GPU the DeepSpeed JSON's bf16/fp16 choice, else "
-        "bf16 where the GPU has it, else fp16 (dynamic loss scaling)",
+        "auto | fp32 | bf16 | fp16. auto: fp32 on CPU, bf16 on a GPU that has it, else fp16 (dynamic loss "
+        "scaling). The one home of precision: a DeepSpeed JSON that sets bf16.enabled or fp16.enabled is "
+        "refused; its fp16 loss-scale knobs and data_types stay there",
     )
     stop_after_steps: int | None = setting(
         None,
@@ -107,17 +107,25 @@ class DataSection:
 
 @dataclass
 class PhaseSection:
-    """One pretraining phase (phase1: seq 128, phase2: seq 512): its data, DeepSpeed JSON and lr schedule."""
+    """One pretraining phase (phase1: seq 128, phase2: seq 512): its data, what it tunes (steps, lr schedule,
+    batch) and its DeepSpeed JSON of engine mechanics.
+
+    One home per setting: lr and the batch sizes live here (and precision in run.precision), never in
+    the DeepSpeed JSON, which pretrain/ds_config.py refuses when it sets them.
+    """
 
     seq_len: int = setting(128, "sequence length; the shards must have been built for it")
     ds_config: str = setting(
         "",
-        "DeepSpeed JSON: batch sizes, precision, ZeRO, clipping, optimizer (ExactLamb); a relative path "
-        "resolves against the RUN.json's folder",
+        "DeepSpeed JSON of engine mechanics: optimizer type and its other params (ExactLamb), ZeRO stage and "
+        "buckets, clipping, offload, fp16 loss scaling, data_types. It must not set lr, batch sizes, "
+        "bf16/fp16.enabled or a scheduler (this section and run.precision own them; refused, naming where "
+        "to move them). A relative path resolves against the RUN.json's folder",
     )
     ds_overrides: dict[str, Any] = setting(
         {},
-        'deep-merged into ds_config, e.g. {"train_micro_batch_size_per_gpu": 8}',
+        'deep-merged into ds_config, e.g. {"zero_optimization": {"stage": 2}}; the keys ds_config must not '
+        "set are refused here too",
     )
     steps: int = setting(0, "optimizer steps of this phase (required, > 0)")
     warmup_fraction: float = setting(
@@ -130,7 +138,22 @@ class PhaseSection:
     )
     lr: float | None = setting(
         None,
-        "peak learning rate; overrides optimizer.params.lr of ds_config when set",
+        "peak learning rate, reached at the end of warmup (required, > 0)",
+    )
+    batch_size: int | None = setting(
+        None,
+        "global batch: sequences per optimizer step over all data-parallel ranks (of one group under "
+        "codistillation). Set two of batch_size, micro_batch_size, gradient_accumulation_steps; the third "
+        "is derived for the ranks that run the job. batch_size + micro_batch_size lets the accumulation "
+        "follow the GPU count, so the same config runs, and resumes, on any number of GPUs",
+    )
+    micro_batch_size: int | None = setting(
+        None,
+        "sequences per rank per forward/backward (DeepSpeed's train_micro_batch_size_per_gpu); see batch_size",
+    )
+    gradient_accumulation_steps: int | None = setting(
+        None,
+        "micro-batches per rank per optimizer step; see batch_size (unset: derived)",
     )
     max_predictions: int | None = setting(
         None,
@@ -211,7 +234,9 @@ class RunConfig:
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
     failures: FailureSection = field(default_factory=FailureSection)
-    codistill: CodistillSection = field(default_factory=CodistillSection)  # see pretrain/codistill/plugin.py
+    # Optional features' sections by RUN.json name (pretrain/plugin.py), e.g. "codistill"; each is present only
+    # when the RUN.json or an override names it, and serialises back under its own top-level key.
+    plugins: dict[str, Any] = field(default_factory=dict)
 
     def phase(self, name: str) -> PhaseSection:
         if name not in PHASE_NAMES:
@@ -223,4 +248,7 @@ class RunConfig:
         return Path(self.checkpoint.dir) if self.checkpoint.dir else Path(self.run.dir) / "checkpoints"
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The RUN.json form: core sections, then each plug-in's section under its own name."""
+        data = {f.name: dataclasses.asdict(getattr(self, f.name)) for f in dataclasses.fields(self)
+                if f.name != PLUGINS_FIELD}
+        return {**data, **{name: dataclasses.asdict(section) for name, section in self.plugins.items()}}

@@ -9,19 +9,20 @@ resume. So the tests, and a user before spending GPU hours, run the shipped file
 the sizes changed:
 
     changed (sizes)          model preset -> tiny; phase steps; sequence lengths (to the shards');
-                             global/micro batch (accumulation stays > 1); ZeRO bucket sizes; checkpoint
-                             and validation intervals (and validation instances); codistillation
-                             burn-in and refresh interval;
+                             phaseN.batch_size / micro_batch_size (accumulation stays > 1); ZeRO
+                             bucket sizes; checkpoint and validation intervals (and validation
+                             instances); codistillation burn-in and refresh interval;
                              DataLoader workers (at most 1); run folder; no progress bar
-    precision                what a GPU with bf16 gets (`run.precision` resolved for CUDA): the
-                             shipped JSON's bf16/fp16, else bf16. CPU DeepSpeed runs bf16; it cannot
-                             run fp16 (no fp16 on the CPU accelerator), which a rehearsal then reports
+    precision                what a GPU with bf16 gets (`run.precision` resolved for CUDA: auto ->
+                             bf16). CPU DeepSpeed runs bf16; it cannot run fp16 (no fp16 on the CPU
+                             accelerator), which a rehearsal of an fp16 recipe then reports
     kept (paths)             ZeRO stage, grad_accum_dtype, clipping, optimizer type and every LAMB
-                             parameter, packing, activation checkpointing, phases, init_from, LR
+                             parameter, lr, packing, activation checkpointing, phases, init_from, LR
                              schedule shape, keep-last, export, failure limits, codistillation mode
 
-The shrunk RUN.json names the shipped DeepSpeed JSONs (absolute paths) and carries the size changes
-as `phaseN.ds_overrides`, so what a recipe's DeepSpeed file says is read from that file at run time.
+The shrunk RUN.json names the shipped DeepSpeed JSONs (absolute paths) and carries the batch in the
+phase keys that own it and only the bucket sizes as `phaseN.ds_overrides`, so what a recipe's
+DeepSpeed file says is read from that file at run time.
 """
 
 from __future__ import annotations
@@ -44,30 +45,23 @@ _BUCKET_KEYS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_
                 "stage3_max_reuse_distance")
 
 
-def gpu_precision(run_precision: str, ds: dict[str, Any]) -> str:
-    """The precision `pretrain.config.resolve_precision` picks on a GPU with bf16 (the recipes' target)."""
-    if run_precision != "auto":
-        return run_precision
-    if ds.get("bf16", {}).get("enabled"):
-        return "bf16"
-    if ds.get("fp16", {}).get("enabled"):
-        return "fp16"
-    return "bf16"
+def gpu_precision(run_precision: str) -> str:
+    """The precision `pretrain.ds_config.resolve_precision` picks on a GPU with bf16 (the recipes' target)."""
+    return "bf16" if run_precision == "auto" else run_precision
 
 
-def shrink_ds_config(ds: dict[str, Any], data_parallel: int) -> dict[str, Any]:
-    """Size overrides for one phase's DeepSpeed dict: toy batch with accumulation, small buckets."""
-    overrides: dict[str, Any] = {
-        "train_batch_size": TOY_MICRO_BATCH * TOY_ACCUMULATION * data_parallel,
-        "train_micro_batch_size_per_gpu": TOY_MICRO_BATCH,
-    }
-    if "gradient_accumulation_steps" in ds:
-        overrides["gradient_accumulation_steps"] = TOY_ACCUMULATION
+def shrink_ds_config(ds: dict[str, Any]) -> dict[str, Any]:
+    """Size overrides for one phase's DeepSpeed dict: small ZeRO buckets (the batch is the run config's)."""
     zero = ds.get("zero_optimization", {})
     small = {key: TOY_BUCKET for key in _BUCKET_KEYS if key in zero}
-    if small:
-        overrides["zero_optimization"] = small
-    return overrides
+    return {"zero_optimization": small} if small else {}
+
+
+def shrink_batch(phase: dict[str, Any], data_parallel: int) -> None:
+    """A phase's batch keys at toy size, in place: accumulation 2 (derived unless the recipe pins it)."""
+    phase.update(batch_size=TOY_MICRO_BATCH * TOY_ACCUMULATION * data_parallel, micro_batch_size=TOY_MICRO_BATCH)
+    if phase.get("gradient_accumulation_steps") is not None:
+        phase["gradient_accumulation_steps"] = TOY_ACCUMULATION
 
 
 def shrink_run_config(
@@ -103,7 +97,6 @@ def shrink_run_config(
                           if key not in ("vocab_size", "max_position_embeddings")}
     data = shrunk.setdefault("data", {})
     data.update(shards=str(shards), num_workers=min(int(data.get("num_workers", 2)), 1))
-    precision = None
     for name in PHASE_NAMES:
         if name not in shrunk:
             continue
@@ -111,13 +104,13 @@ def shrink_run_config(
         ds_path = Path(phase["ds_config"])
         ds_path = ds_path if ds_path.is_absolute() else (recipe_dir / ds_path).resolve()
         ds = deep_merge(json.loads(ds_path.read_text(encoding="utf-8")), phase.get("ds_overrides", {}))
-        precision = precision or gpu_precision(section.get("precision", "auto"), ds)
         phase.update(ds_config=str(ds_path), steps=steps, shards=None,
-                     ds_overrides=deep_merge(phase.get("ds_overrides", {}), shrink_ds_config(ds, ranks // groups)))
+                     ds_overrides=deep_merge(phase.get("ds_overrides", {}), shrink_ds_config(ds)))
+        shrink_batch(phase, ranks // groups)
         if seq_lens and name in seq_lens:
             phase["seq_len"] = seq_lens[name]
             phase["max_predictions"] = None
-    section["precision"] = precision or "bf16"
+    section["precision"] = gpu_precision(section.get("precision", "auto"))
     checkpoint = shrunk.setdefault("checkpoint", {})
     checkpoint.update(dir=None, every_steps=2)
     logging = shrunk.setdefault("logging", {})
@@ -127,9 +120,15 @@ def shrink_run_config(
     return shrunk
 
 
-def shrink_squad_ds_config(ds: dict[str, Any], data_parallel: int) -> dict[str, Any]:
-    """A SQuAD DeepSpeed JSON at toy batch sizes (everything else as shipped)."""
-    return deep_merge(ds, shrink_ds_config(ds, data_parallel))
+def shrink_squad_ds_config(ds: dict[str, Any]) -> dict[str, Any]:
+    """A SQuAD DeepSpeed JSON with small buckets (everything else as shipped; the batch is squad_toy_flags')."""
+    return deep_merge(ds, shrink_ds_config(ds))
+
+
+def squad_toy_flags(data_parallel: int) -> list[str]:
+    """The finetune flags of a toy batch on `data_parallel` ranks, with accumulation (as shrink_batch)."""
+    return ["--batch-size", str(TOY_MICRO_BATCH * TOY_ACCUMULATION * data_parallel),
+            "--micro-batch-size", str(TOY_MICRO_BATCH)]
 
 
 def main(argv: list[str] | None = None) -> int:

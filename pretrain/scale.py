@@ -16,10 +16,11 @@ the new batch B, k = B / B0 (the LAMB paper's own rules for its batch sweep, Tab
 The micro-batch per GPU is the largest divisor of B / G that fits the memory hint (the shipped micro
 batch scaled by --gpu-memory-gb / 80, the size the shipped JSONs are taken to be sized for), and the
 accumulation fills the rest. The new run config names the same DeepSpeed JSONs (paths made relative
-to NEW.json) and carries the batch as `phaseN.ds_overrides` (global and micro batch; the accumulation
-is derived by the driver for the ranks that run it) + `phaseN.lr`; it is loaded back with the
-driver's own `load_config` + `phase_ds_config` for G ranks before it is written, so what is written
-runs. Bad input stops with one line naming the value (exit 2).
+to NEW.json) and writes the keys that own what changed: `phaseN.batch_size`, `phaseN.micro_batch_size`
+(no `gradient_accumulation_steps`: the driver derives it for the ranks that run the job), `phaseN.lr`,
+`steps` and `warmup_fraction`; it is loaded back with the driver's own `load_config` +
+`phase_ds_config` for G ranks before it is written, so what is written runs. Bad input stops with one
+line naming the value (exit 2).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain.config import PHASE_NAMES, ConfigError, RunConfig, load_config
-from pretrain.ds_config import deep_merge, phase_ds_config
+from pretrain.ds_config import phase_ds_config
 
 # What the shipped micro batches are taken to be sized for (not yet measured on a GPU: bench/gpu_check.sh).
 REFERENCE_GPU_MEMORY_GB = 80.0
@@ -147,19 +148,14 @@ def scale_phase(
 
 
 def reference(config: RunConfig, name: str) -> tuple[int, float, int]:
-    """The shipped phase's global batch, lr and micro batch: its DeepSpeed JSON + ds_overrides + lr."""
+    """The shipped phase's global batch, lr and micro batch: its keys in the run config."""
     phase = config.phase(name)
-    try:
-        ds = deep_merge(json.loads(Path(phase.ds_config).read_text(encoding="utf-8")), phase.ds_overrides)
-    except (OSError, json.JSONDecodeError) as err:
-        raise ConfigError(f"{name}.ds_config: {phase.ds_config} unreadable: {err}") from err
-    batch0 = ds.get("train_batch_size")
-    if not isinstance(batch0, int) or batch0 <= 0:
-        raise ConfigError(f"{name}.ds_config ({phase.ds_config}): no train_batch_size to scale from")
-    lr0 = phase.lr if phase.lr is not None else ds.get("optimizer", {}).get("params", {}).get("lr")
-    if not isinstance(lr0, int | float):
-        raise ConfigError(f"{name}: no learning rate (phase lr or optimizer.params.lr) to scale from")
-    return batch0, float(lr0), int(ds.get("train_micro_batch_size_per_gpu") or 1)
+    if phase.batch_size is None or phase.batch_size <= 0:
+        raise ConfigError(f"{name}.batch_size: not set, so no batch_size to scale from (the recipe gives a micro "
+                          "batch and accumulation only; its global batch depends on the GPU count)")
+    if phase.lr is None or phase.lr <= 0:
+        raise ConfigError(f"{name}.lr: not set, so no learning rate to scale from")
+    return phase.batch_size, float(phase.lr), int(phase.micro_batch_size or 1)
 
 
 def scaled_config(
@@ -173,17 +169,11 @@ def scaled_config(
             new[name]["ds_config"] = os.path.relpath(ds_path, out.resolve().parent)
     for s in scales:
         phase = new.setdefault(s.name, {})
-        overrides = dict(phase.get("ds_overrides", {}))
-        overrides.update(train_batch_size=s.batch, train_micro_batch_size_per_gpu=s.micro)
         # The accumulation is left to the driver, derived for the ranks that run the job, so the run can
-        # also resume on another number of GPUs (docs/elastic_resume.md); null hides a JSON's own value.
-        overrides.pop("gradient_accumulation_steps", None)
-        ds_file = json.loads(Path(config.phase(s.name).ds_config).read_text(encoding="utf-8"))
-        if "gradient_accumulation_steps" in ds_file:
-            overrides["gradient_accumulation_steps"] = None
-        phase.update(
-            ds_overrides=overrides, steps=s.steps, warmup_fraction=round(s.warmup, 6), lr=float(f"{s.lr:.6g}")
-        )
+        # also resume on another number of GPUs (docs/elastic_resume.md).
+        phase.pop("gradient_accumulation_steps", None)
+        phase.update(batch_size=s.batch, micro_batch_size=s.micro, steps=s.steps,
+                     warmup_fraction=round(s.warmup, 6), lr=float(f"{s.lr:.6g}"))
     # A run folder of its own: resuming the shipped recipe's checkpoints with another batch would be wrong.
     new.setdefault("run", {})["dir"] = str(Path(config.run.dir).parent / out.stem)
     batches = ", ".join(f"{s.name} {s.batch:,} sequences, lr {s.lr:.3g}, {s.steps:,} steps" for s in scales)

@@ -8,6 +8,10 @@ rank 0 validates everything that needs files (shards, checksums, vocab, batch ar
 shares the verdict, so every rank fails together with the same message -> for each phase still to
 do: build the model, load weights (resume checkpoint, `init_from`, or the previous phase's end),
 build the engine, train, checkpoint, export.
+
+An optional feature (codistillation) changes a run only through the TrainingPlugin hooks of
+pretrain/plugin.py; this module never imports one, and without a plug-in section the hooks' defaults
+are the plain run.
 """
 
 from __future__ import annotations
@@ -37,16 +41,16 @@ from pretrain.checkpointing.checkpoint import (
 )
 from pretrain.checkpointing.elastic import prepare_resume
 from pretrain.checkpointing.manifest import resolve_resume_tag
-from pretrain.codistill.plugin import Codistillation
 from pretrain.config import ConfigError, RunConfig, load_config
 from pretrain.config_doc import format_help
 from pretrain.data import DataConfigError, PhaseData, RankBatches, open_phase_data
 from pretrain.ds_config import phase_ds_config
 from pretrain.engine import DistInfo, build_engine, check_ds_config, client_optimizer, init_distributed
-from pretrain.export import EXPORT_INFO, export_checkpoint, load_weights
+from pretrain.export import EXPORT_INFO, load_weights
 from pretrain.metrics import MetricsWriter, Throughput, flops_per_sequence, peak_tflops
 from pretrain.model import bert_config, build_model, count_parameters
 from pretrain.optim.lamb import ExactLamb, bind_zero_layout
+from pretrain.plugin import TrainingPlugin, add_losses, build_plugin
 from pretrain.schedule import WarmupPolyDecay
 from pretrain.trainer import ExtraLoss, NonFiniteLossError, PhaseState, PhaseTrainer, StopRequest
 
@@ -163,27 +167,26 @@ def run_phase(
     samples_seen: int,
     step_callbacks: list[Callable[[PhaseTrainer], None]],
     steps_done_in_process: int,
-    extra_loss: ExtraLoss | None = None,
-    codistill: Codistillation | None = None,
+    extra_loss: ExtraLoss | None,
+    plugin: TrainingPlugin,
 ) -> tuple[str, PhaseTrainer]:
     phase = config.phase(name)
     torch.manual_seed(config.run.seed)  # the same initial weights on every rank
     model_config = bert_config_from_plan(plan)
     model = build_model(model_config, config.model.activation_checkpointing)
     if init_weights is not None:
-        source = (codistill.layout.first_rank, codistill.reduce_group) if codistill else (0, None)
-        load_initial_weights(model, init_weights, f"{name} initial weights", dist_info, *source)
+        load_initial_weights(model, init_weights, f"{name} initial weights", dist_info, plugin.first_rank,
+                             plugin.replica_group)
     schedule = WarmupPolyDecay(phase.steps, phase.warmup_fraction, phase.decay_power)
     ds = plan.ds_configs[name]
     counts = count_parameters(model)
-    engine = build_engine(model, ds, lr_schedule=schedule, mpu=codistill.mpu if codistill else None)
+    engine = build_engine(model, ds, lr_schedule=schedule, mpu=plugin.mpu)
     state = PhaseState(phase=name, samples_seen=samples_seen)
     if resume_tag is not None:
         state = PhaseState.from_dict(checkpoints.load(engine, resume_tag))
         if isinstance(client_optimizer(engine), ExactLamb):
             bind_zero_layout(engine)
-    if codistill is not None:
-        codistill.start_phase(engine, model_config, state)
+    plugin.start_phase(engine, model_config, state)
     micro = engine.train_micro_batch_size_per_gpu()
     data = plan.data[name]
     train_batches = RankBatches(data, "train", config.run.seed, dist_info.rank, dist_info.world_size, micro,
@@ -201,8 +204,7 @@ def run_phase(
                             peak_tflops(dist_info.device, precision, config.logging.peak_tflops),
                             head_flops_per_prediction=6.0 * counts["mlm_head"], predictions_per_seq=data.max_predictions)
     trainer = PhaseTrainer(config, plan.resolved, dist_info, engine, train_batches, val_batches, checkpoints,
-                           metrics, throughput, state, stop, extra_loss,
-                           reduce_group=codistill.reduce_group if codistill else None)
+                           metrics, throughput, state, stop, extra_loss, plugin)
     trainer.steps_this_process = steps_done_in_process
     trainer.step_callbacks.extend(step_callbacks)
     progress = None
@@ -259,8 +261,8 @@ def train(
     """Run (or resume) the configured phases. Returns 'complete' or why it stopped early.
 
     step_callbacks run on every rank after each optimizer step; extra_loss is added to the task loss
-    (see PhaseTrainer) — the hooks tests and codistillation use. `stop`: a StopRequest the caller
-    installed earlier (main() does, before start-up work), else one is installed here.
+    (see PhaseTrainer) — the hooks tests use (a plug-in's own run first). `stop`: a StopRequest the
+    caller installed earlier (main() does, before start-up work), else one is installed here.
     """
     own_stop = stop is None
     stop = stop or StopRequest()
@@ -280,22 +282,17 @@ def _train(
     stop: StopRequest,
 ) -> str:
     dist_info = init_distributed(config.run.dist_timeout_minutes)
-    codistill = None
-    if config.codistill.enabled:
-        # Each group runs this function as a job of its own: its seed, folders, ranks (see pretrain/codistill/plugin.py).
-        try:
-            codistill = Codistillation(config, dist_info)
-        except ValueError as err:
-            raise ConfigError(str(err)) from err
-        config, dist_info = codistill.group_config(config), codistill.group_dist_info(dist_info)
-        step_callbacks = [codistill.after_step, *(step_callbacks or [])]
-        extra_loss = codistill.with_extra_loss(extra_loss)
+    try:
+        plugin = build_plugin(config, dist_info)  # collective; the plain run's hooks when no plug-in is on
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    # The rest runs as a job of the plug-in's share of the world (a codistillation group: its seed, folders, ranks).
+    config, dist_info = plugin.job_config(config), plugin.job_dist_info(dist_info)
+    step_callbacks = [plugin.after_step, *(step_callbacks or [])]
+    extra_loss = add_losses(plugin.loss_term(), extra_loss)
     plan = plan_on_rank0(config, dist_info)
     run_dir = Path(config.run.dir)
-    if codistill is not None:
-        checkpoints = codistill.checkpoint_manager(config.checkpoint_dir, config.checkpoint.keep_last)
-    else:
-        checkpoints = CheckpointManager(config.checkpoint_dir, config.checkpoint.keep_last, dist_info.rank)
+    checkpoints = plugin.checkpoint_manager(config.checkpoint_dir, config.checkpoint.keep_last, dist_info.rank)
     if dist_info.rank == 0:
         atomic_write_json(run_dir / RESOLVED_CONFIG, plan.resolved)
     # The newest checkpoint, verified against its manifest (a damaged one is set aside for the newest intact one),
@@ -303,8 +300,8 @@ def _train(
     latest = resolve_resume_tag(checkpoints)
     saved = checkpoints.trainer_state(latest) if latest else None
     if latest is not None:
-        source = (codistill.layout.first_rank, codistill.reduce_group) if codistill else (0, None)
-        prepare_resume(checkpoints.root, latest, plan.ds_configs, dist_info.rank, dist_info.world_size, *source)
+        prepare_resume(checkpoints.root, latest, plan.ds_configs, dist_info.rank, dist_info.world_size,
+                       plugin.first_rank, plugin.replica_group)
     if saved is None and config.run.phases[0] == "phase2" and not config.phase2.init_from:
         raise ConfigError("phase2.init_from: required when phase 2 runs without a phase-1 checkpoint in checkpoint.dir")
     metrics = MetricsWriter(run_dir / "tensorboard", enabled=dist_info.rank == 0 and config.logging.tensorboard)
@@ -315,14 +312,9 @@ def _train(
             resume_tag, init = None, None
             if saved is not None and saved["phase"] == name:
                 if saved["complete"]:
-                    # a crash between the phase-end checkpoint and its export: redo the export
-                    export_dir = run_dir / "export" / name
-                    if config.checkpoint.export_at_phase_end and codistill is not None:
-                        codistill.export_phase(name, only_missing=True)
-                    elif config.checkpoint.export_at_phase_end and dist_info.rank == 0 and not (
-                        export_dir / EXPORT_INFO
-                    ).is_file():
-                        export_checkpoint(checkpoints.root / latest, export_dir)
+                    if config.checkpoint.export_at_phase_end:  # a crash between checkpoint and export: redo it
+                        plugin.export_phase(name, checkpoints.root / latest, run_dir / "export" / name,
+                                            dist_info.rank, only_missing=True)
                     continue
                 resume_tag = latest
             elif saved is not None and saved["phase"] > name:
@@ -333,7 +325,7 @@ def _train(
             elif saved is not None:  # the previous phase's end checkpoint
                 init = functools.partial(consolidated_state_dict, checkpoints.root, latest)
             outcome, trainer = run_phase(name, config, plan, dist_info, checkpoints, metrics, stop, resume_tag, init,
-                                         samples_seen, step_callbacks or [], steps_done, extra_loss, codistill)
+                                         samples_seen, step_callbacks, steps_done, extra_loss, plugin)
             steps_done = trainer.steps_this_process
             samples_seen = trainer.state.samples_seen
             if outcome != "complete":
@@ -341,10 +333,8 @@ def _train(
                     print(f"stopped ({outcome}) at {name} step {trainer.state.step}; checkpoint "
                           f"{checkpoints.latest_tag()} written. Rerun the same command to resume.", flush=True)
                 return outcome
-            if config.checkpoint.export_at_phase_end and codistill is not None:
-                codistill.export_phase(name)  # world rank 0 exports every group
-            elif config.checkpoint.export_at_phase_end and dist_info.rank == 0:
-                export_checkpoint(checkpoints.root, run_dir / "export" / name)
+            if config.checkpoint.export_at_phase_end:
+                plugin.export_phase(name, checkpoints.root, run_dir / "export" / name, dist_info.rank)
             if dist.is_initialized():
                 dist.barrier()
             saved, latest = trainer.state.state_dict(), checkpoints.latest_tag()
@@ -358,13 +348,18 @@ def _train(
         metrics.close()
 
 
+class _HelpParser(argparse.ArgumentParser):
+    def format_help(self) -> str:
+        # built only when asked for: it lists every installed plug-in's keys, which imports their declarations
+        self.epilog = format_help(RunConfig)
+        return super().format_help()
+
+
 def parse_args(argv: list[str] | None) -> tuple[str | None, list[str]]:
     """--config, and the `--section.key=value` overrides as strings for pretrain.config (not argparse options,
     which would take abbreviations and no nested dict keys); `--help` lists every key from the field docs."""
-    parser = argparse.ArgumentParser(
-        prog="python -m pretrain.train", description="Two-phase BERT pretraining on DeepSpeed.",
-        epilog=format_help(RunConfig), formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = _HelpParser(prog="python -m pretrain.train", description="Two-phase BERT pretraining on DeepSpeed.",
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="RUN.json (the shipped ones: ds_configs/recipes/*.json)")
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher
     args, rest = parser.parse_known_args(argv)

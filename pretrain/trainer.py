@@ -17,8 +17,10 @@ before the first backward (all micro-batches of the step are read first). The NS
 per micro-batch: every micro-batch holds the same number of instances, so the mean of the means is
 the mean over the global batch.
 
-Extension point (codistillation): `extra_loss(output, batch, state) -> (tensor, dict of floats)` is
-added to the task loss; its numbers are logged under their own tags.
+Extension points: `extra_loss(output, batch, state) -> (tensor, dict of floats)` is added to the task
+loss, its numbers logged under their own tags; a `TrainingPlugin` (pretrain/plugin.py) names the group
+statistics are averaged over and makes stops and aborts common to the whole job. The trainer knows
+no plug-in by name.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from pretrain.engine import DistInfo, client_optimizer
 from pretrain.metrics import MetricsWriter, StepCounts, Throughput, memory_stats
 from pretrain.model import IGNORE_INDEX, PretrainingOutput
 from pretrain.optim.lamb import ExactLamb
+from pretrain.plugin import TrainingPlugin
 
 # (output, batch, state) -> (extra loss term, numbers to log as the mean over micro-batches and ranks)
 ExtraLoss = Callable[
@@ -98,7 +101,7 @@ class StepResult:
     values: dict[str, float]
     counts: StepCounts  # rows, instances, real tokens, MLM predictions of the step over the model's ranks
     stop_requested: bool = False  # some rank received SIGTERM/SIGUSR1 before this step's all-reduce
-    abort_elsewhere: bool = False  # codistillation: another group hit failures.max_consecutive_nonfinite
+    abort_elsewhere: str | None = None  # why another part of the job aborts at this step (plugin.agree_on_stop)
 
 
 def validation_batches(config: RunConfig, val_batches: RankBatches) -> ValidationBatches:
@@ -136,15 +139,16 @@ class PhaseTrainer:
         state: PhaseState,
         stop: StopRequest,
         extra_loss: ExtraLoss | None = None,
-        reduce_group: Any = None,
+        plugin: TrainingPlugin | None = None,
     ) -> None:
-        self.config, self.resolved_config, self.dist = config, resolved_config, dist_info
+        self.config, self.resolved_config, self.dist_info = config, resolved_config, dist_info
         self.phase = config.phase(state.phase)
         self.engine, self.train_batches, self.val_batches = engine, train_batches, val_batches
         self.checkpoints, self.metrics, self.throughput = checkpoints, metrics, throughput
         self.state, self.stop, self.extra_loss = state, stop, extra_loss
-        # Statistics are averaged over this model's ranks: the world, or one codistillation group.
-        self.reduce_group = reduce_group
+        self.plugin = plugin or TrainingPlugin()
+        # The ranks holding this model's replicas, over which statistics are averaged (None: the world).
+        self.replica_group = self.plugin.replica_group
         self.accumulation = engine.gradient_accumulation_steps()
         self.global_batch = engine.train_batch_size()
         self.micro_batches_per_step = self.global_batch // engine.train_micro_batch_size_per_gpu()
@@ -187,9 +191,9 @@ class PhaseTrainer:
         """micro-batches per step / labelled MLM slots of the whole global batch (one tiny all-reduce of a
         number counted on the host from the collated labels: no device -> host sync)."""
         labelled = sum(int((b["masked_labels"] != IGNORE_INDEX).sum()) for b in batches)
-        labelled = torch.tensor([float(labelled)], dtype=torch.float64, device=self.dist.device)
-        if dist.is_initialized() and self.dist.world_size > 1:
-            dist.all_reduce(labelled, group=self.reduce_group)
+        labelled = torch.tensor([float(labelled)], dtype=torch.float64, device=self.dist_info.device)
+        if dist.is_initialized() and self.dist_info.world_size > 1:
+            dist.all_reduce(labelled, group=self.replica_group)
         return self.micro_batches_per_step / labelled[0].clamp_min(1)
 
     def train_step(self) -> StepResult:
@@ -204,14 +208,14 @@ class PhaseTrainer:
         # (before it, one all-reduce of the step's labelled-token count: the loss normalisation, see the module doc)
         # sums over micro-batches: mlm loss sum, nsp loss, mlm correct, mlm count, nsp correct, instances (the NSP
         # count), nonfinite, then the rest of the work counts: rows, real tokens, MLM head rows
-        sums = torch.zeros(10, dtype=torch.float64, device=self.dist.device)
+        sums = torch.zeros(10, dtype=torch.float64, device=self.dist_info.device)
         extra_sums: dict[str, torch.Tensor] = {}
         batches = [self._next_batch() for _ in range(self.accumulation)]
         self.state.data_position += self.global_batch
         mlm_scale = self._step_mlm_scale(batches)
         for micro, host_batch in enumerate(batches):
-            batch = {key: value.to(self.dist.device, non_blocking=True) for key, value in host_batch.items()}
-            torch.manual_seed(step_seed(self.config.run.seed, phase_index, self.state.step, micro, self.dist.rank))
+            batch = {key: value.to(self.dist_info.device, non_blocking=True) for key, value in host_batch.items()}
+            torch.manual_seed(step_seed(self.config.run.seed, phase_index, self.state.step, micro, self.dist_info.rank))
             output: PretrainingOutput = self.engine(**batch)
             loss, extra = self.loss(output, batch, mlm_scale)
             # A NaN/inf loss is still back-propagated: its non-finite gradients make DeepSpeed's overflow
@@ -241,21 +245,16 @@ class PhaseTrainer:
                     extra_sums[key] = extra_sums.get(key, 0.0) + value
         stop_flag = torch.tensor([1.0 if self.stop.signal_name else 0.0], dtype=torch.float64, device=sums.device)
         packed = torch.cat([sums, stop_flag, *(v.reshape(1) for v in extra_sums.values())])
-        if dist.is_initialized() and self.dist.world_size > 1:
-            dist.all_reduce(packed, group=self.reduce_group)
+        if dist.is_initialized() and self.dist_info.world_size > 1:
+            dist.all_reduce(packed, group=self.replica_group)
         reduced = packed.tolist()
         mlm, nsp, mlm_ok, mlm_n, nsp_ok, nsp_n, nonfinite, rows, real_tokens, head_rows, stop = reduced[:11]
         counts = StepCounts(rows=rows, instances=nsp_n, real_tokens=real_tokens, predictions=head_rows)
         aborting_here = bool(nonfinite) and (
             self.state.consecutive_nonfinite + 1 >= self.config.failures.max_consecutive_nonfinite)
-        abort_elsewhere = False
-        if self.reduce_group is not None and dist.is_initialized():
-            # Codistillation in one job: every group must stop at the same step, whether for a signal or for
-            # another group's NaN abort (checkpoint saves and refreshes are world collectives).
-            flags = torch.tensor([float(stop > 0), float(aborting_here)], dtype=torch.float64, device=sums.device)
-            dist.all_reduce(flags)
-            stop, abort_elsewhere = flags[0].item(), bool(flags[1].item()) and not aborting_here
-        finite_micro = self.accumulation * self.dist.world_size - nonfinite
+        # a plug-in that runs several models in one job makes the stop and a NaN abort common to all of them
+        stop_requested, abort_elsewhere = self.plugin.agree_on_stop(stop > 0, aborting_here, sums.device)
+        finite_micro = self.accumulation * self.dist_info.world_size - nonfinite
         applied = bool(self.engine.was_step_applied())
         if nonfinite and applied:
             raise NonFiniteLossError(
@@ -269,10 +268,10 @@ class PhaseTrainer:
             "acc/nsp": nsp_ok / max(nsp_n, 1),
         }
         values["loss/total"] = values["loss/mlm"] + values["loss/nsp"]
-        divisor = self.accumulation * self.dist.world_size
+        divisor = self.accumulation * self.dist_info.world_size
         values.update({key: total / divisor for key, total in zip(extra_sums, reduced[11:], strict=True)})
         return StepResult(applied=applied, nonfinite=nonfinite > 0, values=values, counts=counts,
-                          stop_requested=stop > 0, abort_elsewhere=abort_elsewhere)
+                          stop_requested=stop_requested, abort_elsewhere=abort_elsewhere)
 
     # ------------------------------------------------------------------ loop
     def step_metrics(self, result: StepResult) -> dict[str, float]:
@@ -286,7 +285,7 @@ class PhaseTrainer:
         values["failures/nonfinite_steps"] = float(self.state.nonfinite_steps)
         values["failures/skipped_steps"] = float(self.engine.skipped_steps)
         values.update(self.throughput.step(result.counts))  # rows for device work, instances for useful work
-        values.update(memory_stats(self.dist.device))
+        values.update(memory_stats(self.dist_info.device))
         values.update(result.counts.data_stats(self.throughput.seq_len))
         return values
 
@@ -311,14 +310,14 @@ class PhaseTrainer:
         if self.val_batches is None:
             return {}
         self.engine.eval()
-        sums = torch.zeros(3, dtype=torch.float64, device=self.dist.device)  # loss sum, correct, labelled
+        sums = torch.zeros(3, dtype=torch.float64, device=self.dist_info.device)  # loss sum, correct, labelled
         for batch in validation_batches(self.config, self.val_batches):
-            batch = {key: value.to(self.dist.device) for key, value in batch.items()}
+            batch = {key: value.to(self.dist_info.device) for key, value in batch.items()}
             output: PretrainingOutput = self.engine(**batch)
             correct, n = output.mlm_counts()  # labelled slots only
             sums += torch.stack([output.mlm_loss_sum.double(), correct.double(), n.double()])
         self.engine.train()
-        loss_sum, correct, n = _all_reduce(sums.tolist(), self.dist.device, self.reduce_group)
+        loss_sum, correct, n = _all_reduce(sums.tolist(), self.dist_info.device, self.replica_group)
         return {"val/mlm_loss": loss_sum / max(n, 1), "val/mlm_acc": correct / max(n, 1)}
 
     def save(self, phase_end: bool = False) -> None:
@@ -362,13 +361,10 @@ class PhaseTrainer:
                 progress.set_postfix(loss=f"{values['loss/total']:.4f}", lr=f"{values['lr']:.2e}", refresh=False)
             for callback in self.step_callbacks:
                 callback(self)
-            if result.abort_elsewhere:  # this group is fine, another one reached the limit at this step
+            if result.abort_elsewhere:  # this model is fine, another part of the job reached the limit
                 self.save()
                 raise NonFiniteLossError(
-                    f"another codistillation group had failures.max_consecutive_nonfinite="
-                    f"{self.config.failures.max_consecutive_nonfinite} NaN/inf steps in a row; all groups stop together "
-                    f"({self.state.phase} step {self.state.step}); checkpoint written"
-                )
+                    f"{result.abort_elsewhere} ({self.state.phase} step {self.state.step}); checkpoint written")
             if self.state.consecutive_nonfinite >= self.config.failures.max_consecutive_nonfinite:
                 self.save()
                 raise NonFiniteLossError(

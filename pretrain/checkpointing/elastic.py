@@ -291,10 +291,10 @@ def prepare_resume(root: Path, tag: str, ds_configs: dict[str, dict[str, Any]], 
     if before != now:
         ds = ds_configs[phase]
         raise ConfigError(
-            f"{phase}.ds_config: {root / tag} trained with a global batch of {before} sequences, this job's is {now} "
+            f"{phase}.batch_size: {root / tag} trained with a global batch of {before} sequences, this job's is {now} "
             f"(micro batch {ds['train_micro_batch_size_per_gpu']} x accumulation {ds['gradient_accumulation_steps']} "
-            f"x {world_size} ranks); set {phase}.ds_overrides.train_batch_size={before} with a micro batch and no "
-            "gradient_accumulation_steps, so the accumulation is derived for any number of ranks")
+            f"x {world_size} ranks); set {phase}.batch_size={before} with a {phase}.micro_batch_size and no "
+            f"{phase}.gradient_accumulation_steps, so the accumulation is derived for any number of ranks")
     if saved["world_size"] == world_size:
         return
     error: list[str | None] = [None]

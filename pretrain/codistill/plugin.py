@@ -1,6 +1,6 @@
-"""Codistillation (Anil et al. 2018) as a switch of the pretraining driver: `"codistill": {"enabled": true}`.
+"""Codistillation (Anil et al. 2018) as a plug-in of the pretraining driver: `"codistill": {"enabled": true}`.
 
-The world is split into `groups` contiguous rank blocks (see codistill_groups.py). Each group is an
+The world is split into `groups` contiguous rank blocks (see groups.py). Each group is an
 ordinary run of the single-model driver with its own view of the job:
 
     run.seed        = run.seed + g         (initial weights, dropout, masks, data order)
@@ -11,7 +11,7 @@ ordinary run of the single-model driver with its own view of the job:
 
 so a group with `alpha = 0` is bit-for-bit the single-model run with seed `run.seed + g` and
 `data.part = g, data.num_parts = groups` on `group size` ranks. The groups share one job (the world
-split into rank blocks), or run as separate jobs (`codistill.group`, files only: codistill_exchange.py).
+split into rank blocks), or run as separate jobs (`codistill.group`, files only: exchange.py).
 Each rank also holds frozen teachers (the other groups' models) and adds
 
     alpha * T^2 * D(mean_teachers softmax(z_t / T), softmax(z / T))      at masked positions (+ NSP)
@@ -20,9 +20,12 @@ to its task loss from global step `burn_in_steps` on. Teachers are refreshed at 
 burn_in + k * refresh_every (and when a phase starts after the burn-in); the teacher used at step
 s is therefore the other groups' weights after the last refresh step <= s.
 
-Hooks into the driver (pretrain/train.py): `group_config`, `group_dist_info`, `mpu` for the engine,
-`reduce_group` for the trainer's statistics, `checkpoint_manager` (teachers saved with every
-checkpoint), `start_phase` after the engine (and a resume) exist, `extra_loss`, `after_step`.
+The driver sees it only through the TrainingPlugin hooks (pretrain/plugin.py; registered in spec.py):
+`job_config`, `job_dist_info` (the group's view), `mpu` for the engine, `replica_group` for the
+trainer's statistics, `first_rank` for initial weights, `start_phase` after the engine (and a resume)
+exist, `loss_term` (the distillation term), `after_step` (refreshes, final evaluation),
+`agree_on_stop` (stops and NaN aborts common to every group), `checkpoint_manager` (teachers saved
+with every checkpoint) and `export_phase` (world rank 0 exports every group).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import torch.nn.functional as F
 
 from data_prep.atomic_io import atomic_write_bytes, atomic_write_json
 from pretrain.checkpointing.checkpoint import CheckpointManager
-from pretrain.codistill.config import check_codistill
+from pretrain.codistill.config import CodistillSection, check_codistill
 from pretrain.codistill.exchange import FileExchange, GroupComm
 from pretrain.codistill.groups import GroupLayout, ProcessGroups, create_process_groups
 from pretrain.codistill.teacher import (
@@ -53,20 +56,21 @@ from pretrain.codistill.teacher import (
 from pretrain.engine import DistInfo
 from pretrain.export import EXPORT_INFO, export_checkpoint
 from pretrain.model import IGNORE_INDEX, masked_lm_loss_sum
+from pretrain.plugin import TrainingPlugin
 
 if TYPE_CHECKING:
     from pretrain.config import RunConfig
     from pretrain.model import PretrainingOutput
-    from pretrain.trainer import PhaseState, PhaseTrainer
+    from pretrain.trainer import ExtraLoss, PhaseState, PhaseTrainer
 
 TEACHERS_FILE = "codistill_teachers.pt"
 FINAL_FILE = "codistill_final.json"
 
 
-class Codistillation:
+class Codistillation(TrainingPlugin):
     def __init__(self, config: RunConfig, world: DistInfo) -> None:
         """Collective: every rank constructs it at the same point (it creates the process groups)."""
-        self.section = config.codistill
+        self.section: CodistillSection = config.plugins["codistill"]
         check_codistill(self.section, world.world_size)
         self.base_config, self.world = config, world
         self.layout = GroupLayout(world.world_size, self.section.groups, world.rank, job_group=self.section.group)
@@ -89,10 +93,15 @@ class Codistillation:
         return self.groups.mpu
 
     @property
-    def reduce_group(self) -> Any:
+    def replica_group(self) -> Any:
+        """This group's ranks (the model's data-parallel replicas); None in separate jobs: the world."""
         return self.groups.data_parallel
 
-    def group_config(self, config: RunConfig) -> RunConfig:
+    @property
+    def first_rank(self) -> int:
+        return self.layout.first_rank
+
+    def job_config(self, config: RunConfig) -> RunConfig:
         g = self.layout.group
         run = dataclasses.replace(config.run, seed=config.run.seed + g, dir=str(Path(config.run.dir) / f"group{g}"))
         checkpoint = config.checkpoint
@@ -103,12 +112,26 @@ class Codistillation:
             data = dataclasses.replace(data, part=g, num_parts=self.layout.groups)
         return dataclasses.replace(config, run=run, checkpoint=checkpoint, data=data)
 
-    def group_dist_info(self, world: DistInfo) -> DistInfo:
+    def job_dist_info(self, world: DistInfo) -> DistInfo:
         return DistInfo(rank=self.layout.group_rank, world_size=self.layout.group_size,
                         local_rank=world.local_rank, device=world.device)
 
-    def checkpoint_manager(self, root: Path, keep_last: int) -> CheckpointManager:
-        return TeacherCheckpointManager(root, keep_last, self.layout.group_rank, self)
+    def checkpoint_manager(self, root: Path, keep_last: int, rank: int) -> CheckpointManager:
+        return TeacherCheckpointManager(root, keep_last, rank, self)
+
+    def agree_on_stop(self, stop: bool, aborting_here: bool, device: torch.device) -> tuple[bool, str | None]:
+        """Groups of one job stop at the same step, for a signal or another group's NaN abort: checkpoint
+        saves and refreshes are world collectives. (`replica_group` is None in separate jobs: nothing to agree.)"""
+        if self.replica_group is None or not dist.is_initialized():
+            return stop, None
+        flags = torch.tensor([float(stop), float(aborting_here)], dtype=torch.float64, device=device)
+        dist.all_reduce(flags)
+        stop_anywhere, abort_anywhere = flags[0].item() > 0, flags[1].item() > 0
+        if not abort_anywhere or aborting_here:  # no abort, or this group's own (the trainer reports that one)
+            return stop_anywhere, None
+        limit = self.base_config.failures.max_consecutive_nonfinite
+        return stop_anywhere, (f"another codistillation group had failures.max_consecutive_nonfinite={limit} "
+                               "NaN/inf steps in a row; all groups stop together")
 
     def group_run_dir(self, group: int) -> Path:
         return Path(self.base_config.run.dir) / f"group{group}"
@@ -118,11 +141,12 @@ class Codistillation:
             return Path(self.base_config.checkpoint.dir) / f"group{group}"
         return self.group_run_dir(group) / "checkpoints"
 
-    def export_phase(self, phase: str, only_missing: bool = False) -> None:
+    def export_phase(self, phase: str, source: Path, out: Path, rank: int, only_missing: bool = False) -> None:
         """Every group's phase-end model as a Hugging Face folder at <run.dir>/group<g>/export/<phase>.
 
         transformers 5 `save_pretrained` writes nothing on a torch.distributed rank other than 0, so world
-        rank 0 exports every group of this job (after the collective phase-end save, all folders are complete).
+        rank 0 exports every group of this job (after the collective phase-end save, all folders are complete),
+        each from its group's checkpoint folder: `source`, `out` and the group `rank` name only this group's.
         """
         if self.world.rank != 0:
             return
@@ -246,17 +270,8 @@ class Codistillation:
         term = self.section.alpha * total if self.section.alpha > 0 else zero
         return term, numbers
 
-    def with_extra_loss(self, other: Any | None) -> Any:
-        """This extra loss plus another hook's (tests inject NaNs through one)."""
-        if other is None:
-            return self.extra_loss
-
-        def combined(output: Any, batch: dict[str, torch.Tensor], state: Any) -> tuple[torch.Tensor, dict]:
-            mine, numbers = self.extra_loss(output, batch, state)
-            theirs, more = other(output, batch, state)
-            return mine + theirs, {**numbers, **more}
-
-        return combined
+    def loss_term(self) -> ExtraLoss:
+        return self.extra_loss
 
     # ------------------------------------------------------------------ step hook
     def after_step(self, trainer: PhaseTrainer) -> None:
@@ -309,7 +324,7 @@ class Codistillation:
             ])
         engine.train()
         if self.layout.group_size > 1:
-            dist.all_reduce(sums, group=self.reduce_group)
+            dist.all_reduce(sums, group=self.replica_group)
         own_nll, ensemble_nll, teacher_nll, disagreements, n = sums.tolist()
         n = max(n, 1.0)
         return {

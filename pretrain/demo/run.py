@@ -39,7 +39,7 @@ from pretrain.demo.summary import (
     summary_rows,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 LAUNCH_SH = REPO_ROOT / "launch.sh"
 GENSIM_WIKI_DUMP = "test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 # Small enough to download in seconds: 2M tokens of Wikipedia articles.
@@ -53,12 +53,15 @@ DEMO_VOCAB_SIZE = 8192
 DEMO_SEQ_LENS = (64, 128)
 DEMO_RANKS = 2
 # SQuAD at the demo's scale: short windows (the model saw seq <= 128), a slice of the train subset.
+# One process (--launcher none): batch 4 = micro-batch 4, lr 1e-3 (a tiny model learns fast; the flag
+# defaults, 3e-5 and 32, are BERT's GPU fine-tune).
 SQUAD_DEMO_FLAGS = (
-    "--ds-config", str(REPO_ROOT / "ds_configs" / "deepspeed" / "squad_cpu_tiny.json"),
+    "--ds-config", str(REPO_ROOT / "ds_configs" / "deepspeed" / "squad_adamw_zero1.json"),
+    "--lr", "1e-3", "--batch-size", "4",
     "--max-seq-length", "128", "--doc-stride", "64",
     "--max-steps", "150", "--max-train-examples", "600", "--log-every", "25",
 )  # fmt: skip
-# The demo's RUN.json: bert-mini, seq 64 then 128, ZeRO-2 + ExactLamb from ds_configs/deepspeed/tiny_cpu_zero2.json.
+# The demo's RUN.json: bert-mini, seq 64 then 128, ZeRO-2 + ExactLamb from ds_configs/deepspeed/lamb_zero2_cpu.json.
 # Step counts are sized for the 10-minute budget on 2 cores; pretrain_overrides() sets the folders.
 DEMO_RUN_CONFIG = REPO_ROOT / "launch" / "demo_run.json"
 

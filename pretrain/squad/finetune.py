@@ -3,8 +3,8 @@
 Order of work: every input is validated (data files, model folder, DeepSpeed JSON) before the
 process group, the model or the tokenizer is touched, so a typo fails in seconds, not after
 tokenising. Training is a plain loop over an engine from ``pretrain.engine.build_engine`` (AdamW
-or our ExactLamb, ZeRO, bf16/fp16 from the JSON; fp32 on CPU), with linear warmup and linear
-decay. Evaluation scores every dev window once across all ranks (``inference.gather_logits``);
+or our ExactLamb and ZeRO from the JSON; lr, batch and precision from the flags: auto = fp32 on CPU,
+bf16 or fp16 on GPU), with linear warmup and linear decay. Evaluation scores every dev window once across all ranks (``inference.gather_logits``);
 rank 0 post-processes, writes the files and scores them with ``metric``.
 
 Outputs in ``--out``: predictions.json, nbest_predictions.json, null_odds.json (v2 only),
@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from data_prep.atomic_io import atomic_write_json
 from pretrain.config import ConfigError
-from pretrain.ds_config import deep_merge, resolve_batch, resolve_precision
+from pretrain.ds_config import deep_merge, read_ds_json, refuse_owned_keys, resolve_batch, resolve_precision
 from pretrain.schedule import WarmupPolyDecay
 from pretrain.squad.data import SquadFormatError, SquadSet, load_hf_squad, load_squad
 from pretrain.squad.features import FeatureConfig, Features, build_features, pad_batch
@@ -39,19 +39,33 @@ from pretrain.squad.metric import evaluate_v1, evaluate_v2
 from pretrain.squad.model_dir import check_model_dir
 from pretrain.squad.postprocess import PostprocessConfig, postprocess
 
+# Where the settings a SQuAD DeepSpeed JSON must not set live: the finetune flags (pretrain/ds_config.py).
+SQUAD_OWNERS = {"batch_size": "--batch-size", "micro_batch_size": "--micro-batch-size",
+                "gradient_accumulation_steps": "--gradient-accumulation-steps", "lr": "--lr",
+                "precision": "--precision", "schedule": "--warmup-fraction"}
 
-def load_ds_config(config: FinetuneConfig, world_size: int, device_type: str, bf16_supported: bool) -> dict[str, Any]:
+
+def read_engine_json(config: FinetuneConfig) -> dict[str, Any]:
+    """--ds-config read and refused when it sets what a flag owns (no process group needed: checked early)."""
     where = f"--ds-config {config.ds_config}"
     try:
-        ds = json.loads(config.ds_config.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
-        raise SquadFormatError(f"{where}: unreadable: {err}") from None
-    if "scheduler" in ds:
-        raise SquadFormatError(f"{where}: remove the scheduler block; --warmup-fraction sets linear warmup/decay")
-    if config.lr is not None:
-        ds = deep_merge(ds, {"optimizer": {"params": {"lr": config.lr}}})
+        ds = read_ds_json(config.ds_config, where)
+        refuse_owned_keys(ds, where, SQUAD_OWNERS, home="the command line", fix="pass {}")
+    except ConfigError as err:
+        raise SquadFormatError(str(err)) from None
+    return ds
+
+
+def load_ds_config(config: FinetuneConfig, world_size: int, device_type: str, bf16_supported: bool) -> dict[str, Any]:
+    """The engine's dict: the JSON's mechanics + the flags' lr, batch for `world_size` ranks and precision."""
+    ds = read_engine_json(config)
     try:
-        ds = resolve_batch(ds, world_size, where)
+        ds = deep_merge(ds, {"optimizer": {"params": {"lr": config.lr}}})
+        accumulation = config.gradient_accumulation_steps
+        if accumulation is None and config.micro_batch_size is None:
+            accumulation = 1  # the whole global batch in one micro-batch per rank, as before
+        ds.update(resolve_batch(config.batch_size, config.micro_batch_size, accumulation, world_size,
+                                ("--batch-size", "--micro-batch-size", "--gradient-accumulation-steps")))
     except ConfigError as err:
         raise SquadFormatError(str(err)) from None
     return resolve_precision(ds, config.precision, device_type, bf16_supported)
@@ -160,6 +174,7 @@ def finetune(config: FinetuneConfig) -> dict[str, Any] | None:
         )
     if not config.ds_config.is_file():
         raise SquadFormatError(f"--ds-config {config.ds_config}: no such file")
+    read_engine_json(config)
     train_set, dev_set, version = _load_and_limit(config)
 
     # Heavy imports only now that the inputs are known to be good.

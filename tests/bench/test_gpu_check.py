@@ -18,7 +18,8 @@ from tests.support.launching import child_env
 from tests.support.pretrain_fixtures import REPO_ROOT
 
 SCRIPT = str(REPO_ROOT / "bench" / "gpu_check.sh")
-SHIPPED = REPO_ROOT / "ds_configs" / "deepspeed" / "bert_large_phase1_64k.json"
+SHIPPED = REPO_ROOT / "ds_configs" / "deepspeed" / "lamb_zero1.json"
+RECIPE = REPO_ROOT / "ds_configs" / "recipes" / "bert_large_64k.json"
 
 
 def smoke_env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -42,18 +43,32 @@ def table_rows(stdout: str, first_cell: str) -> list[str]:
     return [line for line in stdout.splitlines() if line.startswith(f"| {first_cell}")]
 
 
-def test_engine_config_is_the_shipped_file_with_only_the_sizes_shrunk() -> None:
+def test_engine_config_is_the_shipped_recipe_with_only_the_sizes_shrunk() -> None:
     from bench.gpu_check_rows import engine_config
 
     shipped = json.loads(SHIPPED.read_text())
-    config = engine_config(SHIPPED, 4, 1)
+    config = engine_config(RECIPE, "phase1", 4, 1)
     sizes = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size")
     assert [config.pop(key) for key in sizes] == [4, 1, 4]
-    for key in sizes:
-        shipped.pop(key, None)
-    assert config == shipped  # everything else exactly as shipped:
+    optimizer = config.pop("optimizer")
+    assert optimizer["params"].pop("lr") == 6e-3  # the recipe's phase-1 lr
+    assert optimizer == shipped.pop("optimizer") and config.pop("fp16") == {"enabled": False}
+    assert config == {**shipped, "bf16": {"enabled": True}}  # everything else exactly as shipped:
     assert config["bf16"] == {"enabled": True} and config["data_types"] == {"grad_accum_dtype": "fp32"}
     assert config["zero_optimization"]["stage"] == 1 and config["gradient_clipping"] == 1.0
+    assert engine_config(RECIPE, "phase2", 4, 1)["optimizer"]["params"]["lr"] == 4e-3
+
+
+def test_preflight_stops_on_a_recipe_the_driver_refuses(tmp_path: Path) -> None:
+    old = tmp_path / "old_layout.json"  # a DeepSpeed JSON of the previous layout: the batch in the file
+    old.write_text(json.dumps({**json.loads(SHIPPED.read_text()), "train_batch_size": 65536}))
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "gpu_check_preflight.py"), "--smoke",
+                           "--ds-config", str(old)], cwd=tmp_path, env=smoke_env(tmp_path, DS_ACCELERATOR="cpu"),
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("gpu_check: --recipe")]
+    assert f"phase1.ds_config ({old}): train_batch_size belongs to the run config: set phase1.batch_size=65536" in line
+    assert not (tmp_path / "gpu_check.jsonl").exists()
 
 
 def test_gpu_check_smoke_runs_the_production_wrapper_and_saves_every_row(tmp_path: Path) -> None:
@@ -74,7 +89,7 @@ def test_gpu_check_smoke_runs_the_production_wrapper_and_saves_every_row(tmp_pat
         assert row["status"] == "ok" and row["seq_per_s"] > 0 and row["tflops"] > 0
         # the shipped config's engine on CPU too: bf16 + ZeRO-1 + grad_accum_dtype fp32 -> BF16_Optimizer
         assert (row["precision"], row["wrapper"], row["lamb_step"]) == ("bf16", "BF16_Optimizer", "reference")
-        assert row["ds_config"] == str(SHIPPED)
+        assert row["ds_config"] == str(SHIPPED) and row["recipe"].startswith(f"{RECIPE}:phase")
         tokens_per_s = row["seq_per_s"] * row["seq_len"] / row["instances_per_row"]
         assert row["tokens_per_s"] == pytest.approx(tokens_per_s)
         assert "| bf16 | BF16_Optimizer / reference |" in out
@@ -96,17 +111,17 @@ def test_gpu_check_smoke_runs_the_production_wrapper_and_saves_every_row(tmp_pat
 
 def test_failing_rows_are_reported_and_every_other_row_is_still_measured(tmp_path: Path) -> None:
     # Two real failures in one run (CPU time is shared): micro-batch 0 at phase 2 is an impossible
-    # shape (DeepSpeed refuses the config for those rows), and torch.compile gets a C++ compiler that
+    # shape (the driver's config code refuses it for those rows), and torch.compile gets a C++ compiler that
     # does not exist, so the fused LAMB step cannot build.
     done, records = run_smoke(tmp_path, "--phase2", "64:0", "--fused-on-cpu",
                               "--inductor-cxx", "/nonexistent/c++")
     assert done.returncode == 1, done.stderr[-3000:]
     train = [r for r in records if r["kind"] == "train"]
     assert [r["status"] for r in train] == ["ok", "failed", "failed"]
-    assert "Train batch size" in train[1]["reason"]
+    assert "phase2.batch_size: must be a positive integer, got 0" in train[1]["reason"]
     (ok_row,) = table_rows(done.stdout, "tiny | 32 | 4 | 1 | bf16 |")
     assert ok_row.split("|")[7].strip() == f"{train[0]['step_ms']:.1f}"
-    assert len(table_rows(done.stdout, "tiny | 64 | 0 |")) == 2 and "| failed: AssertionError:" in done.stdout
+    assert len(table_rows(done.stdout, "tiny | 64 | 0 |")) == 2 and "| failed: ConfigError:" in done.stdout
     # the reference LAMB step is measured; the fused one is one row saying why it failed
     reference, fused = (r for r in records if r["kind"] == "lamb")
     assert reference["status"] == "ok" and reference["step_ms"] > 0

@@ -45,11 +45,12 @@ def write_config(work: Path, shards: Path, name: str, kind: str, codistill: bool
     config["model"]["overrides"] = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
     config["checkpoint"] = {"every_steps": EVERY, "keep_last": 3, "export_at_phase_end": False}
     config["logging"] = {"progress_bar": False, "val_every_steps": EVERY, "val_instances": 16, "peak_tflops": 1.0}
-    ds: dict[str, Any] = {"train_batch_size": 16, "gradient_accumulation_steps": None,
-                          "zero_optimization": {"stage": stage}}
+    # global batch 16 with the accumulation derived for each world size; the micro batch per launch (entry)
+    config["phase1"].update(batch_size=16, gradient_accumulation_steps=None)
+    ds: dict[str, Any] = {"zero_optimization": {"stage": stage}}
     if bf16:
         config["run"]["precision"] = "bf16"
-        ds.update(bf16={"enabled": True}, data_types={"grad_accum_dtype": "fp32"})
+        ds.update(data_types={"grad_accum_dtype": "fp32"})
     config["phase1"]["ds_overrides"] = ds
     if codistill:
         config["codistill"] = {"enabled": True, "groups": 2, "alpha": 1.0, "burn_in_steps": 1, "refresh_every": 1}
@@ -74,7 +75,7 @@ def clone(work: Path, source: str, name: str, tag_step: int) -> Path:
 
 
 def entry(work: Path, name: str, ranks: int, stop: int | None = None, **extra: Any) -> dict[str, Any]:
-    overrides = [f"--phase1.ds_overrides.train_micro_batch_size_per_gpu={MICRO[ranks]}"]
+    overrides = [f"--phase1.micro_batch_size={MICRO[ranks]}"]
     if stop:
         overrides.append(f"--run.stop_after_steps={stop}")
     return {"name": name, "config": str(work / f"{name}.json"), "overrides": overrides, **extra}

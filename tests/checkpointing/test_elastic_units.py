@@ -180,9 +180,10 @@ def ds(global_batch: int, micro: int, accumulation: int) -> dict[str, dict[str, 
 def test_resume_refuses_a_changed_global_batch_and_old_data_positions(tmp_path: Path) -> None:
     tag = saved_run(tmp_path / "a", world=2, global_batch=16)
     prepare_resume(tmp_path / "a", tag, ds(16, 8, 1), rank=0, world_size=2)  # same world, same batch: nothing to do
-    with pytest.raises(ConfigError, match=r"^phase1.ds_config: .* global batch of 16 sequences, this job's is 32 "
+    with pytest.raises(ConfigError, match=r"^phase1.batch_size: .* global batch of 16 sequences, this job's is 32 "
                                           r"\(micro batch 4 x accumulation 2 x 4 ranks\); set "
-                                          r"phase1.ds_overrides.train_batch_size=16"):
+                                          r"phase1.batch_size=16 with a phase1.micro_batch_size and no "
+                                          r"phase1.gradient_accumulation_steps"):
         prepare_resume(tmp_path / "a", tag, ds(32, 4, 2), rank=0, world_size=4)
     old = saved_run(tmp_path / "b", world=2, global_batch=16, data_order=None)
     with pytest.raises(ConfigError, match="counts its data position in micro-batches of one rank"):

@@ -78,7 +78,7 @@ def test_codistillation_owns_the_data_parts(tmp_path) -> None:  # noqa: ANN001
     from tests.support.pretrain_fixtures import tiny_run_config
 
     run_json = tiny_run_config(tmp_path / "run.json", tmp_path / "shards", tmp_path / "run")
-    assert load_config(run_json, ["--codistill.enabled=true"]).codistill.disjoint_data is True
+    assert load_config(run_json, ["--codistill.enabled=true"]).plugins["codistill"].disjoint_data is True
     with pytest.raises(ConfigError, match="data.num_parts: codistillation deals the data"):
         load_config(run_json, ["--codistill.enabled=true", "--data.num_parts=2"])
     shared = load_config(run_json, ["--codistill.enabled=true", "--codistill.disjoint_data=false", "--data.num_parts=2"])
@@ -174,7 +174,8 @@ def test_run_config_has_a_typed_codistill_section() -> None:
     from pretrain.config import ConfigError, from_dict
 
     config = from_dict({"codistill": {"enabled": True, "groups": 3, "alpha": 1, "targets": ["mlm", "nsp"]}})
-    assert config.codistill.groups == 3 and config.codistill.alpha == 1.0 and config.codistill.exchange == "collective"
+    section = config.plugins["codistill"]
+    assert section.groups == 3 and section.alpha == 1.0 and section.exchange == "collective"
     with pytest.raises(ConfigError, match=r"codistill\.alpah: unknown key"):
         from_dict({"codistill": {"alpah": 1.0}})
     with pytest.raises(ConfigError, match=r"codistill\.refresh_every: expected int"):

@@ -226,8 +226,8 @@ def test_missing_hostfile(tmp_path: Path) -> None:
 PDSH_CASES = [
     ("--phase1.steps=3", "--phase1.steps=3"),
     ('--run.phases=["phase1","phase2"]', "'--run.phases=[\"phase1\",\"phase2\"]'"),
-    ('--phase1.ds_overrides={"gradient_accumulation_steps": 1}',
-     '--phase1.ds_overrides={"gradient_accumulation_steps": 1}'),
+    ('--phase1.ds_overrides={"gradient_clipping": 0.5}',
+     '--phase1.ds_overrides={"gradient_clipping": 0.5}'),
     ("--run.dir=/a b/it's \"q\" $HOME `id` \\x", "--run.dir=/a b/it's \"q\" \\$HOME \\`id\\` \\\\x"),
     ("--logging.tag=it's", "'--logging.tag=it'\\''s'"),
     ("--run.dir=5%n", "--run.dir=5%%n"),

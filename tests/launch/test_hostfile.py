@@ -48,7 +48,7 @@ pytestmark = pytest.mark.cluster
 AWKWARD_NAME = "run dir/it's \"quoted\" $HOME 5%n {a,b}"
 QUOTED_OVERRIDES = [
     '--run.phases=["phase1","phase2"]',
-    '--phase1.ds_overrides={"gradient_accumulation_steps": 1}',
+    "--phase1.gradient_accumulation_steps=1",
     '--model.overrides={"hidden_dropout_prob": 0.0}',
 ]
 
@@ -146,9 +146,9 @@ def test_hostfile_overrides_reach_every_node_intact(hostfile_runs: HostfileRecor
     resolved = json.loads((hostfile_runs.run_dir / "config.resolved.json").read_text(encoding="utf-8"))
     assert resolved["run"]["dir"] == str(hostfile_runs.run_dir)
     assert resolved["run"]["phases"] == ["phase1", "phase2"]
-    assert resolved["phase1"]["ds_overrides"] == {"gradient_accumulation_steps": 1}
+    assert resolved["phase1"]["gradient_accumulation_steps"] == 1
     assert resolved["resolved"]["ds_configs"]["phase1"]["gradient_accumulation_steps"] == 1
-    assert resolved["resolved"]["ds_configs"]["phase2"]["gradient_accumulation_steps"] == 2  # the file's value
+    assert resolved["resolved"]["ds_configs"]["phase2"]["gradient_accumulation_steps"] == 2  # the RUN.json's value
     assert resolved["model"]["overrides"] == {"hidden_dropout_prob": 0.0}
     assert resolved["resolved"]["model_config"]["hidden_dropout_prob"] == 0.0
     # config.resolved.json is rank 0's view; the launcher's log shows what each node's rank got.

@@ -22,7 +22,7 @@ from tests.support.paths import REPO_ROOT
 
 ARGS = [
     '--run.phases=["phase1","phase2"]',
-    '--phase1.ds_overrides={"gradient_accumulation_steps": 1}',
+    '--phase1.ds_overrides={"gradient_clipping": 0.5}',
     '--model.overrides={"hidden_dropout_prob": 0.0}',
     "--run.dir=/runs/a b/it's \"q\" $HOME `id` \\x \\\" {a,b} ~ *",
     "--logging.tag=it's",

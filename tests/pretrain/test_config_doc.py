@@ -1,7 +1,7 @@
 """Every config key is documented where it is declared, and `--help` and docs/pretraining.md show it.
 
-The keys are found by walking the dataclasses of `RunConfig` here, not through pretrain/config_doc.py,
-so a key the generator skipped would fail too.
+The keys are found by walking the dataclasses of `RunConfig` and of every installed plug-in's section
+here, not through pretrain/config_doc.py, so a key the generator skipped would fail too.
 """
 
 from __future__ import annotations
@@ -14,18 +14,23 @@ import pytest
 
 from pretrain.config import ConfigError, RunConfig, check_values, from_dict
 from pretrain.config_doc import DOC, DOC_FILE, markdown_table, replace_table, setting
+from pretrain.plugin import installed_plugins, plugin_spec
 from pretrain.schedule import ScheduleError, WarmupPolyDecay
 
 
-def all_keys() -> list[tuple[str, str, object, str]]:
-    """(section, key, default, doc) of every field of every section, defaults from RunConfig()."""
+def sections() -> list[tuple[str, object]]:
+    """(name, default instance) of every core section (from RunConfig()) and every installed plug-in's."""
     root = RunConfig()
+    core = [(f.name, getattr(root, f.name)) for f in dataclasses.fields(RunConfig) if f.name != "plugins"]
+    return core + [(name, plugin_spec(name).section()) for name in installed_plugins()]
+
+
+def all_keys() -> list[tuple[str, str, object, str]]:
+    """(section, key, default, doc) of every field of every section."""
     keys = []
-    for section in dataclasses.fields(RunConfig):
-        value = getattr(root, section.name)
-        assert dataclasses.is_dataclass(value), f"{section.name}: a section must be a dataclass"
-        keys += [(section.name, f.name, getattr(value, f.name), f.metadata.get(DOC, ""))
-                 for f in dataclasses.fields(value)]
+    for name, value in sections():
+        assert dataclasses.is_dataclass(value), f"{name}: a section must be a dataclass"
+        keys += [(name, f.name, getattr(value, f.name), f.metadata.get(DOC, "")) for f in dataclasses.fields(value)]
     return keys
 
 
@@ -59,10 +64,15 @@ def test_every_key_is_in_help_with_its_default_and_doc(
 
 
 def test_every_section_has_a_docstring(help_text: str) -> None:
-    for section in dataclasses.fields(RunConfig):
-        doc = type(getattr(RunConfig(), section.name)).__dict__.get("__doc__") or ""
-        assert doc and not doc.startswith(type(getattr(RunConfig(), section.name)).__name__ + "(")
-        assert f"\n{section.name}: " in help_text
+    for name, value in sections():
+        doc = type(value).__dict__.get("__doc__") or ""
+        assert doc and not doc.startswith(type(value).__name__ + "(")
+        assert f"\n{name}: " in help_text
+
+
+def test_the_codistillation_plugin_is_installed_and_listed() -> None:
+    """pyproject.toml's entry point is registered (`pip install -e .`), so the key checks above cover its keys."""
+    assert "codistill" in installed_plugins()
 
 
 def test_help_still_takes_config_and_leaves_overrides() -> None:
@@ -99,8 +109,11 @@ def test_setting_copies_mutable_defaults() -> None:
 
 
 def test_no_untyped_extra_section() -> None:
-    with pytest.raises(ConfigError, match="extra: unknown section"):
+    with pytest.raises(ConfigError, match="extra: unknown section") as err:
         from_dict({"extra": {}})
+    assert "'codistill'" in str(err.value) and "'run'" in str(err.value)  # known: core + installed plug-ins
+    with pytest.raises(ConfigError, match="plugins: unknown section"):
+        from_dict({"plugins": {}})  # the field that holds plug-in sections is no RUN.json key
 
 
 def test_schedule_ranges_are_checked_once_and_named_in_config_terms() -> None:

@@ -61,6 +61,12 @@ def test_runs_complete_with_checkpoints_of_both_phases(runs: Path) -> None:
 
 
 @pytest.mark.multirank
+def test_plain_runs_load_no_codistillation_module(runs: Path) -> None:
+    """Codistillation is a plug-in (pretrain/plugin.py): runs without a `codistill` section never import it."""
+    assert json.loads((runs / "plugin_modules.json").read_text()) == {"first": [], "resume": []}
+
+
+@pytest.mark.multirank
 def test_interrupted_run_resumes_to_identical_losses(runs: Path) -> None:
     reference, resumed = step_records(runs / "r1"), step_records(runs / "r2")
     assert sorted(reference) == sorted(resumed) == [("phase1", s) for s in range(1, 7)] + [

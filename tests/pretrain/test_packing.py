@@ -220,7 +220,7 @@ def test_packed_training_run_logs_the_packing_factor(tmp_path: Path, shards: Pat
     run_json = tiny_run_config(tmp_path / "run.json", data, tmp_path / "run", phase1=3)
     env = child_env(DS_ACCELERATOR="cpu", PYTHONPATH=str(REPO_ROOT))
     overrides = ['--run.phases=["phase1"]', "--phase1.packing=true", "--phase1.seq_len=64",
-                 "--phase1.ds_overrides.train_micro_batch_size_per_gpu=6", "--logging.val_every_steps=0",
+                 "--phase1.micro_batch_size=6", "--logging.val_every_steps=0",
                  "--checkpoint.export_at_phase_end=false"]
     done = subprocess.run([sys.executable, "-m", "pretrain.train", "--config", str(run_json), *overrides],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)

@@ -1,6 +1,6 @@
 """Every shipped recipe, rehearsed on 2 CPU ranks through the DeepSpeed path a GPU run takes.
 
-`pretrain.rehearsal` shrinks each `ds_configs/recipes/*.json` (model, steps, batch, buckets) and keeps
+`pretrain.rehearsal` shrinks each `ds_configs/recipes/*.json` (model, steps, phase batch keys, buckets) and keeps
 everything that selects code: bf16 + ZeRO-1 + fp32 accumulation (DeepSpeed's BF16_Optimizer around
 our LAMB), clipping, LAMB parameters, packing, activation checkpointing, codistillation. A recipe
 added later is rehearsed here with no new test code. CPU-only recipes (`*cpu*`) run as shipped in
@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pretrain.rehearsal import gpu_precision, shrink_run_config, shrink_squad_ds_config
+from pretrain.rehearsal import gpu_precision, shrink_run_config, shrink_squad_ds_config, squad_toy_flags
 from tests.support.launching import REPO_ROOT, deepspeed_cpu_env, run_ranks
 from tests.support.paths import SCRIPTS
 from tests.support.pretrain_fixtures import build_shards, step_records
@@ -90,7 +90,7 @@ def test_recipe_runs_both_phases_resumes_and_exports_through_the_gpu_path(rehear
     paths = json.loads((work / "paths_a.json").read_text())
     for phase in run["run"]["phases"]:
         ds = json.loads(Path(run[phase]["ds_config"]).read_text())
-        precision = gpu_precision(shipped["run"].get("precision", "auto"), ds)
+        precision = gpu_precision(shipped["run"].get("precision", "auto"))
         assert run["run"]["precision"] == precision
         took = paths[phase]
         assert took["wrapper"] == expected_wrapper(ds, precision), took
@@ -144,10 +144,11 @@ def test_squad_configs_finetune_the_rehearsed_export(rehearsals: Rehearsals, tmp
     write_squad(work / "dev.json")
     for name in SQUAD_CONFIGS:
         shipped = json.loads((DEEPSPEED_CONFIGS / name).read_text())
-        precision = gpu_precision("auto", shipped)
+        precision = gpu_precision("auto")
         stem = f"squad_{Path(name).stem}"
-        (work / f"{stem}.json").write_text(json.dumps(shrink_squad_ds_config(shipped, 2)))
-        (work / f"{stem}.meta").write_text(json.dumps({"precision": precision, "shipped": name}))
+        (work / f"{stem}.json").write_text(json.dumps(shrink_squad_ds_config(shipped)))
+        (work / f"{stem}.meta").write_text(json.dumps({"precision": precision, "shipped": name,
+                                                       "flags": squad_toy_flags(2)}))
     run_ranks(SCRIPT, ["squad", str(work)], num_ranks=2, timeout=900)
     outcomes = json.loads((work / "outcomes.json").read_text())
     for meta_file in sorted(work.glob("squad_*.meta")):
@@ -156,6 +157,7 @@ def test_squad_configs_finetune_the_rehearsed_export(rehearsals: Rehearsals, tmp
         results = json.loads((work / meta_file.stem / "results.json").read_text())
         shipped = json.loads((DEEPSPEED_CONFIGS / meta["shipped"]).read_text())
         assert results["precision"] == meta["precision"] and results["train_steps"] == 3
+        assert results["train_batch_size"] == int(meta["flags"][1])  # the toy batch, given as a flag
         assert results["world_size"] == 2 and 0 <= results["scores"]["f1"] <= 100
         # DeepSpeed-native Adam types must be torch's (FusedAdam would compile with nvcc on every rank)
         expected = "ExactLamb" if shipped["optimizer"]["type"] == "ExactLamb" else "AdamW"

@@ -76,7 +76,7 @@ def test_refusals_name_the_value(batch: int, gpus: int, micro: int | None, messa
     "shipped", ["bert_large_64k.json", "bert_large_32k.json", "bert_base.json"]
 )
 def test_the_driver_accepts_the_written_config(shipped: str, tmp_path: Path) -> None:
-    source = REPO_ROOT / "ds_configs" / shipped
+    source = REPO_ROOT / "ds_configs" / "recipes" / shipped
     out = tmp_path / "elsewhere" / "mine.json"  # another folder: the DeepSpeed JSON paths must follow
     assert (
         scale.main(
@@ -116,7 +116,9 @@ def test_the_driver_accepts_the_written_config(shipped: str, tmp_path: Path) -> 
         assert (after.seq_len, after.decay_power) == (before.seq_len, before.decay_power)
         # the accumulation is derived for the ranks that run it (elastic resume): the same global batch
         # on 16 GPUs, and a count that does not divide it is the driver's config error
-        assert "gradient_accumulation_steps" not in written[name]["ds_overrides"]
+        assert "gradient_accumulation_steps" not in written[name] and "ds_overrides" not in written[name]
+        assert (written[name]["batch_size"], written[name]["micro_batch_size"]) == (
+            batch, ds["train_micro_batch_size_per_gpu"])
         half = phase_ds_config(config, name, 16, "cuda", bf16_supported=True)
         assert half["train_batch_size"] == batch
         assert half["gradient_accumulation_steps"] == 2 * ds["gradient_accumulation_steps"]
@@ -136,6 +138,7 @@ def test_one_phase_only_and_errors_from_the_command_line(
     assert "F1 90.584" in printed and "batch 16,384: lr 0.00354" in printed  # the paper's reference points
     written = json.loads(out.read_text(encoding="utf-8"))
     assert written["phase2"]["steps"] == 1563 and "ds_overrides" not in written["phase2"]
+    assert (written["phase2"]["batch_size"], written["phase2"]["lr"]) == (32768, 4e-3)  # phase 2 as shipped
     for argv, message in (
         ([str(LARGE_64K), "--out", str(out)], "give --phase1-batch and/or --phase2-batch"),
         (
@@ -171,27 +174,24 @@ def test_launch_sh_scale(tmp_path: Path) -> None:
     assert not (tmp_path / "bad.json").exists()
 
 
-def test_a_json_that_pins_the_accumulation(tmp_path: Path) -> None:
-    """A DeepSpeed JSON with all three batch keys: the written config unpins the accumulation (null) so the
-    driver derives it; a JSON without a global batch has nothing to scale from and is refused."""
-    ds = json.loads((REPO_ROOT / "ds_configs" / "deepspeed" / "tiny_cpu_zero2.json").read_text(encoding="utf-8"))
-    (tmp_path / "pinned.json").write_text(json.dumps({**ds, "train_batch_size": 16}), encoding="utf-8")
-    run = json.loads((REPO_ROOT / "ds_configs" / "recipes" / "tiny_cpu.json").read_text(encoding="utf-8"))
+def test_a_run_config_that_pins_the_accumulation(tmp_path: Path) -> None:
+    """A phase with all three batch keys: the written config unpins the accumulation (drops the key) so the
+    driver derives it; a phase without a global batch has nothing to scale from and is refused."""
+    recipes = REPO_ROOT / "ds_configs" / "recipes"
+    run = json.loads((recipes / "tiny_cpu.json").read_text(encoding="utf-8"))  # micro 4 x accumulation 2
     for name in ("phase1", "phase2"):
-        run[name]["ds_config"] = "pinned.json"
+        run[name].update(ds_config=str(recipes / run[name]["ds_config"]), batch_size=16)
     (tmp_path / "run.json").write_text(json.dumps(run), encoding="utf-8")
     out = tmp_path / "out" / "scaled.json"
     argv = [str(tmp_path / "run.json"), "--phase1-batch", "64", "--gpus", "2", "--out", str(out)]
     assert scale.main(argv) == 0
     written = json.loads(out.read_text(encoding="utf-8"))
-    assert written["phase1"]["ds_overrides"] == {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4,
-                                                 "gradient_accumulation_steps": None}
+    assert (written["phase1"]["batch_size"], written["phase1"]["micro_batch_size"]) == (64, 4)
+    assert "gradient_accumulation_steps" not in written["phase1"] and "ds_overrides" not in written["phase1"]
     assert written["phase1"]["lr"] == pytest.approx(5e-3 * 2) and written["phase1"]["steps"] == 10
     ds1 = phase_ds_config(load_config(out), "phase1", 2, "cpu")
     assert (ds1["train_batch_size"], ds1["gradient_accumulation_steps"]) == (64, 8)
     unscaled = tmp_path / "no_global.json"
-    (tmp_path / "run2.json").write_text(json.dumps({**run, "phase1": {**run["phase1"], "ds_config": str(
-        REPO_ROOT / "ds_configs" / "deepspeed" / "tiny_cpu_zero2.json")}}), encoding="utf-8")
-    with pytest.raises(ConfigError, match="no train_batch_size to scale from"):
-        scale.run(scale.parse_args([str(tmp_path / "run2.json"), "--phase1-batch", "64", "--out",
+    with pytest.raises(ConfigError, match="phase1.batch_size: not set, so no batch_size to scale from"):
+        scale.run(scale.parse_args([str(recipes / "tiny_cpu.json"), "--phase1-batch", "64", "--out",
                                     str(unscaled)]))

@@ -81,40 +81,42 @@ def test_main_reports_config_errors_before_any_process_group(run_json: Path, cap
     assert main(["--config", str(run_json.with_name("absent.json"))]) == 2
 
 
+BATCH_NAMES = ("x.batch_size", "x.micro_batch_size", "x.gradient_accumulation_steps")
+
+
 @pytest.mark.parametrize(
-    ("ds", "dp", "expected"),
-    [
-        ({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4}, 2, (64, 4, 8)),
-        ({"train_batch_size": 64, "gradient_accumulation_steps": 4}, 2, (64, 8, 4)),
-        ({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 3}, 2, (24, 4, 3)),
-        ({"train_batch_size": 24, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 3}, 2, (24, 4, 3)),
-        ({"train_batch_size": 65536, "train_micro_batch_size_per_gpu": 64}, 256, (65536, 64, 4)),
+    ("batch", "dp", "expected"),
+    [  # (batch_size, micro_batch_size, gradient_accumulation_steps); None: derived
+        ((64, 4, None), 2, (64, 4, 8)),
+        ((64, None, 4), 2, (64, 8, 4)),
+        ((None, 4, 3), 2, (24, 4, 3)),
+        ((24, 4, 3), 2, (24, 4, 3)),
+        ((65536, 64, None), 256, (65536, 64, 4)),
     ],
 )
-def test_batch_arithmetic_derives_the_missing_value(ds: dict, dp: int, expected: tuple) -> None:
-    out = resolve_batch(ds, dp, "x")
+def test_batch_arithmetic_derives_the_missing_value(batch: tuple, dp: int, expected: tuple) -> None:
+    out = resolve_batch(*batch, dp, BATCH_NAMES)
     assert (out["train_batch_size"], out["train_micro_batch_size_per_gpu"], out["gradient_accumulation_steps"]) == expected
 
 
 @pytest.mark.parametrize(
-    ("ds", "message"),
+    ("batch", "message"),
     [
-        ({"train_batch_size": 25, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 3},
-         "x.train_batch_size: 25 != train_micro_batch_size_per_gpu 4"),
-        ({"train_batch_size": 66, "train_micro_batch_size_per_gpu": 4}, "x.train_batch_size: 66 is not divisible"),
-        ({"train_batch_size": 64}, "set at least two of"),
-        ({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 0}, "x.train_micro_batch_size_per_gpu"),
+        ((25, 4, 3), "x.batch_size: 25 != x.micro_batch_size 4"),
+        ((66, 4, None), "x.batch_size: 66 is not divisible"),
+        ((64, None, None), "set at least two of"),
+        ((64, 0, None), "x.micro_batch_size"),
     ],
 )
-def test_batch_arithmetic_errors_name_the_key(ds: dict, message: str) -> None:
+def test_batch_arithmetic_errors_name_the_key(batch: tuple, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        resolve_batch(ds, 2, "x")
+        resolve_batch(*batch, 2, BATCH_NAMES)
 
 
 def test_precision_bf16_or_fp16_on_gpu_fp32_on_cpu() -> None:
-    ds = {"bf16": {"enabled": True}}
+    ds = {"bf16": {"immediate_grad_update": True}}  # the JSON's other bf16 keys stay; run.precision chooses
     assert resolve_precision(ds, "auto", "cpu", False)["bf16"]["enabled"] is False
-    assert resolve_precision(ds, "auto", "cuda", True)["bf16"]["enabled"] is True
+    assert resolve_precision(ds, "auto", "cuda", True)["bf16"] == {"immediate_grad_update": True, "enabled": True}
     fp16 = resolve_precision({}, "auto", "cuda", False)["fp16"]
     assert fp16["enabled"] is True and fp16["loss_scale"] == 0  # dynamic loss scaling
 
@@ -135,8 +137,8 @@ def test_plan_errors_name_the_key(tmp_path: Path, run_json: Path, shards: Path) 
         (["--phase2.shards=" + str(other)], "phase2.shards: "),
         (["--model.overrides.vocab_size=100"], "model.overrides.vocab_size"),
         (["--model.overrides.hidden_sise=3"], "model.overrides.hidden_sise: not a BertConfig field"),
-        (["--phase1.ds_overrides.train_batch_size=18"], "train_batch_size: 18 != train_micro_batch_size_per_gpu 4"),
-        (["--phase1.ds_overrides.optimizer.params.lr=null", "--phase1.lr=null"], "optimizer.params.lr: required"),
+        (["--phase1.batch_size=18"], "phase1.batch_size: 18 != phase1.micro_batch_size 4"),
+        (["--phase1.lr=null"], "phase1.lr: required"),
     ]
     for overrides, message in cases:
         with pytest.raises(ValueError) as err:
@@ -275,13 +277,13 @@ def test_shipped_run_configs_resolve_for_8_gpus(run_file: Path) -> None:
 
 def test_codistillation_recipe_is_two_32k_bert_large_groups_on_disjoint_halves() -> None:
     config = load_config(REPO_ROOT / "ds_configs" / "recipes" / "bert_large_codistill.json")
-    section = config.codistill
+    section = config.plugins["codistill"]
     assert section.enabled and section.groups == 2 and section.disjoint_data and section.group is None
     assert 0 < section.burn_in_steps < config.phase1.steps and section.exchange == "collective"
     # as separate jobs, one per allocation: the same file plus two overrides
     job = load_config(REPO_ROOT / "ds_configs" / "recipes" / "bert_large_codistill.json",
                       ["--codistill.group=1", "--codistill.exchange=\"filesystem\""])
-    assert (job.codistill.group, job.codistill.exchange) == (1, "filesystem")
+    assert (job.plugins["codistill"].group, job.plugins["codistill"].exchange) == (1, "filesystem")
 
 
 def test_recipe_numbers_of_bert_large_64k() -> None:

@@ -51,7 +51,7 @@ def snapshot(trainer: PhaseTrainer) -> dict[str, Any]:
         "params": params, "optimizer_steps": steps, "lrs": [g["lr"] for g in client.param_groups],
         "scheduler_last_epoch": scheduler.last_epoch, "global_steps": engine.global_steps,
         "global_samples": engine.global_samples, "trainer_state": trainer.state.state_dict(),
-        "world_size": trainer.dist.world_size, "wrapper": type(engine.optimizer).__name__,
+        "world_size": trainer.dist_info.world_size, "wrapper": type(engine.optimizer).__name__,
     }
 
 
@@ -61,7 +61,7 @@ class Snapshots:
 
     def _save(self, trainer: PhaseTrainer, label: str) -> None:
         taken = snapshot(trainer)
-        if trainer.dist.rank == 0:
+        if trainer.dist_info.rank == 0:
             torch.save(taken, Path(trainer.config.run.dir) / f"snapshot_{label}.pt")
 
     def phase_started(self, trainer: PhaseTrainer) -> None:

@@ -34,7 +34,7 @@ def probe(out: Path):
             "backend": dist.get_backend(),
             "timeout_s": backend.options._timeout.total_seconds(),
             "local_rank": os.environ["LOCAL_RANK"],
-            "device_local_rank": trainer.dist.local_rank,
+            "device_local_rank": trainer.dist_info.local_rank,
             "segment": str(segment),
             "segment_mapped": str(segment) in maps,
             "segment_listed": segment.exists(),

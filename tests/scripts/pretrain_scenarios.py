@@ -8,6 +8,9 @@
     resume WORKDIR   R2 again with the same command: resumes by itself; then once more in-process with
                      run.stop_after_steps to stop inside phase 2, and a final rerun to completion.
                      R4: phase 2 only, initialised from R1's phase-1 export.
+
+After "first" and "resume", rank 0 writes which `pretrain.codistill` modules the process loaded
+(plugin_modules.json): plain runs must load none (codistillation is a plug-in, pretrain/plugin.py).
 """
 
 from __future__ import annotations
@@ -83,6 +86,15 @@ def record(workdir: Path, name: str, value: object) -> None:
         path.write_text(json.dumps(data))
 
 
+def record_plugin_modules(workdir: Path, mode: str) -> None:
+    """The codistillation modules this process has loaded, after its plain runs: none expected."""
+    if dist.get_rank() == 0:
+        path = workdir / "plugin_modules.json"
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data[mode] = sorted(m for m in sys.modules if m.startswith("pretrain.codistill"))
+        path.write_text(json.dumps(data))
+
+
 def run(argv: list[str]) -> None:
     mode, workdir = argv[0], Path(argv[1])
     if mode == "first":
@@ -110,6 +122,7 @@ def run(argv: list[str]) -> None:
         record(workdir, "b_finished", main(["--config", str(workdir / "runB.json")]))
     else:
         raise SystemExit(f"unknown mode {mode!r}")
+    record_plugin_modules(workdir, mode)
 
 
 if __name__ == "__main__":

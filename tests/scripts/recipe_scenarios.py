@@ -7,7 +7,8 @@
                      Every step records the engine's optimizer wrapper, client optimizer and precision;
                      the last step of every phase saves the live fp32 master weights (what an export of
                      that phase must equal).
-    squad WORK       fine-tunes WORK/export with every WORK/squad_*.json (shrunk shipped SQuAD JSONs).
+    squad WORK       fine-tunes WORK/export with every WORK/squad_*.json (shrunk shipped SQuAD JSONs), with the
+                     precision and toy batch flags of its WORK/squad_*.meta.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def save_masters(trainer: PhaseTrainer) -> None:
         return
     masters = {name: safe_get_full_fp32_param(param).detach().cpu().clone()
                for name, param in trainer.engine.module.named_parameters()}
-    if trainer.dist.rank == 0:
+    if trainer.dist_info.rank == 0:
         torch.save(masters, Path(trainer.config.run.dir) / f"masters_{trainer.state.phase}.pt")
 
 
@@ -85,6 +86,7 @@ def squad(work: Path) -> None:
         meta = json.loads(ds.with_suffix(".meta").read_text())
         code = squad_main(["finetune", "--model", str(work / "export"), "--train", str(work / "train.json"),
                            "--dev", str(work / "dev.json"), "--ds-config", str(ds), "--precision", meta["precision"],
+                           *meta["flags"],
                            "--out", str(work / ds.stem), "--max-steps", "3", "--log-every", "1", *SHORT_WINDOWS])
         record(work, ds.stem, code)
 

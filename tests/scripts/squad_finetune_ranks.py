@@ -2,8 +2,9 @@
 
 Usage: deepspeed --num_gpus 2 squad_finetune_ranks.py WORK_DIR
 WORK_DIR holds export/ (a tiny BertForPreTraining, our export's layout), qa/ (a tiny
-BertForQuestionAnswering), train.json, dev.json and ds.json. Both runs share one launch to save
-the launcher's start-up time.
+BertForQuestionAnswering), train.json, dev.json and ds.json (engine mechanics; lr 1e-3 and micro-batch 4
+x 1 accumulation x 2 ranks = batch 8 are flags). Both runs share one launch to save the launcher's
+start-up time.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from tests.support.squad_fixtures import SHORT_WINDOWS
 
 
 def run(work: Path) -> None:
-    common = ["--dev", str(work / "dev.json"), "--ds-config", str(work / "ds.json"), *SHORT_WINDOWS]
+    common = ["--dev", str(work / "dev.json"), "--ds-config", str(work / "ds.json"), "--lr", "1e-3",
+              "--batch-size", "8", "--micro-batch-size", "4", *SHORT_WINDOWS]
     # 1. Fine-tune our export's layout for a few steps on both ranks, then score.
     code = main(["finetune", "--model", str(work / "export"), "--train", str(work / "train.json"),
                  "--out", str(work / "out_train"), "--max-steps", "6", "--log-every", "2", *common])

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,10 +16,8 @@ from tests.support.launching import REPO_ROOT, deepspeed_cpu_env, run_ranks
 from tests.support.paths import SCRIPTS
 from tests.support.squad_fixtures import SHORT_WINDOWS
 
-TINY_DS = {
-    "train_micro_batch_size_per_gpu": 4,
-    "gradient_accumulation_steps": 1,
-    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}},
+TINY_DS = {  # engine mechanics only: lr and batch are flags (tests/scripts/squad_finetune_ranks.py)
+    "optimizer": {"type": "AdamW", "params": {"weight_decay": 0.01}},
     "gradient_clipping": 1.0,
     "zero_optimization": {"stage": 1},
     "steps_per_print": 1000000,
@@ -99,7 +98,7 @@ def test_single_process_finetune_with_exact_lamb(work: Path) -> None:
     out = work / "out_lamb"
     proc = _cli("finetune", "--model", str(work / "qa"), "--train", str(work / "train.json"),
                 "--dev", str(work / "dev.json"), "--out", str(out), "--ds-config",
-                str(REPO_ROOT / "ds_configs" / "deepspeed" / "squad_lamb.json"), "--max-steps", "3", "--log-every", "1",
+                str(REPO_ROOT / "ds_configs" / "deepspeed" / "squad_lamb_zero1.json"), "--max-steps", "3", "--log-every", "1",
                 "--lr", "1e-3", "--save-model", *SHORT_WINDOWS)
     results = json.loads((out / "results.json").read_text())
     assert results["world_size"] == 1 and results["precision"] == "fp32"  # auto: fp32 on CPU
@@ -121,3 +120,63 @@ def test_micro_batches_give_each_window_once_per_epoch(world_size: int) -> None:
         order += [index for batch in rounds for index in batch]
     for epoch in range(len(order) // 10):
         assert sorted(order[epoch * 10 : (epoch + 1) * 10]) == list(range(10))
+
+
+def _config(ds_config: Path, *flags: str) -> Any:
+    import argparse
+
+    from pretrain.squad.finetune_args import add_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return config_from_args(parser.parse_args(["--model", "m", "--out", "o", "--dev", "d.json",
+                                               "--ds-config", str(ds_config), *flags]))
+
+
+@pytest.mark.parametrize(
+    ("owned", "message"),
+    [
+        ({"train_batch_size": 32}, "train_batch_size belongs to the command line: pass --batch-size=32"),
+        ({"train_micro_batch_size_per_gpu": 4}, "train_micro_batch_size_per_gpu belongs to the command line: "
+                                                "pass --micro-batch-size=4"),
+        ({"gradient_accumulation_steps": 1}, "gradient_accumulation_steps belongs to the command line: "
+                                             "pass --gradient-accumulation-steps=1"),
+        ({"optimizer": {"params": {"lr": 3e-5}}}, "optimizer.params.lr belongs to the command line: pass --lr=3e-05"),
+        ({"bf16": {"enabled": True}}, "bf16.enabled belongs to the command line: pass --precision=bf16"),
+        ({"fp16": {"enabled": True}}, "fp16.enabled belongs to the command line: pass --precision=fp16"),
+        ({"scheduler": {"type": "WarmupLR"}}, "scheduler belongs to the command line: pass --warmup-fraction"),
+    ],
+)
+def test_a_squad_json_that_sets_what_a_flag_owns_is_refused_naming_the_flag(tmp_path: Path, owned: dict,
+                                                                           message: str) -> None:
+    from pretrain.ds_config import deep_merge
+    from pretrain.squad.data import SquadFormatError
+    from pretrain.squad.finetune import load_ds_config
+
+    shipped = json.loads((REPO_ROOT / "ds_configs" / "deepspeed" / "squad_adamw_zero1.json").read_text())
+    bad = tmp_path / "old.json"
+    bad.write_text(json.dumps(deep_merge(shipped, owned)))
+    with pytest.raises(SquadFormatError) as err:
+        load_ds_config(_config(bad), 1, "cpu", False)
+    assert str(err.value) == f"--ds-config {bad}: {message} and remove it here"
+
+
+def test_squad_batch_lr_and_precision_come_from_the_flags() -> None:
+    from pretrain.squad.data import SquadFormatError
+    from pretrain.squad.finetune import load_ds_config
+
+    shipped = REPO_ROOT / "ds_configs" / "deepspeed" / "squad_adamw_zero1.json"
+    default = load_ds_config(_config(shipped), 2, "cuda", True)  # the previous squad.json's values
+    assert (default["train_batch_size"], default["train_micro_batch_size_per_gpu"],
+            default["gradient_accumulation_steps"]) == (32, 16, 1)
+    assert default["optimizer"]["params"]["lr"] == 3e-5 and default["bf16"]["enabled"]
+    small = load_ds_config(_config(shipped, "--micro-batch-size", "4", "--lr", "1e-3"), 2, "cpu", False)
+    assert (small["train_batch_size"], small["gradient_accumulation_steps"]) == (32, 4)  # accumulation derived
+    assert small["optimizer"]["params"]["lr"] == 1e-3 and not (small["bf16"]["enabled"] or small["fp16"]["enabled"])
+    fp16 = load_ds_config(_config(shipped, "--gradient-accumulation-steps", "2"), 4, "cuda", False)
+    assert (fp16["train_micro_batch_size_per_gpu"], fp16["fp16"]["enabled"]) == (4, True)  # 32 / (2 x 4), no bf16
+    with pytest.raises(SquadFormatError, match=r"^--batch-size: 30 is not divisible by --micro-batch-size 4 x "
+                                               r"data-parallel size 2$"):
+        load_ds_config(_config(shipped, "--batch-size", "30", "--micro-batch-size", "4"), 2, "cpu", False)
+    with pytest.raises(SquadFormatError, match="--batch-size must be > 0, got 0"):
+        _config(shipped, "--batch-size", "0")

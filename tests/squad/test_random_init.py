@@ -15,7 +15,7 @@ from tests.support import squad_fixtures
 from tests.support.launching import REPO_ROOT, deepspeed_cpu_env
 from tests.support.squad_fixtures import SHORT_WINDOWS
 
-TINY_CPU = str(REPO_ROOT / "ds_configs" / "deepspeed" / "squad_cpu_tiny.json")
+TINY_CPU = str(REPO_ROOT / "ds_configs" / "deepspeed" / "squad_adamw_zero1.json")
 
 
 def finetune(work: Path, out: str, *extra: str) -> dict[str, torch.Tensor]:
@@ -23,7 +23,7 @@ def finetune(work: Path, out: str, *extra: str) -> dict[str, torch.Tensor]:
     proc = subprocess.run(
         [sys.executable, "-m", "pretrain.squad", "finetune", "--model", str(work / "qa"), "--train",
          str(work / "train.json"), "--dev", str(work / "dev.json"), "--out", str(work / out), "--ds-config",
-         TINY_CPU, "--max-steps", "1", "--lr", "1e-9", "--save-model", *SHORT_WINDOWS, *extra],
+         TINY_CPU, "--batch-size", "4", "--max-steps", "1", "--lr", "1e-9", "--save-model", *SHORT_WINDOWS, *extra],
         cwd=REPO_ROOT, env=deepspeed_cpu_env(), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

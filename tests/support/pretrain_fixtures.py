@@ -66,16 +66,17 @@ def build_shards(out: Path, seq_lens: tuple[int, ...] = (32, 64), train: int = 9
 
 
 def tiny_run_config(path: Path, shards: Path, run_dir: Path, **phase_steps: int) -> Path:
-    """A RUN.json for a 2-phase tiny run on CPU (seq 32 then 64) with ZeRO-2 + ExactLamb."""
-    ds = str(REPO_ROOT / "ds_configs" / "deepspeed" / "tiny_cpu_zero2.json")
+    """A RUN.json for a 2-phase tiny run on CPU (seq 32 then 64) with ZeRO-2 + ExactLamb, micro-batch 4 x 2
+    accumulation per rank (the global batch follows the number of ranks)."""
+    ds = str(REPO_ROOT / "ds_configs" / "deepspeed" / "lamb_zero2_cpu.json")
     config = {
         "run": {"dir": str(run_dir), "seed": 7},
         "model": {"preset": "tiny"},
         "data": {"shards": str(shards), "num_workers": 0},
         "phase1": {"seq_len": 32, "ds_config": ds, "steps": phase_steps.get("phase1", 6), "warmup_fraction": 0.3,
-                   "lr": 5e-3},
+                   "lr": 5e-3, "micro_batch_size": 4, "gradient_accumulation_steps": 2},
         "phase2": {"seq_len": 64, "ds_config": ds, "steps": phase_steps.get("phase2", 4), "warmup_fraction": 0.25,
-                   "lr": 3e-3},
+                   "lr": 3e-3, "micro_batch_size": 4, "gradient_accumulation_steps": 2},
         "checkpoint": {"every_steps": 2, "keep_last": 2},
         "logging": {"progress_bar": False, "val_every_steps": 3, "val_batches": 2, "peak_tflops": 1.0},
     }

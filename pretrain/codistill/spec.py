@@ -1,0 +1,42 @@
+"""How codistillation registers with the core: the `codistill` section, its checks and its factory.
+
+The entry point `bert_ds.plugins: codistill` (pyproject.toml) names `SPEC`. The config loader imports
+this module only when a RUN.json has a `codistill` section; it stays light (no torch) so reading such
+a config is as fast as a plain one, and the heavy plug-in (process groups, teachers) is imported only
+when a run switches it on.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pretrain.codistill.config import CodistillConfigError, CodistillSection, check_codistill
+from pretrain.plugin import PluginSpec, TrainingPlugin
+
+if TYPE_CHECKING:
+    from pretrain.config_sections import RunConfig
+    from pretrain.engine import DistInfo
+
+NAME = "codistill"
+
+
+def check(section: CodistillSection, config: RunConfig) -> None:
+    """The section's ranges and choices, and that codistillation alone deals the data into parts."""
+    check_codistill(section)
+    if section.enabled and section.disjoint_data and config.data.num_parts != 1:
+        raise CodistillConfigError(
+            f"data.num_parts: codistillation deals the data into one part per group (codistill.disjoint_data); "
+            f"leave data.part/num_parts unset, got num_parts={config.data.num_parts}"
+        )
+
+
+def build(config: RunConfig, dist_info: DistInfo) -> TrainingPlugin | None:
+    """Collective when enabled (it creates the groups' process groups); None when `enabled` is false."""
+    if not config.plugins[NAME].enabled:
+        return None
+    from pretrain.codistill.plugin import Codistillation
+
+    return Codistillation(config, dist_info)
+
+
+SPEC = PluginSpec(name=NAME, section=CodistillSection, check=check, build=build)
