@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -230,17 +229,20 @@ def test_a_background_step_runs_beside_the_next_and_is_collected(tmp_path: Path)
     for, then collected with its output and time; a failure stops the demo naming the log."""
     from pretrain.demo.steps import Step, finish_background, run_step
 
-    marker = tmp_path / "foreground-ran"
-    sleeper = "import time; time.sleep(1.5); print('baseline done')"
-    slow = Step("slow", lambda: [sys.executable, "-c", sleeper], background=True)
-    started = time.monotonic()
+    marker, release = tmp_path / "foreground-ran", tmp_path / "release"
+    # The background step waits for an event only the test makes after run_step has returned: were
+    # run_step to wait for it, the step would give up (after 120 s) and print so instead.
+    waiter = (f"import os, time\nfor _ in range(1200):\n    if os.path.exists({str(release)!r}): break\n"
+              f"    time.sleep(0.1)\nprint('released' if os.path.exists({str(release)!r}) else 'gave up')")
+    slow = Step("slow", lambda: [sys.executable, "-c", waiter], background=True)
     run_step(slow, tmp_path / "logs", dry_run=False)
-    assert time.monotonic() - started < 1.0 and slow.process is not None, "it must not block"
+    assert slow.process is not None and slow.process.poll() is None, "it must not block"
     touch = f"open({str(marker)!r}, 'w').close()"
     run_step(Step("fast", lambda: [sys.executable, "-c", touch]), tmp_path / "logs", dry_run=False)
     assert marker.exists() and slow.process.poll() is None, "the next step ran while the background one did"
+    release.touch()
     finish_background(slow, tmp_path / "logs")
-    assert slow.output == ["baseline done"] and slow.seconds >= 1.5 and slow.process is None
+    assert slow.output == ["released"] and slow.seconds > 0 and slow.process is None
     failing = Step("bad one", lambda: [sys.executable, "-c", "raise SystemExit(4)"], background=True)
     run_step(failing, tmp_path / "logs", dry_run=False)
     with pytest.raises(SystemExit, match=r"step 'bad one' failed \(exit 4\); its log: .*bad_one.log"):

