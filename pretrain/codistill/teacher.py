@@ -11,7 +11,7 @@ gathered by `pretrain.engine.full_parameters` (a collective inside the data-para
 Exchange:
 * collective - every rank all-gathers the flat weights over its exchange group (same position in
   every group), so each rank receives the other groups' current weights directly.
-* filesystem - each group publishes its weights to files and reads the others' (codistill_exchange.py).
+* filesystem - each group publishes its weights to files and reads the others' (exchange.py).
 """
 
 from __future__ import annotations

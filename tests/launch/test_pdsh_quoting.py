@@ -6,7 +6,7 @@ sends such values through real pdsh + ssh (where the machine allows it); this fi
 machine, the printed command: the multi-node path quotes, the one-node path (DeepSpeed runs it
 locally, no shell) does not, and DeepSpeed 0.19.8's own pdsh argument handling followed by one bash
 parse gives back exactly the arguments the user typed. (pdsh's own %-expansion is left to
-test_cluster.py: it needs pdsh itself.)
+test_hostfile.py: it needs pdsh itself.)
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Real cluster launches on this one machine: a SLURM cluster, toy scale on CPU.
 
-test_launch.py checks the commands launch.sh prints; here they run, through real daemons brought up
+test_launch_sh.py checks the commands launch.sh prints; here they run, through real daemons brought up
 by tests/support/cluster/local_cluster.py (munge + slurmctld + slurmd; sshd on 127.0.0.1 with throwaway
 keys), and the tests skip with the reason where this machine cannot host them. docs/launching.md
 shows the same commands for rehearsing a real cluster's launch.
@@ -11,7 +11,7 @@ shows the same commands for rehearsing a real cluster's launch.
   limit, checkpoints, the job requeues itself once and completes both phases; every rank is pinned
   to the CPUs the allocation granted.
 * Codistillation as two separate SLURM jobs that meet only in one exchange folder.
-* The hostfile launches (pdsh + ssh "nodes") are in test_cluster_hostfile.py.
+* The hostfile launches (pdsh + ssh "nodes") are in test_hostfile.py.
 
 A few launches cover everything: module-scoped fixtures run them and record what happened; the tests
 only read the records.

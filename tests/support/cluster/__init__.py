@@ -1,1 +1,1 @@
-"""A one-machine SLURM and loopback ssh "nodes" for tests/test_cluster*.py (see local_cluster.py)."""
+"""A one-machine SLURM and loopback ssh "nodes" for tests/launch/test_slurm.py and test_hostfile.py (see local_cluster.py)."""
