@@ -96,7 +96,10 @@ def from_dict(data: dict[str, Any]) -> RunConfig:
             merged = {**dataclasses.asdict(section_type()), **value} if isinstance(value, dict) else value
             plugins[key] = _build_section(section_type, key, merged)
         else:
-            raise ConfigError(f"{key}: unknown section (known: {sorted([*hints, *installed_plugins()])})")
+            raise ConfigError(
+                f"{key}: unknown section (known: {sorted([*hints, *installed_plugins()])}; a plug-in's section "
+                "is known once its entry point is installed: rerun `pip install -e .` after updating a checkout)"
+            )
     return RunConfig(**sections, plugins=plugins)
 
 
