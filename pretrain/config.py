@@ -87,19 +87,17 @@ def from_dict(data: dict[str, Any]) -> RunConfig:
     sections: dict[str, Any] = {}
     plugins: dict[str, Any] = {}
     for key, value in data.items():
-        if key in hints:
-            default = getattr(RunConfig(), key)
-            merged = {**dataclasses.asdict(default), **value} if isinstance(value, dict) else value
-            sections[key] = _build_section(hints[key], key, merged)
-        elif key in installed_plugins():
-            section_type = plugin_spec(key).section
-            merged = {**dataclasses.asdict(section_type()), **value} if isinstance(value, dict) else value
-            plugins[key] = _build_section(section_type, key, merged)
+        if key in hints:  # a core section over its default (phase2's differs from phase1's)
+            default, target = getattr(RunConfig(), key), sections
+        elif key in installed_plugins():  # read only for a non-core key: a plain config scans nothing
+            default, target = plugin_spec(key).section(), plugins
         else:
             raise ConfigError(
                 f"{key}: unknown section (known: {sorted([*hints, *installed_plugins()])}; a plug-in's section "
                 "is known once its entry point is installed: rerun `pip install -e .` after updating a checkout)"
             )
+        merged = {**dataclasses.asdict(default), **value} if isinstance(value, dict) else value
+        target[key] = _build_section(type(default), key, merged)
     return RunConfig(**sections, plugins=plugins)
 
 

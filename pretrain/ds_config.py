@@ -136,15 +136,26 @@ def resolve_batch(
     return dict(zip(BATCH_KEYS, (batch, micro, accumulation), strict=True))
 
 
+def effective_precision(precision: str, device_type: str, bf16_supported: bool) -> str:
+    """run.precision (or --precision) on this device: auto = fp32 on CPU, bf16 where the GPU has it, else fp16."""
+    if precision != "auto":
+        return precision
+    return "fp32" if device_type == "cpu" else "bf16" if bf16_supported else "fp16"
+
+
+def precision_of(ds: Mapping[str, Any]) -> str:
+    """The precision a resolved DeepSpeed dict (resolve_precision's output) runs at: bf16, fp16 or fp32."""
+    return "bf16" if ds["bf16"]["enabled"] else "fp16" if ds["fp16"]["enabled"] else "fp32"
+
+
 def resolve_precision(ds: dict[str, Any], precision: str, device_type: str, bf16_supported: bool) -> dict[str, Any]:
-    """`ds` with bf16/fp16 switched for `precision`; auto: fp32 on CPU, bf16 where the GPU has it, else fp16.
+    """`ds` with bf16/fp16 switched for `precision` on this device (effective_precision).
 
     The JSON's bf16/fp16 blocks keep their other keys (fp16 loss-scale knobs are engine mechanics);
     fp16 gets dynamic loss scaling unless the JSON sets a scale.
     """
     ds = dict(ds)
-    if precision == "auto":
-        precision = "fp32" if device_type == "cpu" else "bf16" if bf16_supported else "fp16"
+    precision = effective_precision(precision, device_type, bf16_supported)
     ds["bf16"] = {**ds.get("bf16", {}), "enabled": precision == "bf16"}
     fp16 = {**ds.get("fp16", {}), "enabled": precision == "fp16"}
     if precision == "fp16":

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain.config import PHASE_NAMES
-from pretrain.ds_config import deep_merge
+from pretrain.ds_config import deep_merge, effective_precision
 
 TOY_PRESET = "tiny"
 TOY_MICRO_BATCH = 2
@@ -46,8 +46,8 @@ _BUCKET_KEYS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_
 
 
 def gpu_precision(run_precision: str) -> str:
-    """The precision `pretrain.ds_config.resolve_precision` picks on a GPU with bf16 (the recipes' target)."""
-    return "bf16" if run_precision == "auto" else run_precision
+    """The precision the driver picks on a GPU with bf16 (the recipes' target)."""
+    return effective_precision(run_precision, "cuda", bf16_supported=True)
 
 
 def shrink_ds_config(ds: dict[str, Any]) -> dict[str, Any]:

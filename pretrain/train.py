@@ -44,7 +44,7 @@ from pretrain.checkpointing.manifest import resolve_resume_tag
 from pretrain.config import ConfigError, RunConfig, load_config
 from pretrain.config_doc import format_help
 from pretrain.data import DataConfigError, PhaseData, RankBatches, open_phase_data
-from pretrain.ds_config import phase_ds_config
+from pretrain.ds_config import phase_ds_config, precision_of
 from pretrain.engine import DistInfo, build_engine, check_ds_config, client_optimizer, init_distributed
 from pretrain.export import EXPORT_INFO, load_weights
 from pretrain.metrics import MetricsWriter, Throughput, flops_per_sequence, peak_tflops
@@ -101,9 +101,8 @@ def plan_run(config: RunConfig, dist_info: DistInfo, verify_checksums: bool) -> 
         try:
             check_ds_config(ds)
         except ValueError as err:
-            precision = "bf16" if ds["bf16"]["enabled"] else "fp16" if ds["fp16"]["enabled"] else "fp32"
             raise ConfigError(f"{name}.ds_config ({config.phase(name).ds_config}, run.precision={config.run.precision} "
-                              f"-> {precision}): {err}") from err
+                              f"-> {precision_of(ds)}): {err}") from err
     resolved = {
         **config.to_dict(),
         "resolved": {
@@ -195,7 +194,7 @@ def run_phase(
         val_batches = RankBatches(data, "val", config.run.seed, dist_info.rank, dist_info.world_size, micro, shuffle=False)
     except (ShardFormatError, DataConfigError):
         val_batches = None  # no held-out shards at this length: no validation numbers
-    precision = "bf16" if ds["bf16"]["enabled"] else "fp16" if ds["fp16"]["enabled"] else "fp32"
+    precision = precision_of(ds)
     flops = flops_per_sequence(
         counts["encoder"], counts["mlm_head"], model_config.num_hidden_layers, model_config.hidden_size,
         phase.seq_len, data.max_predictions,

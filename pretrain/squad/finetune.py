@@ -29,7 +29,14 @@ import torch.distributed as dist
 
 from data_prep.atomic_io import atomic_write_json
 from pretrain.config import ConfigError
-from pretrain.ds_config import deep_merge, read_ds_json, refuse_owned_keys, resolve_batch, resolve_precision
+from pretrain.ds_config import (
+    deep_merge,
+    precision_of,
+    read_ds_json,
+    refuse_owned_keys,
+    resolve_batch,
+    resolve_precision,
+)
 from pretrain.schedule import WarmupPolyDecay
 from pretrain.squad.data import SquadFormatError, SquadSet, load_hf_squad, load_squad
 from pretrain.squad.features import FeatureConfig, Features, build_features, pad_batch
@@ -201,7 +208,7 @@ def finetune(config: FinetuneConfig) -> dict[str, Any] | None:
 
     writer = _summary_writer(config.out / "tensorboard") if dist_info.rank == 0 else None
     results: dict[str, Any] = {"model": str(config.model), "world_size": dist_info.world_size,
-                               "precision": _precision_name(ds),
+                               "precision": precision_of(ds),
                                "init": "random" if config.random_init else "model"}
     if train_set is not None:
         train_features = build_features(train_set.examples, tokenizer, feature_config, with_labels=True)
@@ -247,10 +254,6 @@ def finetune(config: FinetuneConfig) -> dict[str, Any] | None:
     writer.close()
     print(json.dumps(scores), flush=True)
     return results
-
-
-def _precision_name(ds: dict[str, Any]) -> str:
-    return "bf16" if ds["bf16"]["enabled"] else "fp16" if ds["fp16"]["enabled"] else "fp32"
 
 
 def _summary_writer(path: Path) -> Any:
