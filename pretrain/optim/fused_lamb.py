@@ -18,7 +18,9 @@ Differences from the reference, all documented tolerances of tests/optim/test_fu
   it zero), their weights are never changed (factor 0). The reference never touches gaps at all.
 
 Scalars that change every step (bias corrections, lr) enter as 0-d tensors and sizes are symbolic,
-so the kernels compile once per process, not once per step or per partition.
+so the kernels compile once per process, not once per step or per partition. Nothing crosses from
+the host to the device per step: the 0-d scalars are the same cached tensors refilled with `fill_`,
+the layout's index tensors are cached per partition (pretrain/optim/zero_layout.py).
 
 Precision: the math runs in fp32 (the flat's dtype if wider) whatever the flat's dtype, with fp32
 scalars, and only the stored results (moments, weights) are rounded to the flat's dtype. A scalar
@@ -80,10 +82,26 @@ class FusedKernels:
         self.compiled, self.strict = compiled, strict
         self.direction: Kernel = _moments_and_direction
         self.apply: Kernel = _apply
+        self._scalars: dict[tuple[torch.device, torch.dtype, int], list[torch.Tensor]] = {}
         if compiled:
             # dynamic: one graph serves every partition size (groups, models), no recompiles per shape
             self.direction = torch.compile(_moments_and_direction, dynamic=True, fullgraph=True)
             self.apply = torch.compile(_apply, dynamic=True)
+
+    def scalars(self, device: torch.device, dtype: torch.dtype, values: tuple[float, ...]) -> list[torch.Tensor]:
+        """`values` as 0-d tensors on `device`, the same tensors every step, refilled in place.
+
+        `torch.tensor(x, device=cuda)` is a blocking host->device copy plus a stream sync; `fill_` with a
+        Python scalar is one kernel launch that carries the value, queued behind the previous step's use.
+        """
+        key = (device, dtype, len(values))
+        cached = self._scalars.get(key)
+        if cached is None:
+            cached = [torch.zeros((), dtype=dtype, device=device) for _ in values]
+            self._scalars[key] = cached
+        for tensor, value in zip(cached, values, strict=True):
+            tensor.fill_(value)
+        return cached
 
     def call(self, name: str, *args: Any) -> Any:
         try:
@@ -119,11 +137,8 @@ def fused_flat_step(
     device = flat.device
     compute = torch.promote_types(flat.dtype, torch.float32)  # see "Precision" in the module docstring
 
-    def scalar(x: float) -> torch.Tensor:
-        return torch.tensor(x, dtype=compute, device=device)
-
-    d = kernels.call("direction", flat, flat.grad, state["exp_avg"], state["exp_avg_sq"], scalar(1.0 - beta1),
-                     scalar(beta2), scalar(1.0 - beta2), scalar(eps_t), scalar(group["weight_decay"] / c))
+    scalars = kernels.scalars(device, compute, (1.0 - beta1, beta2, 1.0 - beta2, eps_t, group["weight_decay"] / c))
+    d = kernels.call("direction", flat, flat.grad, state["exp_avg"], state["exp_avg_sq"], *scalars)
     weights = partition.segments_of(flat)
     if adapts:
         sums = torch.zeros(2, partition.num_params, dtype=torch.float64, device=device)
@@ -138,10 +153,10 @@ def fused_flat_step(
         param_ratios = torch.ones(partition.num_params, dtype=torch.float64, device=device)
     if weights:
         piece_factors = torch.zeros(len(partition.piece_sizes), dtype=torch.float64, device=device)
-        segment_pieces = torch.tensor(partition.segment_pieces, dtype=torch.long, device=device)
-        piece_factors[segment_pieces] = param_ratios[partition.param_index_tensor(device)] * (-float(group["lr"]) * c)
-        sizes = torch.tensor(partition.piece_sizes, dtype=torch.long, device=device)
-        kernels.call("apply", flat, d, piece_factors.to(compute), sizes)
+        piece_factors[partition.segment_piece_tensor(device)] = (
+            param_ratios[partition.param_index_tensor(device)] * (-float(group["lr"]) * c)
+        )
+        kernels.call("apply", flat, d, piece_factors.to(compute), partition.piece_size_tensor(device))
     return param_ratios
 
 

@@ -8,7 +8,8 @@ The math is the paper's, per original parameter tensor:
     m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g
     m_hat = m / (1 - b1^t);  v_hat = v / (1 - b2^t)          (when bias_correction)
     u = m_hat / (sqrt(v_hat) + eps) + wd * w
-    ratio = ||w|| / ||u||   (1 when either norm is 0; optionally clamped to trust_clip)
+    ratio = ||w|| / ||u||   (1 when either norm is 0; optionally clamped to trust_clip;
+                             1 for weight-decay-0 groups unless adapt_all, see lamb_math.adapts)
     w -= lr * ratio * u
 
 The math runs as multi-tensor `torch._foreach_*` kernels over a list of "pieces" (on CPU tensors the
@@ -100,11 +101,16 @@ class ExactLamb(torch.optim.Optimizer):
         weight_decay: float = 0.01,
         bias_correction: bool = True,
         trust_clip: tuple[float, float] | None = None,
-        adapt_all: bool = True,
+        adapt_all: bool = False,
         scratch_buffers: bool | None = None,
         fused: bool | None = None,
     ) -> None:
-        """scratch_buffers: keep one reusable buffer per tensor for the update direction and apply it
+        """adapt_all: False (default, as apex FusedLAMB, TF-Addons and the MLPerf reference): no trust ratio
+        for groups with weight_decay 0 (biases, LayerNorm), which then take the plain Adam-style step
+        lr * u; True: every tensor gets one (the paper's algorithm read literally), which keeps
+        zero-initialised biases near 0 for as long as lr is small (docs/lamb.md, "adapt_all").
+
+        scratch_buffers: keep one reusable buffer per tensor for the update direction and apply it
         with one in-place pass per tensor (None = on CPU tensors only, where fresh allocations page-fault;
         False = multi-tensor kernels with temporaries throughout, the accelerator path).
 
@@ -141,6 +147,7 @@ class ExactLamb(torch.optim.Optimizer):
         self._layout: ZeroLayout | None = None
         self._engine_ref: Callable[[], Any] | None = None
         self._last_ratios: dict[tuple[str, int], torch.Tensor] = {}
+        self._adapted_keys: set[tuple[str, int]] = set()  # the entries of _last_ratios whose group adapts
         # CPU scratch buffers for the update direction, keyed by id(); not optimizer state.
         self._scratch: dict[int, torch.Tensor] = {}
         self._scratch_mode = scratch_buffers
@@ -176,17 +183,22 @@ class ExactLamb(torch.optim.Optimizer):
         return self._layout
 
     # ------------------------------------------------------------------ logging
-    def last_trust_ratios(self) -> torch.Tensor | None:
-        """Trust ratio of every original parameter at the last step (group order, then param order)."""
-        if not self._last_ratios:
+    def last_trust_ratios(self, adapted_only: bool = False) -> torch.Tensor | None:
+        """Trust ratio of every original parameter at the last step (group order, then param order);
+        `adapted_only`: of the groups that get one (`adapts`), without the 1s of the others, which would
+        pull a logged min/mean towards 1 (biases and LayerNorm under the default adapt_all=False)."""
+        keys = sorted(key for key in self._last_ratios if not adapted_only or key in self._adapted_keys)
+        if not keys:
             return None
-        return torch.cat([self._last_ratios[key].float().cpu() for key in sorted(self._last_ratios)])
+        return torch.cat([self._last_ratios[key].float() for key in keys]).cpu()
 
     def trust_ratio_stats(self) -> dict[str, float]:
-        ratios = self.last_trust_ratios()
+        """min / mean / max of the adapted tensors' trust ratios at the last step (one host read)."""
+        ratios = self.last_trust_ratios(adapted_only=True)
         if ratios is None or ratios.numel() == 0:
             return {}
-        return {"min": ratios.min().item(), "mean": ratios.mean().item(), "max": ratios.max().item()}
+        low, mean, high = torch.stack([ratios.min(), ratios.mean(), ratios.max()]).tolist()
+        return {"min": low, "mean": mean, "max": high}
 
     # ------------------------------------------------------------------ step
     @torch.no_grad()
@@ -271,6 +283,7 @@ class ExactLamb(torch.optim.Optimizer):
             ratios = torch.ones(len(params), dtype=torch.float64, device=params[0].device)
         apply_update(params, direction, scales, ratios, group["lr"], in_place=scratch[0] is not None)
         self._last_ratios[("a", group_index)] = ratios
+        self._note_adapted(("a", group_index), group)
 
     def _step_flat_partition(
         self, group: dict[str, Any], partition: FlatPartition, flat: torch.Tensor
@@ -287,6 +300,7 @@ class ExactLamb(torch.optim.Optimizer):
             self._last_ratios[("b", partition.ratio_key)] = fused_flat_step(
                 self._fused_kernels, group, partition, flat, state, adapts(group), squared_norms, trust_ratios
             )
+            self._note_adapted(("b", partition.ratio_key), group)
             return
         weights = partition.segments_of(flat)
         scratch = self._scratch_for(flat)
@@ -315,6 +329,13 @@ class ExactLamb(torch.optim.Optimizer):
         if weights:
             apply_update(weights, direction, scales, ratios, group["lr"], in_place=scratch is not None)
         self._last_ratios[("b", partition.ratio_key)] = param_ratios
+        self._note_adapted(("b", partition.ratio_key), group)
+
+    def _note_adapted(self, key: tuple[str, int], group: dict[str, Any]) -> None:
+        if adapts(group):
+            self._adapted_keys.add(key)
+        else:
+            self._adapted_keys.discard(key)
 
 
 def bind_zero_layout(engine: Any) -> ExactLamb:

@@ -17,7 +17,13 @@ import torch
 
 
 def adapts(group: dict[str, Any]) -> bool:
-    # adapt_all=False is NVIDIA's default: no trust ratio where weight decay is 0 (biases, LayerNorm).
+    """Whether `group` gets trust ratios: always when weight decay is on; with weight decay 0 (biases,
+    LayerNorm) only under adapt_all=True.
+
+    adapt_all=False (the default) is apex FusedLAMB's use_nvlamb=False and TF-Addons' / the MLPerf
+    reference's exclude_from_layer_adaptation. With a ratio, a zero-initialised bias can grow only by a
+    factor (1 + lr) per step once it is non-zero (ratio = ||b|| / ||u||), so it stays ~0 through warm-up.
+    """
     return bool(group["adapt_all"]) or group["weight_decay"] != 0
 
 
@@ -84,8 +90,16 @@ def squared_norms(
     """
     w_norms = torch.stack(torch._foreach_norm(weights, 2, dtype=_norm_dtype(weights))).double()
     u_norms = torch.stack(torch._foreach_norm(direction, 2, dtype=_norm_dtype(direction))).double()
-    u_norms = u_norms * torch.tensor(scales, dtype=torch.float64, device=u_norms.device)
+    u_norms = _scaled(u_norms, scales)
     return w_norms * w_norms, u_norms * u_norms
+
+
+def _scaled(values: torch.Tensor, scales: list[float]) -> torch.Tensor:
+    """values * scales without a host->device copy in the usual case (one scale: every piece shares the
+    step count); `torch.tensor(list, device=cuda)` would be a blocking copy plus a stream sync."""
+    if len(set(scales)) <= 1:
+        return values * (scales[0] if scales else 1.0)
+    return values * torch.tensor(scales, dtype=torch.float64).to(values.device, non_blocking=True)
 
 
 def _norm_dtype(tensors: list[torch.Tensor]) -> torch.dtype:
@@ -114,7 +128,8 @@ def apply_update(
     in_place: bool,
 ) -> None:
     """w -= lr * ratio * c * d, one scalar per tensor (one host sync for the whole list)."""
-    factors = (ratios.double().cpu() * torch.tensor(scales, dtype=torch.float64) * -float(lr)).tolist()
+    lr_neg = -float(lr)
+    factors = [ratio * scale * lr_neg for ratio, scale in zip(ratios.double().cpu().tolist(), scales, strict=True)]
     if in_place:
         for w, d, f in zip(weights, direction, factors, strict=True):
             w.add_(d, alpha=f)  # one pass per tensor (CPU foreach kernels loop per tensor anyway)

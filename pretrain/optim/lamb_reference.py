@@ -28,7 +28,8 @@ class NaiveLamb(torch.optim.Optimizer):
         ratio = ||w|| / ||u||  (1 when either is 0; clamped to trust_clip; 1 when not adapted)
         w -= lr * ratio * u
 
-    adapt_all=False leaves the ratio at 1 for groups with weight_decay 0 (NVIDIA's convention).
+    adapt_all=False (the default, as ExactLamb's) leaves the ratio at 1 for groups with weight_decay 0
+    (apex FusedLAMB's use_nvlamb=False); adapt_all=True adapts every tensor.
     """
 
     def __init__(
@@ -40,7 +41,7 @@ class NaiveLamb(torch.optim.Optimizer):
         weight_decay: float = 0.01,
         bias_correction: bool = True,
         trust_clip: tuple[float, float] | None = None,
-        adapt_all: bool = True,
+        adapt_all: bool = False,
     ) -> None:
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                         bias_correction=bias_correction, trust_clip=trust_clip, adapt_all=adapt_all)

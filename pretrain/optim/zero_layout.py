@@ -37,7 +37,7 @@ class FlatPartition:
     # per segment: where it starts inside its parameter's flattened elements (elastic resume copies
     # parameters in and out of partitions with it); empty when the ranges did not say
     param_starts: list[int] = field(default_factory=list)
-    _index_cache: dict[torch.device, torch.Tensor] = field(default_factory=dict, repr=False)
+    _index_cache: dict[tuple[str, torch.device], torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
     def numel(self) -> int:
@@ -65,10 +65,24 @@ class FlatPartition:
         return on_device.to(sums.device)
 
     def param_index_tensor(self, device: torch.device) -> torch.Tensor:
-        cached = self._index_cache.get(device)
+        """Per segment: its parameter's index (param_indices) as a long tensor on `device`."""
+        return self._cached_long("param_indices", device)
+
+    def segment_piece_tensor(self, device: torch.device) -> torch.Tensor:
+        """segment_pieces as a long tensor on `device` (the fused step scatters per-piece factors with it)."""
+        return self._cached_long("segment_pieces", device)
+
+    def piece_size_tensor(self, device: torch.device) -> torch.Tensor:
+        """piece_sizes as a long tensor on `device` (the fused step repeats per-piece factors with it)."""
+        return self._cached_long("piece_sizes", device)
+
+    def _cached_long(self, name: str, device: torch.device) -> torch.Tensor:
+        # The layout never changes once built, so each list crosses to the device once, not every step:
+        # `torch.tensor(list, device=cuda)` is a blocking copy plus a stream sync.
+        cached = self._index_cache.get((name, device))
         if cached is None:
-            cached = torch.tensor(self.param_indices, dtype=torch.long, device=device)
-            self._index_cache[device] = cached
+            cached = torch.tensor(getattr(self, name), dtype=torch.long, device=device)
+            self._index_cache[(name, device)] = cached
         return cached
 
 

@@ -11,6 +11,7 @@ import shutil
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from pretrain.optim.fused_lamb import FusedKernels
 from pretrain.optim.lamb import ExactLamb
@@ -152,3 +153,59 @@ def test_fused_step_of_a_bf16_partition_computes_with_fp32_scalars(compiled: boo
                                        rtol=2**-8, atol=1e-6)
         inside = segment_mask(original, ranges)
         assert torch.equal(low_flat[~inside], original[~inside].bfloat16())  # gaps untouched
+
+
+class HostDataTensors(TorchFunctionMode):
+    """Counts tensors made from Python data (`torch.tensor([...], device=...)` and kin), passing every call
+    through. On CUDA each such call is a blocking host->device copy plus a stream sync."""
+
+    FACTORIES = frozenset({"tensor", "as_tensor", "asarray", "new_tensor"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = getattr(func, "__name__", "")
+        data = args[1] if name == "new_tensor" and len(args) > 1 else (args[0] if args else None)
+        if name in self.FACTORIES and not isinstance(data, torch.Tensor):
+            self.calls.append(f"torch.{name}({type(data).__name__})")
+        return func(*args, **(kwargs or {}))
+
+
+def steady_state_host_tensors(optimizer: ExactLamb, tensors: list[torch.Tensor], steps: int = 3) -> list[str]:
+    """Host-data tensors made during `steps` optimizer steps after a first (warm-up: state, caches)."""
+    generator = torch.Generator().manual_seed(4)
+    counter = HostDataTensors()
+    for step in range(steps + 1):
+        for tensor in tensors:
+            tensor.grad = torch.randn(tensor.shape, generator=generator)
+        if step == 0:
+            optimizer.step()
+            continue
+        with counter:
+            optimizer.step()
+    return counter.calls
+
+
+@pytest.mark.parametrize("path", ["fused", "flat_reference", "per_tensor_in_place", "per_tensor_foreach"])
+def test_steady_state_steps_make_no_tensors_from_python_data(path: str) -> None:
+    """Every step path of ExactLamb, after its first step, makes no tensor from Python lists or scalars:
+    the fused step refills cached 0-d scalars and reuses the layout's cached index tensors, the trust-ratio
+    scaling uses a Python scalar. (Before: 5 + 2 such tensors per partition in the fused step, 1-2 per group
+    in the others.) The fused path runs its flat math uncompiled here: the host-side code is the same."""
+    if path in ("fused", "flat_reference"):
+        tensors, all_ranges = flat_setup()
+        optimizer = lamb_on_flats(tensors, all_ranges, fused=path == "fused", adapt_all=True)
+        if path == "fused":
+            optimizer._fused_kernels = FusedKernels(compiled=False, strict=True)
+    else:
+        torch.manual_seed(0)
+        tensors = [torch.nn.Parameter(torch.randn(s)) for s in SHAPES]
+        optimizer = ExactLamb([{"params": tensors[:3]}, {"params": tensors[3:], "weight_decay": 0.0}], lr=0.02,
+                              adapt_all=True, scratch_buffers=path == "per_tensor_in_place")
+    before = [t.detach().clone() for t in tensors]
+    assert steady_state_host_tensors(optimizer, tensors) == []
+    assert all(not torch.equal(t, b) for t, b in zip(tensors, before, strict=True))  # the steps did update
+    if path == "fused":
+        assert optimizer._fused_kernels is not None and optimizer._fused_kernels._scalars  # the cached path ran

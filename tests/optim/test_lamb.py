@@ -84,7 +84,10 @@ def test_matches_textbook_reference_over_steps(case: dict, scratch: bool) -> Non
     np.testing.assert_allclose(opt.last_trust_ratios().double().numpy(), ref_ratios, rtol=1e-6)
     assert not np.allclose(ref_w[0], weights[0])  # the run moved the weights
     stats = opt.trust_ratio_stats()
-    assert stats["min"] <= stats["mean"] <= stats["max"]
+    if case["wd"] or case["adapt_all"]:
+        assert stats["min"] <= stats["mean"] <= stats["max"]
+    else:  # no tensor gets a ratio: nothing to log
+        assert stats == {}
 
 
 def test_float32_matches_textbook_reference() -> None:
@@ -217,3 +220,18 @@ def test_partition_pieces_skip_padding_and_reject_overlap() -> None:
         partition_from_ranges(10, [(0, 0, 5), (1, 4, 2)], 2, None, 0, None)
     with pytest.raises(UnboundZeroLayoutError, match="rebind"):
         part.segments_of(torch.zeros(11))
+
+
+def test_logged_trust_ratio_stats_leave_out_groups_without_ratios() -> None:
+    """Under the default adapt_all=False the no-decay group's ratios are fixed 1s: the logged min/mean/max and
+    the histogram cover the adapted tensors only, so they show what LAMB actually did."""
+    torch.manual_seed(0)
+    decay, no_decay = torch.nn.Parameter(torch.randn(8, 4)), torch.nn.Parameter(torch.zeros(8))
+    opt = ExactLamb([{"params": [decay], "weight_decay": 0.01}, {"params": [no_decay], "weight_decay": 0.0}], lr=0.1)
+    for _ in range(2):
+        decay.grad, no_decay.grad = torch.randn(8, 4) * 1e-3, torch.randn(8)
+        opt.step()
+    everything, adapted = opt.last_trust_ratios(), opt.last_trust_ratios(adapted_only=True)
+    assert everything.numel() == 2 and adapted.numel() == 1 and everything[1] == 1.0
+    stats = opt.trust_ratio_stats()
+    assert stats["min"] == stats["max"] == pytest.approx(float(adapted[0])) and stats["mean"] != 1.0

@@ -27,7 +27,7 @@ from pretrain.optim.lamb import ExactLamb, UnboundZeroLayoutError, weight_decay_
 from pretrain.optim.lamb_reference import NaiveLamb
 
 VOCAB, WIDTH, HIDDEN, SEQ = 37, 15, 33, 6  # odd sizes: padding everywhere, params straddle partitions
-LAMB_PARAMS = {"lr": 6e-3, "betas": [0.9, 0.999], "eps": 1e-6, "weight_decay": 0.01}
+LAMB_PARAMS = {"lr": 6e-3, "betas": [0.9, 0.999], "eps": 1e-6, "weight_decay": 0.01, "adapt_all": True}
 
 
 class TinyLM(nn.Module):
