@@ -42,23 +42,26 @@ show() {
 run() {
     show "$@"
     if ((DRY_RUN)); then return 0; fi
-    if ((FORWARD_SIGNALS)); then
-        run_forwarding_signals "$@"
-    else
-        "$@"
-    fi
+    run_forwarding_signals "$@"
 }
 
 # ----------------------------------------------------------------------------- signals
 # A supervisor stops a job by signalling launch.sh or its process group: SIGTERM (a scheduler, a
-# container runtime), SIGUSR1 (SLURM before the time limit), SIGINT (Ctrl-C). The ranks must get it,
-# checkpoint and exit, and launch.sh must wait for them and exit with their status. So the launcher
-# runs in a process group of its own (a signal to ours reaches launch.sh only) and launch.sh delivers
-# each signal itself: with the local DeepSpeed launcher straight to the ranks, its grandchildren
-# (that launcher would SIGKILL them 30 s after forwarding, dies of SIGUSR1 and exits 1 whatever the
-# ranks did); otherwise to the child: the one plain rank, srun (forwards to its tasks), or the pdsh
-# runner (handles TERM and INT only, so SIGUSR1 reaches it as SIGTERM).
-FORWARD_SIGNALS=0 CHILD_PID="" PENDING_SIGNAL="" LAUNCHER=""
+# container runtime), SIGUSR1 (SLURM before the time limit), SIGINT (Ctrl-C), SIGHUP (a closed
+# terminal: passed on as SIGTERM). The ranks must get it, checkpoint and exit, and launch.sh must wait
+# for them and exit with their status (130 after a Ctrl-C stop, the shell's code for an interrupted
+# command, although the ranks checkpointed and exited 0). So every command runs in a process group of
+# its own (a signal to ours reaches launch.sh only) and launch.sh delivers each signal itself: with the
+# local DeepSpeed launcher straight to the ranks, its grandchildren (that launcher would SIGKILL them
+# 30 s after forwarding, dies of SIGUSR1 and exits 1 whatever the ranks did); with one plain rank to it;
+# srun gets SIGINT as SIGTERM (one SIGINT only makes srun print its tasks' states), the pdsh runner
+# SIGUSR1 as SIGTERM (it handles TERM and INT only); any other subcommand (tensorboard, the demo,
+# export, ...) to its whole group, as a terminal would. A rank still starting (no handler yet: it would
+# print a KeyboardInterrupt traceback) gets SIGTERM for SIGINT: it has nothing to save.
+# launch.sh may also die without a word (SIGKILL of it or of its group): a watchdog in a group of its own
+# (pretrain/lifetime.py) then stops the command's group, SIGTERM and SIGKILL 30 s later
+# (BERT_DS_KILL_GRACE_SECONDS), so nothing of the job outlives launch.sh.
+CHILD_PID="" PENDING_SIGNAL="" LAUNCHER="" WATCHDOG_PID="" INTERRUPTED=0
 
 # shellcheck disable=SC2206 # the fields of a stat line: split on purpose
 child_pids() { # $1 = a pid: its children's pids, one a line (read from /proc: no procps needed)
@@ -73,29 +76,54 @@ child_pids() { # $1 = a pid: its children's pids, one a line (read from /proc: n
 
 signal_targets() { # the pids a forwarded signal goes to; none while the local ranks are starting
     local launcher
-    if [[ "$LAUNCHER" == local ]]; then
-        for launcher in $(child_pids "$CHILD_PID"); do child_pids "$launcher"; done
-    else
-        echo "$CHILD_PID"
-    fi
+    case "$LAUNCHER" in
+        local) for launcher in $(child_pids "$CHILD_PID"); do child_pids "$launcher"; done ;;
+        none | slurm | hostfile) echo "$CHILD_PID" ;;
+        *) echo "-$CHILD_PID" ;; # not a distributed launch: the command's whole process group
+    esac
     return 0
+}
+
+catches_sigterm() { # $1 = pid: whether it has a SIGTERM handler (bit 15 of SigCgt in /proc/PID/status)
+    local key mask
+    while read -r key mask; do
+        if [[ "$key" == SigCgt: ]]; then (((16#$mask >> 14) & 1)) && return 0 || return 1; fi
+    done <"/proc/$1/status" 2>/dev/null
+    return 1
 }
 
 # shellcheck disable=SC2086 # $targets: one word per pid
 deliver_pending() {
-    local signal=$PENDING_SIGNAL targets
+    local signal=$PENDING_SIGNAL targets target
     [[ "$LAUNCHER" != hostfile || "$signal" != USR1 ]] || signal=TERM
+    [[ "$LAUNCHER" != slurm || "$signal" != INT ]] || signal=TERM
     targets=$(signal_targets)
     [[ -n "$targets" ]] || return 0 # retried while waiting
-    echo "launch.sh: forwarding SIG$signal to" $targets >&2
-    kill -s "$signal" $targets 2>/dev/null || true
+    echo "launch.sh: forwarding SIG$signal to" $targets >&2 || true # a closed terminal must not stop us here
+    for target in $targets; do
+        if [[ "$signal" == INT && "$LAUNCHER" =~ ^(local|none)$ ]] && ! catches_sigterm "$target"; then
+            kill -s TERM "$target" 2>/dev/null || true
+        else
+            kill -s "$signal" -- "$target" 2>/dev/null || true
+        fi
+    done
     PENDING_SIGNAL=""
 }
 
 # shellcheck disable=SC2317 # runs from the traps below
 on_signal() {
+    [[ "$1" != INT ]] || INTERRUPTED=1
     PENDING_SIGNAL=$1
     deliver_pending
+}
+
+# The watchdog: in a group of its own, so that a SIGKILL of launch.sh's group spares it.
+start_watchdog() {
+    set -m
+    PYTHONPATH=$(with_repo_on_path) "$PYTHON" -m pretrain.lifetime watch $$ "$CHILD_PID" \
+        --grace "${BERT_DS_KILL_GRACE_SECONDS:-30}" </dev/null &
+    WATCHDOG_PID=$!
+    set +m
 }
 
 # Run "$@" in the background, in its own process group, and return its exit status once it is gone;
@@ -105,12 +133,14 @@ run_forwarding_signals() {
     trap 'on_signal TERM' TERM
     trap 'on_signal INT' INT
     trap 'on_signal USR1' USR1
+    trap 'on_signal TERM' HUP
     # Job control: the child leads a new process group and keeps SIGINT (not ignored). Its stdin is
     # /dev/null: a background group reading the terminal (srun, ssh under pdsh) would be stopped.
     set -m
     "$@" </dev/null &
     CHILD_PID=$!
     set +m
+    start_watchdog
     while :; do
         if [[ -n "$PENDING_SIGNAL" ]] && kill -0 "$CHILD_PID" 2>/dev/null; then
             sleep 0.2 # the ranks are not started yet: deliver as soon as they are
@@ -122,7 +152,10 @@ run_forwarding_signals() {
         # wait also returns when a trapped signal arrives; the child is gone only when kill -0 fails.
         kill -0 "$CHILD_PID" 2>/dev/null || break
     done
-    trap - TERM INT USR1
+    kill -s TERM "$WATCHDOG_PID" 2>/dev/null || true # the job ended by itself: nothing left to watch
+    kill -s TERM -- "-$CHILD_PID" 2>/dev/null || true  # what it left in its group (a compiler of a killed rank)
+    trap - TERM INT USR1 HUP
+    if ((INTERRUPTED && status == 0)); then status=130; fi
     return "$status"
 }
 
@@ -167,8 +200,10 @@ launch_module() { # $1 = python module, $2 = pretrain|finetune, then the subcomm
     local module=$1 plan line request=(launch --cpu-count="$(cpu_count)" "$2")
     local ds=("$PYTHON" -m deepspeed.launcher.runner)
     shift 2
-    FORWARD_SIGNALS=1 # see "signals" above
     if ((DRY_RUN)); then request+=(--dry-run); fi
+    # pretrain: the run's launch-time check too (config, DeepSpeed JSONs, batch, shards, run folder; one
+    # process, seconds, no torch): a problem is one line and exit 2 before any launcher, rank or node starts.
+    if [[ "${request[2]}" == pretrain ]]; then request+=(--check-run); fi
     plan=$(launch_plan "${request[@]}" -- "$@") || exit $?
     eval "$plan"
     for line in "${RANK_ENV[@]}"; do export "${line?}"; done
@@ -256,9 +291,21 @@ cmd_export() {
 }
 
 cmd_tensorboard() {
-    (($# >= 1)) || die "usage: ./launch.sh tensorboard RUN_DIR [tensorboard options]"
-    require_path -d "$1" "tensorboard: run folder '$1' does not exist"
-    run "$PYTHON" -m tensorboard.main --logdir "$1" "${@:2}"
+    local dirs=() dir spec=""
+    while (($#)) && [[ "$1" != -* ]]; do dirs+=("$1") && shift; done # the folders, then TensorBoard's options
+    ((${#dirs[@]})) || die "usage: ./launch.sh tensorboard RUN_DIR [RUN_DIR ...] [tensorboard options]"
+    for dir in "${dirs[@]}"; do require_path -d "$dir" "tensorboard: run folder '$dir' does not exist"; done
+    if ((${#dirs[@]} == 1)); then
+        run "$PYTHON" -m tensorboard.main --logdir "${dirs[0]}" "$@"
+        return
+    fi
+    # Several (runs/demo-*/run): one TensorBoard, each folder a run group named after its path (no leading /:
+    # TensorBoard would read "/a:/a" as one path), in --logdir_spec, which splits at "," and ":".
+    for dir in "${dirs[@]}"; do
+        [[ "$dir" != *[,:]* ]] || die "tensorboard: '$dir' has ',' or ':', which --logdir_spec cannot hold; show it alone"
+        spec+="${spec:+,}$(printf '%s' "$dir" | sed -e 's|^[./]*||' -e 's|/*$||'):$dir"
+    done
+    run "$PYTHON" -m tensorboard.main --logdir_spec "$spec" "$@"
 }
 
 cmd_scale() {
@@ -274,7 +321,7 @@ cmd_demo() {
     ((DRY_RUN)) && extra+=(--dry-run)
     show "$PYTHON" -m pretrain.demo "${extra[@]}" "$@"
     # The demo prints and runs its own steps, so it always runs; with --dry-run it only prints them.
-    "$PYTHON" -m pretrain.demo "${extra[@]}" "$@"
+    run_forwarding_signals "$PYTHON" -m pretrain.demo "${extra[@]}" "$@"
 }
 
 # Launch options are also shown by 'pretrain --help' etc.

@@ -2,7 +2,7 @@
 the recipe's engine configs cannot be built.
 
     python bench/gpu_check_preflight.py [--smoke] [--jsonl OUT.jsonl] [--recipe RUN.json] [--ds-config X.json]
-                                        [any other gpu_check flag]
+                                        [--also-recipes A.json,B.json] [any other gpu_check flag]
 
 Imports what bench/gpu_check.py imports (the module itself, so nothing is hand-listed, plus the
 DeepSpeed modules the engine loads lazily for bf16 + ZeRO-1) in this interpreter, then names every
@@ -11,7 +11,7 @@ distribution that got loaded, from `sys.modules` (top-level names) and
 torch's own requirement closure come with torch and are listed apart. An import that fails stops the
 check in one line naming what is missing (plus every requirement the installed wheels declare and lack,
 so one carry-in round is enough) before any work: exit 2. Then each phase's engine config is built
-from --recipe the way the check builds it (the driver's own config code): a recipe or DeepSpeed JSON the
+from --recipe (and --also-recipes) the way the check builds it (the driver's own config code): a recipe or DeepSpeed JSON the
 driver refuses (e.g. one that still sets train_batch_size) stops here in one line, exit 2, not as a
 failed row per model. Standard library only at import time, so it runs where nothing else is
 installed. The record is also appended to --jsonl as {"kind": "preflight", ...}.
@@ -184,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jsonl", type=Path, default=Path(DEFAULT_JSONL))
     parser.add_argument("--recipe", type=Path, default=DEFAULT_RECIPE)
     parser.add_argument("--ds-config", type=Path, default=None)
+    parser.add_argument("--also-recipes", default=str(DEFAULT_RECIPE.parent / "bert_base.json"))
     args, _ = parser.parse_known_args(argv)
     report = preflight(args.smoke)
     say = "gpu_check preflight:"
@@ -196,10 +197,12 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_check: this script installs nothing; carry the wheels in and "
               "'pip install --no-index --find-links DIR ...'", file=sys.stderr)
         return 2
-    problem = recipe_problem(args.recipe, args.ds_config)
-    if problem is not None:
-        print(f"gpu_check: --recipe {args.recipe}: {problem}", file=sys.stderr)
-        return 2
+    for flag, recipe in [("--recipe", args.recipe), *(("--also-recipes", Path(p)) for p in
+                                                      args.also_recipes.split(",") if p)]:
+        problem = recipe_problem(recipe, args.ds_config)
+        if problem is not None:
+            print(f"gpu_check: {flag} {recipe}: {problem}", file=sys.stderr)
+            return 2
     report["recipe"] = str(args.recipe)
     fails = "the compiled fused LAMB step will fail; its row says so"
     print(f"{say} python {report['python']}, torch {report['torch']} (CUDA {report['cuda']}), "

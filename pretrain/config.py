@@ -20,12 +20,14 @@ to each other); every other path resolves against the current directory, like an
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import types
 import typing
 from pathlib import Path
 from typing import Any
 
+from pretrain.checkpointing.cadence import check_cadence
 from pretrain.config_doc import PLUGINS_FIELD
 from pretrain.config_sections import PHASE_NAMES, ConfigError, RunConfig
 from pretrain.plugin import installed_plugins, plugin_spec
@@ -69,6 +71,13 @@ def _check_type(key: str, value: Any, annotation: Any) -> Any:
     return value
 
 
+def _did_you_mean(key: str, known: typing.Iterable[str], prefix: str = "") -> str:
+    """'; did you mean phase1.warmup_fraction?' for a near miss, else the known names: a typo is fixed from the
+    one line, without opening --help."""
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.75)
+    return f"; did you mean {prefix}{close[0]}?" if close else f" (known: {sorted(known)})"
+
+
 def _build_section(cls: type, name: str, data: Any) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{name}: expected an object, got {data!r}")
@@ -76,7 +85,7 @@ def _build_section(cls: type, name: str, data: Any) -> Any:
     known = {f.name for f in dataclasses.fields(cls)}
     for key in data:
         if key not in known:
-            raise ConfigError(f"{name}.{key}: unknown key (known: {sorted(known)})")
+            raise ConfigError(f"{name}.{key}: unknown key{_did_you_mean(key, known, f'{name}.')}")
     kwargs = {key: _check_type(f"{name}.{key}", value, hints[key]) for key, value in data.items()}
     return cls(**kwargs)
 
@@ -92,10 +101,11 @@ def from_dict(data: dict[str, Any]) -> RunConfig:
         elif key in installed_plugins():  # read only for a non-core key: a plain config scans nothing
             default, target = plugin_spec(key).section(), plugins
         else:
-            raise ConfigError(
-                f"{key}: unknown section (known: {sorted([*hints, *installed_plugins()])}; a plug-in's section "
-                "is known once its entry point is installed: rerun `pip install -e .` after updating a checkout)"
-            )
+            hint = _did_you_mean(key, [*hints, *installed_plugins()])
+            if not hint.startswith(";"):  # no near miss: perhaps a plug-in that is not installed yet
+                hint += ("; a plug-in's section is known once its entry point is installed: rerun "
+                         "`pip install -e .` after updating a checkout")
+            raise ConfigError(f"{key}: unknown section{hint}")
         merged = {**dataclasses.asdict(default), **value} if isinstance(value, dict) else value
         target[key] = _build_section(type(default), key, merged)
     return RunConfig(**sections, plugins=plugins)
@@ -175,8 +185,7 @@ def check_values(config: RunConfig) -> None:
             raise ConfigError(f"{name}.ds_config: {phase.ds_config} does not exist")
         if not (phase.shards or config.data.shards):
             raise ConfigError(f"data.shards: required (or {name}.shards)")
-    if config.checkpoint.every_steps <= 0:
-        raise ConfigError(f"checkpoint.every_steps: must be > 0, got {config.checkpoint.every_steps}")
+    check_cadence(config.checkpoint)  # every_steps / every_minutes: null or > 0
     if config.checkpoint.keep_last < 1:
         raise ConfigError(f"checkpoint.keep_last: must be >= 1, got {config.checkpoint.keep_last}")
     if config.run.stop_after_steps is not None and config.run.stop_after_steps <= 0:

@@ -177,9 +177,17 @@ class CheckpointSection:
     """When checkpoints are written, how many are kept, and the Hugging Face export."""
 
     dir: str | None = setting(None, "checkpoint folder; default: <run.dir>/checkpoints")
-    every_steps: int = setting(
+    every_steps: int | None = setting(
         500,
-        "optimizer steps between checkpoints (a phase end and a stop always write one)",
+        "optimizer steps between checkpoints (a phase end and a stop always write one); null: none by "
+        "step count. With every_minutes set too, whichever comes first",
+    )
+    every_minutes: float | None = setting(
+        None,
+        "wall-clock minutes between checkpoints, counted from the last checkpoint (or this process's start "
+        "of the phase); all ranks save after the first step at which any rank's clock is due. null: by step "
+        "count only. The GPU recipes set 30 and every_steps null: a step count is a different share of the "
+        "run at each GPU count",
     )
     keep_last: int = setting(3, "step checkpoints kept (>= 1); every phase-end checkpoint is kept besides")
     export_at_phase_end: bool = setting(

@@ -21,7 +21,6 @@ state to checkpoint. Validation instances use a fixed salt instead of the seed a
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,12 +28,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import Dataset
 
 from data_prep.atomic_io import sha256_file
-from data_prep.shards import Manifest, ShardFormatError, ShardReader
+from data_prep.shards import Manifest, ShardReader
+from pretrain.config_sections import ConfigError
 from pretrain.model import IGNORE_INDEX
 from pretrain.packing import pack_masked_instances
+from pretrain.shard_checks import check_phase_shards
 
 VAL_SEED_SALT = 0x5EED_7A1  # validation masks: fixed, independent of the training seed's epochs
 PARTITION_SALT = 0xD15_70177  # the deal into disjoint parts: fixed, independent of every seed
@@ -102,45 +103,19 @@ def open_phase_data(
     expected_vocab_sha256: str | None = None,
     verify_checksums: bool = True,
 ) -> PhaseData:
-    """Load and check a shard folder for a phase before any engine exists. `key` names the config entry."""
+    """Load and check a shard folder for a phase before any engine exists. `key` names the config entry.
+
+    The checks are the launch-time check's (pretrain/shard_checks.py), plus the shards' checksums."""
     try:
-        manifest = Manifest.load(shards)
-    except ShardFormatError as err:
-        raise DataConfigError(f"{key}: {err}") from err
-    if seq_len not in manifest.seq_lens:
-        raise DataConfigError(
-            f"{key}: {manifest.root} has no shards at sequence length {seq_len} (it has {manifest.seq_lens})"
-        )
-    try:
-        manifest.verify(seq_len, "train", checksums=verify_checksums)
-    except ShardFormatError as err:
-        raise DataConfigError(f"{key}: {err}") from err
-    if not manifest.vocab_path.is_file():
-        raise DataConfigError(f"{key}: vocab file {manifest.vocab_path} is missing")
-    vocab = Vocab.load(manifest.vocab_path)
-    if vocab.sha256 != manifest.vocab_sha256 or vocab.size != manifest.vocab_size:
-        raise DataConfigError(
-            f"{key}: {manifest.vocab_path} (size {vocab.size}, sha256 {vocab.sha256[:12]}) differs from the "
-            f"manifest's vocab (size {manifest.vocab_size}, sha256 {manifest.vocab_sha256[:12]})"
-        )
-    if expected_vocab_sha256 is not None and vocab.sha256 != expected_vocab_sha256:
-        raise DataConfigError(
-            f"{key}: vocab sha256 {vocab.sha256[:12]} differs from the model's vocab {expected_vocab_sha256[:12]}"
-        )
-    masking = manifest.data["masking"]
-    from_manifest = masking.get("max_predictions", {}).get(str(seq_len))
-    predictions = max_predictions if max_predictions is not None else from_manifest
-    if predictions is None:
-        raise DataConfigError(f"{key}: the manifest has no masking.max_predictions for {seq_len}; set max_predictions")
-    if manifest.static_masking and from_manifest is not None and predictions < from_manifest:
-        raise DataConfigError(
-            f"max_predictions: {predictions} is below the static shards' {from_manifest} at seq {seq_len}"
-        )
+        checked = check_phase_shards(shards, seq_len, max_predictions, key, expected_vocab_sha256, verify_checksums)
+    except ConfigError as err:
+        raise DataConfigError(str(err)) from err
+    masking = checked.manifest.data["masking"]
     return PhaseData(
-        manifest=manifest,
-        vocab=vocab,
+        manifest=checked.manifest,
+        vocab=Vocab.load(checked.manifest.vocab_path),
         seq_len=seq_len,
-        max_predictions=int(predictions),
+        max_predictions=checked.max_predictions,
         mask_prob=float(masking.get("mask_prob", 0.15)),
         whole_word=bool(masking.get("whole_word", False)),
     )
@@ -272,12 +247,39 @@ class RankBatches(Dataset):
         if epoch not in self._slices:
             total = len(self.pool)
             picks = np.random.default_rng([self.seed, epoch]).permutation(total) if self.shuffle else np.arange(total)
-            chunk = (epoch * total + np.arange(total, dtype=np.int64)) // self.micro_batch
-            positions = np.flatnonzero(chunk % self.world_size == self.rank)
+            positions = self._rank_positions(epoch)
             self._slices[epoch] = (positions, self.pool[picks[positions]].copy())
             while len(self._slices) > 2:
                 del self._slices[min(self._slices)]
         return self._slices[epoch]
+
+    def epoch_end(self, k: int) -> int:
+        """The first micro-batch after `k` whose first sample lies in a later epoch than `k`'s first sample.
+
+        Micro-batch k of rank r starts at stream sample (k * world_size + r) * micro_batch."""
+        total, micro, rank = len(self.pool), self.micro_batch, self.rank
+        epoch = (k * self.world_size + rank) * micro // total
+        next_epoch_start = (epoch + 1) * total - rank * micro  # k' * world_size * micro must reach this
+        return max(k + 1, -(-next_epoch_start // (self.world_size * micro)))
+
+    def prepare(self, first: int, end: int) -> None:
+        """Compute this rank's slice of every epoch that micro-batches first .. end-1 read (in this process)."""
+        total = len(self.pool)
+        first_sample = (first * self.world_size + self.rank) * self.micro_batch
+        last_sample = ((end - 1) * self.world_size + self.rank) * self.micro_batch + self.micro_batch - 1
+        for epoch in range(first_sample // total, last_sample // total + 1):
+            self._rank_slice(epoch)
+
+    def _rank_positions(self, epoch: int) -> np.ndarray:
+        """Positions within `epoch` of the samples in this rank's chunks (chunk c = stream samples
+        c*m .. c*m+m-1 goes to rank c % world_size), built from this rank's chunks alone."""
+        total, micro = len(self.pool), self.micro_batch
+        begin, end = epoch * total, (epoch + 1) * total
+        first_chunk = begin // micro
+        first_mine = first_chunk + (self.rank - first_chunk) % self.world_size
+        chunks = np.arange(first_mine, (end - 1) // micro + 1, self.world_size, dtype=np.int64)
+        samples = (chunks[:, None] * micro + np.arange(micro, dtype=np.int64)[None, :]).ravel()
+        return samples[(samples >= begin) & (samples < end)] - begin
 
     def rank_indices(self, epoch: int) -> np.ndarray:
         """This rank's instance indices of `epoch`, in stream order (its own copy)."""
@@ -337,30 +339,3 @@ class ValidationBatches:
             if blank or not self.mine:
                 batch["masked_labels"] = torch.full_like(batch["masked_labels"], IGNORE_INDEX)
             yield batch
-
-
-class StreamSampler(Sampler[int]):
-    """k, k+1, ... forever (or `count` items): the resumable position is the first k."""
-
-    def __init__(self, start: int, count: int | None = None) -> None:
-        self.start, self.count = start, count
-
-    def __iter__(self) -> Iterator[int]:
-        k = self.start
-        while self.count is None or k < self.start + self.count:
-            yield k
-            k += 1
-
-
-def batch_loader(batches: RankBatches, start: int, num_workers: int, count: int | None = None) -> DataLoader:
-    """A DataLoader over micro-batches start, start+1, ...; workers only change speed, never content."""
-    return DataLoader(
-        batches,
-        batch_size=None,
-        sampler=StreamSampler(start, count),
-        num_workers=num_workers,
-        persistent_workers=False,
-        prefetch_factor=4 if num_workers else None,
-        pin_memory=torch.cuda.is_available(),
-        multiprocessing_context="fork" if num_workers and os.name == "posix" else None,
-    )

@@ -183,11 +183,12 @@ def check_lr(lr: float | None, key: str) -> float:
     return float(lr)
 
 
-def phase_ds_config(
-    config: RunConfig, name: str, dp_size: int, device_type: str, bf16_supported: bool = False
-) -> dict[str, Any]:
-    """The DeepSpeed dict a phase's engine gets: its JSON (refused if it sets an owned key) + ds_overrides,
-    then the phase's lr, its batch for `dp_size` data-parallel ranks and run.precision for the device."""
+def phase_ds_json(config: RunConfig, name: str) -> dict[str, Any]:
+    """A phase's DeepSpeed JSON + ds_overrides, refused if either sets an owned key; needs no world size.
+
+    The part of `phase_ds_config` a check can run when the data-parallel size is not known yet (the
+    launch-time check of a run whose plug-in splits the world, pretrain/preflight.py).
+    """
     phase = config.phase(name)
     where = f"{name}.ds_config ({phase.ds_config})"
     ds = read_ds_json(phase.ds_config, where)
@@ -197,6 +198,16 @@ def phase_ds_config(
     ds = deep_merge(ds, phase.ds_overrides)
     if not isinstance(ds.get("optimizer"), dict) or "type" not in ds["optimizer"]:
         raise ConfigError(f"{where}.optimizer.type: required (e.g. ExactLamb)")
+    return ds
+
+
+def phase_ds_config(
+    config: RunConfig, name: str, dp_size: int, device_type: str, bf16_supported: bool = False
+) -> dict[str, Any]:
+    """The DeepSpeed dict a phase's engine gets: its JSON (refused if it sets an owned key) + ds_overrides,
+    then the phase's lr, its batch for `dp_size` data-parallel ranks and run.precision for the device."""
+    phase = config.phase(name)
+    ds = phase_ds_json(config, name)
     ds["optimizer"] = deep_merge(ds["optimizer"], {"params": {"lr": check_lr(phase.lr, f"{name}.lr")}})
     names = (f"{name}.batch_size", f"{name}.micro_batch_size", f"{name}.gradient_accumulation_steps")
     ds.update(resolve_batch(phase.batch_size, phase.micro_batch_size, phase.gradient_accumulation_steps, dp_size,

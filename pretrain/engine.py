@@ -4,7 +4,7 @@
 optimizer block with a type DeepSpeed does not own:
 
     "optimizer": {"type": "ExactLamb", "params": {"lr": 6e-3, "betas": [0.9, 0.999], "eps": 1e-6,
-                  "weight_decay": 0.01, "bias_correction": true, "trust_clip": null, "adapt_all": true}}
+                  "weight_decay": 0.01, "bias_correction": true, "trust_clip": null, "adapt_all": false}}
 
 DeepSpeed has no optimizer registry, so the builder constructs `pretrain.optim.lamb.ExactLamb` itself, removes the
 block, hands the instance to `deepspeed.initialize` and binds the ZeRO layout right after. A
@@ -31,6 +31,8 @@ import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
 from pretrain.cluster import device_index, slurm_task_env
+from pretrain.extension_builds import reporting_builds
+from pretrain.lifetime import die_with_parent
 from pretrain.optim.lamb import ExactLamb, bind_zero_layout, weight_decay_param_groups
 
 __all__ = [
@@ -138,6 +140,16 @@ def process_group_backend(device_name: str, communication_backend: str) -> str:
     return communication_backend
 
 
+def started_by_python_launcher() -> bool:
+    """True under DeepSpeed's or torch's launcher: they start every rank from their main thread and live
+    as long as the ranks, so a parent-death signal is safe (not under slurmstepd, whose threads come and go)."""
+    try:
+        parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"deepspeed.launcher.launch" in parent or b"torch.distributed.run" in parent
+
+
 def init_distributed(timeout_minutes: int = DIST_TIMEOUT_MINUTES) -> DistInfo:
     """Join (or create) the default process group; idempotent (a second call keeps the first timeout).
 
@@ -151,9 +163,15 @@ def init_distributed(timeout_minutes: int = DIST_TIMEOUT_MINUTES) -> DistInfo:
         local = device_index(int(os.environ["LOCAL_RANK"]), os.environ.get("CUDA_VISIBLE_DEVICES"))
         os.environ["LOCAL_RANK"] = str(local)
         backend = process_group_backend(accelerator.device_name(), accelerator.communication_backend_name())
-        deepspeed.init_distributed(
-            dist_backend=backend, auto_mpi_discovery=False, timeout=timedelta(minutes=timeout_minutes)
-        )
+        if started_by_python_launcher():
+            # A rank ends with its launcher (SIGTERM: it checkpoints), even one SIGKILLed (launch.sh's watchdog
+            # stops the launcher's whole group; this covers the launcher alone dying).
+            die_with_parent()
+        # The CPU communication op is compiled here on a machine's first launch: said, and no stale lock waited on.
+        with reporting_builds():
+            deepspeed.init_distributed(
+                dist_backend=backend, auto_mpi_discovery=False, timeout=timedelta(minutes=timeout_minutes)
+            )
         if accelerator.device_name() == "cpu":
             _release_cpu_shm_names(dist.get_rank(), dist.get_world_size())
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -10,12 +10,26 @@ way a user will) and its MLM logits compared with the training model's on one ba
 an error, not a warning. The folder appears under its final name only once complete.
 """
 
+# ruff: noqa: E402
 from __future__ import annotations
 
 import argparse
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pretrain.export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", help="checkpoint folder (uses its 'latest') or one tag folder")
+    parser.add_argument("out", help="output folder for the Hugging Face model")
+    parser.add_argument("--tag", default=None, help="checkpoint tag to export instead of 'latest'")
+    return parser
+
+
+if __name__ == "__main__" and {"-h", "--help"} & set(sys.argv[1:]):
+    _parser().parse_args()  # prints the usage and exits before torch and transformers are imported
+
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -102,11 +116,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, tag: str | None =
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pretrain.export", description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", help="checkpoint folder (uses its 'latest') or one tag folder")
-    parser.add_argument("out", help="output folder for the Hugging Face model")
-    parser.add_argument("--tag", default=None, help="checkpoint tag to export instead of 'latest'")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     try:
         info = export_checkpoint(args.checkpoint, args.out, args.tag)
     except (FileNotFoundError, ValueError, RuntimeError) as err:

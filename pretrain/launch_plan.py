@@ -2,7 +2,7 @@
 
 `./launch.sh pretrain` and `./launch.sh squad finetune` hand their arguments here, once per launch:
 
-    python -m pretrain.launch_plan [--prog NAME] launch [--dry-run] [--cpu-count N] pretrain|finetune -- ARGS...
+    python -m pretrain.launch_plan [--prog NAME] launch [--dry-run] [--check-run] [--cpu-count N] pretrain|finetune -- ARGS...
     python -m pretrain.launch_plan [--prog NAME] usage
 
 `launch` parses and checks the LAUNCH OPTIONS (and for pretrain --config and the --section.key=value
@@ -12,6 +12,12 @@ assignments to eval: LAUNCHER, HOSTFILE, MODULE_ARGS, the CLUSTER_* values, RANK
 defaults every rank gets) and, for a hostfile, DS_ENV (the DeepSpeed env file's lines). Bad input is
 one "PROG: error: ..." line on stderr and exit status 2, before anything starts. launch.sh keeps what
 must be bash: running the launcher, printing under --dry-run, exporting, passing signals on.
+
+`--check-run` (launch.sh passes it for pretrain) then runs the launch-time check of the run itself in
+this same process, for the world size just planned (pretrain/preflight.py: config keys, DeepSpeed
+JSONs, batch arithmetic, shards, run folder): a problem is one "PROG: config error: ..." line and
+exit status 2, so no launcher, rank or node is started for a run that would fail at start-up. Under
+--dry-run it is a note. It imports numpy and pyarrow (never torch), so only then, not at the top.
 
 Why not bash: parsing, checking and merging are functions with unit tests here
 (tests/launch/test_launch_plan.py), and the option table feeds both the parser and the usage text, so
@@ -57,6 +63,9 @@ VALUE_OPTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                       ("rendezvous port (default: 29500; under SLURM 20000 + job id % 20000)",)),
 }  # fmt: skip
 CPU_OPTION = ("--cpu", ("CPU ranks over gloo (DS_ACCELERATOR=cpu) instead of GPUs; needs --gpus N",))
+NO_CHECK_OPTION = ("--no-check", ("pretrain: skip the launch-time check of the run (config, DeepSpeed JSONs,",
+                                  "batch, shards, run folder), e.g. when this machine cannot see the nodes' files;",
+                                  "the ranks still check"))
 # Where the ranks run when no --launcher is given, between --hostfile and --launcher in the usage text.
 AUTO_CHOICES = (
     ("SLURM", ("inside an allocation (SLURM_JOB_ID set): one srun task per GPU, RANK/WORLD_SIZE/",
@@ -78,6 +87,7 @@ class LaunchOptions:
     master_addr: str = ""
     master_port: str = ""
     cpu: bool = False
+    no_check: bool = False
     module_args: list[str] = field(default_factory=list)  # everything else, in order, for the Python module
     verbatim_from: int | None = None  # index in module_args where the arguments after "--" begin
 
@@ -95,6 +105,8 @@ def parse_launch_options(args: Sequence[str]) -> LaunchOptions:
         name, equals, value = arg.partition("=")
         if arg == "--cpu":
             options.cpu = True
+        elif arg == "--no-check":
+            options.no_check = True
         elif arg == "--":
             options.verbatim_from = len(options.module_args)
             options.module_args += args[index + 1 :]
@@ -180,6 +192,7 @@ def rank_env(env: Mapping[str, str], ranks: int, cpu_count: int, cpus_per_task: 
     fast tokenizers' thread pool deadlocks after fork (DataLoader workers). NCCL_DEBUG=WARN: NCCL then
     says why a collective hangs without flooding logs. PYTHONUNBUFFERED=1: output when it happens.
     PYTHONPATH as launch.sh exported it (the checkout in front). DS_ACCELERATOR=cpu with --cpu only.
+    TORCH_EXTENSIONS_DIR when set: where the ranks build and load DeepSpeed's ops (pdsh would drop it).
     """
     threads = cpus_per_task or str(max(1, cpu_count // max(ranks, 1)))
     values = {
@@ -189,6 +202,8 @@ def rank_env(env: Mapping[str, str], ranks: int, cpu_count: int, cpus_per_task: 
         "PYTHONUNBUFFERED": env.get("PYTHONUNBUFFERED") or "1",
         "PYTHONPATH": env.get("PYTHONPATH", ""),
     }
+    if env.get("TORCH_EXTENSIONS_DIR"):
+        values["TORCH_EXTENSIONS_DIR"] = env["TORCH_EXTENSIONS_DIR"]
     if cpu:
         values["DS_ACCELERATOR"] = "cpu"
     return values
@@ -311,7 +326,7 @@ def usage() -> str:
     """`./launch.sh --help`: the LAUNCH OPTIONS part comes from the tables the parser uses."""
     entries = [VALUE_OPTIONS["--hostfile"][1:], *AUTO_CHOICES]
     entries += [VALUE_OPTIONS[name][1:] for name in VALUE_OPTIONS if name != "--hostfile"]
-    entries += [CPU_OPTION, ("--", ("pass everything after it to the Python module unchanged",))]
+    entries += [CPU_OPTION, NO_CHECK_OPTION, ("--", ("pass everything after it to the Python module unchanged",))]
     return _USAGE_HEAD + "".join(_usage_entry(left, lines) for left, lines in entries) + _USAGE_TAIL
 
 
@@ -328,6 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     launch = commands.add_parser("launch", help="launch.sh's values for one launch, as shell assignments")
     launch.add_argument("subcommand", choices=["pretrain", "finetune"])
     launch.add_argument("--dry-run", action="store_true", help="a missing input is a note, not an error")
+    launch.add_argument("--check-run", action="store_true", help="pretrain: the launch-time check of the run too")
     launch.add_argument("--cpu-count", type=int, default=1, help="CPUs of this machine (launch.sh: nproc)")
     commands.add_parser("usage", help="launch.sh's --help text")
     args = parser.parse_args(argv)
@@ -345,8 +361,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ClusterError as err:
         print(f"{args.prog}: error: {err}", file=sys.stderr)
         return 2
+    options = parse_launch_options(module_args)
+    if args.check_run and args.subcommand == "pretrain" and not options.no_check:
+        world_size = int(str(values.get("CLUSTER_WORLD_SIZE", values["CLUSTER_RANKS"])))
+        if not check_run(options, world_size, args.prog, args.dry_run):
+            return 2
     sys.stdout.write(shell_assignments(values))
     return 0
+
+
+def check_run(options: LaunchOptions, world_size: int, prog: str, dry_run: bool) -> bool:
+    """The launch-time check (pretrain/preflight.py) of pretrain's arguments as the ranks will get them, for
+    `world_size` ranks; False (after one line on stderr) when the launch must not start. Under --dry-run a
+    problem is a note: an earlier step of a pipeline (the demo's data prep) may not have run yet."""
+    try:
+        from pretrain.config_sections import ConfigError
+        from pretrain.preflight import LaunchShape, check_command_line
+    except ImportError as err:  # a --dry-run on a bare python3: the check needs the toolkit's environment
+        problem = f"error: the launch-time check needs the toolkit's environment: {err}"
+    else:
+        try:
+            shape = LaunchShape(world_size, "cpu" if options.cpu else "cuda")
+            print(f"{prog}: {check_command_line(options.module_args, shape)}", file=sys.stderr)
+            return True
+        except ConfigError as err:
+            problem = f"config error: {err}"
+    if dry_run:
+        print(f"{prog}: note: {problem} (continuing: --dry-run)", file=sys.stderr)
+        return True
+    print(f"{prog}: {problem}", file=sys.stderr)
+    return False
 
 
 if __name__ == "__main__":

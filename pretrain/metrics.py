@@ -20,6 +20,7 @@ perf/real_tokens_per_s). Unpacked, rows == instances; a packed row holds several
 from __future__ import annotations
 
 import json
+import os
 import resource
 import time
 from dataclasses import dataclass
@@ -71,23 +72,36 @@ def memory_stats(device: torch.device) -> dict[str, float]:
 
 
 class MetricsWriter:
-    """Scalars/histograms to TensorBoard and one JSON line per step to metrics.jsonl; rank 0 only."""
+    """Scalars/histograms to TensorBoard and one JSON line per step to metrics.jsonl; rank 0 only.
+
+    Each step is kept once across a stop and resume: the files are opened at the first step this process
+    writes, S, and what an earlier process logged from S on (the steps after its last checkpoint, which the
+    resumed run repeats) is dropped: rows of metrics.jsonl with step >= S, and TensorBoard's events through
+    SummaryWriter(purge_step=S).
+    """
 
     def __init__(self, log_dir: Path | None, enabled: bool) -> None:
         self.enabled = enabled and log_dir is not None
+        self.log_dir = log_dir
         self._tb = None
         self._jsonl = None
-        if self.enabled:
-            assert log_dir is not None
-            from torch.utils.tensorboard import SummaryWriter  # imported lazily: rank 0 only
 
-            log_dir.mkdir(parents=True, exist_ok=True)
-            self._tb = SummaryWriter(log_dir=str(log_dir))
-            self._jsonl = open(log_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+    def _open(self, step: int) -> None:
+        if self._tb is not None:
+            return
+        assert self.log_dir is not None
+        from torch.utils.tensorboard import SummaryWriter  # imported lazily: rank 0 only
+
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        path = self.log_dir / "metrics.jsonl"
+        drop_rows_from(path, step)
+        self._tb = SummaryWriter(log_dir=str(self.log_dir), purge_step=step)
+        self._jsonl = open(path, "a", encoding="utf-8")  # noqa: SIM115
 
     def scalars(self, step: int, values: dict[str, float], extra: dict[str, Any] | None = None) -> None:
         if not self.enabled:
             return
+        self._open(step)
         for tag, value in values.items():
             self._tb.add_scalar(tag, value, step)
         self._jsonl.write(json.dumps({"step": step, **(extra or {}), **values}) + "\n")
@@ -95,17 +109,39 @@ class MetricsWriter:
 
     def histogram(self, step: int, tag: str, values: torch.Tensor) -> None:
         if self.enabled and values.numel():
+            self._open(step)
             self._tb.add_histogram(tag, values.detach().float().cpu(), step)
 
     def flush(self) -> None:
-        if self.enabled:
+        if self.enabled and self._tb is not None:
             self._tb.flush()
 
     def close(self) -> None:
-        if self.enabled:
+        if self.enabled and self._tb is not None:
             self._tb.close()
             self._jsonl.close()
-            self.enabled = False
+        self.enabled = False
+
+
+def drop_rows_from(path: Path, step: int) -> None:
+    """Rewrite metrics.jsonl without its rows of `step` and later (atomically; a torn last line goes too)."""
+    if not path.is_file():
+        return
+    kept, dropped = [], False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row_step = json.loads(line)["step"]
+        except (ValueError, KeyError, TypeError):
+            dropped = True
+            continue
+        if row_step >= step:
+            dropped = True
+        else:
+            kept.append(line + "\n")
+    if dropped:
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text("".join(kept), encoding="utf-8")
+        os.replace(partial, path)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,16 @@ def block_diagonal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
     (SDPA would return NaN there); padding outputs are never read."""
     return (segment_ids.unsqueeze(-1) == segment_ids.unsqueeze(-2)).unsqueeze(1)
 
+def key_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """[batch, seq] 1/0 padding mask -> bool [batch, 1, 1, seq] (True = a real key), or None for no padding.
+
+    transformers hands a 4D mask to SDPA as it is; given the 2D one it first checks `mask.all()` in a
+    Python `if`, a device -> host sync in every forward. Every query row still sees its own real keys."""
+    if attention_mask is None or attention_mask.dim() == 4:
+        return attention_mask
+    return attention_mask.bool()[:, None, None, :]
+
+
 # Architecture presets. bert-base / bert-large are the published shapes; the tiny ones exist for CPU tests.
 PRESETS: dict[str, dict[str, Any]] = {
     "bert-large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
@@ -82,7 +92,8 @@ class SparseBertForPreTraining(BertForPreTraining):
 
     `forward(input_ids, token_type_ids, attention_mask, masked_positions, masked_labels,
     next_sentence_label)`: `masked_positions` / `masked_labels` are [batch, max_predictions],
-    padded with position 0 / label -100. Returns `PretrainingOutput`.
+    padded with position 0 / label -100; `attention_mask` None means no padding (see
+    `pretrain.loader.model_inputs`). Returns `PretrainingOutput`.
 
     Packed rows (pretrain/packing.py) add `segment_ids`, `position_ids` and `cls_positions`: attention
     is block-diagonal per instance and NSP pools every instance's [CLS]; `next_sentence_label` then has
@@ -95,7 +106,7 @@ class SparseBertForPreTraining(BertForPreTraining):
         self,
         input_ids: torch.Tensor,
         token_type_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
+        attention_mask: torch.Tensor | None,
         masked_positions: torch.Tensor,
         masked_labels: torch.Tensor,
         next_sentence_label: torch.Tensor,
@@ -104,7 +115,8 @@ class SparseBertForPreTraining(BertForPreTraining):
         cls_positions: torch.Tensor | None = None,
     ) -> PretrainingOutput:
         if segment_ids is None:
-            encoded = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+            encoded = self.bert(input_ids=input_ids, attention_mask=key_padding_mask(attention_mask),
+                                token_type_ids=token_type_ids)
             sequence_output, pooled_output = encoded[0], encoded[1]
         else:
             if position_ids is None or cls_positions is None:
@@ -154,10 +166,11 @@ class SparseBertForPreTraining(BertForPreTraining):
         return self.cls.predictions(gathered.reshape(-1, hidden)), masked_labels.reshape(-1).long()
 
     def dense_mlm_logits(
-        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Logits at every position (what `BertForPreTraining` computes); for checks and benchmarks."""
-        encoded = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        encoded = self.bert(input_ids=input_ids, attention_mask=key_padding_mask(attention_mask),
+                            token_type_ids=token_type_ids)
         return self.cls.predictions(encoded[0])
 
 

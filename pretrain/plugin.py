@@ -35,6 +35,17 @@ if TYPE_CHECKING:
 ENTRY_POINT_GROUP = "bert_ds.plugins"
 
 
+@dataclass(frozen=True)
+class StepAgreement:
+    """What the ranks decide at the end of a step: stop (a signal on some rank), write a checkpoint because
+    some rank's clock says `checkpoint.every_minutes` have passed, and whether this model reaches the
+    NaN-abort limit (failures.max_consecutive_nonfinite) at this step."""
+
+    stop: bool
+    save_due: bool
+    aborting_here: bool
+
+
 class TrainingPlugin:
     """What a plug-in may change in a run. Every default is the plain run's behaviour, so the driver
     calls every hook unconditionally and a plug-in overrides only what it changes.
@@ -43,7 +54,7 @@ class TrainingPlugin:
     (`PluginSpec.build`, collective: every rank builds it at the same point) -> `job_config`,
     `job_dist_info` -> `loss_term`, `after_step` registered -> `checkpoint_manager` -> per phase:
     `first_rank`/`replica_group` (initial weights), `mpu` (engine), `start_phase`, then each step
-    `loss_term`'s function per micro-batch, `agree_on_stop`, `after_step` -> `export_phase`.
+    `loss_term`'s function per micro-batch, `agree_on_step`, `after_step` -> `export_phase`.
     """
 
     # ------------------------------------------------------------------ this job's share of the world
@@ -85,16 +96,17 @@ class TrainingPlugin:
     def after_step(self, trainer: PhaseTrainer) -> None:
         """Every rank, after each optimizer step's metrics are logged, before checkpoints and stop checks."""
 
-    # ------------------------------------------------------------------ agreeing on stop / abort
-    def agree_on_stop(self, stop: bool, aborting_here: bool, device: torch.device) -> tuple[bool, str | None]:
-        """Every rank, once per step: make a stop or a NaN abort common to every part of the job.
+    # ------------------------------------------------------------------ agreeing on a step's outcome
+    def agree_on_step(self, step: StepAgreement, device: torch.device) -> tuple[StepAgreement, str | None]:
+        """Every rank, once per step: make a stop, a time-due checkpoint or a NaN abort common to every part
+        of the job (a save is a collective: every rank must save after the same step).
 
-        `stop` is already agreed over `replica_group` (it rides the step's statistics all-reduce);
-        `aborting_here`: this model reaches failures.max_consecutive_nonfinite at this step. Returns the
-        stop to act on and, when another part of the job aborts at this step while this one would not,
-        why (the trainer then checkpoints and raises NonFiniteLossError with it).
+        `step.stop` and `step.save_due` are already agreed over `replica_group` (they ride the step's
+        statistics all-reduce); `step.aborting_here`: this model reaches failures.max_consecutive_nonfinite
+        at this step. Returns what to act on and, when another part of the job aborts at this step while
+        this one would not, why (the trainer then checkpoints and raises NonFiniteLossError with it).
         """
-        return stop, None
+        return step, None
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_manager(self, root: Path, keep_last: int, rank: int) -> CheckpointManager:
@@ -123,6 +135,9 @@ class PluginSpec:
     check: Callable[[Any, RunConfig], None]
     # (RunConfig, world DistInfo) -> the plug-in, or None when the section turns it off. Collective.
     build: Callable[[RunConfig, DistInfo], TrainingPlugin | None]
+    # (section, ranks in the job) -> the data-parallel ranks of one model (what `job_dist_info` will say), without
+    # processes: the launch-time batch check (pretrain/preflight.py). None: that check leaves the batch to the ranks.
+    data_parallel_size: Callable[[Any, int], int] | None = None
 
 
 def installed_plugins() -> list[str]:

@@ -12,15 +12,24 @@ build the engine, train, checkpoint, export.
 An optional feature (codistillation) changes a run only through the TrainingPlugin hooks of
 pretrain/plugin.py; this module never imports one, and without a plug-in section the hooks' defaults
 are the plain run.
+
+`--help` is answered before torch and DeepSpeed are imported (pretrain/train_cli.py), hence the
+imports after that check (E402 off for this file).
 """
+# ruff: noqa: E402
 
 from __future__ import annotations
 
-import argparse
+import sys
+
+if __name__ == "__main__" and {"-h", "--help"} & set(sys.argv[1:]):
+    from pretrain.train_cli import parse_args
+
+    parse_args(sys.argv[1:])  # prints every key with its doc and exits 0, in a fraction of a second
+
 import functools
 import gc
 import json
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,17 +51,20 @@ from pretrain.checkpointing.checkpoint import (
 from pretrain.checkpointing.elastic import prepare_resume
 from pretrain.checkpointing.manifest import resolve_resume_tag
 from pretrain.config import ConfigError, RunConfig, load_config
-from pretrain.config_doc import format_help
 from pretrain.data import DataConfigError, PhaseData, RankBatches, open_phase_data
 from pretrain.ds_config import phase_ds_config, precision_of
 from pretrain.engine import DistInfo, build_engine, check_ds_config, client_optimizer, init_distributed
 from pretrain.export import EXPORT_INFO, load_weights
+from pretrain.lifetime import RunFolderBusyError, hold_run_folder, release_run_folder
 from pretrain.metrics import MetricsWriter, Throughput, flops_per_sequence, peak_tflops
 from pretrain.model import bert_config, build_model, count_parameters
 from pretrain.optim.lamb import ExactLamb, bind_zero_layout
 from pretrain.plugin import TrainingPlugin, add_losses, build_plugin
+from pretrain.preflight import check_run_shards, model_overrides
 from pretrain.schedule import WarmupPolyDecay
-from pretrain.trainer import ExtraLoss, NonFiniteLossError, PhaseState, PhaseTrainer, StopRequest
+from pretrain.stop_request import StopRequest
+from pretrain.train_cli import parse_args
+from pretrain.trainer import ExtraLoss, NonFiniteLossError, PhaseState, PhaseTrainer
 
 RESOLVED_CONFIG = "config.resolved.json"
 
@@ -65,7 +77,13 @@ class RunPlan:
 
 
 def plan_run(config: RunConfig, dist_info: DistInfo, verify_checksums: bool) -> RunPlan:
-    """Every check that needs files, before any model or engine exists. Raises ConfigError/DataConfigError."""
+    """Every check that needs files, before any model or engine exists. Raises ConfigError/DataConfigError.
+
+    The launch-time check's functions first (pretrain/preflight.py: the same messages as `./launch.sh`
+    gives before any rank starts), then what only a rank does: hash the shards, build the model config.
+    """
+    shards = check_run_shards(config)
+    overrides, max_positions = model_overrides(config, shards[config.run.phases[0]].vocab_size)
     data: dict[str, PhaseData] = {}
     vocab_sha = None
     for name in config.run.phases:
@@ -77,17 +95,6 @@ def plan_run(config: RunConfig, dist_info: DistInfo, verify_checksums: bool) -> 
         )
         vocab_sha = data[name].vocab.sha256
     first = data[config.run.phases[0]]
-    overrides = dict(config.model.overrides)
-    if overrides.get("vocab_size", first.vocab.size) != first.vocab.size:
-        raise ConfigError(
-            f"model.overrides.vocab_size: {overrides['vocab_size']} differs from the shards' vocab size {first.vocab.size}"
-        )
-    overrides.pop("vocab_size", None)
-    max_len = max(config.phase(name).seq_len for name in config.run.phases)
-    overrides.setdefault("max_position_embeddings", max(512, max_len))
-    if overrides["max_position_embeddings"] < max_len:
-        raise ConfigError(f"model.overrides.max_position_embeddings: {overrides['max_position_embeddings']} < seq_len {max_len}")
-    max_positions = overrides.pop("max_position_embeddings")
     try:
         model_config = bert_config(config.model.preset, first.vocab.size, max_positions, **overrides)
     except ValueError as err:
@@ -119,13 +126,17 @@ def plan_run(config: RunConfig, dist_info: DistInfo, verify_checksums: bool) -> 
 
 
 def plan_on_rank0(config: RunConfig, dist_info: DistInfo) -> RunPlan:
-    """Rank 0 checks (with checksums) and broadcasts the verdict: all ranks fail together, none hangs."""
+    """Rank 0 checks (with checksums) and broadcasts the verdict: all ranks fail together, none hangs.
+
+    Rank 0 also takes the run folder's lock for the job's life: a second job on the same folder (a rerun
+    beside ranks that outlived their launcher) stops here instead of writing checkpoints beside them."""
     error: list[Any] = [None]
     if dist_info.rank == 0:
         try:
             plan_run(config, dist_info, verify_checksums=True)
-        except (ConfigError, DataConfigError, ShardFormatError) as err:
-            error[0] = f"{type(err).__name__}: {err}"
+            hold_run_folder(Path(config.run.dir))  # after the checks: a refused run creates no folder
+        except (ConfigError, DataConfigError, ShardFormatError, RunFolderBusyError) as err:
+            error[0] = str(err)  # as `./launch.sh pretrain`'s launch-time check words it: each names its key
     if dist.is_initialized() and dist_info.world_size > 1:
         dist.broadcast_object_list(error, src=0)
     if error[0] is not None:
@@ -192,8 +203,11 @@ def run_phase(
                                 packing=phase.packing, part=config.data.part, num_parts=config.data.num_parts)
     try:
         val_batches = RankBatches(data, "val", config.run.seed, dist_info.rank, dist_info.world_size, micro, shuffle=False)
-    except (ShardFormatError, DataConfigError):
-        val_batches = None  # no held-out shards at this length: no validation numbers
+    except (ShardFormatError, DataConfigError) as err:
+        val_batches = None  # no held-out shards at this length (or too few for the ranks): no validation numbers
+        if dist_info.rank == 0 and config.logging.val_every_steps > 0:
+            print(f"note: {name}: no validation this phase: {err} (data_prep --val-fraction sets the held-out "
+                  "share)", flush=True)
     precision = precision_of(ds)
     flops = flops_per_sequence(
         counts["encoder"], counts["mlm_head"], model_config.num_hidden_layers, model_config.hidden_size,
@@ -345,24 +359,7 @@ def _train(
         return "complete"
     finally:
         metrics.close()
-
-
-class _HelpParser(argparse.ArgumentParser):
-    def format_help(self) -> str:
-        # built only when asked for: it lists every installed plug-in's keys, which imports their declarations
-        self.epilog = format_help(RunConfig)
-        return super().format_help()
-
-
-def parse_args(argv: list[str] | None) -> tuple[str | None, list[str]]:
-    """--config, and the `--section.key=value` overrides as strings for pretrain.config (not argparse options,
-    which would take abbreviations and no nested dict keys); `--help` lists every key from the field docs."""
-    parser = _HelpParser(prog="python -m pretrain.train", description="Two-phase BERT pretraining on DeepSpeed.",
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", help="RUN.json (the shipped ones: ds_configs/recipes/*.json)")
-    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher
-    args, rest = parser.parse_known_args(argv)
-    return args.config, rest
+        release_run_folder(run_dir)
 
 
 def main(

@@ -25,23 +25,27 @@ no plug-in by name.
 
 from __future__ import annotations
 
-import signal
+import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from pretrain.checkpointing.cadence import CheckpointCadence
 from pretrain.checkpointing.checkpoint import CheckpointManager, make_tag
 from pretrain.config import PHASE_NAMES, RunConfig
-from pretrain.data import RankBatches, ValidationBatches, batch_loader
+from pretrain.data import RankBatches, ValidationBatches
 from pretrain.engine import DistInfo, client_optimizer
+from pretrain.loader import model_inputs, stream_batches
 from pretrain.metrics import MetricsWriter, StepCounts, Throughput, memory_stats
-from pretrain.model import IGNORE_INDEX, PretrainingOutput
+from pretrain.model import PretrainingOutput
 from pretrain.optim.lamb import ExactLamb
-from pretrain.plugin import TrainingPlugin
+from pretrain.plugin import StepAgreement, TrainingPlugin
+from pretrain.step_stats import StepSums, host_values_to_device, labelled_slots
+from pretrain.stop_request import StopRequest
 
 # (output, batch, state) -> (extra loss term, numbers to log as the mean over micro-batches and ranks)
 ExtraLoss = Callable[
@@ -75,33 +79,14 @@ class PhaseState:
 
 
 @dataclass
-class StopRequest:
-    """Set by SIGTERM/SIGUSR1 (SLURM preemption); the loop checkpoints and returns at the next step."""
-
-    signal_name: str | None = None
-    installed: list[tuple[int, Any]] = field(default_factory=list)
-
-    def install(self) -> None:
-        for signum in (signal.SIGTERM, signal.SIGUSR1):
-            self.installed.append((signum, signal.signal(signum, self._handle)))
-
-    def uninstall(self) -> None:
-        for signum, previous in self.installed:
-            signal.signal(signum, previous)
-        self.installed.clear()
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.signal_name = signal.Signals(signum).name
-
-
-@dataclass
 class StepResult:
     applied: bool
     nonfinite: bool
     values: dict[str, float]
     counts: StepCounts  # rows, instances, real tokens, MLM predictions of the step over the model's ranks
-    stop_requested: bool = False  # some rank received SIGTERM/SIGUSR1 before this step's all-reduce
-    abort_elsewhere: str | None = None  # why another part of the job aborts at this step (plugin.agree_on_stop)
+    stop_requested: bool = False  # some rank received a stop signal before this step's all-reduce
+    save_due: bool = False  # some rank's clock says checkpoint.every_minutes have passed (agreed over the job)
+    abort_elsewhere: str | None = None  # why another part of the job aborts at this step (plugin.agree_on_step)
 
 
 def validation_batches(config: RunConfig, val_batches: RankBatches) -> ValidationBatches:
@@ -115,13 +100,6 @@ def validation_batches(config: RunConfig, val_batches: RankBatches) -> Validatio
 
 def step_seed(*parts: int) -> int:
     return int(np.random.SeedSequence([p & 0xFFFFFFFF for p in parts]).generate_state(1, dtype=np.uint64)[0] >> 1)
-
-
-def _all_reduce(values: list[float], device: torch.device, group: Any = None) -> list[float]:
-    tensor = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.is_initialized() and dist.get_world_size(group) > 1:
-        dist.all_reduce(tensor, group=group)
-    return tensor.tolist()
 
 
 class PhaseTrainer:
@@ -156,25 +134,45 @@ class PhaseTrainer:
         if val_batches is not None:
             val_batches.phase_index = train_batches.phase_index
         self.steps_this_process = 0
+        self.cadence = CheckpointCadence(config.checkpoint, started=time.monotonic())
         # Run on every rank after each step; one with a `phase_started(trainer)` method also gets that call once
         # the engine is built and any checkpoint loaded, before the first step (tests compare restored states).
         self.step_callbacks: list[Callable[[PhaseTrainer], None]] = []
         self._batches: Iterator[dict[str, torch.Tensor]] | None = None
+        self._ahead: list[dict[str, torch.Tensor]] = []  # micro-batches of the next step, read during this one
+        self._data_wait_s = 0.0  # seconds this step waited for the loader
 
     def state_dict(self) -> dict[str, Any]:
         return self.state.state_dict()
 
     # ------------------------------------------------------------------ one optimizer step
     def _next_batch(self) -> dict[str, torch.Tensor]:
+        """The next micro-batch of this rank's stream, on the host; the time the loop waits for it is logged."""
         if self._batches is None:
             per_chunk = self.train_batches.micro_batch * self.train_batches.world_size
             if self.state.data_position % per_chunk:
                 raise ValueError(f"data position {self.state.data_position} is not a whole number of micro-batches "
                                  f"of {per_chunk} samples over all ranks")
-            loader = batch_loader(self.train_batches, self.state.data_position // per_chunk,
-                                  self.config.data.num_workers)
-            self._batches = iter(loader)
-        return next(self._batches)  # on the host; moved to the device right before its forward pass
+            self._batches = stream_batches(self.train_batches, self.state.data_position // per_chunk,
+                                           self.config.data.num_workers)
+        started = time.perf_counter()
+        batch = next(self._batches)
+        self._data_wait_s += time.perf_counter() - started
+        return batch
+
+    def _batches_of_step(self) -> list[dict[str, torch.Tensor]]:
+        """This step's micro-batches: read during the previous step (`_read_ahead`), or now for the first step
+        of this process (or phase). The loss normalisation needs every label of the step before its first
+        backward, so a step's batches are read one step early, while the device computes the previous one."""
+        batches, self._ahead = self._ahead, []
+        while len(batches) < self.accumulation:
+            batches.append(self._next_batch())
+        return batches
+
+    def _read_ahead(self) -> None:
+        """Read one micro-batch of the next step (called after each micro-batch's work is queued)."""
+        if self.state.step + 1 < self.phase.steps and len(self._ahead) < self.accumulation:
+            self._ahead.append(self._next_batch())
 
     def loss(
         self, output: PretrainingOutput, batch: dict[str, torch.Tensor], mlm_scale: torch.Tensor | None = None
@@ -190,70 +188,63 @@ class PhaseTrainer:
     def _step_mlm_scale(self, batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
         """micro-batches per step / labelled MLM slots of the whole global batch (one tiny all-reduce of a
         number counted on the host from the collated labels: no device -> host sync)."""
-        labelled = sum(int((b["masked_labels"] != IGNORE_INDEX).sum()) for b in batches)
-        labelled = torch.tensor([float(labelled)], dtype=torch.float64, device=self.dist_info.device)
+        labelled = host_values_to_device([float(sum(labelled_slots(b) for b in batches))], self.dist_info.device)
         if dist.is_initialized() and self.dist_info.world_size > 1:
             dist.all_reduce(labelled, group=self.replica_group)
         return self.micro_batches_per_step / labelled[0].clamp_min(1)
 
+    def _unwrapped_grad_norm(self) -> torch.Tensor | None:
+        """The global gradient norm (before clipping) where DeepSpeed reports none: an engine without an
+        optimizer wrapper (ZeRO-0 in fp32). Called after the boundary backward (gradients averaged over the
+        ranks) and before `engine.step()`; stays on the device until the step's host read."""
+        if self.engine.optimizer is not client_optimizer(self.engine):
+            return None
+        grads = [p.grad.detach() for p in self.engine.module.parameters() if p.grad is not None]
+        if not grads:
+            return None
+        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+
     def train_step(self) -> StepResult:
         """Accumulate `gradient_accumulation_steps` micro-batches, then one optimizer step.
 
-        Statistics stay on the device until one all-reduce at the end (a single host sync per step),
-        which also carries this rank's stop request so the ranks agree on stopping for free, and the
-        step's work counts (rows, instances, real tokens, MLM predictions), so throughput counts every
-        rank's batches rather than extrapolating rank 0's.
+        Statistics stay on the device until one all-reduce at the end (a single host sync per step,
+        pretrain/step_stats.py), which also carries this rank's stop request so the ranks agree on stopping
+        for free, and the step's work counts, so throughput counts every rank's batches. While each
+        micro-batch's work is queued, one micro-batch of the next step is read.
         """
         phase_index = PHASE_NAMES.index(self.state.phase)
-        # (before it, one all-reduce of the step's labelled-token count: the loss normalisation, see the module doc)
-        # sums over micro-batches: mlm loss sum, nsp loss, mlm correct, mlm count, nsp correct, instances (the NSP
-        # count), nonfinite, then the rest of the work counts: rows, real tokens, MLM head rows
-        sums = torch.zeros(10, dtype=torch.float64, device=self.dist_info.device)
-        extra_sums: dict[str, torch.Tensor] = {}
-        batches = [self._next_batch() for _ in range(self.accumulation)]
+        self._data_wait_s = 0.0
+        batches = self._batches_of_step()
         self.state.data_position += self.global_batch
-        mlm_scale = self._step_mlm_scale(batches)
+        mlm_scale = self._step_mlm_scale(batches)  # before the first backward (module docstring)
+        sums = StepSums(self.dist_info.device)
+        lr, grad_norm = 0.0, None
         for micro, host_batch in enumerate(batches):
-            batch = {key: value.to(self.dist_info.device, non_blocking=True) for key, value in host_batch.items()}
+            batch = model_inputs(host_batch, self.dist_info.device)
             torch.manual_seed(step_seed(self.config.run.seed, phase_index, self.state.step, micro, self.dist_info.rank))
             output: PretrainingOutput = self.engine(**batch)
             loss, extra = self.loss(output, batch, mlm_scale)
             # A NaN/inf loss is still back-propagated: its non-finite gradients make DeepSpeed's overflow
             # check skip the step on every rank together (checked below), so no rank diverges.
             self.engine.backward(loss)
+            if micro == self.accumulation - 1:
+                # the lr this update uses: DeepSpeed steps its scheduler inside the boundary engine.step()
+                lr = float(self.engine.get_lr()[0])
+                grad_norm = self._unwrapped_grad_norm()
             self.engine.step()
-            with torch.no_grad():
-                finite = torch.isfinite(loss.detach()).double()
-                zero = torch.zeros((), dtype=torch.float64, device=sums.device)
-                mlm_correct, mlm_labelled = output.mlm_counts()  # head ran on every slot; empty ones excluded
-                # packed rows pad their unused NSP slots: the labelled ones are the instances
-                instances = (batch["next_sentence_label"] != IGNORE_INDEX).sum().double()
-                sums += torch.stack([
-                    torch.where(finite > 0, output.mlm_loss_sum.detach().double(), zero),  # / labelled below
-                    torch.where(finite > 0, output.nsp_loss.detach().double(), zero),
-                    mlm_correct.double(),
-                    mlm_labelled.double(),
-                    (output.nsp_logits.argmax(-1) == batch["next_sentence_label"]).sum().double(),
-                    instances,
-                    1.0 - finite,
-                    zero + batch["input_ids"].size(0),
-                    batch["attention_mask"].sum().double(),
-                    zero + output.mlm_labels.numel(),
-                ])
-                for key, value in extra.items():
-                    value = torch.as_tensor(value, dtype=torch.float64, device=sums.device)
-                    extra_sums[key] = extra_sums.get(key, 0.0) + value
-        stop_flag = torch.tensor([1.0 if self.stop.signal_name else 0.0], dtype=torch.float64, device=sums.device)
-        packed = torch.cat([sums, stop_flag, *(v.reshape(1) for v in extra_sums.values())])
-        if dist.is_initialized() and self.dist_info.world_size > 1:
-            dist.all_reduce(packed, group=self.replica_group)
-        reduced = packed.tolist()
-        mlm, nsp, mlm_ok, mlm_n, nsp_ok, nsp_n, nonfinite, rows, real_tokens, head_rows, stop = reduced[:11]
-        counts = StepCounts(rows=rows, instances=nsp_n, real_tokens=real_tokens, predictions=head_rows)
+            sums.add(output, batch, host_batch, loss, extra)
+            self._read_ahead()
+        totals = sums.reduce(bool(self.stop.signal_name), self.cadence.time_due(time.monotonic()),
+                             self.replica_group, self.dist_info.world_size)
+        nonfinite = totals["nonfinite"]
+        counts = StepCounts(rows=totals["rows"], instances=totals["instances"], real_tokens=totals["real_tokens"],
+                            predictions=totals["head_rows"])
         aborting_here = bool(nonfinite) and (
             self.state.consecutive_nonfinite + 1 >= self.config.failures.max_consecutive_nonfinite)
         # a plug-in that runs several models in one job makes the stop and a NaN abort common to all of them
-        stop_requested, abort_elsewhere = self.plugin.agree_on_stop(stop > 0, aborting_here, sums.device)
+        agreed, abort_elsewhere = self.plugin.agree_on_step(
+            StepAgreement(stop=totals["stop"] > 0, save_due=totals["save_due"] > 0, aborting_here=aborting_here),
+            self.dist_info.device)
         finite_micro = self.accumulation * self.dist_info.world_size - nonfinite
         applied = bool(self.engine.was_step_applied())
         if nonfinite and applied:
@@ -261,25 +252,30 @@ class PhaseTrainer:
                 "a NaN/inf loss reached an applied optimizer step: this engine configuration does not check "
                 "gradients for overflow (use ZeRO stage >= 1 or fp16); stopping before the weights are used"
             )
+        labelled = max(totals["mlm_labelled"], 1)
         values = {
-            "loss/mlm": mlm / max(mlm_n, 1),  # over every labelled token of the step (NaN micro-batches: 0)
-            "loss/nsp": nsp / max(finite_micro, 1),
-            "acc/mlm": mlm_ok / max(mlm_n, 1),
-            "acc/nsp": nsp_ok / max(nsp_n, 1),
+            "loss/mlm": totals["mlm_loss_sum"] / labelled,  # over every labelled token of the step (NaN ones: 0)
+            "loss/nsp": totals["nsp_loss_sum"] / max(finite_micro, 1),
+            "acc/mlm": totals["mlm_correct"] / labelled,
+            "acc/nsp": totals["nsp_correct"] / max(totals["instances"], 1),
         }
         values["loss/total"] = values["loss/mlm"] + values["loss/nsp"]
         divisor = self.accumulation * self.dist_info.world_size
-        values.update({key: total / divisor for key, total in zip(extra_sums, reduced[11:], strict=True)})
+        values.update({key: total / divisor for key, total in totals.extras.items()})
+        values["lr"] = lr
+        if grad_norm is not None:
+            values["grad_norm"] = float(grad_norm)  # computed before the step's host read: no extra wait
+        values["perf/data_wait_s"] = self._data_wait_s
         return StepResult(applied=applied, nonfinite=nonfinite > 0, values=values, counts=counts,
-                          stop_requested=stop_requested, abort_elsewhere=abort_elsewhere)
+                          stop_requested=agreed.stop, save_due=agreed.save_due, abort_elsewhere=abort_elsewhere)
 
     # ------------------------------------------------------------------ loop
     def step_metrics(self, result: StepResult) -> dict[str, float]:
         values = dict(result.values)
-        values["lr"] = float(self.engine.get_lr()[0])
-        grad_norm = self.engine.get_global_grad_norm()
-        if grad_norm is not None:
-            values["grad_norm"] = float(grad_norm)
+        if "grad_norm" not in values:
+            grad_norm = self.engine.get_global_grad_norm()
+            if grad_norm is not None:
+                values["grad_norm"] = float(grad_norm)
         wrapper = self.engine.optimizer
         values["loss_scale"] = float(getattr(wrapper, "cur_scale", getattr(wrapper, "loss_scale", 1.0)) or 1.0)
         values["failures/nonfinite_steps"] = float(self.state.nonfinite_steps)
@@ -294,7 +290,7 @@ class PhaseTrainer:
         if isinstance(optimizer, ExactLamb):
             for name, value in optimizer.trust_ratio_stats().items():
                 values[f"lamb/trust_ratio_{name}"] = value
-            ratios = optimizer.last_trust_ratios()
+            ratios = optimizer.last_trust_ratios(adapted_only=True)
             if ratios is not None:
                 self.metrics.histogram(self.global_step, "lamb/trust_ratio", ratios)
         self.metrics.scalars(self.global_step, values, extra={"phase": self.state.phase, "phase_step": self.state.step})
@@ -312,17 +308,19 @@ class PhaseTrainer:
         self.engine.eval()
         sums = torch.zeros(3, dtype=torch.float64, device=self.dist_info.device)  # loss sum, correct, labelled
         for batch in validation_batches(self.config, self.val_batches):
-            batch = {key: value.to(self.dist_info.device) for key, value in batch.items()}
-            output: PretrainingOutput = self.engine(**batch)
+            output: PretrainingOutput = self.engine(**model_inputs(batch, self.dist_info.device))
             correct, n = output.mlm_counts()  # labelled slots only
             sums += torch.stack([output.mlm_loss_sum.double(), correct.double(), n.double()])
         self.engine.train()
-        loss_sum, correct, n = _all_reduce(sums.tolist(), self.dist_info.device, self.replica_group)
+        if dist.is_initialized() and dist.get_world_size(self.replica_group) > 1:
+            dist.all_reduce(sums, group=self.replica_group)
+        loss_sum, correct, n = sums.tolist()
         return {"val/mlm_loss": loss_sum / max(n, 1), "val/mlm_acc": correct / max(n, 1)}
 
     def save(self, phase_end: bool = False) -> None:
         tag = make_tag(self.state.phase, self.state.step)
         self.checkpoints.save(self.engine, tag, self.state.state_dict(), self.resolved_config, phase_end=phase_end)
+        self.cadence.saved(time.monotonic())
 
     def _stop_requested(self, result: StepResult) -> str | None:
         """Agreed across ranks: a signal on any rank (carried by the step's all-reduce), or the step budget."""
@@ -335,13 +333,13 @@ class PhaseTrainer:
 
     def train(self, progress: Any | None = None) -> str:
         """Run to the end of the phase. Returns 'complete' or the reason it stopped early (after a checkpoint)."""
-        every = self.config.checkpoint.every_steps
         val_every = self.config.logging.val_every_steps
         for callback in self.step_callbacks:  # a callback may also watch the phase start (after any resume)
             started = getattr(callback, "phase_started", None)
             if started is not None:
                 started(self)
         self.throughput.restart()
+        self.cadence.saved(time.monotonic())  # the minutes count from the phase's (re)start
         while self.state.step < self.phase.steps:
             result = self.train_step()
             self.state.step += 1
@@ -378,7 +376,7 @@ class PhaseTrainer:
             if reason is not None:
                 self.save()
                 return reason
-            if self.state.step % every == 0:
+            if self.cadence.should_save(self.state.step, result.save_due):
                 self.save()
                 self.throughput.restart()  # checkpoint time is not training throughput
         self.state.complete = True

@@ -15,7 +15,8 @@ Layout of `checkpoint.dir`::
 Why our own `latest`: DeepSpeed's rank 0 writes its `latest` before the final barrier of
 `save_checkpoint`, so a crash can leave it naming a tag other ranks never finished. We pass
 `save_latest=False` and switch the pointer only after a barrier that every rank reaches after
-writing, with temp file + rename. Older tags are pruned only after the switch.
+writing, with temp file + rename. Older tags are pruned only after the switch: renamed aside before
+the final barrier (one rename each), deleted by rank 0 after it, so no rank waits for the deletion.
 
 Another world size: `load` of a tag written by a different number of ranks puts the converted state
 (pretrain/checkpointing/elastic.py; the driver converts once before loading) into the new engine instead of
@@ -25,6 +26,7 @@ DeepSpeed's own loader, which needs the same partitioning.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import random
 import re
@@ -43,6 +45,7 @@ LATEST = "latest"
 TRAINER_STATE = "trainer_state.json"
 RUN_CONFIG = "run_config.json"
 PHASE_END = "PHASE_END"
+PRUNED_PREFIX = ".pruned-"  # an old tag being deleted (no tag name: never a resume candidate)
 TAG_PATTERN = re.compile(r"^(phase\d)-step(\d+)$")
 
 
@@ -99,10 +102,12 @@ class CheckpointManager:
         world = run_config.get("resolved", {}).get("world_size", 1)
         self.hash_seconds = write_manifest(folder, self.rank, world)  # collective; files + sizes + sha256
         _barrier()  # every rank has written everything of this tag
+        pruned: list[Path] = []
         if self.rank == 0:
             atomic_write_bytes(self.root / LATEST, tag.encode("utf-8"))
-            self._prune(keep=tag)
+            pruned = self.set_aside_old_tags(keep=tag)  # renames only: the folder holds keep-last from here
         _barrier()
+        self.delete_set_aside(pruned)  # rank 0, after the barrier: no rank waits for the deletion
         return folder
 
     def before_manifest(self, engine: Any, folder: Path) -> None:
@@ -131,15 +136,36 @@ class CheckpointManager:
                 torch.cuda.set_rng_state(rng["cuda"])
         return self.trainer_state(tag)
 
-    def _prune(self, keep: str) -> None:
-        """Keep the newest `keep_last` step checkpoints (and every phase end); delete the rest."""
-        tags = []
+    def set_aside_old_tags(self, keep: str) -> list[Path]:
+        """Rank 0: keep the newest `keep_last` step checkpoints (and every phase end, and `keep`); rename the
+        rest to `.pruned-<tag>-<n>` folders, one atomic rename each, and return those (plus any a crash left).
+
+        Renamed first, deleted later: a half-deleted folder keeps no tag name, so the resume fallback
+        (pretrain/checkpointing/manifest.py) can never take one for a checkpoint, and the deletion itself
+        (hundreds of files) can run after the final barrier of the save.
+        """
+        tags, leftovers = [], []
         for child in self.root.iterdir():
             match = TAG_PATTERN.match(child.name)
-            if match and child.is_dir() and not (child / PHASE_END).exists() and child.name != keep:
+            if child.name.startswith(PRUNED_PREFIX):
+                leftovers.append(child)
+            elif match and child.is_dir() and not (child / PHASE_END).exists() and child.name != keep:
                 tags.append((match.group(1), int(match.group(2)), child))
         tags.sort()
+        aside = []
         for *_, folder in tags[: max(0, len(tags) - (self.keep_last - 1))]:
+            target = self.root / f"{PRUNED_PREFIX}{folder.name}-0"
+            while target.exists():  # the same tag pruned again while an older copy is still being deleted
+                stem, count = target.name.rsplit("-", 1)
+                target = self.root / f"{stem}-{int(count) + 1}"
+            os.replace(folder, target)
+            aside.append(target)
+        return [*aside, *leftovers]
+
+    @staticmethod
+    def delete_set_aside(folders: list[Path]) -> None:
+        """Delete folders `set_aside_old_tags` renamed (whatever a crash left of them too)."""
+        for folder in folders:
             shutil.rmtree(folder, ignore_errors=True)
 
 

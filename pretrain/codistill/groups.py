@@ -15,9 +15,12 @@ in it, no mpu (the world is the data-parallel group) and no exchange group (file
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
+
+from pretrain.config_sections import RunSection
 
 
 @dataclass(frozen=True)
@@ -111,13 +114,21 @@ class ProcessGroups:
     exchange: Any  # my position in every group (teacher all-gather); None in separate jobs
 
 
-def create_process_groups(layout: GroupLayout) -> ProcessGroups:
-    """Collective over the world: every rank must call it at the same point with the same layout."""
+def create_process_groups(layout: GroupLayout, timeout: timedelta | None = None) -> ProcessGroups:
+    """Collective over the world: every rank must call it at the same point with the same layout.
+
+    `timeout`: how long a collective of these groups waits, `run.dist_timeout_minutes` like the world's
+    (None: that key's default). Without it a new group gets the backend's default (NCCL: 10 minutes),
+    while a group's rank 0 alone converts or consolidates a checkpoint and the rest of the group waits
+    in a broadcast: a slow file system would fail the job there, although the world waits 120 minutes.
+    """
     if layout.separate_jobs:
         return ProcessGroups(layout=layout, mpu=None, data_parallel=None, exchange=None)
-    data_parallel = [dist.new_group(layout.ranks_of_group(g)) for g in range(layout.groups)]
-    singles = [dist.new_group([r]) for r in range(layout.world_size)]
-    exchange = [dist.new_group(layout.exchange_ranks(p)) for p in range(layout.group_size)]
+    if timeout is None:
+        timeout = timedelta(minutes=RunSection().dist_timeout_minutes)
+    data_parallel = [dist.new_group(layout.ranks_of_group(g), timeout=timeout) for g in range(layout.groups)]
+    singles = [dist.new_group([r], timeout=timeout) for r in range(layout.world_size)]
+    exchange = [dist.new_group(layout.exchange_ranks(p), timeout=timeout) for p in range(layout.group_size)]
     mine = data_parallel[layout.group]
     mpu = GroupMPU(layout, mine, singles[layout.rank])
     return ProcessGroups(layout=layout, mpu=mpu, data_parallel=mine, exchange=exchange[layout.group_rank])

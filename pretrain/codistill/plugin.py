@@ -24,7 +24,7 @@ The driver sees it only through the TrainingPlugin hooks (pretrain/plugin.py; re
 `job_config`, `job_dist_info` (the group's view), `mpu` for the engine, `replica_group` for the
 trainer's statistics, `first_rank` for initial weights, `start_phase` after the engine (and a resume)
 exist, `loss_term` (the distillation term), `after_step` (refreshes, final evaluation),
-`agree_on_stop` (stops and NaN aborts common to every group), `checkpoint_manager` (teachers saved
+`agree_on_step` (stops, time-due checkpoints and NaN aborts common to every group), `checkpoint_manager` (teachers saved
 with every checkpoint) and `export_phase` (world rank 0 exports every group).
 """
 
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,7 +57,8 @@ from pretrain.codistill.teacher import (
 from pretrain.engine import DistInfo
 from pretrain.export import EXPORT_INFO, export_checkpoint
 from pretrain.model import IGNORE_INDEX, masked_lm_loss_sum
-from pretrain.plugin import TrainingPlugin
+from pretrain.plugin import StepAgreement, TrainingPlugin
+from pretrain.step_stats import host_values_to_device
 
 if TYPE_CHECKING:
     from pretrain.config import RunConfig
@@ -74,7 +76,8 @@ class Codistillation(TrainingPlugin):
         check_codistill(self.section, world.world_size)
         self.base_config, self.world = config, world
         self.layout = GroupLayout(world.world_size, self.section.groups, world.rank, job_group=self.section.group)
-        self.groups: ProcessGroups = create_process_groups(self.layout)
+        self.groups: ProcessGroups = create_process_groups(
+            self.layout, timedelta(minutes=config.run.dist_timeout_minutes))
         self.exchange_dir = Path(self.section.exchange_dir or Path(config.run.dir) / "exchange")
         comm = GroupComm(self.layout.group_size, self.layout.first_rank, self.groups.data_parallel, world.device)
         self.files = FileExchange(self.exchange_dir, self.layout.group, self.layout.other_groups, comm,
@@ -119,19 +122,21 @@ class Codistillation(TrainingPlugin):
     def checkpoint_manager(self, root: Path, keep_last: int, rank: int) -> CheckpointManager:
         return TeacherCheckpointManager(root, keep_last, rank, self)
 
-    def agree_on_stop(self, stop: bool, aborting_here: bool, device: torch.device) -> tuple[bool, str | None]:
-        """Groups of one job stop at the same step, for a signal or another group's NaN abort: checkpoint
-        saves and refreshes are world collectives. (`replica_group` is None in separate jobs: nothing to agree.)"""
+    def agree_on_step(self, step: StepAgreement, device: torch.device) -> tuple[StepAgreement, str | None]:
+        """Groups of one job stop and save at the same step, for a signal, a time-due checkpoint or another
+        group's NaN abort: checkpoint saves and refreshes are world collectives. One world all-reduce, one
+        host read. (`replica_group` is None in separate jobs: nothing to agree.)"""
         if self.replica_group is None or not dist.is_initialized():
-            return stop, None
-        flags = torch.tensor([float(stop), float(aborting_here)], dtype=torch.float64, device=device)
+            return step, None
+        flags = host_values_to_device([float(step.stop), float(step.save_due), float(step.aborting_here)], device)
         dist.all_reduce(flags)
-        stop_anywhere, abort_anywhere = flags[0].item() > 0, flags[1].item() > 0
-        if not abort_anywhere or aborting_here:  # no abort, or this group's own (the trainer reports that one)
-            return stop_anywhere, None
+        stop_anywhere, save_anywhere, abort_anywhere = (value > 0 for value in flags.tolist())
+        agreed = StepAgreement(stop=stop_anywhere, save_due=save_anywhere, aborting_here=step.aborting_here)
+        if not abort_anywhere or step.aborting_here:  # no abort, or this group's own (the trainer reports that one)
+            return agreed, None
         limit = self.base_config.failures.max_consecutive_nonfinite
-        return stop_anywhere, (f"another codistillation group had failures.max_consecutive_nonfinite={limit} "
-                               "NaN/inf steps in a row; all groups stop together")
+        return agreed, (f"another codistillation group had failures.max_consecutive_nonfinite={limit} "
+                        "NaN/inf steps in a row; all groups stop together")
 
     def group_run_dir(self, group: int) -> Path:
         return Path(self.base_config.run.dir) / f"group{group}"

@@ -30,6 +30,18 @@ def check(section: CodistillSection, config: RunConfig) -> None:
         )
 
 
+def data_parallel_size(section: CodistillSection, world_size: int) -> int:
+    """The ranks one model's batch is split over in a job of `world_size` ranks (what the plug-in's
+    `job_dist_info` will report): the whole job when each group runs as its own job (`codistill.group`),
+    else one of `groups` equal blocks. Lets the launch-time check do the batch arithmetic without processes."""
+    if not section.enabled or section.group is not None:
+        return world_size
+    if section.groups < 1 or world_size % section.groups:
+        raise CodistillConfigError(f"codistill.groups: {section.groups} groups do not split a world of {world_size} "
+                                   "ranks into equal blocks")
+    return world_size // section.groups
+
+
 def build(config: RunConfig, dist_info: DistInfo) -> TrainingPlugin | None:
     """Collective when enabled (it creates the groups' process groups); None when `enabled` is false."""
     if not config.plugins[NAME].enabled:
@@ -39,4 +51,5 @@ def build(config: RunConfig, dist_info: DistInfo) -> TrainingPlugin | None:
     return Codistillation(config, dist_info)
 
 
-SPEC = PluginSpec(name=NAME, section=CodistillSection, check=check, build=build)
+SPEC = PluginSpec(name=NAME, section=CodistillSection, check=check, build=build,
+                  data_parallel_size=data_parallel_size)

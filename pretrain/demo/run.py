@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pretrain.demo.steps import Step, finish_background, run_step
+from pretrain.demo.steps import Step, StopSignal, finish_background, install_signal_handlers, run_step
 from pretrain.demo.summary import (
     BASELINE_EVALUATE,
     BASELINE_FINETUNE,
@@ -327,15 +327,20 @@ def main(argv: list[str] | None = None) -> int:
     if squad is not None and squad.needs_download and not args.dry_run:
         download_squad_subset(squad)
     background = {step.name: step for step in steps if step.background}
+    install_signal_handlers()
     try:
         for step in steps:
             if step.waits_for:
                 finish_background(background[step.waits_for], out / "logs")
             run_step(step, out / "logs", args.dry_run)
+    except StopSignal as stop:
+        print(f"{stop}; its log is in {out / 'logs'}", file=sys.stderr, flush=True)
+        return 128 + stop.signum
     finally:
         for step in background.values():
             if step.process is not None and step.process.poll() is None:
                 step.process.terminate()  # a failed step ends the demo; nothing it started outlives it
+                step.process.wait()
     if args.dry_run:
         return 0
     rows = summary_rows(out, steps, corpus.description, squad.description if squad else None)

@@ -49,6 +49,26 @@ PUBLISHED_F1 = (
 )
 PHASE_LOSSES = ("loss/total", "loss/mlm", "loss/nsp", "val/mlm_loss", "val/mlm_acc")
 PHASE_RATES = ("perf/seq_per_s", "perf/tokens_per_s")
+# What each kind of number in the table is, one phrase each, keyed by how its row name ends (render_table
+# prints the ones whose rows are there). A toy run's numbers are easy to misread without them: a near-zero
+# F1 and an NSP loss at chance are what this scale gives, not a broken pipeline.
+READING_NOTES = (
+    ("steps", "optimizer steps the phase ran, one global batch each"),
+    ("loss/total", "training loss (MLM + NSP) at the phase's first step -> its last"),
+    ("loss/mlm", "cross-entropy on the masked tokens; a uniform guess scores ln(vocab size), about 9 for 8K"),
+    ("loss/nsp", "next-sentence cross-entropy; 0.693 = ln 2 is a coin flip, where a toy run stays: in a few "
+                 "hundred steps the model learns masked words first, NSP much later"),
+    ("val/mlm_loss", "masked-token loss on the held-out shards (a single value: one evaluation, at the phase end)"),
+    ("val/mlm_acc", "share of the held-out masked tokens predicted exactly"),
+    ("perf/seq_per_s (median)", "sequences of seq_len (padding included) per second over all ranks: the global "
+                                "batch / the wall time between optimizer steps, median over the phase's steps"),
+    ("perf/tokens_per_s (median)", "seq/s x seq_len, padding included"),
+    ("SQuAD v1.1 dev", "exact match and token F1 on the dev subset; near 0 at toy scale: a 4-layer model "
+                       "pretrained for minutes on a small sample knows too little English to find answer spans"),
+    ("SQuAD from random weights", "the same fine-tune without pretraining: the F1 gained over it is what the "
+                                  "pretraining bought"),
+    ("SQuAD published (full recipe)", "what the full recipe reaches, for scale"),
+)
 
 
 def phase_rows(records: list[dict]) -> list[tuple[str, str]]:
@@ -67,8 +87,11 @@ def phase_rows(records: list[dict]) -> list[tuple[str, str]]:
         rows.append((f"{phase} steps", str(sum(1 for record in mine if "loss/total" in record))))
         for key in PHASE_LOSSES:
             values = [record[key] for record in mine if isinstance(record.get(key), int | float)]
-            if values:
+            if len(values) > 1:
                 rows.append((f"{phase} {key}", f"{values[0]:.3f} -> {values[-1]:.3f}"))
+            elif values:  # "7.088 -> 7.088" would read as no progress; it is one number
+                once = "one evaluation" if key.startswith("val/") else "one step"
+                rows.append((f"{phase} {key}", f"{values[0]:.3f} ({once})"))
         for key in PHASE_RATES:
             values = [record[key] for record in mine if isinstance(record.get(key), int | float)]
             if values:
@@ -166,8 +189,17 @@ def squad_rows(steps: Sequence[StepResult], squad: str | None) -> list[tuple[str
     return rows
 
 
+def reading_notes(rows: list[tuple[str, str]]) -> list[str]:
+    """One line per kind of number the table shows: what it counts and how to read it at toy scale."""
+    names = [name for name, _ in rows]
+    return [f"  {ending}: {note}" for ending, note in READING_NOTES if any(name.endswith(ending) for name in names)]
+
+
 def render_table(rows: list[tuple[str, str]]) -> str:
     width = max(len(name) for name, _ in rows)
     rule = "-" * (width + 3 + max(len(value) for _, value in rows))
     lines = ["", "Demo summary", rule, *(f"{name:<{width}} | {value}" for name, value in rows), rule]
+    notes = reading_notes(rows)
+    if notes:
+        lines += ["How to read the numbers:", *notes]
     return "\n".join(lines)

@@ -1,6 +1,8 @@
-"""bench/gpu_check.sh --smoke: the prepared GPU check runs end to end on CPU (CI has no GPU), with the
-production engine (bf16 + ZeRO-1 + fp32 grad accumulation = BF16_Optimizer), rows saved as measured,
-failures reported as rows, and a preflight that names every wheel the check loads."""
+"""bench/gpu_check.sh --smoke: the prepared GPU check runs end to end on CPU (CI has no GPU), through the
+production step (PhaseTrainer.train_step with accumulation over the real DataLoader) on the production
+engine (bf16 + ZeRO-1 + fp32 grad accumulation = BF16_Optimizer), rows saved as measured, failures
+reported as rows, the estimate printed even after a kill, and a preflight that names every wheel the check
+loads."""
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ def smoke_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 def run_smoke(tmp_path: Path, *flags: str) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
     out = tmp_path / "rows.jsonl"
     done = subprocess.run([SCRIPT, "--smoke", "--jsonl", str(out), *flags], cwd=tmp_path,
-                          env=smoke_env(tmp_path), capture_output=True, text=True, timeout=240)
+                          env=smoke_env(tmp_path), capture_output=True, text=True, timeout=400)
     return done, read_records(out)
 
 
@@ -71,81 +73,121 @@ def test_preflight_stops_on_a_recipe_the_driver_refuses(tmp_path: Path) -> None:
     assert not (tmp_path / "gpu_check.jsonl").exists()
 
 
-def test_gpu_check_smoke_runs_the_production_wrapper_and_saves_every_row(tmp_path: Path) -> None:
-    from bench.gpu_check_preflight import requirement_closure
+def test_gpu_check_smoke_runs_the_production_step_and_saves_every_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # In-process (the script's preflight and time limit are tested below): every row of the plan, with a spy
+    # that counts the real PhaseTrainer.train_step calls and passes them through.
+    from bench import gpu_check
+    from pretrain.trainer import PhaseTrainer
 
-    done, records = run_smoke(tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
+    steps: list[tuple[int, int, bool]] = []  # (micro-batch, micro-batches per step, packing) of each call
+    original = PhaseTrainer.train_step
+
+    def counted(trainer: PhaseTrainer) -> Any:
+        steps.append((trainer.train_batches.micro_batch, trainer.accumulation, trainer.train_batches.collate.packing))
+        return original(trainer)
+
+    monkeypatch.setattr(PhaseTrainer, "train_step", counted)
+    previous = signal.getsignal(signal.SIGTERM)
+    out = tmp_path / "rows.jsonl"
+    try:
+        code = gpu_check.main(["--smoke", "--jsonl", str(out), "--work-dir", str(tmp_path / "work")])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    printed = capsys.readouterr().out
+    records = read_records(out)
+    assert code == 0, printed[-3000:]
     kinds = [r["kind"] for r in records]
-    assert kinds == ["preflight", "run", "train", "train", "train", "lamb", "lamb", "end"]
-    # headers first, then one printed row per saved row
-    out = done.stdout
-    header, first_row = out.index("| model | seq | micro | inst/row |"), out.index("| tiny | 32 |")
-    assert header < first_row < out.index("| LAMB step |")
-    assert len(table_rows(out, "tiny |")) == 3 and len(table_rows(out, "tiny ")) == 5
-    train = {(r["seq_len"], r["instances_per_row"]): r for r in records if r["kind"] == "train"}
-    assert set(train) == {(32, 1), (64, 1), (64, 2)}
-    for row in train.values():
-        assert row["status"] == "ok" and row["seq_per_s"] > 0 and row["tflops"] > 0
+    assert kinds == ["run", *["train"] * 7, "lamb", "lamb", *["train"] * 3, "estimate"] + ["end"]
+    train = {r["name"]: r for r in records if r["kind"] == "train"}
+    assert list(train) == ["p1", "p1-full", "p1-opt", "p2", "p2-varied", "p2-packed", "p2-opt", "p1-timer-on",
+                           "p1-big", "p2-big"]
+    # every row ran warm-up + timed steps of the trainer, each with its own accumulation
+    assert len(steps) == 2 * len(train)
+    expected = [(r["micro_batch"], r["accumulation"], r["packing"]) for r in train.values() for _ in range(2)]
+    assert steps == expected and {a for _, a, _ in steps} == {1, 2}
+    for name, r in train.items():
+        assert r["status"] == "ok", r
         # the shipped config's engine on CPU too: bf16 + ZeRO-1 + grad_accum_dtype fp32 -> BF16_Optimizer
-        assert (row["precision"], row["wrapper"], row["lamb_step"]) == ("bf16", "BF16_Optimizer", "reference")
-        assert row["ds_config"] == str(SHIPPED) and row["recipe"].startswith(f"{RECIPE}:phase")
-        tokens_per_s = row["seq_per_s"] * row["seq_len"] / row["instances_per_row"]
-        assert row["tokens_per_s"] == pytest.approx(tokens_per_s)
-        assert "| bf16 | BF16_Optimizer / reference |" in out
-    # the packed row counts two instances per row
-    packed = train[(64, 2)]
-    assert packed["seq_per_s"] == pytest.approx(2 * packed["micro_batch"] * 1e3 / packed["step_ms"])
+        assert (r["precision"], r["wrapper"], r["lamb_step"]) == ("bf16", "BF16_Optimizer", "reference")
+        assert r["ds_config"] == str(SHIPPED) and r["recipe"] == str(RECIPE) and r["num_workers"] == 1
+        assert r["tput_timer"] == (name == "p1-timer-on")  # read back from the engine
+        assert r["peak_alloc_gb"] is None and r["fits_80gb"] is None  # CPU: n/a
+        if not r["packing"]:  # the trainer's own counts: A micro-batches of `micro` rows per step
+            assert r["rows_per_step"] == r["micro_batch"] * r["accumulation"]
+        assert r["inst_per_s"] == pytest.approx(r["micro_batch"] * r["accumulation"] / r["step_s"])
+    assert train["p1"]["data/padding_fraction"] > 0 and train["p1-full"]["data/padding_fraction"] == 0
+    packed, unpacked = train["p2-packed"], train["p2-varied"]  # the same instances
+    assert packed["data/packing_factor"] > 1 and packed["rows_per_step"] < unpacked["rows_per_step"]
+    assert packed["data/padding_fraction"] < unpacked["data/padding_fraction"]
+    assert (train["p1"]["micro_batch"], train["p2"]["micro_batch"], train["p1-big"]["micro_batch"]) == (4, 4, 8)
+    # printed as measured: headers first, one markdown row per saved row, the estimate labelled as one
+    assert printed.index("| row | model |") < printed.index("| p1 | tiny | 32 | 4 x 2 | padded | off |")
+    assert len(table_rows(printed, "p")) == len(train) and "| n/a / n/a | n/a |" in printed
+    assert "### ESTIMATE (not measured)" in printed and "SMOKE RUN" in printed
+    (estimated,) = [r for r in records if r["kind"] == "estimate"]
+    table = estimated["estimates"]
+    assert len(table) == 3 * 2 * 3 and all(e["status"] == "ok" for e in table)  # 3 recipes, 2 phases, 3 counts
+    e = next(e for e in table if (e["recipe"], e["phase"], e["gpus"]) == ("bert_large_64k", "phase1", 8))
+    assert e["accumulation"] == 65536 // (4 * 8) and e["steps"] == 7038
     reference, fused = (r for r in records if r["kind"] == "lamb")
     assert reference["status"] == "ok" and reference["step_ms"] > 0 and reference["floor_ms"] > 0
-    assert fused["status"] == "skipped" and "| tiny fused | fused: skipped:" in out
-    # the preflight named the wheels; what the run loaded later is torch's own (nothing else to carry)
-    preflight, end = records[0], records[-1]
-    assert {"deepspeed", "transformers", "tokenizers", "safetensors", "numpy"} <= set(preflight["carry"])
-    assert "torch" in preflight["with_torch"] and "gpu_check preflight: wheels the check loads" in out
-    assert "deepspeed==" in out
-    torch_stack, _ = requirement_closure(["torch"])
-    missed = set(end["distributions"]) - set(preflight["carry"]) - set(preflight["with_torch"])
-    assert {name.lower().replace("_", "-") for name in missed} <= torch_stack, missed
+    assert fused["status"] == "skipped" and "| tiny fused | fused: skipped:" in printed
 
 
 def test_failing_rows_are_reported_and_every_other_row_is_still_measured(tmp_path: Path) -> None:
     # Two real failures in one run (CPU time is shared): micro-batch 0 at phase 2 is an impossible
-    # shape (the driver's config code refuses it for those rows), and torch.compile gets a C++ compiler that
-    # does not exist, so the fused LAMB step cannot build.
-    done, records = run_smoke(tmp_path, "--phase2", "64:0", "--fused-on-cpu",
+    # shape (the driver's config code refuses it), and torch.compile gets a C++ compiler that does not
+    # exist, so the fused LAMB step cannot build.
+    done, records = run_smoke(tmp_path, "--rows", "p1,p2,lamb", "--phase2", "64:0", "--fused-on-cpu",
                               "--inductor-cxx", "/nonexistent/c++")
     assert done.returncode == 1, done.stderr[-3000:]
     train = [r for r in records if r["kind"] == "train"]
-    assert [r["status"] for r in train] == ["ok", "failed", "failed"]
+    assert [(r["name"], r["status"]) for r in train] == [("p1", "ok"), ("p2", "failed")]
     assert "phase2.batch_size: must be a positive integer, got 0" in train[1]["reason"]
-    (ok_row,) = table_rows(done.stdout, "tiny | 32 | 4 | 1 | bf16 |")
-    assert ok_row.split("|")[7].strip() == f"{train[0]['step_ms']:.1f}"
-    assert len(table_rows(done.stdout, "tiny | 64 | 0 |")) == 2 and "| failed: ConfigError:" in done.stdout
+    (ok_row,) = table_rows(done.stdout, "p1 | tiny | 32 | 4 x 2 | padded | off | BF16_Optimizer")
+    assert ok_row.split("|")[8].strip() == f"{train[0]['step_s']:.3f}"
+    assert "| p2 | tiny | 64 | 0 x 2 | padded | off | failed: ConfigError:" in done.stdout
     # the reference LAMB step is measured; the fused one is one row saying why it failed
     reference, fused = (r for r in records if r["kind"] == "lamb")
     assert reference["status"] == "ok" and reference["step_ms"] > 0
     assert fused["status"] == "failed" and "/nonexistent/c++" in fused["reason"]
-    assert len(table_rows(done.stdout, "tiny reference | 0.1 |")) == 1
     (fused_row,) = table_rows(done.stdout, "tiny fused | fused: failed: ")
     assert "C++ compiler" in fused_row
-    assert records[-1]["kind"] == "end" and records[-1]["failed"] == 3
+    # the estimate still comes, from what was measured: phase 1 without the boundary row, phase 2 none
+    (estimated,) = [r for r in records if r["kind"] == "estimate"]
+    by_phase = {(e["recipe"], e["phase"]): e for e in estimated["estimates"] if e["gpus"] == 8}
+    assert by_phase[("bert_large_64k", "phase1")]["source"] == "p1, boundary not separated (inside ms / micro)"
+    assert by_phase[("bert_large_64k", "phase2")]["status"] == "no packed row of tiny at seq 64 x micro 0"
+    assert records[-1]["kind"] == "end" and records[-1]["failed"] == 2
+    # the preflight named the wheels; what the run loaded later is torch's own (nothing else to carry)
+    from bench.gpu_check_preflight import requirement_closure
+
+    preflight, end = records[0], records[-1]
+    assert {"deepspeed", "transformers", "tokenizers", "safetensors", "numpy", "pyarrow"} <= set(preflight["carry"])
+    assert "torch" in preflight["with_torch"] and "gpu_check preflight: wheels the check loads" in done.stdout
+    torch_stack, _ = requirement_closure(["torch"])
+    # pyarrow imports pandas when one is installed (writing the synthetic shards) and works without it
+    optional, _ = requirement_closure(["pandas"]) if "pandas" in end["loaded_lazily"] else (set(), None)
+    missed = set(end["distributions"]) - set(preflight["carry"]) - set(preflight["with_torch"])
+    assert {name.lower().replace("_", "-") for name in missed} <= torch_stack | optional, missed
 
 
 def test_a_killed_run_keeps_the_rows_measured_before_the_kill(tmp_path: Path) -> None:
     out = tmp_path / "rows.jsonl"
-    proc = subprocess.Popen([SCRIPT, "--smoke", "--jsonl", str(out), "--steps", "4"], cwd=tmp_path,
-                            env=smoke_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen([SCRIPT, "--smoke", "--jsonl", str(out), "--rows", "p1,p1-opt", "--steps", "4"],
+                            cwd=tmp_path, env=smoke_env(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     printed = []
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
-            if line.startswith("| tiny |"):
+            if line.startswith("| p1 |"):
                 printed.append(line.strip())
                 os.killpg(proc.pid, signal.SIGTERM)  # what `timeout` sends at the time limit
                 break
-        proc.stdout.read()
+        rest = proc.stdout.read()
         returncode = proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
@@ -154,9 +196,11 @@ def test_a_killed_run_keeps_the_rows_measured_before_the_kill(tmp_path: Path) ->
     assert printed and returncode != 0
     records = read_records(out)
     saved = [r for r in records if r["kind"] == "train"]
-    assert 1 <= len(saved) <= 2 and saved[0]["seq_len"] == 32 and saved[0]["status"] == "ok"
-    assert printed[0].startswith("| tiny | 32 | 4 | 1 | bf16 | BF16_Optimizer")
-    assert records[-1]["kind"] == "end" and records[-1]["status"].startswith("killed by signal 15")
+    assert 1 <= len(saved) <= 2 and saved[0]["name"] == "p1" and saved[0]["status"] == "ok"
+    assert printed[0].startswith("| p1 | tiny | 32 | 4 x 2 | padded | off | BF16_Optimizer")
+    # the estimate from the rows so far, then the end record saying why it stopped
+    assert [r["kind"] for r in records[-2:]] == ["estimate", "end"]
+    assert records[-1]["status"].startswith("killed by signal 15") and "Stopped at the time limit" in rest
 
 
 def test_gpu_check_names_missing_wheels_and_installs_nothing(tmp_path: Path) -> None:

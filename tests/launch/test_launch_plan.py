@@ -141,6 +141,9 @@ def test_rank_env_defaults_and_the_users_own_values() -> None:
     assert values["OMP_NUM_THREADS"] == "3" and values["NCCL_DEBUG"] == "INFO"
     assert values["TOKENIZERS_PARALLELISM"] == "true" and values["PYTHONUNBUFFERED"] == "1"  # empty = unset
     assert values["DS_ACCELERATOR"] == "cpu" and "DS_ACCELERATOR" not in rank_env({}, 1, 1)
+    # where the ranks build DeepSpeed's ops travels with them (pdsh forwards no TORCH_* variable)
+    assert rank_env({"TORCH_EXTENSIONS_DIR": "/x/ext"}, 1, 1)["TORCH_EXTENSIONS_DIR"] == "/x/ext"
+    assert "TORCH_EXTENSIONS_DIR" not in rank_env({}, 1, 1)
 
 
 def test_ds_env_lines_keep_the_users_files_and_let_them_win(tmp_path: Path) -> None:

@@ -1,8 +1,10 @@
 """Signals that stop a job, for real: launch.sh on 2 CPU ranks through the DeepSpeed launcher, and the
 SLURM batch script run by bash with a stand-in `scontrol` that records its arguments (no SLURM here).
 
-A supervisor's SIGTERM to launch.sh alone, or to its whole process group, must make the ranks
-checkpoint and exit, and launch.sh exit 0 with no rank left behind; the same command then resumes.
+Ctrl-C, a supervisor's SIGTERM to launch.sh's process group, and SIGHUP must make the ranks checkpoint
+and exit; a SIGKILL of launch.sh or of its group must leave no process of the job behind; the same
+command then resumes, and completes with every step logged once. A stale build lock planted in the
+job's own TORCH_EXTENSIONS_DIR is removed with one line.
 The batch script must requeue itself after a SIGUSR1 stop only: not after a cancel (SIGTERM), a
 completed run or a configuration error.
 """
@@ -11,10 +13,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -46,16 +50,19 @@ def start(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[by
 
 
 def signal_once_training(
-    proc: subprocess.Popen[bytes], run_dir: Path, log: Path, signum: int, whole_group: bool = False
+    proc: subprocess.Popen[bytes], run_dir: Path, log: Path, signum: int, whole_group: bool = False,
+    check: Callable[[], None] | None = None,
 ) -> int:
-    """Wait for the first optimizer step of this launch (the trainer's handlers are installed), send
-    `signum` to its pid (or its whole process group), and return its exit status."""
+    """Wait for the first optimizer step of this launch (the trainer's handlers are installed), run `check`,
+    send `signum` to its pid (or its whole process group), and return its exit status."""
     before = logged_steps(run_dir)
     deadline = time.monotonic() + 600
     while logged_steps(run_dir) <= before:
         assert proc.poll() is None, f"exited {proc.returncode} before training:\n{log.read_text()[-4000:]}"
         assert time.monotonic() < deadline, "no training step within 600 s"
         time.sleep(0.1)
+    if check is not None:
+        check()
     if whole_group:
         os.killpg(proc.pid, signum)
     else:
@@ -94,36 +101,112 @@ def overrides(run_dir: Path) -> list[str]:
             "--logging.val_every_steps=1000"]
 
 
+def private_extensions(root: Path) -> Path:
+    """A TORCH_EXTENSIONS_DIR of this test's own, holding a copy of this machine's build of DeepSpeed's CPU
+    communication op (loaded in seconds; compiled there when the machine has none) and a stale lock."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    built = [p for p in Path(get_default_build_root()).glob("py*/deepspeed_shm_comm") if (p / "build.ninja").is_file()]
+    if built:
+        shutil.copytree(built[0], root / "deepspeed_shm_comm", ignore=shutil.ignore_patterns("lock"))
+    lock = root / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock.touch()  # left by a compile killed midway: no process holds it
+    return lock
+
+
+def job_pids(run_dir: Path) -> list[int]:
+    return [int(line.split(":")[0]) for line in processes_mentioning(str(run_dir))]
+
+
+def wait_for_no_process_of(text: Path | str) -> list[str]:
+    deadline = time.monotonic() + 120  # only limits a failing wait
+    while processes_mentioning(str(text)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return processes_mentioning(str(text))
+
+
+def logged_step_numbers(run_dir: Path) -> list[int]:
+    path = run_dir / "tensorboard" / "metrics.jsonl"
+    return [json.loads(line)["step"] for line in path.read_text().splitlines() if '"phase"' in line]
+
+
 @pytest.mark.multirank
-def test_sigterm_to_launch_sh_or_its_group_checkpoints_exits_0_and_resumes(
-    run_config: Path, tmp_path: Path
-) -> None:
+def test_signals_stop_with_a_checkpoint_and_leave_no_process_behind(run_config: Path, tmp_path: Path) -> None:
+    """One run folder through six launches: Ctrl-C, SIGTERM to the group, SIGHUP, SIGKILL of launch.sh and of
+    its group, then a complete run that logged every step once."""
     run_dir = tmp_path / "run"
     log = tmp_path / "launch.log"
+    extensions = tmp_path / "extensions"
+    stale_lock = private_extensions(extensions)
+    env = job_env(TORCH_EXTENSIONS_DIR=str(extensions))
     cmd = ["bash", str(REPO_ROOT / "launch.sh"), "pretrain", "--cpu", "--gpus", "2", "--master-port",
            str(free_port()), "--config", str(run_config), *overrides(run_dir)]
 
-    # 1. SIGTERM to launch.sh's pid only (a supervisor stopping its main process).
-    status = signal_once_training(start(cmd, log, job_env()), run_dir, log, signal.SIGTERM)
-    assert status == 0, log.read_text()[-4000:]
-    assert processes_mentioning(str(run_dir)) == []
+    # 1. Ctrl-C (SIGINT to launch.sh): a checkpoint, one line, no traceback, exit 130. The planted stale lock
+    #    was removed with one line, and the ranks loaded the op from the private extensions folder.
+    proc = start(cmd, log, env)
+    status = signal_once_training(proc, run_dir, log, signal.SIGINT, check=lambda: loaded_from(run_dir, extensions))
+    text = log.read_text()
+    assert status == 130, text[-4000:]
+    assert text.count("SIGINT: stopping with a checkpoint") == 1 and "done: SIGINT" in text
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text
+    assert text.count(f"removed stale lock {stale_lock}") == 1 and not stale_lock.exists()
     first = latest_state(run_dir)  # the only checkpoint: every_steps is beyond the phase
     assert first["phase"] == "phase1" and not first["complete"] and 0 < first["step"] < STEPS
-    assert "done: SIGTERM" in log.read_text()
+    assert wait_for_no_process_of(run_dir) == []
 
-    # 2. The same command resumes; SIGTERM to the whole process group (os.killpg) stops it again.
-    status = signal_once_training(start(cmd, log, job_env()), run_dir, log, signal.SIGTERM, whole_group=True)
+    # 2. The same command resumes; SIGTERM to the whole process group (os.killpg) stops it again, exit 0.
+    status = signal_once_training(start(cmd, log, env), run_dir, log, signal.SIGTERM, whole_group=True)
     assert status == 0, log.read_text()[-4000:]
-    assert processes_mentioning(str(run_dir)) == []
+    assert wait_for_no_process_of(run_dir) == []
     second = latest_state(run_dir)
     assert not second["complete"] and first["step"] < second["step"] < STEPS
 
-    # 3. Once more, unsignalled: it resumes and completes the phase.
-    done = subprocess.run(cmd, cwd=REPO_ROOT, env=job_env(), capture_output=True, text=True, timeout=900)
+    # 3. SIGHUP (a closed terminal) is passed on as SIGTERM: a checkpoint again.
+    status = signal_once_training(start(cmd, log, env), run_dir, log, signal.SIGHUP)
+    assert status == 0, log.read_text()[-4000:]
+    assert wait_for_no_process_of(run_dir) == []
+    third = latest_state(run_dir)
+    assert second["step"] < third["step"] < STEPS
+
+    # 4. SIGKILL of launch.sh alone, mid-training: its watchdog stops the ranks (they checkpoint on its SIGTERM).
+    proc = start(cmd, log, env)
+    signal_once_training(proc, run_dir, log, signal.SIGKILL)
+    assert wait_for_no_process_of(run_dir) == []
+    assert "launch.sh (pid " in log.read_text()
+    assert third["step"] < latest_state(run_dir)["step"] < STEPS
+
+    # 5. SIGKILL of launch.sh's whole group while the ranks start: nothing is left either.
+    proc = start(cmd, log, env)
+    deadline = time.monotonic() + 300
+    while len(job_pids(run_dir)) < 5 and time.monotonic() < deadline:  # launch.sh, 2 launchers, 2 ranks
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert wait_for_no_process_of(run_dir) == []
+    watchdogs = [line for line in processes_mentioning("pretrain.lifetime") if f" watch {proc.pid} " in line]
+    assert wait_for_no_process_of(run_dir) == [] and all(wait_for_no_process_of(w.split(":")[0]) == []
+                                                         for w in watchdogs)  # the watchdog ended too
+
+    # 6. Once more, unsignalled: it resumes and completes the phase, every step logged once.
+    done = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "done: complete" in done.stdout
     final = latest_state(run_dir)
     assert final["complete"] and final["step"] == STEPS
+    assert logged_step_numbers(run_dir) == list(range(1, STEPS + 1))
+
+
+def loaded_from(run_dir: Path, extensions: Path) -> None:
+    """Every rank of the job has mapped the communication op's library from `extensions`."""
+    ranks = [pid for pid in job_pids(run_dir)
+             if b"pretrain.train" in Path(f"/proc/{pid}/cmdline").read_bytes()
+             and b"deepspeed.launcher" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(ranks) == 2, processes_mentioning(str(run_dir))
+    for pid in ranks:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+        assert f"{extensions}/deepspeed_shm_comm/deepspeed_shm_comm.so" in maps, f"rank {pid} did not load it there"
 
 
 @pytest.mark.multirank

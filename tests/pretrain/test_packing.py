@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,27 +17,12 @@ from pretrain.data import Collator, RankBatches, open_phase_data
 from pretrain.model import IGNORE_INDEX, PretrainingOutput, SparseBertForPreTraining, bert_config, build_model
 from pretrain.packing import MAX_INSTANCES_PER_ROW, PackingMeter, first_fit_decreasing
 from tests.support.launching import child_env
-from tests.support.pretrain_fixtures import REPO_ROOT, build_shards, tiny_run_config
+from tests.support.pretrain_fixtures import REPO_ROOT, build_shards, short_instances_at_64, tiny_run_config
 
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_shards(tmp_path_factory.mktemp("packing") / "data", seq_lens=(32,), train=48, val=8)
-
-
-def short_instances_at_64(shards: Path, out: Path) -> Path:
-    """The seq-32 shards relabelled as seq 64: a phase-2-like set where most rows are half padding."""
-    shutil.copytree(shards, out)
-    (out / "seq32").rename(out / "seq64")
-    manifest = json.loads((out / "manifest.json").read_text())
-    entry = manifest["seq_lens"].pop("32")
-    for split in entry.values():
-        for shard in split["shards"]:
-            shard["file"] = shard["file"].replace("seq32/", "seq64/")
-    manifest["seq_lens"]["64"] = entry
-    manifest["masking"]["max_predictions"] = {"64": 10}
-    (out / "manifest.json").write_text(json.dumps(manifest))
-    return out
 
 
 @pytest.mark.parametrize(

@@ -54,3 +54,38 @@ def test_a_bad_phase2_json_is_a_config_error_before_phase1(
     assert len(err) == 1 and err[0].startswith("config error: ") and "phase2.ds_config" in err[0], err
     assert str(bad) in err[0] and expected in err[0], err
     assert not (tmp_path / "run" / "checkpoints").exists()  # phase 1 never started
+
+
+def test_the_ranks_word_a_problem_as_the_launch_time_check_does(
+    tmp_path: Path, shards: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Run without launch.sh (or on another world size), the driver refuses with the launch check's own line."""
+    from pretrain.config_sections import ConfigError
+    from pretrain.preflight import LaunchShape, check_command_line
+
+    run_json = tiny_run_config(tmp_path / "run.json", shards, tmp_path / "run")
+    for bad in (f"--data.shards={tmp_path / 'absent'}", "--phase2.seq_len=128", "--model.overrides.vocab_size=7"):
+        args = ["--config", str(run_json), bad]
+        with pytest.raises(ConfigError) as refused:
+            check_command_line(args, LaunchShape(1, "cpu"))
+        assert main(args) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [f"config error: {refused.value}"], bad
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_phase_without_validation_data_says_so_once_at_its_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Shards built without --val-fraction (an empty val split): the phase trains, and rank 0 says once why it
+    shows no validation numbers instead of skipping them without a word."""
+    no_val = build_shards(tmp_path / "shards", seq_lens=(32,), train=32, val=2)
+    manifest = json.loads((no_val / "manifest.json").read_text())
+    manifest["seq_lens"]["32"]["val"] = {"num_instances": 0, "nsp_random_fraction": None, "shards": []}
+    (no_val / "manifest.json").write_text(json.dumps(manifest))
+    run_json = tiny_run_config(tmp_path / "run.json", no_val, tmp_path / "run")
+    code = main(["--config", str(run_json), '--run.phases=["phase1"]', "--phase1.steps=1", "--logging.val_every_steps=1",
+                 "--checkpoint.export_at_phase_end=false"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    notes = [line for line in out.splitlines() if line.startswith("note: phase1: no validation this phase: ")]
+    assert len(notes) == 1 and "0 val instances at seq 32" in notes[0] and "--val-fraction" in notes[0], out

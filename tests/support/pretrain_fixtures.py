@@ -7,6 +7,7 @@ plus one, modulo a small alphabet), so "the MLM loss falls" is a real check, not
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,21 @@ def build_shards(out: Path, seq_lens: tuple[int, ...] = (32, 64), train: int = 9
         "seed": seed, "config": {}, "totals": {}, "seq_lens": by_len,
     }
     atomic_write_json(out / "manifest.json", manifest)
+    return out
+
+
+def short_instances_at_64(shards: Path, out: Path) -> Path:
+    """The seq-32 shards relabelled as seq 64: a phase-2-like set where most rows are half padding."""
+    shutil.copytree(shards, out)
+    (out / "seq32").rename(out / "seq64")
+    manifest = json.loads((out / "manifest.json").read_text())
+    entry = manifest["seq_lens"].pop("32")
+    for split in entry.values():
+        for shard in split["shards"]:
+            shard["file"] = shard["file"].replace("seq32/", "seq64/")
+    manifest["seq_lens"]["64"] = entry
+    manifest["masking"]["max_predictions"] = {"64": 10}
+    (out / "manifest.json").write_text(json.dumps(manifest))
     return out
 
 

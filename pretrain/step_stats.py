@@ -1,0 +1,105 @@
+"""The statistics of one optimizer step, by name, and the one all-reduce that sums them over the model's ranks.
+
+What a micro-batch adds falls in two kinds. Numbers only the device knows (loss sums, correct predictions,
+whether the loss was finite) stay device tensors: reading them on the host would stall the GPU queue
+once per micro-batch. Numbers the host already holds (rows, real tokens, labelled slots, instances: all
+counted from the host copy of the collated batch) are summed as Python numbers: no device work at all.
+At the end of the step both go into one float64 tensor, all-reduced once and read once: the step's single
+host sync, which also carries this rank's stop and checkpoint requests so that the ranks agree on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pretrain.model import IGNORE_INDEX, PretrainingOutput
+
+# summed on the device, one slot each
+DEVICE_SUMS = ("mlm_loss_sum", "nsp_loss_sum", "mlm_correct", "nsp_correct", "nonfinite")
+# summed on the host: labelled MLM slots, instances (labelled NSP slots: packed rows pad theirs), rows of
+# seq_len the device ran, non-padding tokens, MLM head rows; then this rank's stop / checkpoint requests
+HOST_COUNTS = ("mlm_labelled", "instances", "rows", "real_tokens", "head_rows", "stop", "save_due")
+
+
+def host_values_to_device(values: list[float], device: torch.device) -> torch.Tensor:
+    """Python numbers as a float64 tensor on `device`, without a host sync.
+
+    `torch.tensor(values, device="cuda")` copies from pageable memory, which waits for the stream: a sync
+    per call. A pinned host tensor copied with `non_blocking` is queued like a kernel instead."""
+    tensor = torch.tensor(values, dtype=torch.float64)
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
+def labelled_slots(host_batch: dict[str, torch.Tensor]) -> int:
+    """Labelled MLM slots of a collated micro-batch, counted on its host copy."""
+    return int((host_batch["masked_labels"] != IGNORE_INDEX).sum())
+
+
+@dataclass
+class StepTotals:
+    """A step's statistics summed over the model's ranks: every name of DEVICE_SUMS and HOST_COUNTS, and the
+    extra loss terms' numbers (summed over micro-batches and ranks; the trainer takes their mean)."""
+
+    sums: dict[str, float]
+    extras: dict[str, float]
+
+    def __getitem__(self, name: str) -> float:
+        return self.sums[name]
+
+
+@dataclass
+class StepSums:
+    """Accumulates the micro-batches of one step on this rank."""
+
+    device: torch.device
+    on_device: torch.Tensor = field(init=False)
+    on_host: dict[str, float] = field(init=False)
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.on_device = torch.zeros(len(DEVICE_SUMS), dtype=torch.float64, device=self.device)
+        self.on_host = dict.fromkeys(HOST_COUNTS, 0.0)
+
+    @torch.no_grad()
+    def add(self, output: PretrainingOutput, batch: dict[str, torch.Tensor], host_batch: dict[str, torch.Tensor],
+            loss: torch.Tensor, extra: dict[str, Any]) -> None:
+        """One micro-batch: `batch` is its device copy (what the model ran on), `host_batch` the collated one.
+        A non-finite loss adds its micro-batch to `nonfinite` and nothing to the loss sums."""
+        finite = torch.isfinite(loss.detach()).double()
+        zero = torch.zeros((), dtype=torch.float64, device=self.device)
+        mlm_correct, _ = output.mlm_counts()  # the head ran on every slot; empty ones are excluded
+        self.on_device += torch.stack([
+            torch.where(finite > 0, output.mlm_loss_sum.detach().double(), zero),
+            torch.where(finite > 0, output.nsp_loss.detach().double(), zero),
+            mlm_correct.double(),
+            (output.nsp_logits.argmax(-1) == batch["next_sentence_label"]).sum().double(),
+            1.0 - finite,
+        ])
+        host = self.on_host
+        host["mlm_labelled"] += labelled_slots(host_batch)
+        host["instances"] += int((host_batch["next_sentence_label"] != IGNORE_INDEX).sum())
+        host["rows"] += host_batch["input_ids"].size(0)
+        host["real_tokens"] += int(host_batch["attention_mask"].sum())
+        host["head_rows"] += host_batch["masked_labels"].numel()
+        for key, value in extra.items():
+            value = torch.as_tensor(value, dtype=torch.float64).to(self.device, non_blocking=True)
+            self.extras[key] = self.extras.get(key, zero) + value
+
+    def reduce(self, stop: bool, save_due: bool, group: Any, world_size: int) -> StepTotals:
+        """Sum over the ranks of `group` (one all-reduce) and read on the host (the step's one sync)."""
+        self.on_host["stop"] = float(stop)
+        self.on_host["save_due"] = float(save_due)
+        host = host_values_to_device([self.on_host[name] for name in HOST_COUNTS], self.device)
+        packed = torch.cat([self.on_device, host, *(value.reshape(1) for value in self.extras.values())])
+        if dist.is_initialized() and world_size > 1:
+            dist.all_reduce(packed, group=group)
+        reduced = packed.tolist()
+        names = DEVICE_SUMS + HOST_COUNTS
+        return StepTotals(sums=dict(zip(names, reduced, strict=False)),
+                          extras=dict(zip(self.extras, reduced[len(names):], strict=True)))
