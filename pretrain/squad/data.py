@@ -82,8 +82,8 @@ def _parse_answers(
         found = context[start : start + len(text)] if start >= 0 else None
         if check_offsets and found != text:
             raise SquadFormatError(
-                f"{a_where}: answer_start {start} does not match the context: the context has {found!r} "
-                f"there, the answer text is {text!r}"
+                f"{a_where}: answer_start {start} does not match the context: the context has {quoted(found)} "
+                f"there, the answer text is {quoted(text)}"
             )
         answers.append(Answer(text, start))
     if not answers and not impossible:
@@ -113,7 +113,7 @@ def parse_squad(obj: Any, source: str, check_offsets: bool = True) -> SquadSet:
             for q_index, qa in enumerate(_require(paragraph, "qas", list, p_where)):
                 q_path = f"data[{d_index}].paragraphs[{p_index}].qas[{q_index}]"
                 qid = _require(qa, "id", str, f"{source}: {q_path}")
-                q_where = f"{source}: question id {qid!r} ({q_path})"
+                q_where = f"{source}: question id {quoted(qid)} ({q_path})"
                 if qid in seen:
                     raise SquadFormatError(f"{q_where}: duplicate id (first seen at {seen[qid]})")
                 seen[qid] = q_where
@@ -135,16 +135,43 @@ def load_squad(path: str | Path, check_offsets: bool = True) -> SquadSet:
     return parse_squad(_read_json(path), str(path), check_offsets)
 
 
+QUOTE_LIMIT = 60  # characters of a file's content quoted in an error message
+
+
+def quoted(value: Any, limit: int = QUOTE_LIMIT) -> str:
+    """``repr(value)``, cut to ``limit`` characters: an error quotes what it found, never a whole file."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+PREDICTIONS_LAYOUT = "a JSON object {question id: answer text}"
+
+
 def load_predictions(path: str | Path) -> dict[str, str]:
-    """``{question_id: answer_text}`` as the official scripts read it."""
+    """``{question_id: answer_text}`` as the official scripts read it.
+
+    Refused in one short line naming the file: anything but that object, and a SQuAD dataset passed
+    in the predictions' place (the usual slip: the two file arguments swapped).
+    """
     path = Path(path)
     obj = _read_json(path)
     if not isinstance(obj, dict):
-        raise SquadFormatError(f"{path}: predictions must be a JSON object {{id: answer text}}")
+        raise SquadFormatError(f"{path}: expected predictions, {PREDICTIONS_LAYOUT}; got a JSON "
+                               f"{_json_kind(obj)}")
+    if isinstance(obj.get("data"), list):
+        raise SquadFormatError(f"{path}: this is a SQuAD dataset (a 'data' list of articles), not predictions "
+                               f"({PREDICTIONS_LAYOUT}): give the dataset first, the predictions second")
     for qid, text in obj.items():
         if not isinstance(text, str):
-            raise SquadFormatError(f"{path}: question id {qid!r}: the prediction must be a string, got {text!r}")
+            raise SquadFormatError(f"{path}: question id {quoted(qid)}: the prediction must be a string "
+                                   f"({PREDICTIONS_LAYOUT}), got {_json_kind(text)} {quoted(text)}")
     return obj
+
+
+def _json_kind(value: Any) -> str:
+    """The JSON name of a parsed value's type (what a user sees in the file)."""
+    kinds = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else kinds.get(type(value), type(value).__name__)
 
 
 def load_na_probs(path: str | Path) -> dict[str, float]:
@@ -155,7 +182,7 @@ def load_na_probs(path: str | Path) -> dict[str, float]:
         raise SquadFormatError(f"{path}: no-answer probabilities must be a JSON object {{id: number}}")
     for qid, value in obj.items():
         if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
-            raise SquadFormatError(f"{path}: question id {qid!r}: expected a number, got {value!r}")
+            raise SquadFormatError(f"{path}: question id {quoted(qid)}: expected a number, got {quoted(value)}")
     return {qid: float(value) for qid, value in obj.items()}
 
 

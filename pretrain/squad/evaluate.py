@@ -7,7 +7,14 @@ import json
 import sys
 from pathlib import Path
 
-from pretrain.squad.data import SquadFormatError, load_na_probs, load_predictions, load_squad
+from pretrain.squad.data import (
+    SquadFormatError,
+    SquadSet,
+    load_na_probs,
+    load_predictions,
+    load_squad,
+    quoted,
+)
 from pretrain.squad.metric import ScoreReport, evaluate_v1, evaluate_v2
 
 
@@ -32,11 +39,12 @@ def score_files(
         raise SquadFormatError("--na-prob is a SQuAD v2.0 option: add --version 2")
     dataset = load_squad(data_path, check_offsets=False)
     predictions = load_predictions(predictions_path)
+    check_overlap(dataset, predictions, predictions_path)
     if version == 1:
         impossible = next((e.qid for e in dataset.examples if e.is_impossible), None)
         if impossible is not None:
             raise SquadFormatError(
-                f"{data_path}: question id {impossible!r} is unanswerable (SQuAD v2.0): score it with --version 2"
+                f"{data_path}: question id {quoted(impossible)} is unanswerable (SQuAD v2.0): score it with --version 2"
             )
         if dataset.declared_version != "1.1":
             # The official v1.1 script warns, and still scores, when the file is another version.
@@ -49,10 +57,35 @@ def score_files(
         raise SquadFormatError(f"{na_prob_path}: {err}") from None
 
 
+def check_overlap(dataset: SquadSet, predictions: dict[str, str], predictions_path: Path) -> None:
+    """Refuse predictions that answer none of the dataset's questions: predictions for another set.
+
+    The official scripts score such a file 0 and print one "Unanswered question" line per question
+    (2,798 for the training subset): a silent wrong number. Extra ids next to real ones are ignored,
+    as the official scripts do.
+    """
+    if any(example.qid in predictions for example in dataset.examples):
+        return
+    if not predictions:
+        raise SquadFormatError(f"{predictions_path}: no predictions (an empty object); expected "
+                               f"{{question id: answer text}} for the questions of {dataset.source}")
+    raise SquadFormatError(
+        f"{predictions_path}: none of its {len(predictions):,} question ids is in {dataset.source} "
+        f"({len(dataset.examples):,} questions; e.g. {quoted(next(iter(predictions)))} is not): "
+        "predictions for another dataset?"
+    )
+
+
+def unanswered_line(unanswered: list[str], total: int, predictions_path: Path) -> str:
+    """One line for every question without a prediction (they score 0, as in the official scripts)."""
+    return (f"{len(unanswered):,} of {total:,} questions have no prediction in {predictions_path} and score 0 "
+            f"(first: {quoted(unanswered[0])})")
+
+
 def run(args: argparse.Namespace) -> int:
     report = score_files(args.data, args.predictions, args.version, args.na_prob, args.na_prob_thresh)
-    for qid in report.unanswered:
-        print(f"Unanswered question {qid} will receive score 0.", file=sys.stderr)
+    if report.unanswered:
+        print(unanswered_line(report.unanswered, report.questions, args.predictions), file=sys.stderr)
     # v1.1 prints one line, v2.0 an indented object: as the official scripts do.
     print(json.dumps(report.scores) if args.version == 1 else json.dumps(report.scores, indent=2))
     if args.out_file is not None:

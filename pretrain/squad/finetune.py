@@ -20,6 +20,7 @@ import json
 import math
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,21 @@ def load_ds_config(config: FinetuneConfig, world_size: int, device_type: str, bf
                                 ("--batch-size", "--micro-batch-size", "--gradient-accumulation-steps")))
     except ConfigError as err:
         raise SquadFormatError(str(err)) from None
-    return resolve_precision(ds, config.precision, device_type, bf16_supported)
+    return resolve_precision(quiet_timers(ds), config.precision, device_type, bf16_supported)
+
+
+def quiet_timers(ds: dict[str, Any]) -> dict[str, Any]:
+    """DeepSpeed's throughput timer off unless the JSON turns it on.
+
+    Enabled by default, it synchronises the device at the start and the end of every step (two host
+    syncs a step on a GPU) to print a samples/s figure we never print (steps_per_print is huge). An
+    explicit ``"timers": {"throughput": {"enabled": true}}`` in the JSON is kept.
+    """
+    timers = ds.get("timers", {})
+    throughput = timers.get("throughput", {}) if isinstance(timers, dict) else None
+    if not isinstance(throughput, dict) or "enabled" in throughput:
+        return ds  # set by the JSON (or malformed: DeepSpeed names it)
+    return deep_merge(ds, {"timers": {"throughput": {"enabled": False}}})
 
 
 def load_data(config: FinetuneConfig) -> tuple[SquadSet | None, SquadSet]:
@@ -112,21 +127,50 @@ def as_tensors(batch: dict[str, np.ndarray], device: torch.device) -> dict[str, 
     return {key: torch.from_numpy(value).to(device) for key, value in batch.items()}
 
 
-def train(engine: Any, features: Features, ds: dict[str, Any], total_steps: int, config: FinetuneConfig,
-          dist_info: Any, pad_id: int, writer: Any) -> dict[str, float]:
+@dataclass(frozen=True)
+class TrainData:
+    """What the training loop reads: the windows, how many per rank per micro-batch, and their order."""
+
+    features: Features
+    micro_batch_size: int
+    accumulation: int  # micro-batches per rank per optimizer step
+    pad_id: int
+    seed: int  # of the window order (micro_batches)
+
+    @classmethod
+    def of(cls, features: Features, ds: dict[str, Any], pad_id: int, seed: int) -> TrainData:
+        return cls(features, ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"], pad_id, seed)
+
+
+def training_steps(engine: Any, data: TrainData, dist_info: Any) -> Iterator[torch.Tensor]:
+    """One optimizer step per ``next()``: yields the step's mean loss as a tensor, forever.
+
+    A generator rather than a loop so that a benchmark can interleave it step by step with another
+    loop in one process (bench/squad_vs_plain.py); ``train`` drives it. The loss stays a tensor:
+    reading it (a host sync on a GPU) is left to the caller, once per log line.
+    """
+    batches = micro_batches(len(data.features), data.micro_batch_size, dist_info.world_size, dist_info.rank,
+                            data.seed)
+    while True:
+        step_loss = torch.zeros((), device=dist_info.device)
+        for _ in range(data.accumulation):
+            inputs = as_tensors(pad_batch(data.features, next(batches), data.pad_id), dist_info.device)
+            loss = engine(**inputs).loss
+            engine.backward(loss)
+            engine.step()
+            step_loss += loss.detach().float() / data.accumulation
+        yield step_loss
+
+
+def train(engine: Any, data: TrainData, total_steps: int, config: FinetuneConfig, dist_info: Any,
+          writer: Any) -> dict[str, float]:
     engine.train()
-    micro, accum = ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]
-    batches = micro_batches(len(features), micro, dist_info.world_size, dist_info.rank, config.seed)
+    steps = training_steps(engine, data, dist_info)
     started = time.perf_counter()
     loss_sum = torch.zeros((), device=dist_info.device)
     logged_steps = 0
     for step in range(total_steps):
-        for _ in range(accum):
-            inputs = as_tensors(pad_batch(features, next(batches), pad_id), dist_info.device)
-            loss = engine(**inputs).loss
-            engine.backward(loss)
-            engine.step()
-            loss_sum += loss.detach().float() / accum
+        loss_sum += next(steps)
         logged_steps += 1
         if (step + 1) % config.log_every == 0 or step + 1 == total_steps:
             # One small all-reduce per log line: the logged loss is the global batch's, not rank 0's.
@@ -149,7 +193,7 @@ def score(dev: SquadSet, answers: dict[str, str], null_odds: dict[str, float], v
     return evaluate_v2(dev.articles, answers, null_odds).scores
 
 
-def _load_and_limit(config: FinetuneConfig) -> tuple[SquadSet | None, SquadSet, int]:
+def load_and_limit(config: FinetuneConfig) -> tuple[SquadSet | None, SquadSet, int]:
     """Both sets, validated, cut to --max-*-examples (the dev articles too, so the score covers them only)."""
     train_set, dev_set = load_data(config)
     version = config.version or max(dev_set.version, train_set.version if train_set else 1)
@@ -182,7 +226,7 @@ def finetune(config: FinetuneConfig) -> dict[str, Any] | None:
     if not config.ds_config.is_file():
         raise SquadFormatError(f"--ds-config {config.ds_config}: no such file")
     read_engine_json(config)
-    train_set, dev_set, version = _load_and_limit(config)
+    train_set, dev_set, version = load_and_limit(config)
 
     # Heavy imports only now that the inputs are known to be good.
     from transformers import AutoTokenizer, BertConfig, BertForQuestionAnswering
@@ -219,7 +263,8 @@ def finetune(config: FinetuneConfig) -> dict[str, Any] | None:
         results.update(train_windows=len(train_features), train_examples=len(train_set.examples),
                        train_batch_size=global_batch, optimizer=type(engine.basic_optimizer).__name__,
                        optimizer_wrapper=type(engine.optimizer).__name__)  # which DeepSpeed path really ran
-        results.update(train(engine, train_features, ds, total_steps, config, dist_info, pad_id, writer))
+        data = TrainData.of(train_features, ds, pad_id, config.seed)
+        results.update(train(engine, data, total_steps, config, dist_info, writer))
         forward, module = engine, engine.module
         engine.eval()
     else:

@@ -89,6 +89,7 @@ class ScoreReport:
 
     scores: dict[str, float | int]
     unanswered: list[str] = field(default_factory=list)
+    questions: int = 0  # in the dataset, answered or not
 
 
 def iter_questions(dataset: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
@@ -113,7 +114,7 @@ def evaluate_v1(dataset: list[dict[str, Any]], predictions: Mapping[str, str]) -
         f1 += _max_over_references(f1_v1, prediction, references)
     exact_match = 100.0 * exact_match / total
     f1 = 100.0 * f1 / total
-    return ScoreReport({"exact_match": exact_match, "f1": f1}, unanswered)
+    return ScoreReport({"exact_match": exact_match, "f1": f1}, unanswered, total)
 
 
 def _v2_references(qa: Mapping[str, Any]) -> list[str]:
@@ -223,4 +224,4 @@ def evaluate_v2(
             best_f1=best_f1,
             best_f1_thresh=f1_threshold,
         )
-    return ScoreReport(result, unanswered)
+    return ScoreReport(result, unanswered, len(exact_raw))

@@ -180,3 +180,18 @@ def test_squad_batch_lr_and_precision_come_from_the_flags() -> None:
         load_ds_config(_config(shipped, "--batch-size", "30", "--micro-batch-size", "4"), 2, "cpu", False)
     with pytest.raises(SquadFormatError, match="--batch-size must be > 0, got 0"):
         _config(shipped, "--batch-size", "0")
+
+
+def test_the_throughput_timer_is_off_unless_the_json_turns_it_on(tmp_path: Path) -> None:
+    """DeepSpeed's throughput timer syncs the device twice a step for a figure the fine-tune never prints."""
+    from pretrain.squad.finetune import load_ds_config
+
+    shipped = json.loads((REPO_ROOT / "ds_configs" / "deepspeed" / "squad_adamw_zero1.json").read_text())
+    shipped.pop("timers", None)
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps(shipped))
+    assert load_ds_config(_config(plain), 1, "cpu", False)["timers"] == {"throughput": {"enabled": False}}
+    on = tmp_path / "on.json"
+    on.write_text(json.dumps({**shipped, "timers": {"throughput": {"enabled": True, "synchronized": False}}}))
+    assert load_ds_config(_config(on), 1, "cpu", False)["timers"] == {"throughput": {"enabled": True,
+                                                                                   "synchronized": False}}
