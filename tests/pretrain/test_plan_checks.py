@@ -89,3 +89,28 @@ def test_a_phase_without_validation_data_says_so_once_at_its_start(
     assert code == 0, out
     notes = [line for line in out.splitlines() if line.startswith("note: phase1: no validation this phase: ")]
     assert len(notes) == 1 and "0 val instances at seq 32" in notes[0] and "--val-fraction" in notes[0], out
+
+
+def test_a_run_folder_held_by_a_live_job_is_refused(
+    tmp_path: Path, shards: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A second job on the same run folder (a rerun beside ranks that outlived their launcher) stops at start-up
+    with one line naming the holder, instead of writing checkpoints beside the first."""
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from pretrain.lifetime import "
+         "hold_run_folder; hold_run_folder(Path(sys.argv[1])); print('held', flush=True); time.sleep(120)",
+         str(run_dir)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        run_json = tiny_run_config(tmp_path / "run.json", shards, run_dir)
+        assert main(["--config", str(run_json)]) == 2
+        line = capsys.readouterr().err.strip().splitlines()
+        assert len(line) == 1 and "is in use by a live job" in line[0] and f"pid {holder.pid}" in line[0], line
+        assert not (run_dir / "checkpoints").exists()
+    finally:
+        holder.kill()
+        holder.wait()
