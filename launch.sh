@@ -283,6 +283,21 @@ cmd_squad() {
     esac
 }
 
+cmd_glue() {
+    (($#)) || die "glue needs 'finetune' or 'evaluate'"
+    local action=$1
+    shift
+    case "$action" in
+        finetune) launch_module pretrain.glue finetune "$@" ;;
+        evaluate) # the module checks its files (one line naming a missing or malformed one, exit 2)
+            (($# >= 4)) || die "usage: ./launch.sh glue evaluate --task TASK GOLD.tsv PREDICTIONS.tsv"
+            export_repo_path
+            run "$PYTHON" -m pretrain.glue evaluate "$@"
+            ;;
+        *) die "glue: unknown action '$action' (use finetune or evaluate)" ;;
+    esac
+}
+
 cmd_export() {
     (($# == 2)) || die "usage: ./launch.sh export CHECKPOINT OUT"
     require_path -e "$1" "export: checkpoint '$1' does not exist"
@@ -324,6 +339,13 @@ cmd_demo() {
     run_forwarding_signals "$PYTHON" -m pretrain.demo "${extra[@]}" "$@"
 }
 
+cmd_report() {
+    (($#)) || die "usage: ./launch.sh report RUN_DIR [--usd-per-device-hour X]"
+    export_repo_path
+    if [[ "$1" != -* ]]; then require_path -d "$1" "report: run folder '$1' does not exist"; fi
+    run "$PYTHON" -m pretrain.report "$@"
+}
+
 # Launch options are also shown by 'pretrain --help' etc.
 main() {
     local args=() arg seen_separator=0
@@ -340,8 +362,8 @@ main() {
         usage
         exit 0
     fi
-    # prep and demo forward --help to their Python module, which knows its own flags.
-    if [[ "$sub" != demo && "$sub" != prep ]]; then
+    # prep, demo and report forward --help to their Python module, which knows its own flags.
+    if [[ "$sub" != demo && "$sub" != prep && "$sub" != report ]]; then
         for arg in "$@"; do
             [[ "$arg" == -- ]] && break
             if [[ "$arg" == -h || "$arg" == --help ]]; then usage; exit 0; fi
@@ -351,11 +373,13 @@ main() {
         prep) cmd_prep "$@" ;;
         pretrain) launch_module pretrain.train pretrain "$@" ;;
         squad) cmd_squad "$@" ;;
+        glue) cmd_glue "$@" ;;
         export) cmd_export "$@" ;;
         tensorboard) cmd_tensorboard "$@" ;;
         demo) cmd_demo "$@" ;;
         scale) cmd_scale "$@" ;;
-        *) die "unknown subcommand '$sub' (prep, pretrain, squad, export, tensorboard, scale, demo; see --help)" ;;
+        report) cmd_report "$@" ;;
+        *) die "unknown subcommand '$sub' (prep, pretrain, squad, glue, export, report, tensorboard, scale, demo; see --help)" ;;
     esac
 }
 

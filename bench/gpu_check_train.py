@@ -31,7 +31,7 @@ from pretrain.metrics import MetricsWriter, StepCounts, Throughput, flops_per_se
 from pretrain.model import build_model, count_parameters
 from pretrain.schedule import WarmupPolyDecay
 from pretrain.train import RunPlan, bert_config_from_plan, plan_run
-from pretrain.trainer import PhaseState, PhaseTrainer, StepResult, StopRequest
+from pretrain.trainer import PhaseState, PhaseTrainer, StepResult, StopRequest, TrainerJob
 
 # An 80 GB H100 shows 81,559 MiB (79.6 GiB); the CUDA context takes ~1 GiB outside PyTorch's allocator (est.).
 GPU_80GB_GIB, CUDA_CONTEXT_GIB = 79.6, 1.0
@@ -120,9 +120,9 @@ def make_trainer(built: GroupEngine, group: GroupSpec, row: RowSpec, data: Phase
     throughput = Throughput(flops, group.seq_len, dist_info.world_size, peak,
                             head_flops_per_prediction=6.0 * built.counts["mlm_head"],
                             predictions_per_seq=data.max_predictions)
-    return PhaseTrainer(config, built.plan.resolved, dist_info, engine, batches, None,
-                        CheckpointManager(args.work_dir / "ckpt", 1, dist_info.rank), MetricsWriter(None, False),
-                        throughput, PhaseState(group.phase), StopRequest())
+    job = TrainerJob(config, built.plan.resolved, dist_info, CheckpointManager(args.work_dir / "ckpt", 1, dist_info.rank),
+                     MetricsWriter(None, False), StopRequest())
+    return PhaseTrainer(job, engine, batches, None, throughput, PhaseState(group.phase))
 
 
 def loop_step(trainer: PhaseTrainer) -> StepResult:

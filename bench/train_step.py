@@ -45,7 +45,7 @@ from pretrain.optim.lamb import ExactLamb, weight_decay_param_groups  # noqa: E4
 from pretrain.schedule import WarmupPolyDecay  # noqa: E402
 from pretrain.stop_request import StopRequest  # noqa: E402
 from pretrain.train import bert_config_from_plan, plan_run  # noqa: E402
-from pretrain.trainer import PhaseState, PhaseTrainer  # noqa: E402
+from pretrain.trainer import PhaseState, PhaseTrainer, TrainerJob  # noqa: E402
 
 
 def synthetic_shards(out: Path, vocab_size: int, seq_len: int, count: int, seed: int = 0) -> Path:
@@ -134,9 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     from pretrain.loader import model_inputs
 
     batches = RankBatches(plan.data["phase1"], "train", 0, 0, 1, args.micro_batch)
-    trainer = PhaseTrainer(config, plan.resolved, dist_info, engine_like_the_driver(), batches, None,
-                           CheckpointManager(work / "ckpt", 1, 0), MetricsWriter(None, False),
-                           Throughput(1.0, args.seq_len, 1, None), PhaseState("phase1"), StopRequest())
+    job = TrainerJob(config, plan.resolved, dist_info, CheckpointManager(work / "ckpt", 1, 0),
+                     MetricsWriter(None, False), StopRequest())
+    trainer = PhaseTrainer(job, engine_like_the_driver(), batches, None, Throughput(1.0, args.seq_len, 1, None),
+                           PhaseState("phase1"))
 
     # --- baseline 1: a bare loop on an identical engine over the same micro-batches, already on the device
     same_engine = engine_like_the_driver()

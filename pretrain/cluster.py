@@ -2,7 +2,7 @@
 
 launch.sh (through pretrain/launch_plan.py), launch/slurm_rank.sh and pretrain/engine.py need the same
 answers (the first node of a SLURM allocation, GPUs per node, the rendezvous host and port, which device
-a task opens). Written once, as functions with unit tests (tests/launch/test_cluster_units.py), they
+a task opens). Written once, as functions with unit tests (tests/cluster/test_cluster_units.py), they
 cannot drift apart. launch_plan.py calls `plan` for launch.sh; slurm_rank.sh calls this module's CLI:
 
     python -m pretrain.cluster [--prog NAME] slurm-task                    (slurm_rank.sh, once per task)

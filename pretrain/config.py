@@ -3,9 +3,10 @@
 The keys themselves (sections, types, defaults, documentation) are declared in
 pretrain/config_sections.py; this module reads, checks and resolves them.
 
-Plug-in sections (pretrain/plugin.py): a top-level key that is no core section is looked up among the
-installed plug-ins (entry points named after their section); only then is that plug-in imported, and
-its declaration types and checks the section into `RunConfig.plugins`.
+Plug-in sections (pretrain/plugin.py): a top-level key that is no core section is looked up in the
+plug-in registry the loader is handed (by default the installed entry points, named after their
+section); only then is that plug-in imported, and its declaration types and checks the section into
+`RunConfig.plugins`.
 
 Override order (later wins): dataclass defaults < RUN.json < command-line overrides. Every key of
 every section is checked: a typo fails with the dotted key it could not place, before any process
@@ -28,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from pretrain.checkpointing.cadence import check_cadence
-from pretrain.config_doc import PLUGINS_FIELD
-from pretrain.config_sections import PHASE_NAMES, ConfigError, RunConfig
-from pretrain.plugin import installed_plugins, plugin_spec
+from pretrain.config_sections import PHASE_NAMES, PLUGINS_FIELD, ConfigError, RunConfig
+from pretrain.plugin import INSTALLED, PluginRegistry
 from pretrain.schedule import ScheduleError, check_schedule
+from pretrain.time_to_quality import check_targets
 
 # The schedule's names for a phase's keys: its own check (pretrain/schedule.py) reports in its names.
 SCHEDULE_KEYS = {"total_steps": "steps", "warmup_fraction": "warmup_fraction", "power": "decay_power"}
@@ -90,18 +91,19 @@ def _build_section(cls: type, name: str, data: Any) -> Any:
     return cls(**kwargs)
 
 
-def from_dict(data: dict[str, Any]) -> RunConfig:
-    """Core sections by their type; any other top-level key must name an installed plug-in's section."""
+def from_dict(data: dict[str, Any], registry: PluginRegistry = INSTALLED) -> RunConfig:
+    """Core sections by their type; any other top-level key must name a plug-in's section in `registry`
+    (default: the installed entry points)."""
     hints = {name: cls for name, cls in typing.get_type_hints(RunConfig).items() if name != PLUGINS_FIELD}
     sections: dict[str, Any] = {}
     plugins: dict[str, Any] = {}
     for key, value in data.items():
         if key in hints:  # a core section over its default (phase2's differs from phase1's)
             default, target = getattr(RunConfig(), key), sections
-        elif key in installed_plugins():  # read only for a non-core key: a plain config scans nothing
-            default, target = plugin_spec(key).section(), plugins
+        elif key in registry.names():  # read only for a non-core key: a plain config scans nothing
+            default, target = registry.spec(key).section(), plugins
         else:
-            hint = _did_you_mean(key, [*hints, *installed_plugins()])
+            hint = _did_you_mean(key, [*hints, *registry.names()])
             if not hint.startswith(";"):  # no near miss: perhaps a plug-in that is not installed yet
                 hint += ("; a plug-in's section is known once its entry point is installed: rerun "
                          "`pip install -e .` after updating a checkout")
@@ -135,7 +137,9 @@ def apply_override(data: dict[str, Any], keys: list[str], value: Any) -> None:
     node[keys[-1]] = value
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
+def load_config(
+    path: str | Path | None, overrides: list[str] | None = None, registry: PluginRegistry = INSTALLED
+) -> RunConfig:
     """Read RUN.json (or start from defaults when None), apply overrides, type-check every key."""
     data: dict[str, Any] = {}
     base = Path.cwd()
@@ -150,18 +154,18 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         base = path.resolve().parent
     for text in overrides or []:
         apply_override(data, *parse_override(text))
-    config = from_dict(data)
+    config = from_dict(data, registry)
     for name in PHASE_NAMES:
         phase = config.phase(name)
         if phase.ds_config and not Path(phase.ds_config).is_absolute():
             candidate = base / phase.ds_config
             if candidate.exists():
                 phase.ds_config = str(candidate)
-    check_values(config)
+    check_values(config, registry)
     return config
 
 
-def check_values(config: RunConfig) -> None:
+def check_values(config: RunConfig, registry: PluginRegistry = INSTALLED) -> None:
     """Checks that need no files or processes: ranges and choices."""
     if config.run.precision not in ("auto", "fp32", "bf16", "fp16"):
         raise ConfigError(f"run.precision: {config.run.precision!r} is not one of auto, fp32, bf16, fp16")
@@ -186,6 +190,7 @@ def check_values(config: RunConfig) -> None:
         if not (phase.shards or config.data.shards):
             raise ConfigError(f"data.shards: required (or {name}.shards)")
     check_cadence(config.checkpoint)  # every_steps / every_minutes: null or > 0
+    check_targets(config.logging.quality_targets)  # accuracies in (0, 1], each once
     if config.checkpoint.keep_last < 1:
         raise ConfigError(f"checkpoint.keep_last: must be >= 1, got {config.checkpoint.keep_last}")
     if config.run.stop_after_steps is not None and config.run.stop_after_steps <= 0:
@@ -204,6 +209,6 @@ def check_values(config: RunConfig) -> None:
         raise ConfigError(f"data.part: must be in [0, data.num_parts={config.data.num_parts}), got {config.data.part}")
     for name, section in config.plugins.items():  # each plug-in's own checks, cross-section ones included
         try:
-            plugin_spec(name).check(section, config)
+            registry.spec(name).check(section, config)
         except ValueError as err:
             raise ConfigError(str(err)) from err

@@ -1,25 +1,43 @@
 """Every key of the run config: its section, type, default and documentation, declared together.
 
-This is the one place a key is described: `python -m pretrain.train --help` and the configuration
-table of docs/pretraining.md are generated from these declarations (pretrain/config_doc.py). How a
-RUN.json and command-line overrides become a checked `RunConfig` is pretrain/config.py. No torch
-import: reading a config stays instant.
+This is the one place a key is described, with `setting(default, doc)` (below): `python -m
+pretrain.train --help` and the configuration table of docs/pretraining.md are generated from these
+declarations (pretrain/config_doc.py, a floor above). How a RUN.json and command-line overrides
+become a checked `RunConfig` is pretrain/config.py. Imports only pretrain/errors.py and the standard
+library: reading a config stays instant, and every floor above can use these types.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pretrain.config_doc import PLUGINS_FIELD, setting
+from pretrain.errors import ConfigError
+
+__all__ = ["DOC", "PHASE_NAMES", "PLUGINS_FIELD", "ConfigError", "RunConfig", "setting"]
 
 PHASE_NAMES = ("phase1", "phase2")
+DOC = "doc"  # the field metadata key of a key's documentation
+PLUGINS_FIELD = "plugins"  # RunConfig's field with the plug-ins' sections by name (not a section itself)
+# Rank 0 alone hashes every shard before training and exports at each phase end while the other ranks
+# wait in a collective; DeepSpeed's default process-group timeout (10 minutes) would abort a job whose
+# rank 0 is merely busy. The one home of this default (pretrain/engine.py's init_distributed reads it).
+DIST_TIMEOUT_MINUTES = 120
 
 
-class ConfigError(ValueError):
-    """A configuration value is wrong; the message names the dotted key."""
+def setting(default: Any, doc: str) -> Any:
+    """A dataclass field with its documentation (``name: type = setting(default, "what it does")``); a
+    list/dict default is copied for every instance, as `field(default_factory=...)` would do.
+
+    The text rides in the field's metadata, so `--help` and the docs table (pretrain/config_doc.py) read
+    it back with `dataclasses.fields`, and a key added without a text fails tests/pretrain/test_config_doc.py.
+    """
+    if isinstance(default, list | dict | set):
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata={DOC: doc})
+    return dataclasses.field(default=default, metadata={DOC: doc})
 
 
 @dataclass
@@ -53,7 +71,7 @@ class RunSection:
         "continue (null: run to the end)",
     )
     dist_timeout_minutes: int = setting(
-        120,
+        DIST_TIMEOUT_MINUTES,
         "how long a collective waits for a busy rank before the job fails. Rank 0 alone hashes every shard "
         "at start-up and exports at each phase end while the other ranks wait; DeepSpeed's default (10) "
         "fails a large run that is only slow there. A hung rank is found this late too",
@@ -216,6 +234,11 @@ class LoggingSection:
     peak_tflops: float | None = setting(
         None,
         "peak TFLOP/s per device for MFU; null: looked up from the GPU name (CPU: none, no MFU)",
+    )
+    quality_targets: list[float] = setting(
+        [0.3, 0.5, 0.65, 0.72],
+        "val/mlm_acc marks whose wall-clock, device-hours and samples are logged the first time a validation "
+        "reaches them (target/* tags; 0.72 is MLPerf's BERT target); [] logs none (pretrain/time_to_quality.py)",
     )
 
 

@@ -33,6 +33,7 @@ from torch.utils.data import Dataset
 from data_prep.atomic_io import sha256_file
 from data_prep.shards import Manifest, ShardReader
 from pretrain.config_sections import ConfigError
+from pretrain.errors import DataError
 from pretrain.model import IGNORE_INDEX
 from pretrain.packing import pack_masked_instances
 from pretrain.shard_checks import check_phase_shards
@@ -51,8 +52,9 @@ def partition_indices(total: int, part: int, num_parts: int) -> np.ndarray:
     return np.sort(deal[part::num_parts])
 
 
-class DataConfigError(ValueError):
-    """The shards do not fit the run (missing, wrong vocab, wrong length); names the key or file."""
+class DataConfigError(DataError):
+    """The shards do not fit the run (missing, wrong vocab, wrong length); names the key or file. (Rank 0's
+    start-up checks report it as the config error of the key that names the shards, as the launch check does.)"""
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ line naming both places, instead of one of two values silently winning (before, 
 
 pretrain/config.py reads and checks the run config; `phase_ds_config` turns one phase of it into the
 dict `deepspeed.initialize` takes (pretrain/engine.py); `plan_run` (pretrain/train.py) calls it for
-every phase before any engine is built, so a refusal stops the run before phase 1 trains. SQuAD
-fine-tuning uses the same refusal, batch arithmetic and precision rule with its flags as the owners
-(pretrain/squad/finetune.py).
+every phase before any engine is built, so a refusal stops the run before phase 1 trains. The
+fine-tunes (SQuAD, GLUE) use the same refusal, batch arithmetic and precision rule with their flags as
+the owners (pretrain/finetune_common.py).
 """
 
 from __future__ import annotations

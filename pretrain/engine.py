@@ -1,4 +1,5 @@
-"""The one place in pretrain/ that imports deepspeed: process group setup and the engine builder.
+"""Process group setup and the engine builder: the module that drives DeepSpeed (checkpointing/checkpoint.py
+only reads DeepSpeed's checkpoint files).
 
 `build_engine` turns a DeepSpeed JSON dict into an engine. Our LAMB is named in the JSON's usual
 optimizer block with a type DeepSpeed does not own:
@@ -20,7 +21,6 @@ import copy
 import os
 import socket
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,8 @@ import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
 from pretrain.cluster import device_index, slurm_task_env
+from pretrain.config_sections import DIST_TIMEOUT_MINUTES
+from pretrain.dist import DistInfo
 from pretrain.extension_builds import reporting_builds
 from pretrain.lifetime import die_with_parent
 from pretrain.optim.lamb import ExactLamb, bind_zero_layout, weight_decay_param_groups
@@ -61,18 +63,6 @@ _EXACT_LAMB_PARAMS = (
 )
 
 
-@dataclass(frozen=True)
-class DistInfo:
-    rank: int
-    world_size: int
-    local_rank: int  # the accelerator index this rank uses (see device_index), also LOCAL_RANK from then on
-    device: torch.device
-
-
-# Rank 0 alone hashes every shard before training and exports at each phase end while the other ranks
-# wait in a collective; DeepSpeed's default process-group timeout (10 minutes, DEEPSPEED_TIMEOUT) would
-# abort a job whose rank 0 is merely busy. RunConfig's run.dist_timeout_minutes has the same default.
-DIST_TIMEOUT_MINUTES = 120
 
 
 # ---------------------------------------------------------------------- process groups
@@ -154,7 +144,7 @@ def init_distributed(timeout_minutes: int = DIST_TIMEOUT_MINUTES) -> DistInfo:
     """Join (or create) the default process group; idempotent (a second call keeps the first timeout).
 
     The backend follows the accelerator (process_group_backend); collectives wait up to
-    `timeout_minutes` for a busy peer (see DIST_TIMEOUT_MINUTES). LOCAL_RANK is rewritten to the
+    `timeout_minutes` for a busy peer (run.dist_timeout_minutes says why its default is long). LOCAL_RANK is rewritten to the
     device index (device_index, pretrain/cluster.py) before DeepSpeed reads it to bind the device.
     """
     accelerator = get_accelerator()

@@ -40,6 +40,7 @@ from transformers import AutoModelForPreTraining, BertConfig, BertForPreTraining
 from data_prep.atomic_io import atomic_write_json
 from pretrain.checkpointing.checkpoint import consolidated_state_dict, read_run_config, split_checkpoint_path
 from pretrain.model import SparseBertForPreTraining
+from pretrain.model_card import card_facts, write_model_card
 
 EXPORT_INFO = "export_info.json"
 # Keys that may legitimately be absent from a consolidated checkpoint: non-persistent buffers.
@@ -74,9 +75,11 @@ def max_logit_difference(exported: Path, reference: SparseBertForPreTraining) ->
 
 
 def export_state_dict(
-    state_dict: dict[str, torch.Tensor], resolved: dict[str, Any], out: Path, source: str, tolerance: float = 1e-4
+    state_dict: dict[str, torch.Tensor], resolved: dict[str, Any], out: Path, source: str, tolerance: float = 1e-4,
+    card: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write `state_dict` as a verified HF folder at `out`; `resolved` is the run config's resolved block."""
+    """Write `state_dict` as a verified HF folder at `out`; `resolved` is the run config's resolved block.
+    `card`: the model card's facts (pretrain/model_card.py); without them the card has the resolved block only."""
     config = BertConfig.from_dict(resolved["model_config"])
     reference = SparseBertForPreTraining(config)
     load_weights(reference, state_dict, source)
@@ -98,6 +101,7 @@ def export_state_dict(
             )
         info = {"source": source, "max_abs_logit_difference": difference, "vocab_sha256": resolved.get("vocab_sha256")}
         atomic_write_json(staging / EXPORT_INFO, info)
+        write_model_card(staging, card or {"source": source, "run_config": {"resolved": resolved}}, str(out))
         if out.exists():
             shutil.rmtree(out)
         os.replace(staging, out)
@@ -112,7 +116,8 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, tag: str | None =
     tag = tag or found_tag
     run_config = read_run_config(root, tag)
     state_dict = consolidated_state_dict(root, tag)
-    return export_state_dict(state_dict, run_config["resolved"], Path(out), source=str(root / tag))
+    return export_state_dict(state_dict, run_config["resolved"], Path(out), source=str(root / tag),
+                             card=card_facts(root, tag, run_config))
 
 
 def main(argv: list[str] | None = None) -> int:

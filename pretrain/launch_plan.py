@@ -289,7 +289,10 @@ Subcommands
                                    both pretraining phases on every rank (see LAUNCH OPTIONS)
   squad finetune [LAUNCH OPTIONS] --model DIR --train F --dev F --out DIR [...]
   squad evaluate DATA.json PREDICTIONS.json [...]
+  glue finetune [LAUNCH OPTIONS] --task T --model DIR --data DIR --out DIR [--seeds N]
+  glue evaluate --task T GOLD.tsv PREDICTIONS.tsv
   export CHECKPOINT OUT            python -m pretrain.export CHECKPOINT OUT
+  report RUN_DIR [--usd-per-device-hour X]   report.md + report.png (time to quality), model cards
   tensorboard RUN_DIR [ARGS...]    TensorBoard on RUN_DIR
   scale RUN.json --phase1-batch N --phase2-batch M [--gpus G] --out NEW.json   the recipe at your batch
   demo [--sample-data DIR] [--out DIR] [...]
@@ -299,11 +302,11 @@ Global options
   --dry-run        print the commands, run nothing
   -h, --help       this help (after prep or demo: that module's own flags)
 
-LAUNCH OPTIONS (pretrain, squad finetune). Where the ranks run is chosen in this order:
+LAUNCH OPTIONS (pretrain, squad/glue finetune). Where the ranks run is chosen in this order:
 """
 _USAGE_TAIL = """\
-  SIGTERM/SIGUSR1/SIGINT to launch.sh (or its process group) go on to the ranks; launch.sh waits and
-  exits with their status (0 after a SIGTERM/SIGUSR1 checkpoint; rerun the same command to resume)
+  SIGTERM/SIGUSR1/SIGINT/SIGHUP to launch.sh (or its group) reach the ranks, which checkpoint; launch.sh exits 0
+  (130 after Ctrl-C): rerun the same command to resume. Nothing of the job outlives launch.sh, even kill -9
 
 Environment defaults (only set when unset; documented in docs/launching.md, "Environment defaults")
   OMP_NUM_THREADS=cores/ranks-per-node (SLURM: cpus-per-task, also passed to srun)

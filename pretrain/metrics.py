@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from pretrain.time_to_quality import QualitySettings, TimeToQuality
+
 # Dense peak TFLOP/s per device (no sparsity), by precision. Matched by substring of the device name.
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "H200": {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0},
@@ -78,13 +80,20 @@ class MetricsWriter:
     writes, S, and what an earlier process logged from S on (the steps after its last checkpoint, which the
     resumed run repeats) is dropped: rows of metrics.jsonl with step >= S, and TensorBoard's events through
     SummaryWriter(purge_step=S).
+
+    With `quality` (the driver passes it), the run's clock is kept too (pretrain/time_to_quality.py): every
+    row of metrics.jsonl gets "wall_s" (seconds the run has run, over its processes), and a row with
+    val/mlm_acc the time/* numbers and any quality target it reaches first. Host arithmetic only.
     """
 
-    def __init__(self, log_dir: Path | None, enabled: bool) -> None:
+    def __init__(self, log_dir: Path | None, enabled: bool, quality: QualitySettings | None = None) -> None:
         self.enabled = enabled and log_dir is not None
         self.log_dir = log_dir
         self._tb = None
         self._jsonl = None
+        # rank 0's share of the run's clock, counted from this process's start (the driver builds the writer
+        # after its checks and the run folder's lock)
+        self.quality = TimeToQuality(quality) if quality is not None and self.enabled else None
 
     def _open(self, step: int) -> None:
         if self._tb is not None:
@@ -97,14 +106,20 @@ class MetricsWriter:
         drop_rows_from(path, step)
         self._tb = SummaryWriter(log_dir=str(self.log_dir), purge_step=step)
         self._jsonl = open(path, "a", encoding="utf-8")  # noqa: SIM115
+        if self.quality is not None:
+            self.quality.begin(step)  # targets reached in the steps this resume repeats are dropped too
 
     def scalars(self, step: int, values: dict[str, float], extra: dict[str, Any] | None = None) -> None:
         if not self.enabled:
             return
         self._open(step)
+        extra = dict(extra or {})
+        if self.quality is not None:
+            values = {**values, **self.quality.observe(step, values, extra.get("samples"))}
+            extra["wall_s"] = round(self.quality.wall_seconds(), 3)
         for tag, value in values.items():
             self._tb.add_scalar(tag, value, step)
-        self._jsonl.write(json.dumps({"step": step, **(extra or {}), **values}) + "\n")
+        self._jsonl.write(json.dumps({"step": step, **extra, **values}) + "\n")
         self._jsonl.flush()
 
     def histogram(self, step: int, tag: str, values: torch.Tensor) -> None:
@@ -120,6 +135,9 @@ class MetricsWriter:
         if self.enabled and self._tb is not None:
             self._tb.close()
             self._jsonl.close()
+        if self.quality is not None:
+            self.quality.close()  # this process's seconds, also after an error (the driver closes in `finally`)
+            self.quality = None
         self.enabled = False
 
 

@@ -10,29 +10,34 @@ section (pyproject.toml):
 
 The config loader imports a plug-in only when the RUN.json (or an override) has a top-level section
 of that name, so a plain run loads no plug-in module at all; `--help` and the docs table list every
-installed plug-in's keys. No torch import here: reading a config stays instant (the default hooks
-import the core pieces they call when they run).
+installed plug-in's keys. The loader and the driver are handed a `PluginRegistry` (the installed
+entry points unless a caller passes another), so they find plug-ins without reaching for the
+environment themselves. This module imports nothing of the project at run time (types only, from
+the floors below) and no torch: reading a config stays instant, and the contract depends on no core
+object above it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # types of the floors below this one only (tests/pretrain/test_import_layers.py)
     import torch
-    from transformers import BertConfig
 
-    from pretrain.checkpointing.checkpoint import CheckpointManager
-    from pretrain.config_sections import RunConfig
-    from pretrain.engine import DistInfo
-    from pretrain.trainer import ExtraLoss, PhaseState, PhaseTrainer
+    from pretrain.config_sections import PhaseSection, RunConfig
+    from pretrain.dist import DistInfo
 
 ENTRY_POINT_GROUP = "bert_ds.plugins"
+
+# (output, batch, state) -> (extra loss term, numbers to log as the mean over micro-batches and ranks); `output`
+# is pretrain.model.PretrainingOutput, `state` the trainer's PhaseState.
+ExtraLoss = Callable[[Any, "dict[str, torch.Tensor]", Any], "tuple[torch.Tensor, dict[str, float | torch.Tensor]]"]
 
 
 @dataclass(frozen=True)
@@ -46,25 +51,75 @@ class StepAgreement:
     aborting_here: bool
 
 
+@dataclass(frozen=True)
+class JobShare:
+    """This process's share of the world, as data the core applies (`config_for`, `dist_info_for`): its rank
+    and the number of ranks of its job, a seed offset, a subfolder of run.dir and checkpoint.dir, and which
+    part of the training data it reads (None: the config's data.part / data.num_parts)."""
+
+    rank: int
+    world_size: int
+    seed_offset: int = 0
+    subfolder: str | None = None
+    data_part: tuple[int, int] | None = None  # (part, num_parts)
+
+    def config_for(self, config: RunConfig) -> RunConfig:
+        """The run config this job trains with."""
+        run, checkpoint, data = config.run, config.checkpoint, config.data
+        run = dataclasses.replace(run, seed=run.seed + self.seed_offset)
+        if self.subfolder:
+            run = dataclasses.replace(run, dir=str(Path(run.dir) / self.subfolder))
+            if checkpoint.dir:  # unset, it follows run.dir (<run.dir>/checkpoints)
+                checkpoint = dataclasses.replace(checkpoint, dir=str(Path(checkpoint.dir) / self.subfolder))
+        if self.data_part is not None:
+            data = dataclasses.replace(data, part=self.data_part[0], num_parts=self.data_part[1])
+        return dataclasses.replace(config, run=run, checkpoint=checkpoint, data=data)
+
+    def dist_info_for(self, world: DistInfo) -> DistInfo:
+        """This process's rank and world size as data sharding, per-rank seeds and batch arithmetic see them."""
+        return dataclasses.replace(world, rank=self.rank, world_size=self.world_size)
+
+
+class PhaseView(Protocol):
+    """What a hook may read of the phase being trained (pretrain.trainer.PhaseTrainer is one)."""
+
+    config: RunConfig
+    phase: PhaseSection
+    state: Any  # the trainer's PhaseState: phase, step, samples_seen, ...
+    engine: Any
+    metrics: Any  # pretrain.metrics.MetricsWriter
+    val_batches: Any  # pretrain.data.RankBatches of the held-out data, or None
+
+    @property
+    def global_step(self) -> int: ...
+
+
 class TrainingPlugin:
     """What a plug-in may change in a run. Every default is the plain run's behaviour, so the driver
-    calls every hook unconditionally and a plug-in overrides only what it changes.
+    calls every hook unconditionally and a plug-in overrides only what it changes. Every hook takes or
+    returns data (numbers, paths, tensors, process groups); none hands back a core object.
 
-    Order in pretrain/train.py: built once per process after the world's process group exists
-    (`PluginSpec.build`, collective: every rank builds it at the same point) -> `job_config`,
-    `job_dist_info` -> `loss_term`, `after_step` registered -> `checkpoint_manager` -> per phase:
-    `first_rank`/`replica_group` (initial weights), `mpu` (engine), `start_phase`, then each step
-    `loss_term`'s function per micro-batch, `agree_on_step`, `after_step` -> `export_phase`.
+    The hooks in the order pretrain/train.py calls them (docs/architecture.md lists them too):
+
+    1. `PluginSpec.build` once per process after the world's process group exists (collective)
+    2. `job_share`: this job's share of the world (config and rank the rest of the run sees)
+    3. `loss_term`: the extra loss function, fetched once
+    4. `first_rank` / `replica_group`: the resume check and conversion (before any phase)
+    5. `export_targets` for a phase whose end checkpoint exists but whose export a crash cut short
+    6. per phase: `first_rank` / `replica_group` (initial weights), `mpu` (engine), `load_state_dict`
+       (after a checkpoint is loaded), `start_phase`, then each step: `loss_term`'s function per
+       micro-batch, `agree_on_step`, `after_step`; with every checkpoint `state_dict`; at the phase
+       end `export_targets`
     """
 
-    # ------------------------------------------------------------------ this job's share of the world
-    def job_config(self, config: RunConfig) -> RunConfig:
-        """The run config this process trains with (e.g. a codistillation group's seed, data part, folders)."""
-        return config
+    # Name of the file in each checkpoint tag folder that holds `state_dict()` (None: the plug-in keeps no state).
+    # Part of the on-disk format: keep it when the plug-in changes.
+    state_file: str | None = None
 
-    def job_dist_info(self, dist_info: DistInfo) -> DistInfo:
-        """This process's rank and world size as data sharding, per-rank seeds and batch arithmetic see them."""
-        return dist_info
+    # ------------------------------------------------------------------ this job's share of the world
+    def job_share(self) -> JobShare | None:
+        """This process's share of the world (e.g. a codistillation group's); None: the whole world is one job."""
+        return None
 
     @property
     def mpu(self) -> Any:
@@ -82,18 +137,28 @@ class TrainingPlugin:
         """Global rank of `replica_group`'s first rank: it reads initial weights and broadcasts them."""
         return 0
 
+    # ------------------------------------------------------------------ state saved with every checkpoint
+    def state_dict(self) -> dict[str, Any] | None:
+        """What the core's checkpointing saves in `state_file` of every tag (rank 0 of the model, before the
+        engine's collective save, so `latest` never names a tag without it). None: nothing."""
+        return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A resume: `state_dict()`'s value read back from the tag, after the engine's state is loaded."""
+
     # ------------------------------------------------------------------ phase start
-    def start_phase(self, engine: Any, model_config: BertConfig, state: PhaseState) -> None:
-        """Once per phase, after the engine is built and any checkpoint loaded, before the first step."""
+    def start_phase(self, engine: Any, model_config: Any, state: Any) -> None:
+        """Once per phase, after the engine is built and any checkpoint loaded, before the first step
+        (`model_config`: the transformers BertConfig; `state`: the trainer's PhaseState)."""
 
     # ------------------------------------------------------------------ extra loss
     def loss_term(self) -> ExtraLoss | None:
-        """A term added to the task loss of every micro-batch (signature: pretrain.trainer.ExtraLoss; its
-        numbers are logged under their own tags). None: the task loss alone."""
+        """A term added to the task loss of every micro-batch (signature: ExtraLoss above; its numbers are
+        logged under their own tags). None: the task loss alone."""
         return None
 
     # ------------------------------------------------------------------ after each optimizer step
-    def after_step(self, trainer: PhaseTrainer) -> None:
+    def after_step(self, trainer: PhaseView) -> None:
         """Every rank, after each optimizer step's metrics are logged, before checkpoints and stop checks."""
 
     # ------------------------------------------------------------------ agreeing on a step's outcome
@@ -108,21 +173,12 @@ class TrainingPlugin:
         """
         return step, None
 
-    # ------------------------------------------------------------------ checkpoints
-    def checkpoint_manager(self, root: Path, keep_last: int, rank: int) -> CheckpointManager:
-        """Who writes and reads this job's checkpoints (a plug-in may save its own state beside the engine's)."""
-        from pretrain.checkpointing.checkpoint import CheckpointManager
-
-        return CheckpointManager(root, keep_last, rank)
-
     # ------------------------------------------------------------------ export at phase end
-    def export_phase(self, phase: str, source: Path, out: Path, rank: int, only_missing: bool = False) -> None:
-        """At a phase end (all ranks, after the phase-end checkpoint): the Hugging Face export of `source` (a
-        checkpoint folder or tag) to `out`; `only_missing`: a resumed run redoes an export a crash cut short."""
-        from pretrain.export import EXPORT_INFO, export_checkpoint
-
-        if rank == 0 and not (only_missing and (out / EXPORT_INFO).is_file()):
-            export_checkpoint(source, out)
+    def export_targets(self, phase: str, source: Path, out: Path, rank: int) -> list[tuple[Path, Path]]:
+        """At a phase end (all ranks, after the phase-end checkpoint): the (checkpoint folder or tag, Hugging
+        Face folder) pairs this process exports; the driver exports them. `rank`: this process's rank in
+        its job. Default: the job's rank 0 exports `source` to `out`."""
+        return [(source, out)] if rank == 0 else []
 
 
 @dataclass(frozen=True)
@@ -130,14 +186,41 @@ class PluginSpec:
     """What a plug-in registers (the entry point's object): light to import, no torch."""
 
     name: str  # its RUN.json section, equal to its entry-point name
-    section: type  # the section's dataclass, keys declared with pretrain.config_doc.setting(default, doc)
+    section: type  # the section's dataclass, keys declared with pretrain.config_sections.setting(default, doc)
     # (section, whole RunConfig) -> None; ValueError naming the dotted key (cross-section checks included)
     check: Callable[[Any, RunConfig], None]
     # (RunConfig, world DistInfo) -> the plug-in, or None when the section turns it off. Collective.
     build: Callable[[RunConfig, DistInfo], TrainingPlugin | None]
-    # (section, ranks in the job) -> the data-parallel ranks of one model (what `job_dist_info` will say), without
+    # (section, ranks in the job) -> the data-parallel ranks of one model (what `job_share` will say), without
     # processes: the launch-time batch check (pretrain/preflight.py). None: that check leaves the batch to the ranks.
     data_parallel_size: Callable[[Any, int], int] | None = None
+
+
+class PluginRegistry:
+    """Plug-in declarations by RUN.json section name. `PluginRegistry()` reads the installed entry points
+    (each plug-in imported only when its name is asked for); `PluginRegistry(specs)` serves the given ones."""
+
+    def __init__(self, specs: Iterable[PluginSpec] | None = None) -> None:
+        self._given = None if specs is None else {spec.name: spec for spec in specs}
+
+    def names(self) -> list[str]:
+        """Names of the registered plug-ins (= their RUN.json sections), without importing any of them."""
+        if self._given is not None:
+            return sorted(self._given)
+        return installed_plugins()
+
+    def spec(self, name: str) -> PluginSpec:
+        """The declaration registered as `name` (an installed one is imported only now). KeyError: none."""
+        if self._given is not None:
+            return self._given[name]
+        return plugin_spec(name)
+
+    def sections(self) -> dict[str, type]:
+        """Every registered plug-in's section dataclass (imports every plug-in's spec: for --help and docs)."""
+        return {name: self.spec(name).section for name in self.names()}
+
+
+INSTALLED = PluginRegistry()  # the entry points of group ENTRY_POINT_GROUP
 
 
 def installed_plugins() -> list[str]:
@@ -159,14 +242,14 @@ def plugin_spec(name: str) -> PluginSpec:
 
 def plugin_sections() -> dict[str, type]:
     """Every installed plug-in's section dataclass (imports every plug-in's spec: for --help and docs)."""
-    return {name: plugin_spec(name).section for name in installed_plugins()}
+    return INSTALLED.sections()
 
 
-def build_plugin(config: RunConfig, dist_info: DistInfo) -> TrainingPlugin:
+def build_plugin(config: RunConfig, dist_info: DistInfo, registry: PluginRegistry = INSTALLED) -> TrainingPlugin:
     """The plug-in this run enables (collective), or the plain run's hooks. ValueError: more than one is on."""
     active = {}
     for name in config.plugins:
-        plugin = plugin_spec(name).build(config, dist_info)
+        plugin = registry.spec(name).build(config, dist_info)
         if plugin is not None:
             active[name] = plugin
     if len(active) > 1:

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
-from transformers import BertConfig, BertForPreTraining
+from transformers import BertForPreTraining
 
 from data_prep.atomic_io import atomic_write_json
 from data_prep.shards import ShardFormatError
@@ -50,98 +50,39 @@ from pretrain.checkpointing.checkpoint import (
 )
 from pretrain.checkpointing.elastic import prepare_resume
 from pretrain.checkpointing.manifest import resolve_resume_tag
-from pretrain.config import ConfigError, RunConfig, load_config
-from pretrain.data import DataConfigError, PhaseData, RankBatches, open_phase_data
-from pretrain.ds_config import phase_ds_config, precision_of
-from pretrain.engine import DistInfo, build_engine, check_ds_config, client_optimizer, init_distributed
-from pretrain.export import EXPORT_INFO, load_weights
-from pretrain.lifetime import RunFolderBusyError, hold_run_folder, release_run_folder
+from pretrain.config import load_config
+from pretrain.config_sections import ConfigError, RunConfig
+from pretrain.data import DataConfigError, RankBatches
+from pretrain.dist import DistInfo
+from pretrain.ds_config import precision_of
+from pretrain.engine import build_engine, client_optimizer, init_distributed
+from pretrain.errors import UserError
+from pretrain.export import EXPORT_INFO, export_checkpoint, load_weights
+from pretrain.lifetime import release_run_folder
 from pretrain.metrics import MetricsWriter, Throughput, flops_per_sequence, peak_tflops
-from pretrain.model import bert_config, build_model, count_parameters
+from pretrain.model import build_model, count_parameters
 from pretrain.optim.lamb import ExactLamb, bind_zero_layout
 from pretrain.plugin import TrainingPlugin, add_losses, build_plugin
-from pretrain.preflight import check_run_shards, model_overrides
-from pretrain.schedule import WarmupPolyDecay
+from pretrain.run_plan import PhasePlan, RunPlan, bert_config_from_plan, plan_on_rank0, plan_run
 from pretrain.stop_request import StopRequest
+from pretrain.time_to_quality import QualitySettings
 from pretrain.train_cli import parse_args
-from pretrain.trainer import ExtraLoss, NonFiniteLossError, PhaseState, PhaseTrainer
+from pretrain.trainer import ExtraLoss, NonFiniteLossError, PhaseState, PhaseTrainer, TrainerJob
 
 RESOLVED_CONFIG = "config.resolved.json"
+__all__ = ["PhasePlan", "PhaseStart", "RunPlan", "bert_config_from_plan", "main", "plan_run", "run_phase", "train"]
+WeightReader = Callable[[], dict[str, torch.Tensor]]  # reads a phase's initial fp32 weights from disk
 
 
 @dataclass
-class RunPlan:
-    data: dict[str, PhaseData]
-    ds_configs: dict[str, dict[str, Any]]
-    resolved: dict[str, Any]  # the run config + what was derived from files (written everywhere)
+class PhaseStart:
+    """Where a phase begins (decided by `_train` from the newest checkpoint): a tag to resume from, or initial
+    weights to read (None: fresh weights from the run seed), and the counters the previous phases leave."""
 
-
-def plan_run(config: RunConfig, dist_info: DistInfo, verify_checksums: bool) -> RunPlan:
-    """Every check that needs files, before any model or engine exists. Raises ConfigError/DataConfigError.
-
-    The launch-time check's functions first (pretrain/preflight.py: the same messages as `./launch.sh`
-    gives before any rank starts), then what only a rank does: hash the shards, build the model config.
-    """
-    shards = check_run_shards(config)
-    overrides, max_positions = model_overrides(config, shards[config.run.phases[0]].vocab_size)
-    data: dict[str, PhaseData] = {}
-    vocab_sha = None
-    for name in config.run.phases:
-        phase = config.phase(name)
-        key = f"{name}.shards" if phase.shards else "data.shards"
-        data[name] = open_phase_data(
-            phase.shards or config.data.shards, phase.seq_len, phase.max_predictions, key,
-            expected_vocab_sha256=vocab_sha, verify_checksums=verify_checksums and config.data.verify_checksums,
-        )
-        vocab_sha = data[name].vocab.sha256
-    first = data[config.run.phases[0]]
-    try:
-        model_config = bert_config(config.model.preset, first.vocab.size, max_positions, **overrides)
-    except ValueError as err:
-        raise ConfigError(str(err)) from err
-    device = dist_info.device
-    bf16_ok = device.type == "cuda" and torch.cuda.is_bf16_supported()
-    ds_configs = {
-        name: phase_ds_config(config, name, dist_info.world_size, device.type, bf16_ok) for name in config.run.phases
-    }
-    for name, ds in ds_configs.items():  # what build_engine would refuse, refused now for every phase
-        try:
-            check_ds_config(ds)
-        except ValueError as err:
-            raise ConfigError(f"{name}.ds_config ({config.phase(name).ds_config}, run.precision={config.run.precision} "
-                              f"-> {precision_of(ds)}): {err}") from err
-    resolved = {
-        **config.to_dict(),
-        "resolved": {
-            "model_config": model_config.to_dict(),
-            "vocab_file": str(first.manifest.vocab_path.resolve()),
-            "vocab_sha256": first.vocab.sha256,
-            "lowercase": bool(first.manifest.data["vocab"].get("lowercase", True)),
-            "ds_configs": ds_configs,
-            "world_size": dist_info.world_size,
-            "max_predictions": {name: d.max_predictions for name, d in data.items()},
-        },
-    }
-    return RunPlan(data=data, ds_configs=ds_configs, resolved=resolved)
-
-
-def plan_on_rank0(config: RunConfig, dist_info: DistInfo) -> RunPlan:
-    """Rank 0 checks (with checksums) and broadcasts the verdict: all ranks fail together, none hangs.
-
-    Rank 0 also takes the run folder's lock for the job's life: a second job on the same folder (a rerun
-    beside ranks that outlived their launcher) stops here instead of writing checkpoints beside them."""
-    error: list[Any] = [None]
-    if dist_info.rank == 0:
-        try:
-            plan_run(config, dist_info, verify_checksums=True)
-            hold_run_folder(Path(config.run.dir))  # after the checks: a refused run creates no folder
-        except (ConfigError, DataConfigError, ShardFormatError, RunFolderBusyError) as err:
-            error[0] = str(err)  # as `./launch.sh pretrain`'s launch-time check words it: each names its key
-    if dist.is_initialized() and dist_info.world_size > 1:
-        dist.broadcast_object_list(error, src=0)
-    if error[0] is not None:
-        raise ConfigError(error[0])
-    return plan_run(config, dist_info, verify_checksums=False)
+    resume_tag: str | None = None
+    init_weights: WeightReader | None = None
+    samples_seen: int = 0
+    steps_done_in_process: int = 0
 
 
 def initial_weights(path: str, expected_vocab_sha: str, key: str) -> dict[str, torch.Tensor]:
@@ -165,40 +106,28 @@ def initial_weights(path: str, expected_vocab_sha: str, key: str) -> dict[str, t
 
 
 def run_phase(
-    name: str,
-    config: RunConfig,
-    plan: RunPlan,
-    dist_info: DistInfo,
-    checkpoints: CheckpointManager,
-    metrics: MetricsWriter,
-    stop: StopRequest,
-    resume_tag: str | None,
-    init_weights: WeightReader | None,
-    samples_seen: int,
-    step_callbacks: list[Callable[[PhaseTrainer], None]],
-    steps_done_in_process: int,
-    extra_loss: ExtraLoss | None,
-    plugin: TrainingPlugin,
+    plan: PhasePlan, job: TrainerJob, start: PhaseStart, step_callbacks: list[Callable[[PhaseTrainer], None]]
 ) -> tuple[str, PhaseTrainer]:
+    """Build the phase's model, weights, engine, data and trainer from its plan, then train it."""
+    name, config, dist_info, plugin = plan.name, job.config, job.dist_info, job.plugin
     phase = config.phase(name)
     torch.manual_seed(config.run.seed)  # the same initial weights on every rank
-    model_config = bert_config_from_plan(plan)
+    model_config = plan.model_config
     model = build_model(model_config, config.model.activation_checkpointing)
-    if init_weights is not None:
-        load_initial_weights(model, init_weights, f"{name} initial weights", dist_info, plugin.first_rank,
+    if start.init_weights is not None:
+        load_initial_weights(model, start.init_weights, f"{name} initial weights", dist_info, plugin.first_rank,
                              plugin.replica_group)
-    schedule = WarmupPolyDecay(phase.steps, phase.warmup_fraction, phase.decay_power)
-    ds = plan.ds_configs[name]
+    ds = plan.ds_config
     counts = count_parameters(model)
-    engine = build_engine(model, ds, lr_schedule=schedule, mpu=plugin.mpu)
-    state = PhaseState(phase=name, samples_seen=samples_seen)
-    if resume_tag is not None:
-        state = PhaseState.from_dict(checkpoints.load(engine, resume_tag))
+    engine = build_engine(model, ds, lr_schedule=plan.schedule, mpu=plugin.mpu)
+    state = PhaseState(phase=name, samples_seen=start.samples_seen)
+    if start.resume_tag is not None:
+        state = PhaseState.from_dict(job.checkpoints.load(engine, start.resume_tag))
         if isinstance(client_optimizer(engine), ExactLamb):
             bind_zero_layout(engine)
     plugin.start_phase(engine, model_config, state)
     micro = engine.train_micro_batch_size_per_gpu()
-    data = plan.data[name]
+    data = plan.data
     train_batches = RankBatches(data, "train", config.run.seed, dist_info.rank, dist_info.world_size, micro,
                                 packing=phase.packing, part=config.data.part, num_parts=config.data.num_parts)
     try:
@@ -216,9 +145,8 @@ def run_phase(
     throughput = Throughput(flops, phase.seq_len, dist_info.world_size,
                             peak_tflops(dist_info.device, precision, config.logging.peak_tflops),
                             head_flops_per_prediction=6.0 * counts["mlm_head"], predictions_per_seq=data.max_predictions)
-    trainer = PhaseTrainer(config, plan.resolved, dist_info, engine, train_batches, val_batches, checkpoints,
-                           metrics, throughput, state, stop, extra_loss, plugin)
-    trainer.steps_this_process = steps_done_in_process
+    trainer = PhaseTrainer(job, engine, train_batches, val_batches, throughput, state)
+    trainer.steps_this_process = start.steps_done_in_process
     trainer.step_callbacks.extend(step_callbacks)
     progress = None
     if dist_info.rank == 0 and config.logging.progress_bar:
@@ -229,9 +157,6 @@ def run_phase(
         if progress is not None:
             progress.close()
     return outcome, trainer
-
-
-WeightReader = Callable[[], dict[str, torch.Tensor]]  # reads a phase's initial fp32 weights from disk
 
 
 def load_initial_weights(
@@ -261,8 +186,13 @@ def load_initial_weights(
                 dist.broadcast(tensor.data, src=src, group=group)
 
 
-def bert_config_from_plan(plan: RunPlan) -> BertConfig:
-    return BertConfig.from_dict(plan.resolved["resolved"]["model_config"])
+def export_phase(plugin: TrainingPlugin, phase: str, source: Path, out: Path, rank: int,
+                 only_missing: bool = False) -> None:
+    """The Hugging Face exports of a phase end: the pairs the plug-in names (default: rank 0 exports `source`
+    to `out`); `only_missing`: a resumed run redoes an export a crash cut short, and only that."""
+    for checkpoint, folder in plugin.export_targets(phase, source, out, rank):
+        if not (only_missing and (folder / EXPORT_INFO).is_file()):
+            export_checkpoint(checkpoint, folder)
 
 
 def train(
@@ -300,24 +230,31 @@ def _train(
     except ValueError as err:
         raise ConfigError(str(err)) from err
     # The rest runs as a job of the plug-in's share of the world (a codistillation group: its seed, folders, ranks).
-    config, dist_info = plugin.job_config(config), plugin.job_dist_info(dist_info)
+    share = plugin.job_share()
+    if share is not None:
+        config, dist_info = share.config_for(config), share.dist_info_for(dist_info)
     step_callbacks = [plugin.after_step, *(step_callbacks or [])]
     extra_loss = add_losses(plugin.loss_term(), extra_loss)
     plan = plan_on_rank0(config, dist_info)
     run_dir = Path(config.run.dir)
-    checkpoints = plugin.checkpoint_manager(config.checkpoint_dir, config.checkpoint.keep_last, dist_info.rank)
+    # the plug-in's state (codistillation's teachers) saved and loaded with every checkpoint, in its own file
+    checkpoints = CheckpointManager(config.checkpoint_dir, config.checkpoint.keep_last, dist_info.rank,
+                                    extra_state=plugin)
     if dist_info.rank == 0:
         atomic_write_json(run_dir / RESOLVED_CONFIG, plan.resolved)
     # The newest checkpoint, verified against its manifest (a damaged one is set aside for the newest intact one),
     # then, if this job has another number of ranks than the one that wrote it, converted once for them.
-    latest = resolve_resume_tag(checkpoints)
+    latest = resolve_resume_tag(checkpoints.root, checkpoints.rank)
     saved = checkpoints.trainer_state(latest) if latest else None
     if latest is not None:
         prepare_resume(checkpoints.root, latest, plan.ds_configs, dist_info.rank, dist_info.world_size,
                        plugin.first_rank, plugin.replica_group)
     if saved is None and config.run.phases[0] == "phase2" and not config.phase2.init_from:
         raise ConfigError("phase2.init_from: required when phase 2 runs without a phase-1 checkpoint in checkpoint.dir")
-    metrics = MetricsWriter(run_dir / "tensorboard", enabled=dist_info.rank == 0 and config.logging.tensorboard)
+    quality = QualitySettings(run_dir, tuple(config.logging.quality_targets), dist_info.world_size)  # run_clock.json
+    metrics = MetricsWriter(run_dir / "tensorboard", enabled=dist_info.rank == 0 and config.logging.tensorboard,
+                            quality=quality)
+    job = TrainerJob(config, plan.resolved, dist_info, checkpoints, metrics, stop, plugin, extra_loss)
     samples_seen = saved["samples_seen"] if saved else 0
     steps_done = 0
     try:
@@ -326,8 +263,8 @@ def _train(
             if saved is not None and saved["phase"] == name:
                 if saved["complete"]:
                     if config.checkpoint.export_at_phase_end:  # a crash between checkpoint and export: redo it
-                        plugin.export_phase(name, checkpoints.root / latest, run_dir / "export" / name,
-                                            dist_info.rank, only_missing=True)
+                        export_phase(plugin, name, checkpoints.root / latest, run_dir / "export" / name,
+                                     dist_info.rank, only_missing=True)
                     continue
                 resume_tag = latest
             elif saved is not None and saved["phase"] > name:
@@ -337,8 +274,8 @@ def _train(
                                          plan.resolved["resolved"]["vocab_sha256"], f"{name}.init_from")
             elif saved is not None:  # the previous phase's end checkpoint
                 init = functools.partial(consolidated_state_dict, checkpoints.root, latest)
-            outcome, trainer = run_phase(name, config, plan, dist_info, checkpoints, metrics, stop, resume_tag, init,
-                                         samples_seen, step_callbacks, steps_done, extra_loss, plugin)
+            outcome, trainer = run_phase(plan.phases[name], job, PhaseStart(resume_tag, init, samples_seen, steps_done),
+                                         step_callbacks)
             steps_done = trainer.steps_this_process
             samples_seen = trainer.state.samples_seen
             if outcome != "complete":
@@ -347,7 +284,7 @@ def _train(
                           f"{checkpoints.latest_tag()} written. Rerun the same command to resume.", flush=True)
                 return outcome
             if config.checkpoint.export_at_phase_end:
-                plugin.export_phase(name, checkpoints.root, run_dir / "export" / name, dist_info.rank)
+                export_phase(plugin, name, checkpoints.root, run_dir / "export" / name, dist_info.rank)
             if dist.is_initialized():
                 dist.barrier()
             saved, latest = trainer.state.state_dict(), checkpoints.latest_tag()
@@ -376,8 +313,8 @@ def main(
     try:
         config = load_config(config_path, overrides)
         outcome = train(config, step_callbacks, extra_loss, stop)
-    except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr, flush=True)
+    except UserError as err:  # config, data or resume error: one line with its kind's prefix
+        print(err.line(), file=sys.stderr, flush=True)
         return 2
     except NonFiniteLossError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -35,22 +35,21 @@ import torch
 import torch.distributed as dist
 
 from pretrain.checkpointing.cadence import CheckpointCadence
-from pretrain.checkpointing.checkpoint import CheckpointManager, make_tag
-from pretrain.config import PHASE_NAMES, RunConfig
+from pretrain.checkpointing.checkpoint import CheckpointManager
+from pretrain.checkpointing.layout import make_tag
+from pretrain.config_sections import PHASE_NAMES, RunConfig
 from pretrain.data import RankBatches, ValidationBatches
-from pretrain.engine import DistInfo, client_optimizer
+from pretrain.dist import DistInfo
+from pretrain.engine import client_optimizer
 from pretrain.loader import model_inputs, stream_batches
 from pretrain.metrics import MetricsWriter, StepCounts, Throughput, memory_stats
 from pretrain.model import PretrainingOutput
 from pretrain.optim.lamb import ExactLamb
-from pretrain.plugin import StepAgreement, TrainingPlugin
+from pretrain.plugin import ExtraLoss, StepAgreement, TrainingPlugin
 from pretrain.step_stats import StepSums, host_values_to_device, labelled_slots
 from pretrain.stop_request import StopRequest
 
-# (output, batch, state) -> (extra loss term, numbers to log as the mean over micro-batches and ranks)
-ExtraLoss = Callable[
-    [PretrainingOutput, dict[str, torch.Tensor], "PhaseState"], tuple[torch.Tensor, dict[str, float | torch.Tensor]]
-]
+__all__ = ["ExtraLoss", "NonFiniteLossError", "PhaseState", "PhaseTrainer", "StepResult", "StopRequest", "TrainerJob"]
 
 
 class NonFiniteLossError(RuntimeError):
@@ -98,6 +97,22 @@ def validation_batches(config: RunConfig, val_batches: RankBatches) -> Validatio
     return ValidationBatches(val_batches, wanted)
 
 
+@dataclass
+class TrainerJob:
+    """What every phase of one job shares, built once by the driver (pretrain/train.py) and handed to each
+    phase's trainer: the run config, this process's place in the job, where checkpoints and metrics go,
+    the stop request, and the job's plug-in with the extra loss (the plug-in's and a caller's, combined)."""
+
+    config: RunConfig
+    resolved_config: dict[str, Any]  # the run config + what was derived from files, written with every checkpoint
+    dist_info: DistInfo
+    checkpoints: CheckpointManager
+    metrics: MetricsWriter
+    stop: StopRequest
+    plugin: TrainingPlugin = field(default_factory=TrainingPlugin)
+    extra_loss: ExtraLoss | None = None
+
+
 def step_seed(*parts: int) -> int:
     return int(np.random.SeedSequence([p & 0xFFFFFFFF for p in parts]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
@@ -105,26 +120,21 @@ def step_seed(*parts: int) -> int:
 class PhaseTrainer:
     def __init__(
         self,
-        config: RunConfig,
-        resolved_config: dict[str, Any],
-        dist_info: DistInfo,
+        job: TrainerJob,
         engine: Any,
         train_batches: RankBatches,
         val_batches: RankBatches | None,
-        checkpoints: CheckpointManager,
-        metrics: MetricsWriter,
         throughput: Throughput,
         state: PhaseState,
-        stop: StopRequest,
-        extra_loss: ExtraLoss | None = None,
-        plugin: TrainingPlugin | None = None,
     ) -> None:
-        self.config, self.resolved_config, self.dist_info = config, resolved_config, dist_info
+        self.job = job
+        config = self.config = job.config
+        self.resolved_config, self.dist_info = job.resolved_config, job.dist_info
         self.phase = config.phase(state.phase)
         self.engine, self.train_batches, self.val_batches = engine, train_batches, val_batches
-        self.checkpoints, self.metrics, self.throughput = checkpoints, metrics, throughput
-        self.state, self.stop, self.extra_loss = state, stop, extra_loss
-        self.plugin = plugin or TrainingPlugin()
+        self.checkpoints, self.metrics, self.throughput = job.checkpoints, job.metrics, throughput
+        self.state, self.stop, self.extra_loss = state, job.stop, job.extra_loss
+        self.plugin = job.plugin
         # The ranks holding this model's replicas, over which statistics are averaged (None: the world).
         self.replica_group = self.plugin.replica_group
         self.accumulation = engine.gradient_accumulation_steps()
@@ -293,7 +303,8 @@ class PhaseTrainer:
             ratios = optimizer.last_trust_ratios(adapted_only=True)
             if ratios is not None:
                 self.metrics.histogram(self.global_step, "lamb/trust_ratio", ratios)
-        self.metrics.scalars(self.global_step, values, extra={"phase": self.state.phase, "phase_step": self.state.step})
+        self.metrics.scalars(self.global_step, values, extra={"phase": self.state.phase, "phase_step": self.state.step,
+                                                              "samples": self.state.samples_seen})
 
     @property
     def global_step(self) -> int:
@@ -381,7 +392,7 @@ class PhaseTrainer:
                 self.throughput.restart()  # checkpoint time is not training throughput
         self.state.complete = True
         if self.val_batches is not None and val_every and self.state.step % val_every:
-            self.metrics.scalars(self.global_step, self.validate())
+            self.metrics.scalars(self.global_step, self.validate(), extra={"samples": self.state.samples_seen})
         self.save(phase_end=True)
         self.metrics.flush()
         return "complete"

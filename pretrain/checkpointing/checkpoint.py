@@ -11,6 +11,9 @@ Layout of `checkpoint.dir`::
         MANIFEST.json              every file's size and sha256 (pretrain/checkpointing/manifest.py)
         elastic_state.pt           only after a resume on another world size: the world-size-free state
         PHASE_END                  present on the checkpoint that closes a phase (never pruned)
+        codistill_teachers.pt      a plug-in's `state_dict()` under its `state_file` name (rank 0 of the model)
+
+The names are pretrain/checkpointing/layout.py's (the on-disk format).
 
 Why our own `latest`: DeepSpeed's rank 0 writes its `latest` before the final barrier of
 `save_checkpoint`, so a crash can leave it naming a tag other ranks never finished. We pass
@@ -25,32 +28,45 @@ DeepSpeed's own loader, which needs the same partitioning.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
 import random
-import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from data_prep.atomic_io import atomic_write_bytes, atomic_write_json
+from pretrain.checkpointing.elastic import load_converted, write_layout_record
+from pretrain.checkpointing.layout import (
+    CONSOLIDATED,
+    LATEST,
+    PHASE_END,
+    PRUNED_PREFIX,
+    RUN_CONFIG,
+    TAG_PATTERN,
+    TRAINER_STATE,
+    make_tag,
+)
 from pretrain.checkpointing.manifest import write_manifest
 
-LATEST = "latest"
-TRAINER_STATE = "trainer_state.json"
-RUN_CONFIG = "run_config.json"
-PHASE_END = "PHASE_END"
-PRUNED_PREFIX = ".pruned-"  # an old tag being deleted (no tag name: never a resume candidate)
-TAG_PATTERN = re.compile(r"^(phase\d)-step(\d+)$")
+__all__ = ["CheckpointManager", "SavedState", "consolidated_state_dict", "make_tag", "read_run_config",
+           "record_tied_parameters", "split_checkpoint_path"]
 
 
-def make_tag(phase: str, step: int) -> str:
-    return f"{phase}-step{step:07d}"
+class SavedState(Protocol):
+    """State saved beside the engine's in every tag (a TrainingPlugin's teachers): torchtitan's `states`."""
+
+    state_file: str | None
+
+    def state_dict(self) -> dict[str, Any] | None: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 def _barrier() -> None:
@@ -59,8 +75,11 @@ def _barrier() -> None:
 
 
 class CheckpointManager:
-    def __init__(self, root: Path, keep_last: int, rank: int) -> None:
+    def __init__(self, root: Path, keep_last: int, rank: int, extra_state: SavedState | None = None) -> None:
+        """`rank`: this process's rank in its job (its model's ranks); `extra_state`: saved in its `state_file`
+        of every tag (a plug-in's state), read back on load."""
         self.root, self.keep_last, self.rank = Path(root), keep_last, rank
+        self.extra_state = extra_state if extra_state is not None and extra_state.state_file else None
         self.hash_seconds = 0.0  # this rank's sha256 time at the last save (the manifest's cost)
 
     def latest_tag(self) -> str | None:
@@ -81,7 +100,8 @@ class CheckpointManager:
         """Collective: every rank calls it. Returns the tag folder."""
         folder = self.root / tag
         if self.rank == 0:  # a tag saved again (after a manual rollback) must not keep an older conversion
-            (folder / "elastic_state.pt").unlink(missing_ok=True)
+            (folder / CONSOLIDATED).unlink(missing_ok=True)
+            self._write_extra_state(folder)  # before the collective save: `latest` never names a tag without it
         client_state = {"trainer_state": trainer_state, "run_config": run_config}
         engine.save_checkpoint(str(self.root), tag=tag, client_state=client_state, save_latest=False)
         # Each rank's RNG: not needed for exactness (steps reseed), kept so anything else random resumes too.
@@ -90,15 +110,16 @@ class CheckpointManager:
             rng["cuda"] = torch.cuda.get_rng_state()
         atomic_write_bytes(folder / f"rng_rank{self.rank:05d}.pt", pickle.dumps(rng))
         if isinstance(getattr(engine, "basic_optimizer", None), torch.optim.Optimizer):
-            from pretrain.checkpointing.elastic import write_layout_record
-
             write_layout_record(engine, folder, self.rank)
         if self.rank == 0:
             atomic_write_json(folder / TRAINER_STATE, trainer_state)
             atomic_write_json(folder / RUN_CONFIG, run_config)
             if phase_end:
                 atomic_write_bytes(folder / PHASE_END, b"")
-        self.before_manifest(engine, folder)
+        if self.rank == 0 and dist.is_initialized() and dist.get_rank() != 0:
+            # a model whose first rank is not world rank 0 (a codistillation group): patched before the files
+            # are hashed and before anyone (world rank 0 exporting every group) reads them
+            record_tied_parameters(engine.module, folder)
         world = run_config.get("resolved", {}).get("world_size", 1)
         self.hash_seconds = write_manifest(folder, self.rank, world)  # collective; files + sizes + sha256
         _barrier()  # every rank has written everything of this tag
@@ -110,16 +131,27 @@ class CheckpointManager:
         self.delete_set_aside(pruned)  # rank 0, after the barrier: no rank waits for the deletion
         return folder
 
-    def before_manifest(self, engine: Any, folder: Path) -> None:
-        """Subclasses patch files of a tag here: after every rank wrote its part, before the sha256s are taken."""
+    def _write_extra_state(self, folder: Path) -> None:
+        if self.extra_state is None:
+            return
+        buffer = io.BytesIO()
+        torch.save(self.extra_state.state_dict(), buffer)
+        atomic_write_bytes(folder / self.extra_state.state_file, buffer.getvalue())
+
+    def _read_extra_state(self, tag: str) -> None:
+        if self.extra_state is None:
+            return
+        path = self.root / tag / self.extra_state.state_file
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: this run's plug-in keeps its state there, and the checkpoint lacks it")
+        self.extra_state.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
 
     def load(self, engine: Any, tag: str) -> dict[str, Any]:
         """Weights, optimizer, lr-scheduler position, RNG; returns the trainer state saved with them."""
         saved_world = read_run_config(self.root, tag)["resolved"]["world_size"]
         if saved_world != getattr(engine, "dp_world_size", saved_world):
-            from pretrain.checkpointing.elastic import CONSOLIDATED, load_converted
-
             load_converted(engine, self.root / tag / CONSOLIDATED)  # per-rank RNG states do not carry over
+            self._read_extra_state(tag)
             return self.trainer_state(tag)
         path, _ = engine.load_checkpoint(
             str(self.root), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
@@ -134,6 +166,7 @@ class CheckpointManager:
             random.setstate(rng["python"])
             if "cuda" in rng and torch.cuda.is_available():
                 torch.cuda.set_rng_state(rng["cuda"])
+        self._read_extra_state(tag)
         return self.trainer_state(tag)
 
     def set_aside_old_tags(self, keep: str) -> list[Path]:
@@ -263,3 +296,27 @@ def bf16_optimizer_state_dict(folder: Path) -> dict[str, torch.Tensor]:
 
 def read_run_config(root: Path, tag: str) -> dict[str, Any]:
     return json.loads((root / tag / RUN_CONFIG).read_text(encoding="utf-8"))
+
+
+def record_tied_parameters(module: torch.nn.Module, folder: Path) -> None:
+    """Write the tied-parameter map DeepSpeed 0.19.8 records only on world rank 0 (engine.py:5525).
+
+    Without it `zero_to_fp32` drops tied weights (e.g. `cls.predictions.decoder.bias`) from every model
+    whose first rank is not world rank 0, and the export refuses the checkpoint. Same convention as
+    DeepSpeed: the first name in module order holds the data, later names map to it.
+    """
+    holder: dict[int, str] = {}
+    shared: dict[str, str] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        if id(param) in holder:
+            shared[name] = holder[id(param)]
+        else:
+            holder[id(param)] = name
+    for path in folder.glob("*model_states.pt"):
+        states = torch.load(path, map_location="cpu", weights_only=False)
+        if states.get("shared_params") == shared:
+            continue
+        states["shared_params"] = shared
+        buffer = io.BytesIO()
+        torch.save(states, buffer)
+        atomic_write_bytes(path, buffer.getvalue())

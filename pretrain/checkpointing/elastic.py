@@ -31,9 +31,11 @@ from typing import Any
 import torch
 
 from data_prep.atomic_io import atomic_write_json, atomic_write_stream
+from pretrain.checkpointing.layout import CONSOLIDATED, RUN_CONFIG, TRAINER_STATE
+from pretrain.errors import ConfigError, ResumeError
 from pretrain.optim.zero_layout import FlatPartition, flat_views
 
-CONSOLIDATED = "elastic_state.pt"
+__all__ = ["CONSOLIDATED", "load_converted", "prepare_resume", "write_layout_record"]
 FORMAT = "bert-ds-elastic-state/1"
 ENGINE_COUNTERS = ("global_steps", "global_samples", "skipped_steps")
 
@@ -275,17 +277,15 @@ def prepare_resume(root: Path, tag: str, ds_configs: dict[str, dict[str, Any]], 
     first global rank and process group (codistillation), else rank 0 and the world."""
     import torch.distributed as dist
 
-    from pretrain.config import ConfigError
-
-    state = json.loads((root / tag / "trainer_state.json").read_text(encoding="utf-8"))
+    state = json.loads((root / tag / TRAINER_STATE).read_text(encoding="utf-8"))
     if state.get("complete"):
         return  # the next phase starts from the consolidated weights, which do not depend on the world size
     phase = state["phase"]
     if state.get("data_order", 1) != 2:
-        raise ConfigError(f"checkpoint.dir: {root / tag} counts its data position in micro-batches of one rank (an "
+        raise ResumeError(f"checkpoint.dir: {root / tag} counts its data position in micro-batches of one rank (an "
                           "older version); finish that phase with the version that wrote it, or start the phase "
                           "from it with phaseN.init_from in a new checkpoint.dir")
-    saved = json.loads((root / tag / "run_config.json").read_text(encoding="utf-8"))["resolved"]
+    saved = json.loads((root / tag / RUN_CONFIG).read_text(encoding="utf-8"))["resolved"]
     before = saved["ds_configs"][phase]["train_batch_size"]
     now = ds_configs.get(phase, {}).get("train_batch_size", before)
     if before != now:
@@ -308,4 +308,4 @@ def prepare_resume(root: Path, tag: str, ds_configs: dict[str, dict[str, Any]], 
     if world_size > 1 and dist.is_initialized():
         dist.broadcast_object_list(error, src=src, group=group)
     if error[0] is not None:
-        raise ConfigError(error[0])
+        raise ResumeError(error[0])

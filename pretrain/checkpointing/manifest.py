@@ -24,19 +24,18 @@ import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.distributed as dist
 
 from data_prep.atomic_io import atomic_write_bytes, atomic_write_json, sha256_file
+from pretrain.checkpointing.layout import CONSOLIDATED, LATEST, MANIFEST, TAG_PATTERN, tag_order
+from pretrain.errors import ResumeError
 
-if TYPE_CHECKING:
-    from pretrain.checkpointing.checkpoint import CheckpointManager
+__all__ = ["MANIFEST", "damage", "file_owner", "resolve_resume_tag", "write_manifest"]
 
-MANIFEST = "MANIFEST.json"
 _RANK_FILE = re.compile(r"^(?:[a-z0-9]+_)?(?:zero_pp_rank_|rng_rank|elastic_layout_rank)(\d+)[_.]")
-_TAG = re.compile(r"^(phase\d)-step(\d+)$")
-_UNLISTED = ("elastic_state.pt", MANIFEST)  # written after the manifest (conversion), or the manifest itself
+_UNLISTED = (CONSOLIDATED, MANIFEST)  # written after the manifest (conversion), or the manifest itself
 
 
 def file_owner(name: str) -> int:
@@ -122,25 +121,22 @@ def damage(folder: Path) -> str | None:
     return None
 
 
-def _key(tag: str) -> tuple[str, int]:
-    match = _TAG.match(tag)
-    return (match.group(1), int(match.group(2))) if match else ("", -1)
-
-
 def _candidates(root: Path, pointer: str) -> list[str]:
     """The tag `latest` names, then the older tags still in the folder, newest first."""
-    older = [p.name for p in root.iterdir() if p.is_dir() and _TAG.match(p.name) and _key(p.name) < _key(pointer)]
-    return [pointer, *sorted(older, key=_key, reverse=True)]
+    older = [p.name for p in root.iterdir()
+             if p.is_dir() and TAG_PATTERN.match(p.name) and tag_order(p.name) < tag_order(pointer)]
+    return [pointer, *sorted(older, key=tag_order, reverse=True)]
 
 
-def resolve_resume_tag(manager: CheckpointManager, label: str = "checkpoint.dir") -> str | None:
+def resolve_resume_tag(root: Path, rank: int, label: str = "checkpoint.dir") -> str | None:
     """The tag to resume from (None: start fresh), agreed by every rank; see the module docstring.
 
     Collective over the world. Votes: ("tag", t) the newest intact tag <= the bound, ("fresh", "") no
     checkpoint, ("broken", why) nothing intact, ("abstain", "") ranks other than a model's rank 0.
+    `rank`: this process's rank in its model's job (codistillation: in its group).
     """
-    root, first = manager.root, manager.rank == 0
-    pointer_file = root / "latest"
+    root, first = Path(root), rank == 0
+    pointer_file = root / LATEST
     pointer = pointer_file.read_text(encoding="utf-8").strip() if first and pointer_file.is_file() else None
     candidates = _candidates(root, pointer) if pointer else []
     verdicts: dict[str, str | None] = {}
@@ -151,7 +147,7 @@ def resolve_resume_tag(manager: CheckpointManager, label: str = "checkpoint.dir"
         if first:
             vote = ("fresh", "") if pointer is None else ("broken", "")
             for tag in candidates:
-                if bound is not None and _key(tag) > bound:
+                if bound is not None and tag_order(tag) > bound:
                     continue
                 if tag not in verdicts:
                     verdicts[tag] = damage(root / tag)
@@ -168,21 +164,17 @@ def resolve_resume_tag(manager: CheckpointManager, label: str = "checkpoint.dir"
         votes = [v for v in votes if v[0] != "abstain"]
         broken = [why for kind, why in votes if kind == "broken"]
         if broken:
-            from pretrain.config import ConfigError
-
-            raise ConfigError(" | ".join(dict.fromkeys(broken)))
+            raise ResumeError(" | ".join(dict.fromkeys(broken)))
         kinds = {kind for kind, _ in votes}
         if kinds == {"fresh"}:
             return None
         if "fresh" in kinds:
-            from pretrain.config import ConfigError
-
-            raise ConfigError(f"{label}: some codistillation groups have checkpoints and others none")
+            raise ResumeError(f"{label}: some codistillation groups have checkpoints and others none")
         tags = {tag for _, tag in votes}
         if len(tags) == 1:
             chosen = tags.pop()
             break
-        bound = min(_key(t) for t in tags)
+        bound = min(tag_order(t) for t in tags)
     if first:
         _set_aside(root, pointer, chosen, verdicts, time.perf_counter() - began)
     if dist.is_initialized():
@@ -193,7 +185,7 @@ def resolve_resume_tag(manager: CheckpointManager, label: str = "checkpoint.dir"
 def _set_aside(root: Path, pointer: str | None, chosen: str, verdicts: dict[str, str | None], seconds: float) -> None:
     """Move damaged tags newer than `chosen` aside, point `latest` at `chosen`, say so in one line each."""
     for tag, why in verdicts.items():
-        if why is None or _key(tag) <= _key(chosen):
+        if why is None or tag_order(tag) <= tag_order(chosen):
             continue
         aside = root / f"{tag}.damaged"
         suffix = 1
@@ -203,6 +195,6 @@ def _set_aside(root: Path, pointer: str | None, chosen: str, verdicts: dict[str,
             os.replace(root / tag, aside)
         print(f"checkpoint {root / tag} is damaged: {why}; moved to {aside.name}, resuming from {chosen}", flush=True)
     if pointer != chosen:
-        atomic_write_bytes(root / "latest", chosen.encode("utf-8"))
+        atomic_write_bytes(root / LATEST, chosen.encode("utf-8"))
     elif chosen in verdicts and (root / chosen / MANIFEST).is_file():
         print(f"checkpoint {root / chosen} verified against its manifest in {seconds:.2f} s", flush=True)

@@ -15,7 +15,7 @@ from pretrain.plugin import PluginSpec, TrainingPlugin
 
 if TYPE_CHECKING:
     from pretrain.config_sections import RunConfig
-    from pretrain.engine import DistInfo
+    from pretrain.dist import DistInfo
 
 NAME = "codistill"
 
@@ -32,7 +32,7 @@ def check(section: CodistillSection, config: RunConfig) -> None:
 
 def data_parallel_size(section: CodistillSection, world_size: int) -> int:
     """The ranks one model's batch is split over in a job of `world_size` ranks (what the plug-in's
-    `job_dist_info` will report): the whole job when each group runs as its own job (`codistill.group`),
+    `job_share` will report): the whole job when each group runs as its own job (`codistill.group`),
     else one of `groups` equal blocks. Lets the launch-time check do the batch arithmetic without processes."""
     if not section.enabled or section.group is not None:
         return world_size
@@ -46,7 +46,7 @@ def build(config: RunConfig, dist_info: DistInfo) -> TrainingPlugin | None:
     """Collective when enabled (it creates the groups' process groups); None when `enabled` is false."""
     if not config.plugins[NAME].enabled:
         return None
-    from pretrain.codistill.plugin import Codistillation
+    from pretrain.codistill.codistillation import Codistillation
 
     return Codistillation(config, dist_info)
 

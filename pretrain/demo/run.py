@@ -3,8 +3,9 @@
 prep (WordPiece vocab trained on the corpus, seq 64/128 shards) -> phase 1 + phase 2 of a tiny
 BERT on a 2-rank DeepSpeed ZeRO-2 engine with our LAMB -> Hugging Face export -> SQuAD fine-tune
 and EM/F1 on a dev set, beside the same fine-tune from random weights (run at the same time on the
-core the first leaves idle) -> a closing summary table that puts the F1 next to that baseline and
-next to the published full-recipe figure.
+core the first leaves idle) -> the run's report (run/report.md + report.png; the model card gets the
+scores) -> a closing summary table that puts the F1 next to that baseline and next to the published
+full-recipe figure.
 
 Every step is a `./launch.sh` subcommand, so the demo runs exactly what a user would run and
 prints it; nothing here trains or tokenizes itself. Data it can reach, in this order:
@@ -256,6 +257,9 @@ def build_steps(
                                              str(out / RANDOM_SQUAD_DIR / "predictions.json")],
                  waits_for=BASELINE_FINETUNE),
         ]
+    # Last: the run written up (curves, time to target, the config, the SQuAD scores beside it), and the
+    # exported model's card regenerated with those scores.
+    steps.append(Step("report", lambda: [launch, "report", str(run_dir)]))
     return steps
 
 

@@ -160,6 +160,7 @@ def summary_rows(out: Path, steps: Sequence[StepResult], corpus: str, squad: str
     rows += [
         ("shards + manifest", str(out / "data")),
         ("checkpoints + TensorBoard", f"{out / 'run'}  (./launch.sh tensorboard {out / 'run'})"),
+        ("report", f"{out / 'run' / 'report.md'} + report.png  (./launch.sh report {out / 'run'})"),
         ("Hugging Face model", str(out / "model")),
         ("logs", str(out / "logs")),
     ]

@@ -30,14 +30,9 @@ import torch.distributed as dist
 
 from data_prep.atomic_io import atomic_write_json
 from pretrain.config import ConfigError
-from pretrain.ds_config import (
-    deep_merge,
-    precision_of,
-    read_ds_json,
-    refuse_owned_keys,
-    resolve_batch,
-    resolve_precision,
-)
+from pretrain.ds_config import precision_of
+from pretrain.finetune_common import FINETUNE_OWNERS, engine_ds_config, micro_batches  # noqa: F401 (re-exported)
+from pretrain.finetune_common import read_engine_json as common_read_engine_json
 from pretrain.schedule import WarmupPolyDecay
 from pretrain.squad.data import SquadFormatError, SquadSet, load_hf_squad, load_squad
 from pretrain.squad.features import FeatureConfig, Features, build_features, pad_batch
@@ -47,50 +42,24 @@ from pretrain.squad.metric import evaluate_v1, evaluate_v2
 from pretrain.squad.model_dir import check_model_dir
 from pretrain.squad.postprocess import PostprocessConfig, postprocess
 
-# Where the settings a SQuAD DeepSpeed JSON must not set live: the finetune flags (pretrain/ds_config.py).
-SQUAD_OWNERS = {"batch_size": "--batch-size", "micro_batch_size": "--micro-batch-size",
-                "gradient_accumulation_steps": "--gradient-accumulation-steps", "lr": "--lr",
-                "precision": "--precision", "schedule": "--warmup-fraction"}
+# Where the settings a SQuAD DeepSpeed JSON must not set live: the finetune flags (pretrain/finetune_common.py).
+SQUAD_OWNERS = FINETUNE_OWNERS
 
 
 def read_engine_json(config: FinetuneConfig) -> dict[str, Any]:
     """--ds-config read and refused when it sets what a flag owns (no process group needed: checked early)."""
-    where = f"--ds-config {config.ds_config}"
     try:
-        ds = read_ds_json(config.ds_config, where)
-        refuse_owned_keys(ds, where, SQUAD_OWNERS, home="the command line", fix="pass {}")
+        return common_read_engine_json(config.ds_config)
     except ConfigError as err:
         raise SquadFormatError(str(err)) from None
-    return ds
 
 
 def load_ds_config(config: FinetuneConfig, world_size: int, device_type: str, bf16_supported: bool) -> dict[str, Any]:
     """The engine's dict: the JSON's mechanics + the flags' lr, batch for `world_size` ranks and precision."""
-    ds = read_engine_json(config)
     try:
-        ds = deep_merge(ds, {"optimizer": {"params": {"lr": config.lr}}})
-        accumulation = config.gradient_accumulation_steps
-        if accumulation is None and config.micro_batch_size is None:
-            accumulation = 1  # the whole global batch in one micro-batch per rank, as before
-        ds.update(resolve_batch(config.batch_size, config.micro_batch_size, accumulation, world_size,
-                                ("--batch-size", "--micro-batch-size", "--gradient-accumulation-steps")))
+        return engine_ds_config(config, world_size, device_type, bf16_supported)
     except ConfigError as err:
         raise SquadFormatError(str(err)) from None
-    return resolve_precision(quiet_timers(ds), config.precision, device_type, bf16_supported)
-
-
-def quiet_timers(ds: dict[str, Any]) -> dict[str, Any]:
-    """DeepSpeed's throughput timer off unless the JSON turns it on.
-
-    Enabled by default, it synchronises the device at the start and the end of every step (two host
-    syncs a step on a GPU) to print a samples/s figure we never print (steps_per_print is huge). An
-    explicit ``"timers": {"throughput": {"enabled": true}}`` in the JSON is kept.
-    """
-    timers = ds.get("timers", {})
-    throughput = timers.get("throughput", {}) if isinstance(timers, dict) else None
-    if not isinstance(throughput, dict) or "enabled" in throughput:
-        return ds  # set by the JSON (or malformed: DeepSpeed names it)
-    return deep_merge(ds, {"timers": {"throughput": {"enabled": False}}})
 
 
 def load_data(config: FinetuneConfig) -> tuple[SquadSet | None, SquadSet]:
@@ -99,28 +68,6 @@ def load_data(config: FinetuneConfig) -> tuple[SquadSet | None, SquadSet]:
     assert config.dev is not None
     train = load_squad(config.train) if config.train is not None else None
     return train, load_squad(config.dev, check_offsets=False)
-
-
-def micro_batches(num_items: int, micro: int, world_size: int, rank: int, seed: int) -> Iterator[list[int]]:
-    """This rank's micro-batches, forever: one shuffled pass per epoch, the same order on every rank.
-
-    Each round hands ``micro`` consecutive indices of the stream to each rank, so the ranks of one
-    round see disjoint windows, and together they see every window once per epoch (a round that
-    crosses an epoch boundary finishes with the next epoch's first windows).
-    """
-    per_round = micro * world_size
-    epoch = 0
-    stream = np.empty(0, dtype=np.int64)
-    position = 0
-    while True:
-        while len(stream) - position < per_round:
-            fresh = np.random.default_rng([seed, epoch]).permutation(num_items)
-            stream = np.concatenate([stream[position:], fresh])
-            position = 0
-            epoch += 1
-        mine = stream[position + rank * micro : position + (rank + 1) * micro]
-        position += per_round
-        yield mine.tolist()
 
 
 def as_tensors(batch: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:

@@ -8,22 +8,14 @@ owned key is refused naming the flag (pretrain/squad/finetune.py, pretrain/ds_co
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from pretrain.finetune_common import PRECISIONS, REPO_ROOT, add_config_arguments, flag
+from pretrain.finetune_common import config_from_args as common_config_from_args
 from pretrain.squad.data import SquadFormatError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DS_CONFIG = REPO_ROOT / "ds_configs" / "deepspeed" / "squad_adamw_zero1.json"
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-
-
-def flag(default: Any, doc: str, choices: tuple[Any, ...] | None = None, required: bool = False) -> Any:
-    """A FinetuneConfig field with what its command-line flag needs (doc, choices, required)."""
-    return dataclasses.field(default=default, metadata={"doc": doc, "choices": choices, "required": required})
 
 
 @dataclass(frozen=True)
@@ -121,25 +113,8 @@ class FinetuneConfig:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`--name-with-dashes` for every FinetuneConfig field: its type, default, choices and doc."""
-    hints = typing.get_type_hints(FinetuneConfig)
-    for spec in dataclasses.fields(FinetuneConfig):
-        option, doc = "--" + spec.name.replace("_", "-"), spec.metadata["doc"]
-        kind = hints[spec.name]
-        if kind is bool:
-            parser.add_argument(option, action="store_true", help=doc)
-            continue
-        options = [a for a in typing.get_args(kind) if a is not type(None)] or [kind]
-        extra: dict[str, Any] = {"choices": spec.metadata["choices"]} if spec.metadata.get("choices") else {}
-        if spec.metadata.get("required"):
-            extra["required"] = True
-        else:
-            extra["default"] = spec.default
-            doc += " (default: %(default)s)"
-        parser.add_argument(option, type=options[0], help=doc, **extra)
-    # The deepspeed launcher appends --local_rank=N; the rank comes from the environment instead.
-    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
+    add_config_arguments(parser, FinetuneConfig)
 
 
 def config_from_args(args: argparse.Namespace) -> FinetuneConfig:
-    fields = {name: getattr(args, name) for name in FinetuneConfig.__dataclass_fields__ if hasattr(args, name)}
-    return FinetuneConfig(**fields)
+    return common_config_from_args(args, FinetuneConfig)

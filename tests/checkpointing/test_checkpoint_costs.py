@@ -83,7 +83,7 @@ def test_a_half_deleted_old_tag_is_never_resumed_and_is_deleted_later(tmp_path: 
     (aside[0] / "rng_rank00001.pt").unlink()
     newest = root / "phase1-step0000006" / "rng_rank00003.pt"
     newest.write_bytes(b"torn")
-    assert resolve_resume_tag(manager) == "phase1-step0000004"  # the intact one, not the manifest-less leftover
+    assert resolve_resume_tag(manager.root, manager.rank) == "phase1-step0000004"  # the intact one, not the manifest-less leftover
     assert manager.set_aside_old_tags(keep="phase1-step0000004") == aside  # the next save finds the leftover
     manager.delete_set_aside(aside)
     assert not aside[0].exists()

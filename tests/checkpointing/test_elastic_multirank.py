@@ -273,5 +273,6 @@ def test_no_intact_checkpoint_stops_with_one_clear_line(runs: Path) -> None:
     errors = [line for line in (runs / "l2b.log").read_text().splitlines()
               if "no intact checkpoint" in line and str(runs / "d_none") in line]
     assert errors and all(line == errors[0] for line in errors), errors  # every rank says the same one line
-    assert errors[0].startswith("config error: checkpoint.dir: no intact checkpoint to resume from")
+    # a damaged checkpoint is no config error: its own prefix, the same words after it
+    assert errors[0].startswith("resume error: checkpoint.dir: no intact checkpoint to resume from")
     assert "phase1-step0000016: zero_pp_rank_0_mp_rank_00_optim_states.pt has 100 bytes" in errors[0]

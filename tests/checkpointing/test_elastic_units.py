@@ -17,6 +17,7 @@ from pretrain.checkpointing.elastic import prepare_resume
 from pretrain.checkpointing.manifest import MANIFEST, damage, file_owner, own_entries, resolve_resume_tag
 from pretrain.config import ConfigError
 from pretrain.data import RankBatches, ValidationBatches, open_phase_data
+from pretrain.errors import ResumeError
 from pretrain.model import IGNORE_INDEX
 from pretrain.trainer import PhaseState
 from tests.support.pretrain_fixtures import build_shards
@@ -133,15 +134,15 @@ def test_each_file_is_hashed_by_the_rank_that_writes_it(tmp_path: Path) -> None:
 def test_resume_tag_falls_back_past_damaged_checkpoints(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     root = tmp_path / "checkpoints"
     manager = CheckpointManager(root, keep_last=3, rank=0)
-    assert resolve_resume_tag(manager) is None  # nothing yet: a fresh start
+    assert resolve_resume_tag(manager.root, manager.rank) is None  # nothing yet: a fresh start
     for step in (2, 4, 6):
         fake_checkpoint(root, f"phase1-step{step:07d}")
-    assert resolve_resume_tag(manager) == "phase1-step0000006"
+    assert resolve_resume_tag(manager.root, manager.rank) == "phase1-step0000006"
     assert "verified against its manifest" in capsys.readouterr().out
     newest = root / "phase1-step0000006" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
     newest.write_bytes(newest.read_bytes()[:10])
     (root / "phase1-step0000004" / "mp_rank_00_model_states.pt").unlink()
-    assert resolve_resume_tag(manager) == "phase1-step0000002"
+    assert resolve_resume_tag(manager.root, manager.rank) == "phase1-step0000002"
     lines = capsys.readouterr().out.splitlines()
     assert lines == [
         f"checkpoint {root / 'phase1-step0000006'} is damaged: zero_pp_rank_1_mp_rank_00_optim_states.pt has 10 bytes, "
@@ -153,9 +154,9 @@ def test_resume_tag_falls_back_past_damaged_checkpoints(tmp_path: Path, capsys: 
     assert sorted(p.name for p in root.iterdir() if p.is_dir()) == [
         "phase1-step0000002", "phase1-step0000004.damaged", "phase1-step0000006.damaged"]
     (root / "phase1-step0000002" / "rng_rank00000.pt").unlink()
-    with pytest.raises(ConfigError, match=r"^checkpoint.dir: no intact checkpoint to resume from in .*"
+    with pytest.raises(ResumeError, match=r"^checkpoint.dir: no intact checkpoint to resume from in .*"
                                           r"\(phase1-step0000002: rng_rank00000.pt is missing\)$"):
-        resolve_resume_tag(manager)
+        resolve_resume_tag(manager.root, manager.rank)
 
 
 # ---------------------------------------------------------------- resume checks
@@ -186,10 +187,10 @@ def test_resume_refuses_a_changed_global_batch_and_old_data_positions(tmp_path: 
                                           r"phase1.gradient_accumulation_steps"):
         prepare_resume(tmp_path / "a", tag, ds(32, 4, 2), rank=0, world_size=4)
     old = saved_run(tmp_path / "b", world=2, global_batch=16, data_order=None)
-    with pytest.raises(ConfigError, match="counts its data position in micro-batches of one rank"):
+    with pytest.raises(ResumeError, match="counts its data position in micro-batches of one rank"):
         prepare_resume(tmp_path / "b", old, ds(16, 8, 1), rank=0, world_size=2)
     # another world size, but the checkpoint does not record its layout: one line naming the file
-    with pytest.raises(ConfigError, match=r"^checkpoint.dir: cannot resume .* on 4 ranks: .*"
+    with pytest.raises(ResumeError, match=r"^checkpoint.dir: cannot resume .* on 4 ranks: .*"
                                           r"elastic_layout_rank00000.json is missing"):
         prepare_resume(tmp_path / "a", tag, ds(16, 4, 1), rank=0, world_size=4)
 

@@ -129,7 +129,12 @@ def test_final_numbers_and_exports_of_every_group(workdir: Path) -> None:
 
 
 def test_groups_read_disjoint_parts_of_the_training_data(workdir: Path) -> None:
-    """The alpha-0 twins above read parts 0 and 1 of 2; the parts the groups resolve to say so too."""
+    """Every instance each group's ranks read in phase 1 (recorded from their own data streams): both groups
+    read, and they share no instance; the parts the groups resolve to say so too."""
+    record = workdir / "co2_full" / "record"
+    read = {group: set().union(*(json.loads(path.read_text()) for path in record.glob(f"read_g{group}r*.json")))
+            for group in range(2)}
+    assert read[0] and read[1] and not read[0] & read[1], {g: len(r) for g, r in read.items()}
     for group in range(2):
         resolved = json.loads((workdir / "co2_full" / f"group{group}" / "config.resolved.json").read_text())
         assert (resolved["data"]["part"], resolved["data"]["num_parts"]) == (group, 2)

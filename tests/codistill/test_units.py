@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pretrain.checkpointing.checkpoint import record_tied_parameters
 from pretrain.codistill.config import CodistillConfigError, CodistillSection, check_codistill
 from pretrain.codistill.groups import GroupLayout
-from pretrain.codistill.plugin import record_tied_parameters
 from pretrain.codistill.teacher import distillation_loss, flat_weights, load_flat, make_teacher, soft_targets
 from pretrain.model import bert_config, build_model
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pretrain.codistill.plugin import TeacherCheckpointManager
+from pretrain.codistill.codistillation import Codistillation
 from pretrain.codistill.teacher import flat_weights
 from pretrain.train import main
 from pretrain.trainer import PhaseTrainer
@@ -37,8 +37,8 @@ def recorder(out: Path, group_size: int):
 
     def callback(trainer: PhaseTrainer) -> None:
         group, group_rank = divmod(dist.get_rank(), group_size)
-        if isinstance(trainer.checkpoints, TeacherCheckpointManager):  # separate jobs: group from the config
-            layout = trainer.checkpoints.codistill.layout
+        if isinstance(trainer.plugin, Codistillation):  # separate jobs: group from the config
+            layout = trainer.plugin.layout
             group, group_rank = layout.group, layout.group_rank
         offset = trainer.config.phase1.steps if trainer.state.phase == "phase2" else 0
         step = offset + trainer.state.step
@@ -46,12 +46,19 @@ def recorder(out: Path, group_size: int):
         own = flat_weights(trainer.engine).clone()  # collective inside the group under ZeRO-3
         if group_rank == 0:
             torch.save(own, out / f"own_g{group}_s{step}.pt")
-        if isinstance(trainer.checkpoints, TeacherCheckpointManager):
-            codistill = trainer.checkpoints.codistill
+        if trainer.state.phase == "phase1" and trainer.state.step == trainer.phase.steps:
+            # every training instance this rank read in phase 1 (the test checks the groups' are disjoint)
+            batches = trainer.train_batches
+            read = {index for k in range(trainer.state.step * trainer.accumulation)
+                    for _, index in batches.stream_instances(
+                        (k * batches.world_size + batches.rank) * batches.micro_batch, batches.micro_batch)}
+            (out / f"read_g{group}r{group_rank}.json").write_text(json.dumps(sorted(read)))
+        if isinstance(trainer.plugin, Codistillation):
+            codistill = trainer.plugin
             if len(codistill.refresh_log) > seen["refreshes"]:
                 seen["refreshes"] = len(codistill.refresh_log)
                 name = f"teacher_g{group}r{group_rank}_at{codistill.refresh_log[-1]}.pt"
-                torch.save(codistill.teacher_state(), out / name)
+                torch.save(codistill.state_dict(), out / name)
             if trainer.state.step == trainer.phase.steps and trainer.state.phase == trainer.config.run.phases[-1]:
                 (out / f"refresh_log_g{group}r{group_rank}.json").write_text(json.dumps(codistill.refresh_log))
 

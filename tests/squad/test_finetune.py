@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from pretrain.squad.__main__ import main
 from tests.support import squad_fixtures
@@ -106,6 +107,15 @@ def test_single_process_finetune_with_exact_lamb(work: Path) -> None:
     assert set(json.loads((out / "predictions.json").read_text())) == _dev_ids(work)
     assert "step 3/3" in proc.stdout
     assert (out / "model" / "config.json").is_file() and (out / "model" / "model.safetensors").is_file()
+    # our LAMB really ran (under ZeRO-1's wrapper), and it trained: the loss fell and every tensor moved
+    assert (results["optimizer"], results["optimizer_wrapper"]) == ("ExactLamb", "DeepSpeedZeroOptimizer")
+    losses = [float(line.split(" loss ")[1].split()[0]) for line in proc.stdout.splitlines() if " loss " in line]
+    assert len(losses) == 3 and losses[-1] < losses[0], losses
+    from safetensors.torch import load_file
+
+    before, after = load_file(work / "qa" / "model.safetensors"), load_file(out / "model" / "model.safetensors")
+    moved = [name for name in before if name in after and not torch.equal(before[name], after[name])]
+    assert len(moved) >= 0.9 * len(before), f"{len(moved)} of {len(before)} tensors changed"
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])

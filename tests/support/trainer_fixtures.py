@@ -21,7 +21,7 @@ from pretrain.model import build_model
 from pretrain.schedule import WarmupPolyDecay
 from pretrain.stop_request import StopRequest
 from pretrain.train import bert_config_from_plan, plan_run
-from pretrain.trainer import PhaseState, PhaseTrainer
+from pretrain.trainer import PhaseState, PhaseTrainer, TrainerJob
 from tests.support.pretrain_fixtures import build_shards, tiny_run_config
 
 
@@ -47,9 +47,10 @@ def build_trainer(work: Path, overrides: list[str] = (), phase: str = "phase1", 
     data = plan.data[phase]
     train_batches = RankBatches(data, "train", config.run.seed, 0, 1, micro, packing=settings.packing)
     val_batches = RankBatches(data, "val", config.run.seed, 0, 1, micro, shuffle=False)
-    return PhaseTrainer(config, plan.resolved, dist_info, engine, train_batches, val_batches,
-                        CheckpointManager(work / "ckpt", 1, 0), MetricsWriter(None, False),
-                        Throughput(1.0, settings.seq_len, 1, None), PhaseState(phase), StopRequest())
+    job = TrainerJob(config, plan.resolved, dist_info, CheckpointManager(work / "ckpt", 1, 0),
+                     MetricsWriter(None, False), StopRequest())
+    return PhaseTrainer(job, engine, train_batches, val_batches, Throughput(1.0, settings.seq_len, 1, None),
+                        PhaseState(phase))
 
 
 class EngineRecorder:

@@ -20,18 +20,17 @@ to its task loss from global step `burn_in_steps` on. Teachers are refreshed at 
 burn_in + k * refresh_every (and when a phase starts after the burn-in); the teacher used at step
 s is therefore the other groups' weights after the last refresh step <= s.
 
-The driver sees it only through the TrainingPlugin hooks (pretrain/plugin.py; registered in spec.py):
-`job_config`, `job_dist_info` (the group's view), `mpu` for the engine, `replica_group` for the
+The driver sees it only through the TrainingPlugin hooks (pretrain/plugin.py; registered in spec.py),
+each handing it data: `job_share` (the group's view), `mpu` for the engine, `replica_group` for the
 trainer's statistics, `first_rank` for initial weights, `start_phase` after the engine (and a resume)
 exist, `loss_term` (the distillation term), `after_step` (refreshes, final evaluation),
-`agree_on_step` (stops, time-due checkpoints and NaN aborts common to every group), `checkpoint_manager` (teachers saved
-with every checkpoint) and `export_phase` (world rank 0 exports every group).
+`agree_on_step` (stops, time-due checkpoints and NaN aborts common to every group), `state_dict` /
+`load_state_dict` (the teachers, saved by the core's checkpointing in `codistill_teachers.pt` of every
+tag) and `export_targets` (world rank 0 exports every group).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import io
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,8 +39,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from data_prep.atomic_io import atomic_write_bytes, atomic_write_json
-from pretrain.checkpointing.checkpoint import CheckpointManager
+from data_prep.atomic_io import atomic_write_json
 from pretrain.codistill.config import CodistillSection, check_codistill
 from pretrain.codistill.exchange import FileExchange, GroupComm
 from pretrain.codistill.groups import GroupLayout, ProcessGroups, create_process_groups
@@ -54,22 +52,23 @@ from pretrain.codistill.teacher import (
     make_teacher,
     soft_targets,
 )
-from pretrain.engine import DistInfo
-from pretrain.export import EXPORT_INFO, export_checkpoint
+from pretrain.dist import DistInfo
 from pretrain.model import IGNORE_INDEX, masked_lm_loss_sum
-from pretrain.plugin import StepAgreement, TrainingPlugin
+from pretrain.plugin import ExtraLoss, JobShare, PhaseView, StepAgreement, TrainingPlugin
 from pretrain.step_stats import host_values_to_device
 
 if TYPE_CHECKING:
-    from pretrain.config import RunConfig
+    from pretrain.config_sections import RunConfig
     from pretrain.model import PretrainingOutput
-    from pretrain.trainer import ExtraLoss, PhaseState, PhaseTrainer
+    from pretrain.trainer import PhaseState
 
 TEACHERS_FILE = "codistill_teachers.pt"
 FINAL_FILE = "codistill_final.json"
 
 
 class Codistillation(TrainingPlugin):
+    state_file = TEACHERS_FILE  # the teachers, saved with every checkpoint of the group (exact resume)
+
     def __init__(self, config: RunConfig, world: DistInfo) -> None:
         """Collective: every rank constructs it at the same point (it creates the process groups)."""
         self.section: CodistillSection = config.plugins["codistill"]
@@ -104,23 +103,12 @@ class Codistillation(TrainingPlugin):
     def first_rank(self) -> int:
         return self.layout.first_rank
 
-    def job_config(self, config: RunConfig) -> RunConfig:
+    def job_share(self) -> JobShare:
+        """Group g: seed + g, <run.dir>/group<g> (and <checkpoint.dir>/group<g>), data part g of `groups`."""
         g = self.layout.group
-        run = dataclasses.replace(config.run, seed=config.run.seed + g, dir=str(Path(config.run.dir) / f"group{g}"))
-        checkpoint = config.checkpoint
-        if checkpoint.dir:
-            checkpoint = dataclasses.replace(checkpoint, dir=str(Path(checkpoint.dir) / f"group{g}"))
-        data = config.data
-        if self.section.disjoint_data:
-            data = dataclasses.replace(data, part=g, num_parts=self.layout.groups)
-        return dataclasses.replace(config, run=run, checkpoint=checkpoint, data=data)
-
-    def job_dist_info(self, world: DistInfo) -> DistInfo:
-        return DistInfo(rank=self.layout.group_rank, world_size=self.layout.group_size,
-                        local_rank=world.local_rank, device=world.device)
-
-    def checkpoint_manager(self, root: Path, keep_last: int, rank: int) -> CheckpointManager:
-        return TeacherCheckpointManager(root, keep_last, rank, self)
+        return JobShare(rank=self.layout.group_rank, world_size=self.layout.group_size, seed_offset=g,
+                        subfolder=f"group{g}",
+                        data_part=(g, self.layout.groups) if self.section.disjoint_data else None)
 
     def agree_on_step(self, step: StepAgreement, device: torch.device) -> tuple[StepAgreement, str | None]:
         """Groups of one job stop and save at the same step, for a signal, a time-due checkpoint or another
@@ -146,7 +134,7 @@ class Codistillation(TrainingPlugin):
             return Path(self.base_config.checkpoint.dir) / f"group{group}"
         return self.group_run_dir(group) / "checkpoints"
 
-    def export_phase(self, phase: str, source: Path, out: Path, rank: int, only_missing: bool = False) -> None:
+    def export_targets(self, phase: str, source: Path, out: Path, rank: int) -> list[tuple[Path, Path]]:
         """Every group's phase-end model as a Hugging Face folder at <run.dir>/group<g>/export/<phase>.
 
         transformers 5 `save_pretrained` writes nothing on a torch.distributed rank other than 0, so world
@@ -154,11 +142,9 @@ class Codistillation(TrainingPlugin):
         each from its group's checkpoint folder: `source`, `out` and the group `rank` name only this group's.
         """
         if self.world.rank != 0:
-            return
-        for group in self.layout.groups_in_job:
-            out = self.group_run_dir(group) / "export" / phase
-            if not (only_missing and (out / EXPORT_INFO).is_file()):
-                export_checkpoint(self.group_checkpoint_dir(group), out)
+            return []
+        return [(self.group_checkpoint_dir(group), self.group_run_dir(group) / "export" / phase)
+                for group in self.layout.groups_in_job]
 
     # ------------------------------------------------------------------ schedule
     def global_step(self, phase: str, step: int) -> int:
@@ -221,12 +207,13 @@ class Codistillation(TrainingPlugin):
                   flush=True)
         self.teacher_steps.update(self.files.fetch(self.teachers, load_flat))
 
-    def teacher_state(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
+        """The teachers and their refresh steps (what an exact resume needs), as CPU tensors."""
         flat = {h: torch.cat([p.detach().reshape(-1) for p in t.parameters()]).cpu() for h, t in self.teachers.items()}
         return {"refreshed_at": self.refreshed_at, "teacher_step": self.teacher_step,
                 "teacher_steps": dict(self.teacher_steps), "teachers": flat}
 
-    def load_teacher_state(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.teachers:
             self._restore(state)
         else:
@@ -279,7 +266,7 @@ class Codistillation(TrainingPlugin):
         return self.extra_loss
 
     # ------------------------------------------------------------------ step hook
-    def after_step(self, trainer: PhaseTrainer) -> None:
+    def after_step(self, trainer: PhaseView) -> None:
         state = trainer.state
         step = self.global_step(state.phase, state.step)
         if state.step < trainer.phase.steps and self.is_refresh_step(step):
@@ -288,7 +275,7 @@ class Codistillation(TrainingPlugin):
             self.final_evaluation(trainer, step)
 
     @torch.no_grad()
-    def final_evaluation(self, trainer: PhaseTrainer, step: int) -> dict[str, float]:
+    def final_evaluation(self, trainer: PhaseView, step: int) -> dict[str, float]:
         """Every model's and the ensemble's validation MLM loss, and the prediction churn between models."""
         if self.refreshed_at != step or self.layout.separate_jobs:
             self.refresh(step, final=True)  # the teachers become the other groups' final models
@@ -302,7 +289,7 @@ class Codistillation(TrainingPlugin):
         self.final = values
         return values
 
-    def _evaluate(self, trainer: PhaseTrainer) -> dict[str, float]:
+    def _evaluate(self, trainer: PhaseView) -> dict[str, float]:
         engine, device = trainer.engine, self.world.device
         engine.eval()
         # own nll, ensemble nll, teachers' nll, disagreements with the teachers, masked positions
@@ -338,56 +325,3 @@ class Codistillation(TrainingPlugin):
             "codistill/final_ensemble_val_mlm_loss": ensemble_nll / n,
             "codistill/final_churn": disagreements / n,
         }
-
-
-class TeacherCheckpointManager(CheckpointManager):
-    """A group's checkpoints, with the group's teachers saved beside the engine state (for exact resume)."""
-
-    def __init__(self, root: Path, keep_last: int, rank: int, codistill: Codistillation) -> None:
-        super().__init__(root, keep_last, rank)
-        self.codistill = codistill
-
-    def save(self, engine: Any, tag: str, trainer_state: dict[str, Any], run_config: dict[str, Any],
-             phase_end: bool) -> Path:
-        if self.rank == 0:  # written before the collective save, so `latest` never names a tag without it
-            buffer = io.BytesIO()
-            torch.save(self.codistill.teacher_state(), buffer)
-            atomic_write_bytes(self.root / tag / TEACHERS_FILE, buffer.getvalue())
-        return super().save(engine, tag, trainer_state, run_config, phase_end)
-
-    def before_manifest(self, engine: Any, folder: Path) -> None:
-        # patched before the files are hashed and before anyone (world rank 0 exporting every group) reads them
-        if self.rank == 0 and dist.get_rank() != 0:
-            record_tied_parameters(engine.module, folder)
-
-    def load(self, engine: Any, tag: str) -> dict[str, Any]:
-        state = super().load(engine, tag)
-        path = self.root / tag / TEACHERS_FILE
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: a codistillation checkpoint needs its teachers file")
-        self.codistill.load_teacher_state(torch.load(path, map_location="cpu", weights_only=True))
-        return state
-
-
-def record_tied_parameters(module: torch.nn.Module, folder: Path) -> None:
-    """Write the tied-parameter map DeepSpeed 0.19.8 records only on world rank 0 (engine.py:5525).
-
-    Without it `zero_to_fp32` drops tied weights (e.g. `cls.predictions.decoder.bias`) from every group
-    but the first, and the export refuses the checkpoint. Same convention as DeepSpeed: the first name
-    in module order holds the data, later names map to it.
-    """
-    holder: dict[int, str] = {}
-    shared: dict[str, str] = {}
-    for name, param in module.named_parameters(remove_duplicate=False):
-        if id(param) in holder:
-            shared[name] = holder[id(param)]
-        else:
-            holder[id(param)] = name
-    for path in folder.glob("*model_states.pt"):
-        states = torch.load(path, map_location="cpu", weights_only=False)
-        if states.get("shared_params") == shared:
-            continue
-        states["shared_params"] = shared
-        buffer = io.BytesIO()
-        torch.save(states, buffer)
-        atomic_write_bytes(path, buffer.getvalue())

@@ -130,6 +130,9 @@ def test_demo_dry_run_prints_every_step_through_launch_sh(tmp_path: Path) -> Non
     assert all(("--random-init" in c) == (random_out in c) for c in finetunes), "the baseline writes apart"
     evaluates = [c for c in commands if "-m pretrain.squad evaluate" in c]
     assert len(evaluates) == 2 and any(random_out + "/predictions.json" in c for c in evaluates)
+    reports = [c for c in commands if "-m pretrain.report" in c]
+    assert len(reports) == 1 and reports[0] == commands[-1], "the demo ends with a report"
+    assert reports[0].endswith(" " + str(tmp_path / "out" / "run")), reports
     exports = [c for c in commands if c.startswith("+ export")]
     assert exports and all("OMP_NUM_THREADS=1 " in c for c in exports), "the demo runs one thread per process"
     assert not (tmp_path / "out").exists(), "a dry run writes nothing"

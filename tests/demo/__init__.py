@@ -1,0 +1,1 @@
+"""Tests of pretrain/demo/: the demo's steps and its summary."""

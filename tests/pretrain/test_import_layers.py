@@ -1,0 +1,140 @@
+"""The project's modules import each other one way: no circle, deferred and type-only imports included.
+
+An AST scan of every module of pretrain/ and data_prep/ (no import runs): each `import`, `from ... import`
+(relative ones resolved), `import_module("...")`, inside functions and under `if TYPE_CHECKING:` too,
+becomes an arrow to the project module it names. A circle is reported with its modules. The floors this
+graph gives (a module's floor = 1 + the highest floor it imports) are what docs/architecture.md draws;
+the leaves named below must stay on the ground floor.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.pretrain.test_plugin_boundary import imported_names, package_of
+from tests.support.paths import REPO_ROOT
+
+PACKAGES = ("pretrain", "data_prep")
+# modules every floor may use: they import nothing of the project (plugin.py: types only, from these)
+GROUND = ("pretrain.errors", "pretrain.dist", "pretrain.checkpointing.layout", "pretrain.config_sections")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO_ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for package in PACKAGES for p in (REPO_ROOT / package).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        targets = set()
+        for imported in imported_names(path.read_text(encoding="utf-8"), package_of(path)):
+            # `from a.b import c`: the module a.b.c if it is one, else a.b (a package's __init__ is not counted)
+            while imported and imported not in files:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name and not files[imported].name == "__init__.py":
+                targets.add(imported)
+        graph[name] = targets
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def floors(graph: dict[str, set[str]]) -> dict[str, int]:
+    """0 for a module that imports no project module, else 1 + the highest floor among its imports."""
+    memo: dict[str, int] = {}
+
+    def floor(node: str) -> int:
+        if node not in memo:
+            memo[node] = 0  # a circle would recurse forever; circles() reports it first
+            memo[node] = max((floor(t) + 1 for t in graph[node]), default=0)
+        return memo[node]
+
+    return {node: floor(node) for node in graph}
+
+
+def test_no_import_circle_among_the_projects_modules() -> None:
+    graph = import_graph()
+    assert "pretrain.trainer" in graph and "pretrain.plugin" in graph["pretrain.trainer"]
+    assert not circles(graph), f"import circles (break them by moving the shared piece down a floor): {circles(graph)}"
+
+
+def test_the_ground_floor_and_the_plugin_contract_import_nothing_above_them() -> None:
+    graph = import_graph()
+    for leaf in GROUND:
+        assert graph[leaf] <= set(GROUND), f"{leaf} imports {graph[leaf] - set(GROUND)}"
+    # the contract: types of the ground floor only, so no hook can hand back a core object from above
+    assert graph["pretrain.plugin"] <= set(GROUND), graph["pretrain.plugin"]
+    assert "pretrain.config_doc" not in {t for targets in graph.values() for t in targets} - {"pretrain.config_doc"}
+    height = floors(graph)
+    assert height["pretrain.train"] > height["pretrain.trainer"] > height["pretrain.plugin"] > height["pretrain.errors"]
+
+
+def test_the_scan_finds_a_deferred_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert circles(graph) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def documented_floors() -> dict[str, int]:
+    """docs/architecture.md's floor diagram: module (by its path under pretrain/ or its unique file name) -> floor."""
+    import re
+
+    text = (REPO_ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = text[text.index("## Floors"):text.index("## The plug-in hooks")]
+    by_file: dict[str, list[str]] = {}
+    for path in (REPO_ROOT / "pretrain").rglob("*.py"):
+        by_file.setdefault(path.name, []).append(module_name(path))
+    found, floor = {}, None
+    for line in block.splitlines():
+        numbered = re.match(r"^    (\d)  ", line)
+        if numbered:
+            floor = int(numbered.group(1))
+        elif not line.startswith("       "):
+            floor = None
+        for rel in re.findall(r"([\w/]+\.py)", line) if floor is not None else []:
+            if "/" in rel:
+                found[module_name(REPO_ROOT / "pretrain" / rel)] = floor
+            elif len(by_file.get(rel, [])) == 1:
+                found[by_file[rel][0]] = floor
+    return found
+
+
+def test_the_documented_floors_are_the_scanned_ones() -> None:
+    graph = import_graph()
+    documented = documented_floors()
+    assert {"pretrain.train", "pretrain.plugin", "pretrain.checkpointing.elastic"} <= set(documented), documented
+    height = floors({n: t for n, t in graph.items()})
+    wrong = {name: (floor, height[name]) for name, floor in documented.items() if height[name] != floor}
+    assert not wrong, f"docs/architecture.md floors (documented, scanned): {wrong}"
