@@ -36,7 +36,7 @@ from pretrain.config_sections import ConfigError
 from pretrain.errors import DataError
 from pretrain.model import IGNORE_INDEX
 from pretrain.packing import pack_masked_instances
-from pretrain.shard_checks import check_phase_shards
+from pretrain.shard_checks import SPECIAL_TOKENS, check_phase_shards
 
 VAL_SEED_SALT = 0x5EED_7A1  # validation masks: fixed, independent of the training seed's epochs
 PARTITION_SALT = 0xD15_70177  # the deal into disjoint parts: fixed, independent of every seed
@@ -71,7 +71,7 @@ class Vocab:
     def load(cls, path: Path) -> Vocab:
         tokens = path.read_text(encoding="utf-8").splitlines()
         index = {token: i for i, token in enumerate(tokens)}
-        missing = [t for t in ("[CLS]", "[SEP]", "[MASK]", "[PAD]") if t not in index]
+        missing = [t for t in SPECIAL_TOKENS if t not in index]
         if missing:
             raise DataConfigError(f"{path}: vocab lacks the special tokens {missing}")
         return cls(

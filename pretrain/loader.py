@@ -65,9 +65,8 @@ def model_inputs(host_batch: dict[str, torch.Tensor], device: torch.device) -> d
     transformers checks `mask.all()` in a Python `if` (a device -> host sync in every forward) and SDPA
     cannot take the flash kernel. A padded batch keeps its mask (the model turns it into a 4D key mask,
     which transformers passes on without looking at it)."""
-    inputs: dict[str, Any] = {
-        key: value.to(device, non_blocking=True) for key, value in host_batch.items()
+    unpadded = "attention_mask" in host_batch and bool(host_batch["attention_mask"].all())
+    return {
+        key: None if unpadded and key == "attention_mask" else value.to(device, non_blocking=True)
+        for key, value in host_batch.items()
     }
-    if "attention_mask" in host_batch and bool(host_batch["attention_mask"].all()):
-        inputs["attention_mask"] = None
-    return inputs

@@ -79,12 +79,17 @@ def read_lines(path: Path) -> list[str]:
     return lines
 
 
+def float_or_nan(value: str) -> float:
+    """A score as the files write it; NaN when it is no number (the callers say what they expected)."""
+    try:
+        return float(value)
+    except ValueError:
+        return math.nan
+
+
 def parse_label(task: Task, value: str, where: str) -> int | float:
     if task.is_regression:
-        try:
-            score = float(value)
-        except ValueError:
-            score = math.nan
+        score = float_or_nan(value)
         if not 0.0 <= score <= 5.0:  # also NaN
             raise GlueFormatError(f"{where}: score {quoted(value)} is not a number in [0, 5] ({task.title})")
         return score

@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from pretrain.glue.data import GlueFormatError, quoted, read_lines
+from pretrain.glue.data import GlueFormatError, float_or_nan, quoted, read_lines
 from pretrain.glue.tasks import Task
 
 HEADER = ("index", "prediction")
@@ -56,10 +56,7 @@ def read_predictions(task: Task, path: Path) -> dict[str, int | float]:
 
 def parse_prediction(task: Task, value: str, where: str) -> int | float:
     if task.is_regression:
-        try:
-            score = float(value)
-        except ValueError:
-            score = math.nan
+        score = float_or_nan(value)
         if not math.isfinite(score):
             raise GlueFormatError(f"{where}: prediction {quoted(value)} is not a number ({task.title} scores)")
         return score
