@@ -105,10 +105,13 @@ def test_a_stale_build_lock_is_removed_with_one_line_and_a_held_one_kept(
     builder = python(f"import os, time\nfd = os.open({str(held)!r}, os.O_CREAT | os.O_EXCL)\n"
                      "print('building', flush=True); time.sleep(300)\n")
     assert builder.stdout.readline().strip() == "building"
+    # its age as a compile killed ten minutes ago left it (set just before the check, so the builder's start-up
+    # time does not enter the figure)
+    os.utime(stale, (time.time() - 600, time.time() - 600))
     extension_builds.clear_stale_locks()
     assert not stale.exists() and held.exists()
     lines = capsys.readouterr().err.splitlines()
-    assert lines == [f"extensions: removed stale lock {stale} (0 s old, no process holds it: left by an "
+    assert lines == [f"extensions: removed stale lock {stale} (600 s old, no process holds it: left by an "
                      "interrupted compile)"]
     builder.kill()  # killed mid-build: its lock is now stale too
     builder.wait()
