@@ -33,6 +33,7 @@ from deepspeed.accelerator import get_accelerator
 from pretrain.cluster import device_index, slurm_task_env
 from pretrain.config_sections import DIST_TIMEOUT_MINUTES
 from pretrain.dist import DistInfo
+from pretrain.engine_parts import client_optimizer  # no DeepSpeed there: the trainer imports it
 from pretrain.extension_builds import reporting_builds
 from pretrain.lifetime import die_with_parent
 from pretrain.optim.lamb import ExactLamb, bind_zero_layout, weight_decay_param_groups
@@ -310,14 +311,6 @@ def build_engine(
         model=model, model_parameters=groups, config=config, lr_scheduler=scheduler, mpu=mpu
     )
     return engine
-
-
-def client_optimizer(engine: Any) -> torch.optim.Optimizer:
-    """Our ExactLamb (or the torch optimizer DeepSpeed built) behind the engine's ZeRO/fp16 wrappers."""
-    optimizer = getattr(engine, "basic_optimizer", None)
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"engine has no client torch optimizer (found {type(optimizer).__name__})")
-    return optimizer
 
 
 @contextlib.contextmanager

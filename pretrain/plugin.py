@@ -15,12 +15,18 @@ entry points unless a caller passes another), so they find plug-ins without reac
 environment themselves. This module imports nothing of the project at run time (types only, from
 the floors below) and no torch: reading a config stays instant, and the contract depends on no core
 object above it.
+
+A caller of the driver (a test injecting a probe, a NaN loss or a signal) adds its own `TrainingPlugin`
+objects, extensions: `pretrain.train.train(config, extensions=[...])`. `PluginStack` puts the run config's
+plug-in and those extensions together as the one plug-in the core calls; the hooks that decide the job's
+topology or its saved state stay the config plug-in's alone (`CONFIG_PLUGIN_ONLY`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -81,17 +87,25 @@ class JobShare:
 
 
 class PhaseView(Protocol):
-    """What a hook may read of the phase being trained (pretrain.trainer.PhaseTrainer is one)."""
+    """What `start_phase` and `after_step` may read of the phase being trained (pretrain.trainer.PhaseTrainer
+    is one). A hook reads it; the trainer's own work is not changed through it."""
 
-    config: RunConfig
-    phase: PhaseSection
-    state: Any  # the trainer's PhaseState: phase, step, samples_seen, ...
-    engine: Any
-    metrics: Any  # pretrain.metrics.MetricsWriter
-    val_batches: Any  # pretrain.data.RankBatches of the held-out data, or None
+    config: RunConfig  # the job's run config (a JobShare applied: the job's seed, run.dir, data part)
+    phase: PhaseSection  # this phase's section: steps, seq_len, ...
+    state: Any  # the trainer's PhaseState: phase, step (optimizer steps done), samples_seen, ...
+    engine: Any  # the DeepSpeed engine; engine.module is the model, engine.module.config its BertConfig
+    dist_info: DistInfo  # this process's rank and world size in its job, its device
+    metrics: Any  # pretrain.metrics.MetricsWriter: a hook may log scalars at `global_step`
 
     @property
-    def global_step(self) -> int: ...
+    def global_step(self) -> int:
+        """The TensorBoard x-axis: phase 2 continues after phase 1's steps."""
+        ...
+
+    def held_out_batches(self) -> Iterable[dict[str, torch.Tensor]] | None:
+        """This rank's micro-batches of one evaluation (the instances the trainer's validation uses, on the
+        host); None: no held-out data this phase."""
+        ...
 
 
 class TrainingPlugin:
@@ -99,17 +113,20 @@ class TrainingPlugin:
     calls every hook unconditionally and a plug-in overrides only what it changes. Every hook takes or
     returns data (numbers, paths, tensors, process groups); none hands back a core object.
 
-    The hooks in the order pretrain/train.py calls them (docs/architecture.md lists them too):
+    The hooks in the order pretrain/train.py and pretrain/trainer.py call them (docs/architecture.md lists
+    them too):
 
     1. `PluginSpec.build` once per process after the world's process group exists (collective)
     2. `job_share`: this job's share of the world (config and rank the rest of the run sees)
-    3. `loss_term`: the extra loss function, fetched once
-    4. `first_rank` / `replica_group`: the resume check and conversion (before any phase)
-    5. `export_targets` for a phase whose end checkpoint exists but whose export a crash cut short
-    6. per phase: `first_rank` / `replica_group` (initial weights), `mpu` (engine), `load_state_dict`
-       (after a checkpoint is loaded), `start_phase`, then each step: `loss_term`'s function per
-       micro-batch, `agree_on_step`, `after_step`; with every checkpoint `state_dict`; at the phase
-       end `export_targets`
+    3. `first_rank` / `replica_group`: the resume check and conversion (before any phase)
+    4. `export_targets` for a phase whose end checkpoint exists but whose export a crash cut short
+    5. per phase: `first_rank` / `replica_group` (initial weights), `mpu` (engine), `load_state_dict`
+       (after a checkpoint is loaded), `replica_group` and `loss_term` (the trainer is built),
+       `start_phase(view)` (the trainer's first act), then each step: `loss_term`'s function per
+       micro-batch, `agree_on_step`, `after_step(view)`; with every checkpoint `state_dict`; at the
+       phase end `export_targets`
+
+    A caller's extensions (PluginStack) take part in `start_phase`, `loss_term` and `after_step` only.
     """
 
     # Name of the file in each checkpoint tag folder that holds `state_dict()` (None: the plug-in keeps no state).
@@ -147,9 +164,10 @@ class TrainingPlugin:
         """A resume: `state_dict()`'s value read back from the tag, after the engine's state is loaded."""
 
     # ------------------------------------------------------------------ phase start
-    def start_phase(self, engine: Any, model_config: Any, state: Any) -> None:
-        """Once per phase, after the engine is built and any checkpoint loaded, before the first step
-        (`model_config`: the transformers BertConfig; `state`: the trainer's PhaseState)."""
+    def start_phase(self, phase: PhaseView) -> None:
+        """Every rank, once per phase: the trainer's first act, after the engine is built and any checkpoint
+        loaded (and `load_state_dict` called), before the first step and before the phase's throughput and
+        time-due checkpoint clocks start (work done here is not counted as training time)."""
 
     # ------------------------------------------------------------------ extra loss
     def loss_term(self) -> ExtraLoss | None:
@@ -257,14 +275,88 @@ def build_plugin(config: RunConfig, dist_info: DistInfo, registry: PluginRegistr
     return next(iter(active.values()), TrainingPlugin())
 
 
-def add_losses(first: ExtraLoss | None, second: ExtraLoss | None) -> ExtraLoss | None:
-    """One extra-loss hook out of two (a plug-in's and a caller's, e.g. tests injecting NaNs)."""
-    if first is None or second is None:
-        return first or second
+# The hooks that decide the job's topology or the state saved with it: the run config's plug-in alone answers
+# them in a PluginStack; an extension that overrides one is refused.
+CONFIG_PLUGIN_ONLY = ("job_share", "mpu", "replica_group", "first_rank", "state_file", "state_dict",
+                      "load_state_dict", "agree_on_step", "export_targets")
 
-    def combined(output: Any, batch: Any, state: Any) -> tuple[Any, dict[str, Any]]:
-        mine, numbers = first(output, batch, state)
-        theirs, more = second(output, batch, state)
-        return mine + theirs, {**numbers, **more}
 
-    return combined
+def overridden_config_hooks(extension: TrainingPlugin) -> list[str]:
+    """The CONFIG_PLUGIN_ONLY hooks `extension` changes (its class or the instance sets them)."""
+    return [name for name in CONFIG_PLUGIN_ONLY
+            if inspect.getattr_static(extension, name) is not inspect.getattr_static(TrainingPlugin, name)]
+
+
+class PluginStack(TrainingPlugin):
+    """The run config's plug-in (`build_plugin`) and a caller's extensions as the one plug-in the core calls.
+
+    `start_phase` and `after_step` run on each in order, the config's plug-in first; `loss_term` sums the
+    terms (each micro-batch: the config plug-in's first) and merges their numbers; every CONFIG_PLUGIN_ONLY
+    hook is the config plug-in's. ValueError: an extension overrides one of those (naming it); TypeError:
+    an extension that is not a TrainingPlugin.
+    """
+
+    def __init__(self, configured: TrainingPlugin, extensions: Iterable[TrainingPlugin] = ()) -> None:
+        self.configured = configured
+        self.extensions = tuple(extensions)
+        for extension in self.extensions:
+            if not isinstance(extension, TrainingPlugin):
+                raise TypeError(f"{extension!r}: an extension must be a pretrain.plugin.TrainingPlugin")
+            refused = overridden_config_hooks(extension)
+            if refused:
+                raise ValueError(f"{type(extension).__name__}: an extension may not override {', '.join(refused)} "
+                                 "(the run config's plug-in decides the job's topology and saved state)")
+        self.members = (configured, *self.extensions)
+        self.state_file = configured.state_file
+
+    # ------------------------------------------------------------------ the config plug-in's alone
+    def job_share(self) -> JobShare | None:
+        return self.configured.job_share()
+
+    @property
+    def mpu(self) -> Any:
+        return self.configured.mpu
+
+    @property
+    def replica_group(self) -> Any:
+        return self.configured.replica_group
+
+    @property
+    def first_rank(self) -> int:
+        return self.configured.first_rank
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return self.configured.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.configured.load_state_dict(state)
+
+    def agree_on_step(self, step: StepAgreement, device: torch.device) -> tuple[StepAgreement, str | None]:
+        return self.configured.agree_on_step(step, device)
+
+    def export_targets(self, phase: str, source: Path, out: Path, rank: int) -> list[tuple[Path, Path]]:
+        return self.configured.export_targets(phase, source, out, rank)
+
+    # ------------------------------------------------------------------ every member, in order
+    def start_phase(self, phase: PhaseView) -> None:
+        for member in self.members:
+            member.start_phase(phase)
+
+    def after_step(self, trainer: PhaseView) -> None:
+        for member in self.members:
+            member.after_step(trainer)
+
+    def loss_term(self) -> ExtraLoss | None:
+        """The members' terms summed; a single term is returned as it is (a plain run's graph is unchanged)."""
+        terms = [term for term in (member.loss_term() for member in self.members) if term is not None]
+        if len(terms) <= 1:
+            return terms[0] if terms else None
+
+        def summed(output: Any, batch: Any, state: Any) -> tuple[Any, dict[str, Any]]:
+            total, numbers = terms[0](output, batch, state)
+            for term in terms[1:]:
+                more, named = term(output, batch, state)
+                total, numbers = total + more, {**numbers, **named}
+            return total, numbers
+
+        return summed

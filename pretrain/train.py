@@ -11,7 +11,8 @@ build the engine, train, checkpoint, export.
 
 An optional feature (codistillation) changes a run only through the TrainingPlugin hooks of
 pretrain/plugin.py; this module never imports one, and without a plug-in section the hooks' defaults
-are the plain run.
+are the plain run. A caller (tests) adds its own TrainingPlugin objects the same way: `train(config,
+extensions=[...])` / `main(argv, extensions=[...])` (PluginStack: they run after the config's plug-in).
 
 `--help` is answered before torch and DeepSpeed are imported (pretrain/train_cli.py), hence the
 imports after that check (E402 off for this file).
@@ -30,7 +31,7 @@ if __name__ == "__main__" and {"-h", "--help"} & set(sys.argv[1:]):
 import functools
 import gc
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,12 +63,12 @@ from pretrain.lifetime import release_run_folder
 from pretrain.metrics import MetricsWriter, Throughput, flops_per_sequence, peak_tflops
 from pretrain.model import build_model, count_parameters
 from pretrain.optim.lamb import ExactLamb, bind_zero_layout
-from pretrain.plugin import TrainingPlugin, add_losses, build_plugin
+from pretrain.plugin import PluginStack, TrainingPlugin, build_plugin
 from pretrain.run_plan import PhasePlan, RunPlan, bert_config_from_plan, plan_on_rank0, plan_run
 from pretrain.stop_request import StopRequest
 from pretrain.time_to_quality import QualitySettings
 from pretrain.train_cli import parse_args
-from pretrain.trainer import ExtraLoss, NonFiniteLossError, PhaseState, PhaseTrainer, TrainerJob
+from pretrain.trainer import NonFiniteLossError, PhaseState, PhaseTrainer, TrainerJob
 
 RESOLVED_CONFIG = "config.resolved.json"
 __all__ = ["PhasePlan", "PhaseStart", "RunPlan", "bert_config_from_plan", "main", "plan_run", "run_phase", "train"]
@@ -105,10 +106,9 @@ def initial_weights(path: str, expected_vocab_sha: str, key: str) -> dict[str, t
     return consolidated_state_dict(root, tag)
 
 
-def run_phase(
-    plan: PhasePlan, job: TrainerJob, start: PhaseStart, step_callbacks: list[Callable[[PhaseTrainer], None]]
-) -> tuple[str, PhaseTrainer]:
-    """Build the phase's model, weights, engine, data and trainer from its plan, then train it."""
+def run_phase(plan: PhasePlan, job: TrainerJob, start: PhaseStart) -> tuple[str, PhaseTrainer]:
+    """Build the phase's model, weights, engine, data and trainer from its plan, then train it (the trainer
+    calls the plug-in's `start_phase` first)."""
     name, config, dist_info, plugin = plan.name, job.config, job.dist_info, job.plugin
     phase = config.phase(name)
     torch.manual_seed(config.run.seed)  # the same initial weights on every rank
@@ -125,7 +125,6 @@ def run_phase(
         state = PhaseState.from_dict(job.checkpoints.load(engine, start.resume_tag))
         if isinstance(client_optimizer(engine), ExactLamb):
             bind_zero_layout(engine)
-    plugin.start_phase(engine, model_config, state)
     micro = engine.train_micro_batch_size_per_gpu()
     data = plan.data
     train_batches = RankBatches(data, "train", config.run.seed, dist_info.rank, dist_info.world_size, micro,
@@ -147,7 +146,6 @@ def run_phase(
                             head_flops_per_prediction=6.0 * counts["mlm_head"], predictions_per_seq=data.max_predictions)
     trainer = PhaseTrainer(job, engine, train_batches, val_batches, throughput, state)
     trainer.steps_this_process = start.steps_done_in_process
-    trainer.step_callbacks.extend(step_callbacks)
     progress = None
     if dist_info.rank == 0 and config.logging.progress_bar:
         progress = tqdm(total=phase.steps, initial=state.step, desc=name, unit="step", dynamic_ncols=True)
@@ -195,16 +193,12 @@ def export_phase(plugin: TrainingPlugin, phase: str, source: Path, out: Path, ra
             export_checkpoint(checkpoint, folder)
 
 
-def train(
-    config: RunConfig,
-    step_callbacks: list[Callable[[PhaseTrainer], None]] | None = None,
-    extra_loss: ExtraLoss | None = None,
-    stop: StopRequest | None = None,
-) -> str:
+def train(config: RunConfig, extensions: Sequence[TrainingPlugin] = (), stop: StopRequest | None = None) -> str:
     """Run (or resume) the configured phases. Returns 'complete' or why it stopped early.
 
-    step_callbacks run on every rank after each optimizer step; extra_loss is added to the task loss
-    (see PhaseTrainer) — the hooks tests use (a plug-in's own run first). `stop`: a StopRequest the
+    `extensions`: TrainingPlugin objects a caller adds (tests: probes, NaN losses, signals); their
+    `start_phase`, `loss_term` and `after_step` run after the config plug-in's, on every rank (PluginStack;
+    ValueError: one overrides a hook that only the config's plug-in may answer). `stop`: a StopRequest the
     caller installed earlier (main() does, before start-up work), else one is installed here.
     """
     own_stop = stop is None
@@ -212,29 +206,23 @@ def train(
     if own_stop:
         stop.install()
     try:
-        return _train(config, step_callbacks, extra_loss, stop)
+        return _train(config, extensions, stop)
     finally:
         if own_stop:
             stop.uninstall()
 
 
-def _train(
-    config: RunConfig,
-    step_callbacks: list[Callable[[PhaseTrainer], None]] | None,
-    extra_loss: ExtraLoss | None,
-    stop: StopRequest,
-) -> str:
+def _train(config: RunConfig, extensions: Sequence[TrainingPlugin], stop: StopRequest) -> str:
     dist_info = init_distributed(config.run.dist_timeout_minutes)
     try:
-        plugin = build_plugin(config, dist_info)  # collective; the plain run's hooks when no plug-in is on
+        configured = build_plugin(config, dist_info)  # collective; the plain run's hooks when no plug-in is on
     except ValueError as err:
         raise ConfigError(str(err)) from err
+    plugin = PluginStack(configured, extensions)  # the one plug-in the rest of the run calls
     # The rest runs as a job of the plug-in's share of the world (a codistillation group: its seed, folders, ranks).
     share = plugin.job_share()
     if share is not None:
         config, dist_info = share.config_for(config), share.dist_info_for(dist_info)
-    step_callbacks = [plugin.after_step, *(step_callbacks or [])]
-    extra_loss = add_losses(plugin.loss_term(), extra_loss)
     plan = plan_on_rank0(config, dist_info)
     run_dir = Path(config.run.dir)
     # the plug-in's state (codistillation's teachers) saved and loaded with every checkpoint, in its own file
@@ -254,7 +242,7 @@ def _train(
     quality = QualitySettings(run_dir, tuple(config.logging.quality_targets), dist_info.world_size)  # run_clock.json
     metrics = MetricsWriter(run_dir / "tensorboard", enabled=dist_info.rank == 0 and config.logging.tensorboard,
                             quality=quality)
-    job = TrainerJob(config, plan.resolved, dist_info, checkpoints, metrics, stop, plugin, extra_loss)
+    job = TrainerJob(config, plan.resolved, dist_info, checkpoints, metrics, stop, plugin)
     samples_seen = saved["samples_seen"] if saved else 0
     steps_done = 0
     try:
@@ -274,8 +262,7 @@ def _train(
                                          plan.resolved["resolved"]["vocab_sha256"], f"{name}.init_from")
             elif saved is not None:  # the previous phase's end checkpoint
                 init = functools.partial(consolidated_state_dict, checkpoints.root, latest)
-            outcome, trainer = run_phase(plan.phases[name], job, PhaseStart(resume_tag, init, samples_seen, steps_done),
-                                         step_callbacks)
+            outcome, trainer = run_phase(plan.phases[name], job, PhaseStart(resume_tag, init, samples_seen, steps_done))
             steps_done = trainer.steps_this_process
             samples_seen = trainer.state.samples_seen
             if outcome != "complete":
@@ -299,11 +286,9 @@ def _train(
         release_run_folder(run_dir)
 
 
-def main(
-    argv: list[str] | None = None,
-    step_callbacks: list[Callable[[PhaseTrainer], None]] | None = None,
-    extra_loss: ExtraLoss | None = None,
-) -> int:
+def main(argv: list[str] | None = None, extensions: Sequence[TrainingPlugin] = ()) -> int:
+    """The driver's command line (module docstring); `extensions`: see train(). Exit 0, 2 (a user error: one
+    line) or 3 (too many NaN/inf steps in a row)."""
     # SIGTERM/SIGUSR1 caught from here on: one that comes during start-up (rank 0 hashing shards, a
     # resume's conversion) stops the run at its first step, with a checkpoint, instead of killing it
     # (a SLURM time-limit signal to a job that has just started would otherwise end it un-requeued).
@@ -312,7 +297,7 @@ def main(
     config_path, overrides = parse_args(argv)
     try:
         config = load_config(config_path, overrides)
-        outcome = train(config, step_callbacks, extra_loss, stop)
+        outcome = train(config, extensions, stop)
     except UserError as err:  # config, data or resume error: one line with its kind's prefix
         print(err.line(), file=sys.stderr, flush=True)
         return 2

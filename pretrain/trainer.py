@@ -17,30 +17,31 @@ before the first backward (all micro-batches of the step are read first). The NS
 per micro-batch: every micro-batch holds the same number of instances, so the mean of the means is
 the mean over the global batch.
 
-Extension points: `extra_loss(output, batch, state) -> (tensor, dict of floats)` is added to the task
-loss, its numbers logged under their own tags; a `TrainingPlugin` (pretrain/plugin.py) names the group
-statistics are averaged over and makes stops and aborts common to the whole job. The trainer knows
-no plug-in by name.
+Extension points: one, the job's `TrainingPlugin` (pretrain/plugin.py; the driver's is a `PluginStack` of
+the config's plug-in and a caller's extensions): `start_phase(self)` is `train`'s first act; its `loss_term`
+is added to every micro-batch's task loss (its numbers logged under their own tags); statistics are
+averaged over its `replica_group`; `agree_on_step` makes stops and aborts common to the whole job;
+`after_step(self)` follows each step's logging. The trainer knows no plug-in by name and reads of the run
+config only its `TrainerSettings` (pretrain/trainer_settings.py).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from pretrain.checkpointing.cadence import CheckpointCadence
-from pretrain.checkpointing.checkpoint import CheckpointManager
 from pretrain.checkpointing.layout import make_tag
 from pretrain.config_sections import PHASE_NAMES, RunConfig
 from pretrain.data import RankBatches, ValidationBatches
 from pretrain.dist import DistInfo
-from pretrain.engine import client_optimizer
+from pretrain.engine_parts import client_optimizer
 from pretrain.loader import model_inputs, stream_batches
 from pretrain.metrics import MetricsWriter, StepCounts, Throughput, memory_stats
 from pretrain.model import PretrainingOutput
@@ -48,8 +49,13 @@ from pretrain.optim.lamb import ExactLamb
 from pretrain.plugin import ExtraLoss, StepAgreement, TrainingPlugin
 from pretrain.step_stats import StepSums, host_values_to_device, labelled_slots
 from pretrain.stop_request import StopRequest
+from pretrain.trainer_settings import TrainerSettings
 
-__all__ = ["ExtraLoss", "NonFiniteLossError", "PhaseState", "PhaseTrainer", "StepResult", "StopRequest", "TrainerJob"]
+if TYPE_CHECKING:  # a type only: importing the checkpoint module would load DeepSpeed
+    from pretrain.checkpointing.checkpoint import CheckpointManager
+
+__all__ = ["NonFiniteLossError", "PhaseState", "PhaseTrainer", "StepResult", "StopRequest", "TrainerJob",
+           "TrainerSettings"]
 
 
 class NonFiniteLossError(RuntimeError):
@@ -88,20 +94,12 @@ class StepResult:
     abort_elsewhere: str | None = None  # why another part of the job aborts at this step (plugin.agree_on_step)
 
 
-def validation_batches(config: RunConfig, val_batches: RankBatches) -> ValidationBatches:
-    """The held-out micro-batches of one evaluation: `logging.val_instances` instances (the same ones at any
-    world size), or, unset, `logging.val_batches` micro-batches per rank (how many depends on the job)."""
-    wanted = config.logging.val_instances
-    if wanted is None:
-        wanted = config.logging.val_batches * val_batches.micro_batch * val_batches.world_size
-    return ValidationBatches(val_batches, wanted)
-
-
 @dataclass
 class TrainerJob:
     """What every phase of one job shares, built once by the driver (pretrain/train.py) and handed to each
-    phase's trainer: the run config, this process's place in the job, where checkpoints and metrics go,
-    the stop request, and the job's plug-in with the extra loss (the plug-in's and a caller's, combined)."""
+    phase's trainer: the run config (each phase's trainer takes its TrainerSettings from it), this process's
+    place in the job, where checkpoints and metrics go, the stop request, and the job's plug-in (the
+    driver's: a PluginStack of the config's plug-in and a caller's extensions)."""
 
     config: RunConfig
     resolved_config: dict[str, Any]  # the run config + what was derived from files, written with every checkpoint
@@ -110,7 +108,6 @@ class TrainerJob:
     metrics: MetricsWriter
     stop: StopRequest
     plugin: TrainingPlugin = field(default_factory=TrainingPlugin)
-    extra_loss: ExtraLoss | None = None
 
 
 def step_seed(*parts: int) -> int:
@@ -128,13 +125,15 @@ class PhaseTrainer:
         state: PhaseState,
     ) -> None:
         self.job = job
-        config = self.config = job.config
+        # The one read of the run config: everything the loop uses of it. `config` stays for hooks (PhaseView).
+        self.settings = TrainerSettings.from_config(job.config, state.phase)
+        self.config = job.config
         self.resolved_config, self.dist_info = job.resolved_config, job.dist_info
-        self.phase = config.phase(state.phase)
+        self.phase = self.settings.phase
         self.engine, self.train_batches, self.val_batches = engine, train_batches, val_batches
         self.checkpoints, self.metrics, self.throughput = job.checkpoints, job.metrics, throughput
-        self.state, self.stop, self.extra_loss = state, job.stop, job.extra_loss
-        self.plugin = job.plugin
+        self.state, self.stop, self.plugin = state, job.stop, job.plugin
+        self.loss_term: ExtraLoss | None = self.plugin.loss_term()  # added to every micro-batch's task loss
         # The ranks holding this model's replicas, over which statistics are averaged (None: the world).
         self.replica_group = self.plugin.replica_group
         self.accumulation = engine.gradient_accumulation_steps()
@@ -144,10 +143,7 @@ class PhaseTrainer:
         if val_batches is not None:
             val_batches.phase_index = train_batches.phase_index
         self.steps_this_process = 0
-        self.cadence = CheckpointCadence(config.checkpoint, started=time.monotonic())
-        # Run on every rank after each step; one with a `phase_started(trainer)` method also gets that call once
-        # the engine is built and any checkpoint loaded, before the first step (tests compare restored states).
-        self.step_callbacks: list[Callable[[PhaseTrainer], None]] = []
+        self.cadence = CheckpointCadence(self.settings.checkpoint, started=time.monotonic())
         self._batches: Iterator[dict[str, torch.Tensor]] | None = None
         self._ahead: list[dict[str, torch.Tensor]] = []  # micro-batches of the next step, read during this one
         self._data_wait_s = 0.0  # seconds this step waited for the loader
@@ -164,7 +160,7 @@ class PhaseTrainer:
                 raise ValueError(f"data position {self.state.data_position} is not a whole number of micro-batches "
                                  f"of {per_chunk} samples over all ranks")
             self._batches = stream_batches(self.train_batches, self.state.data_position // per_chunk,
-                                           self.config.data.num_workers)
+                                           self.settings.num_workers)
         started = time.perf_counter()
         batch = next(self._batches)
         self._data_wait_s += time.perf_counter() - started
@@ -190,9 +186,9 @@ class PhaseTrainer:
         """What backward runs on. `mlm_scale` = micro-batches per step / labelled tokens of the step: the MLM
         term becomes split-independent (module docstring); None keeps the micro-batch mean."""
         task = output.loss if mlm_scale is None else output.mlm_loss_sum * mlm_scale.float() + output.nsp_loss
-        if self.extra_loss is None:
+        if self.loss_term is None:
             return task, {}
-        extra, numbers = self.extra_loss(output, batch, self.state)
+        extra, numbers = self.loss_term(output, batch, self.state)
         return task + extra, numbers
 
     def _step_mlm_scale(self, batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
@@ -231,7 +227,7 @@ class PhaseTrainer:
         lr, grad_norm = 0.0, None
         for micro, host_batch in enumerate(batches):
             batch = model_inputs(host_batch, self.dist_info.device)
-            torch.manual_seed(step_seed(self.config.run.seed, phase_index, self.state.step, micro, self.dist_info.rank))
+            torch.manual_seed(step_seed(self.settings.seed, phase_index, self.state.step, micro, self.dist_info.rank))
             output: PretrainingOutput = self.engine(**batch)
             loss, extra = self.loss(output, batch, mlm_scale)
             # A NaN/inf loss is still back-propagated: its non-finite gradients make DeepSpeed's overflow
@@ -250,7 +246,7 @@ class PhaseTrainer:
         counts = StepCounts(rows=totals["rows"], instances=totals["instances"], real_tokens=totals["real_tokens"],
                             predictions=totals["head_rows"])
         aborting_here = bool(nonfinite) and (
-            self.state.consecutive_nonfinite + 1 >= self.config.failures.max_consecutive_nonfinite)
+            self.state.consecutive_nonfinite + 1 >= self.settings.max_consecutive_nonfinite)
         # a plug-in that runs several models in one job makes the stop and a NaN abort common to all of them
         agreed, abort_elsewhere = self.plugin.agree_on_step(
             StepAgreement(stop=totals["stop"] > 0, save_due=totals["save_due"] > 0, aborting_here=aborting_here),
@@ -309,16 +305,26 @@ class PhaseTrainer:
     @property
     def global_step(self) -> int:
         """TensorBoard x-axis: phase 2 continues after phase 1's steps."""
-        offset = self.config.phase1.steps if self.state.phase == "phase2" else 0
-        return offset + self.state.step
+        return self.settings.step_offset + self.state.step
+
+    def held_out_batches(self) -> ValidationBatches | None:
+        """One evaluation's held-out micro-batches of this rank: `val_instances` instances (the same ones at any
+        world size), else `val_batches` micro-batches per rank. None: no held-out data this phase."""
+        if self.val_batches is None:
+            return None
+        wanted = self.settings.val_instances
+        if wanted is None:
+            wanted = self.settings.val_batches * self.val_batches.micro_batch * self.val_batches.world_size
+        return ValidationBatches(self.val_batches, wanted)
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        if self.val_batches is None:
+        held_out = self.held_out_batches()
+        if held_out is None:
             return {}
         self.engine.eval()
         sums = torch.zeros(3, dtype=torch.float64, device=self.dist_info.device)  # loss sum, correct, labelled
-        for batch in validation_batches(self.config, self.val_batches):
+        for batch in held_out:
             output: PretrainingOutput = self.engine(**model_inputs(batch, self.dist_info.device))
             correct, n = output.mlm_counts()  # labelled slots only
             sums += torch.stack([output.mlm_loss_sum.double(), correct.double(), n.double()])
@@ -335,7 +341,7 @@ class PhaseTrainer:
 
     def _stop_requested(self, result: StepResult) -> str | None:
         """Agreed across ranks: a signal on any rank (carried by the step's all-reduce), or the step budget."""
-        budget = self.config.run.stop_after_steps
+        budget = self.settings.stop_after_steps
         if result.stop_requested:
             return self.stop.signal_name or "signal on another rank"
         if budget is not None and self.steps_this_process >= budget:
@@ -344,11 +350,8 @@ class PhaseTrainer:
 
     def train(self, progress: Any | None = None) -> str:
         """Run to the end of the phase. Returns 'complete' or the reason it stopped early (after a checkpoint)."""
-        val_every = self.config.logging.val_every_steps
-        for callback in self.step_callbacks:  # a callback may also watch the phase start (after any resume)
-            started = getattr(callback, "phase_started", None)
-            if started is not None:
-                started(self)
+        val_every = self.settings.val_every_steps
+        self.plugin.start_phase(self)  # after any resume, before the clocks start: its work is not training time
         self.throughput.restart()
         self.cadence.saved(time.monotonic())  # the minutes count from the phase's (re)start
         while self.state.step < self.phase.steps:
@@ -368,18 +371,17 @@ class PhaseTrainer:
             if progress is not None:
                 progress.update(1)
                 progress.set_postfix(loss=f"{values['loss/total']:.4f}", lr=f"{values['lr']:.2e}", refresh=False)
-            for callback in self.step_callbacks:
-                callback(self)
+            self.plugin.after_step(self)
             if result.abort_elsewhere:  # this model is fine, another part of the job reached the limit
                 self.save()
                 raise NonFiniteLossError(
                     f"{result.abort_elsewhere} ({self.state.phase} step {self.state.step}); checkpoint written")
-            if self.state.consecutive_nonfinite >= self.config.failures.max_consecutive_nonfinite:
+            if self.state.consecutive_nonfinite >= self.settings.max_consecutive_nonfinite:
                 self.save()
                 raise NonFiniteLossError(
                     f"{self.state.consecutive_nonfinite} optimizer steps in a row had a NaN/inf loss "
                     f"({self.state.phase} step {self.state.step}); checkpoint written, stopping "
-                    f"(failures.max_consecutive_nonfinite={self.config.failures.max_consecutive_nonfinite})"
+                    f"(failures.max_consecutive_nonfinite={self.settings.max_consecutive_nonfinite})"
                 )
             if self.state.step >= self.phase.steps:
                 break

@@ -22,8 +22,8 @@ s is therefore the other groups' weights after the last refresh step <= s.
 
 The driver sees it only through the TrainingPlugin hooks (pretrain/plugin.py; registered in spec.py),
 each handing it data: `job_share` (the group's view), `mpu` for the engine, `replica_group` for the
-trainer's statistics, `first_rank` for initial weights, `start_phase` after the engine (and a resume)
-exist, `loss_term` (the distillation term), `after_step` (refreshes, final evaluation),
+trainer's statistics, `first_rank` for initial weights, `start_phase` when the trainer starts a phase
+(the engine and a resume exist), `loss_term` (the distillation term), `after_step` (refreshes, final evaluation),
 `agree_on_step` (stops, time-due checkpoints and NaN aborts common to every group), `state_dict` /
 `load_state_dict` (the teachers, saved by the core's checkpointing in `codistill_teachers.pt` of every
 tag) and `export_targets` (world rank 0 exports every group).
@@ -31,6 +31,7 @@ tag) and `export_targets` (world rank 0 exports every group).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -155,11 +156,12 @@ class Codistillation(TrainingPlugin):
         return since >= 0 and since % self.section.refresh_every == 0
 
     # ------------------------------------------------------------------ teachers
-    def start_phase(self, engine: Any, model_config: Any, state: PhaseState) -> None:
+    def start_phase(self, phase: PhaseView) -> None:
         """After the engine exists (and a resume loaded): build teachers, refresh when a phase starts."""
+        engine, state = phase.engine, phase.state
         self._engine = engine
         if not self.teachers:
-            dtype = engine_dtype(engine)
+            dtype, model_config = engine_dtype(engine), engine.module.config  # the BertConfig the model was built from
             self.teachers = {h: make_teacher(model_config, self.world.device, dtype) for h in self.layout.other_groups}
         if self._pending is not None:
             self._restore(self._pending)
@@ -227,8 +229,8 @@ class Codistillation(TrainingPlugin):
             param = next(teacher.parameters())
             load_flat(teacher, flat.to(device=param.device, dtype=param.dtype))
 
-    # ------------------------------------------------------------------ loss (the trainer's extra_loss hook)
-    def extra_loss(
+    # ------------------------------------------------------------------ loss (the `loss_term` hook)
+    def distillation_term(
         self, output: PretrainingOutput, batch: dict[str, torch.Tensor], state: PhaseState
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         step = self.global_step(state.phase, state.step)
@@ -263,7 +265,7 @@ class Codistillation(TrainingPlugin):
         return term, numbers
 
     def loss_term(self) -> ExtraLoss:
-        return self.extra_loss
+        return self.distillation_term
 
     # ------------------------------------------------------------------ step hook
     def after_step(self, trainer: PhaseView) -> None:
@@ -280,23 +282,22 @@ class Codistillation(TrainingPlugin):
         if self.refreshed_at != step or self.layout.separate_jobs:
             self.refresh(step, final=True)  # the teachers become the other groups' final models
         values: dict[str, float] = {}
-        if trainer.val_batches is not None:
-            values = self._evaluate(trainer)
+        held_out = trainer.held_out_batches()  # the trainer's own held-out instances
+        if held_out is not None:
+            values = self._evaluate(trainer.engine, held_out)
             trainer.metrics.scalars(trainer.global_step, values)
         if self.layout.group_rank == 0:
             report = {"group": self.layout.group, "global_step": step, "teacher_steps": self.teacher_steps, **values}
-            atomic_write_json(Path(trainer.config.run.dir) / FINAL_FILE, report)
+            atomic_write_json(self.group_run_dir(self.layout.group) / FINAL_FILE, report)  # the job's run.dir
         self.final = values
         return values
 
-    def _evaluate(self, trainer: PhaseView) -> dict[str, float]:
-        engine, device = trainer.engine, self.world.device
+    def _evaluate(self, engine: Any, held_out: Iterable[dict[str, torch.Tensor]]) -> dict[str, float]:
+        device = self.world.device
         engine.eval()
         # own nll, ensemble nll, teachers' nll, disagreements with the teachers, masked positions
         sums = torch.zeros(5, dtype=torch.float64, device=device)
-        from pretrain.trainer import validation_batches  # the trainer's own held-out instances
-
-        for batch in validation_batches(trainer.config, trainer.val_batches):
+        for batch in held_out:
             batch = {key: value.to(device) for key, value in batch.items()}
             own = engine(**batch)
             # every slot has logits; only labelled ones count (empty slots: IGNORE_INDEX, masked out)

@@ -24,6 +24,7 @@ from pretrain.codistill.codistillation import Codistillation
 from pretrain.codistill.teacher import flat_weights
 from pretrain.train import main
 from pretrain.trainer import PhaseTrainer
+from tests.support.extensions import AddedLoss, AfterEachStep
 from tests.support.pretrain_fixtures import tiny_run_config
 
 BASE_SEED = 7
@@ -32,16 +33,16 @@ CODISTILL_FULL = {"enabled": True, "groups": 2, "alpha": 1.0, "burn_in_steps": 2
 
 
 def recorder(out: Path, group_size: int):
-    """Step callback: own weights every step; the teachers whenever a new refresh happened."""
+    """After-step probe: own weights every step; the teachers whenever a new refresh happened."""
     seen = {"refreshes": 0}
 
     def callback(trainer: PhaseTrainer) -> None:
         group, group_rank = divmod(dist.get_rank(), group_size)
-        if isinstance(trainer.plugin, Codistillation):  # separate jobs: group from the config
-            layout = trainer.plugin.layout
+        codistill = trainer.plugin.configured  # the run config's plug-in (PluginStack)
+        if isinstance(codistill, Codistillation):  # separate jobs: group from the config
+            layout = codistill.layout
             group, group_rank = layout.group, layout.group_rank
-        offset = trainer.config.phase1.steps if trainer.state.phase == "phase2" else 0
-        step = offset + trainer.state.step
+        step = trainer.global_step
         out.mkdir(parents=True, exist_ok=True)
         own = flat_weights(trainer.engine).clone()  # collective inside the group under ZeRO-3
         if group_rank == 0:
@@ -53,8 +54,7 @@ def recorder(out: Path, group_size: int):
                     for _, index in batches.stream_instances(
                         (k * batches.world_size + batches.rank) * batches.micro_batch, batches.micro_batch)}
             (out / f"read_g{group}r{group_rank}.json").write_text(json.dumps(sorted(read)))
-        if isinstance(trainer.plugin, Codistillation):
-            codistill = trainer.plugin
+        if isinstance(codistill, Codistillation):
             if len(codistill.refresh_log) > seen["refreshes"]:
                 seen["refreshes"] = len(codistill.refresh_log)
                 name = f"teacher_g{group}r{group_rank}_at{codistill.refresh_log[-1]}.pt"
@@ -89,8 +89,8 @@ def write_config(workdir: Path, name: str, *, phases: list[str], phase1: int, ph
 def run(workdir: Path, name: str, group_size: int, extra_args: list[str] | None = None, expect_code: int = 0,
         extra_loss: Any = None, **kwargs: Any) -> None:
     path, run_dir = write_config(workdir, name, **kwargs)
-    code = main(["--config", str(path), *(extra_args or [])], step_callbacks=[recorder(run_dir / "record", group_size)],
-                extra_loss=extra_loss)
+    extensions = [AfterEachStep(recorder(run_dir / "record", group_size)), *([AddedLoss(extra_loss)] if extra_loss else [])]
+    code = main(["--config", str(path), *(extra_args or [])], extensions=extensions)
     if code != expect_code:
         raise SystemExit(f"{name}: exit code {code}, expected {expect_code}")
 
@@ -103,7 +103,7 @@ def solo_runs(workdir: Path, world: int) -> None:
 
 
 def nan_in_group_one(group_size: int, from_step: int):
-    """extra_loss hook: a NaN loss on group 1's ranks from phase step `from_step` on; group 0 stays finite."""
+    """Added loss term: a NaN loss on group 1's ranks from phase step `from_step` on; group 0 stays finite."""
     def extra_loss(output: Any, batch: Any, state: Any) -> tuple[torch.Tensor, dict]:
         bad = dist.get_rank() // group_size == 1 and state.step >= from_step
         return output.loss * (float("nan") if bad else 0.0), {}  # through the graph: NaN gradients too

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
 from pretrain.engine import full_parameters
+from pretrain.plugin import TrainingPlugin
 from pretrain.train import main
 from pretrain.trainer import PhaseTrainer
 
@@ -55,7 +56,9 @@ def snapshot(trainer: PhaseTrainer) -> dict[str, Any]:
     }
 
 
-class Snapshots:
+class Snapshots(TrainingPlugin):
+    """The snapshots of one run, taken by its `start_phase` (after any resume) and `after_step` hooks."""
+
     def __init__(self, steps: list[int], at_start: bool) -> None:
         self.steps, self.at_start = set(steps), at_start
 
@@ -64,11 +67,11 @@ class Snapshots:
         if trainer.dist_info.rank == 0:
             torch.save(taken, Path(trainer.config.run.dir) / f"snapshot_{label}.pt")
 
-    def phase_started(self, trainer: PhaseTrainer) -> None:
+    def start_phase(self, trainer: PhaseTrainer) -> None:
         if self.at_start:
             self._save(trainer, "start")
 
-    def __call__(self, trainer: PhaseTrainer) -> None:
+    def after_step(self, trainer: PhaseTrainer) -> None:
         if trainer.state.step in self.steps:
             self._save(trainer, str(trainer.state.step))
 
@@ -76,8 +79,8 @@ class Snapshots:
 def run(plan_path: Path) -> None:
     outcomes: dict[str, int] = {}
     for entry in json.loads(plan_path.read_text()):
-        callbacks = [Snapshots(entry.get("snapshot_steps", []), entry.get("snapshot_start", False))]
-        rc = main(["--config", entry["config"], *entry.get("overrides", [])], callbacks)
+        snapshots = Snapshots(entry.get("snapshot_steps", []), entry.get("snapshot_start", False))
+        rc = main(["--config", entry["config"], *entry.get("overrides", [])], [snapshots])
         outcomes[entry["name"]] = rc
         if dist.is_initialized():
             dist.barrier()

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from pretrain.engine import cpu_shm_segment
 from pretrain.train import main
 from pretrain.trainer import PhaseTrainer
+from tests.support.extensions import AfterEachStep
 
 
 def probe(out: Path):
@@ -45,4 +46,4 @@ def probe(out: Path):
 
 if __name__ == "__main__":
     target = Path(sys.argv[1])
-    sys.exit(main(sys.argv[2:], step_callbacks=[probe(target)]))
+    sys.exit(main(sys.argv[2:], extensions=[AfterEachStep(probe(target))]))

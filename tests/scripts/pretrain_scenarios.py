@@ -27,6 +27,7 @@ import torch.distributed as dist
 from pretrain.export import verification_batch
 from pretrain.train import main
 from pretrain.trainer import PhaseTrainer
+from tests.support.extensions import AddedLoss, after_each_step
 
 
 def save_engine_logits(out: Path):
@@ -57,7 +58,7 @@ def sigterm_rank1_after(step: int, phase: str = "phase1"):
 
 
 def nan_loss_at(steps: set[int]):
-    """Extra loss that turns the task loss into NaN on the given (0-based) optimizer steps."""
+    """Added loss term that turns the task loss into NaN on the given (0-based) optimizer steps."""
 
     def extra_loss(output, batch, state):  # noqa: ANN001, ANN202 - the ExtraLoss signature
         if state.step in steps:
@@ -98,14 +99,14 @@ def record_plugin_modules(workdir: Path, mode: str) -> None:
 def run(argv: list[str]) -> None:
     mode, workdir = argv[0], Path(argv[1])
     if mode == "first":
-        rc = main(["--config", str(workdir / "run1.json")], [save_engine_logits(workdir / "engine_logits.pt")])
+        rc = main(["--config", str(workdir / "run1.json")], after_each_step(save_engine_logits(workdir / "engine_logits.pt")))
         record(workdir, "r1", rc)
-        rc = main(["--config", str(workdir / "run2.json")], [sigterm_rank1_after(3)])
+        rc = main(["--config", str(workdir / "run2.json")], after_each_step(sigterm_rank1_after(3)))
         record(workdir, "r2_interrupted", rc)
         # R3: NaN loss on optimizer steps 1 (alone) and 3, 4 (in a row) with max_consecutive_nonfinite=2
         rc = main(["--config", str(workdir / "run3.json"), "--run.phases=[\"phase1\"]",
                    "--failures.max_consecutive_nonfinite=2"],
-                  [weight_sums(workdir / "r3_weight_sums.json")], extra_loss=nan_loss_at({1, 3, 4}))
+                  [*after_each_step(weight_sums(workdir / "r3_weight_sums.json")), AddedLoss(nan_loss_at({1, 3, 4}))])
         record(workdir, "r3_nan", rc)
     elif mode == "resume":
         rc = main(["--config", str(workdir / "run2.json")] + ["--run.stop_after_steps=5"])

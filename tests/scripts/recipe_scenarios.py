@@ -1,5 +1,7 @@
 """Launched on 2 CPU ranks by tests/pretrain/test_recipes.py: a shipped recipe, shrunk, run as a user runs it.
 
+    [pretrain WORK ...] [squad WORK]    each in turn, in this one launch (tests/pretrain/test_recipes.py)
+
     pretrain WORK    WORK/run.json (pretrain.rehearsal's shrink of a shipped RUN.json):
                      A: both phases, SIGTERM to rank 1 after phase-2 step 1 (the ranks agree at step 2, checkpoint, stop),
                         then the same command again: resumes inside phase 2 and completes (exports too);
@@ -25,6 +27,7 @@ from pretrain.squad.__main__ import main as squad_main
 from pretrain.train import main
 from pretrain.trainer import PhaseTrainer
 from tests.scripts.pretrain_scenarios import record, sigterm_rank1_after
+from tests.support.extensions import after_each_step
 
 SHORT_WINDOWS = ["--max-seq-length", "48", "--doc-stride", "20", "--max-query-length", "16"]
 
@@ -67,17 +70,17 @@ def pretrain(work: Path) -> None:
     paths = record_paths(work / "paths_a.json")
     codistill = run.get("codistill", {}).get("enabled", False)
     first_model = a_dir / "group0" if codistill else a_dir
-    rc = main(["--config", str(config)], [paths, save_masters, sigterm_rank1_after(1, "phase2")])
+    rc = main(["--config", str(config)], after_each_step(paths, save_masters, sigterm_rank1_after(1, "phase2")))
     record(work, "a_interrupted", rc)
     if dist.get_rank() == 0:
         record(work, "a_latest_after_stop", (first_model / "checkpoints" / "latest").read_text())
-    rc = main(["--config", str(config)], [paths, save_masters])
+    rc = main(["--config", str(config)], after_each_step(paths, save_masters))
     record(work, "a_resumed", rc)
     phase1_export = first_model / "export" / "phase1"
     overrides = [f"--run.dir={work / 'c'}", '--run.phases=["phase2"]', f"--phase2.init_from={phase1_export}"]
     if codistill and run["codistill"].get("exchange_dir"):
         overrides.append(f"--codistill.exchange_dir={work / 'c_exchange'}")
-    rc = main(["--config", str(config), *overrides], [record_paths(work / "paths_c.json")])
+    rc = main(["--config", str(config), *overrides], after_each_step(record_paths(work / "paths_c.json")))
     record(work, "c_phase2_from_init", rc)
 
 
@@ -91,6 +94,19 @@ def squad(work: Path) -> None:
         record(work, ds.stem, code)
 
 
+def run(argv: list[str]) -> None:
+    """`pretrain W1 W2 ... squad WS`: every work folder after a mode word runs in that mode, in order."""
+    modes, mode = {"pretrain": pretrain, "squad": squad}, None
+    for arg in argv:
+        if arg in modes:
+            mode = modes[arg]
+        elif mode is None:
+            raise SystemExit(f"{arg}: a work folder before any mode word (pretrain, squad)")
+        else:
+            mode(Path(arg))
+            if dist.is_initialized():
+                dist.barrier()
+
+
 if __name__ == "__main__":
-    mode, folder = [a for a in sys.argv[1:] if not a.startswith("--local_rank")][:2]
-    {"pretrain": pretrain, "squad": squad}[mode](Path(folder))
+    run([a for a in sys.argv[1:] if not a.startswith("--local_rank")])
