@@ -102,8 +102,8 @@ class Settings:
             raise SystemExit(f"--multipliers {self.multipliers}: must be increasing integers >= 1")
 
 
-QUICK = dict(layers=2, hidden=64, heads=2, intermediate=128, base_batch=8, multipliers=(1, 4, 16),
-             samples=1024, adamw_grid=(0.5, 2.0), lamb_grid=(1.0,), val_points=2, val_batches=4)
+QUICK = dict(layers=2, hidden=64, heads=2, intermediate=128, base_batch=8, multipliers=(1, 4),
+             samples=512, adamw_grid=(0.5, 2.0), lamb_grid=(1.0,), val_points=2, val_batches=4)
 # Which runs are planned, not what a run is: a results file stays valid when only these change.
 GRID_FIELDS = ("adamw_grid", "lamb_grid")
 
@@ -312,7 +312,7 @@ def sweep(results: Results, todo: list[RunSpec], shards: Path, work: Path, paral
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a tiny model, 1024 samples: minutes, for tests")
+    parser.add_argument("--quick", action="store_true", help="a tiny model, two batches, 512 samples: a minute, for tests")
     parser.add_argument("--results", type=Path, help="results JSON (default: docs/large_batch.json; --quick: "
                                                     "WORK/large_batch.json)")
     parser.add_argument("--plot", type=Path, help="PNG (default: beside --results, large_batch.png)")

@@ -118,7 +118,7 @@ def test_cpu_jobs_leave_no_shared_memory_segments_behind(tmp_path: Path) -> None
     """DeepSpeed's CPU all-reduce creates a ~66 MiB /dev/shm segment per rank and never unlinks it;
     pretrain.engine.init_distributed unlinks them once all ranks are attached (RAM comes back at exit)."""
     job = start_ranks(SCRIPT, ["--out", str(tmp_path / "r.json"), "--scenarios", "stage0"], num_ranks=2)
-    port = job.args[job.args.index("--master_port") + 1]
+    port = job.args[job.args.index("--master-port") + 1]
     done = finish_ranks(job, timeout=300)
     if "deepspeed_shm_comm_op built successfully" not in done.stdout + done.stderr:
         pytest.skip("DeepSpeed's CPU shared-memory all-reduce is not available on this machine")

@@ -45,23 +45,44 @@ def expected_wrapper(ds: dict[str, Any], precision: str) -> str:
 
 
 class Rehearsals:
-    """Runs each recipe once per test session, on first use (the SQuAD test reuses one)."""
+    """Every recipe's rehearsal and the SQuAD fine-tunes of the first one's export, in ONE 2-rank launch per
+    test session, on first use: each launch costs the ranks' start-up (~10 s of a 2-core machine), and the
+    runs are independent folders in sequence, as a user would run them one after the other."""
 
     def __init__(self, root: Path) -> None:
-        self.root, self.done = root, {}
+        self.root, self.launch_log = root, root / "launch.log"
         self.shards = build_shards(root / "shards", seq_lens=tuple(SEQ_LENS.values()), train=96, val=16)
+        self.works = {recipe: self._prepare(recipe) for recipe in RECIPES}
+        self.squad_work = self._prepare_squad(self.works[RECIPES[0]])
+        done = run_ranks(SCRIPT, ["pretrain", *map(str, self.works.values()), "squad", str(self.squad_work)],
+                         num_ranks=2, timeout=1800)
+        self.launch_log.write_text(done.stdout + done.stderr)
+
+    def _prepare(self, recipe: str) -> Path:
+        work = self.root / Path(recipe).stem
+        work.mkdir()
+        shipped = json.loads((CONFIGS / recipe).read_text())
+        shrunk = shrink_run_config(shipped, CONFIGS, self.shards, work, ranks=2, steps=STEPS, seq_lens=SEQ_LENS)
+        (work / "run.json").write_text(json.dumps(shrunk, indent=2))
+        return work
+
+    def _prepare_squad(self, recipe_work: Path) -> Path:
+        """The shipped SQuAD JSONs, shrunk, to fine-tune the rehearsed recipe's phase-2 export with."""
+        work = self.root / "squad"
+        work.mkdir()
+        (work / "export").symlink_to(model_dirs(recipe_work)[0] / "export" / "phase2")
+        write_squad(work / "train.json", repeat=1)
+        write_squad(work / "dev.json")
+        for name in SQUAD_CONFIGS:
+            shipped = json.loads((DEEPSPEED_CONFIGS / name).read_text())
+            stem = f"squad_{Path(name).stem}"
+            (work / f"{stem}.json").write_text(json.dumps(shrink_squad_ds_config(shipped)))
+            (work / f"{stem}.meta").write_text(json.dumps({"precision": gpu_precision("auto"), "shipped": name,
+                                                           "flags": squad_toy_flags(2)}))
+        return work
 
     def get(self, recipe: str) -> Path:
-        if recipe not in self.done:
-            work = self.root / Path(recipe).stem
-            work.mkdir()
-            shipped = json.loads((CONFIGS / recipe).read_text())
-            shrunk = shrink_run_config(shipped, CONFIGS, self.shards, work, ranks=2, steps=STEPS, seq_lens=SEQ_LENS)
-            (work / "run.json").write_text(json.dumps(shrunk, indent=2))
-            done = run_ranks(SCRIPT, ["pretrain", str(work)], num_ranks=2, timeout=900)
-            (work / "launch.log").write_text(done.stdout + done.stderr)
-            self.done[recipe] = work
-        return self.done[recipe]
+        return self.works[recipe]
 
 
 @pytest.fixture(scope="module")
@@ -137,19 +158,7 @@ def test_squad_configs_finetune_the_rehearsed_export(rehearsals: Rehearsals, tmp
     ours, drivers = (load_file(p / "model.safetensors") for p in (tmp_path / "exported", run_dir / "export" / "phase1"))
     assert ours.keys() == drivers.keys() and all(torch.equal(ours[k], drivers[k]) for k in ours)
 
-    work = tmp_path / "squad"
-    work.mkdir()
-    (work / "export").symlink_to(run_dir / "export" / "phase2")
-    write_squad(work / "train.json", repeat=1)
-    write_squad(work / "dev.json")
-    for name in SQUAD_CONFIGS:
-        shipped = json.loads((DEEPSPEED_CONFIGS / name).read_text())
-        precision = gpu_precision("auto")
-        stem = f"squad_{Path(name).stem}"
-        (work / f"{stem}.json").write_text(json.dumps(shrink_squad_ds_config(shipped)))
-        (work / f"{stem}.meta").write_text(json.dumps({"precision": precision, "shipped": name,
-                                                       "flags": squad_toy_flags(2)}))
-    run_ranks(SCRIPT, ["squad", str(work)], num_ranks=2, timeout=900)
+    work = rehearsals.squad_work  # fine-tuned in the rehearsals' launch, after the recipes
     outcomes = json.loads((work / "outcomes.json").read_text())
     for meta_file in sorted(work.glob("squad_*.meta")):
         meta = json.loads(meta_file.read_text())
