@@ -13,6 +13,14 @@ and waiting on it is said. Processes of other users cannot be inspected; a lock 
 hold (the build folder is not ours) is never removed. Our own checks serialize on one flock, so two
 ranks never both remove, and a lock is removed by renaming it aside and checking it is the one looked at.
 
+The build tool: torch runs whichever `ninja` comes first on PATH, and ninja rebuilds a target whose
+command hash in `.ninja_log` is not its own. Two ninjas hash differently (pip's ninja 1.13 in the
+environment against a system ninja-build 1.11, both "log v7"), so on a machine with both, a launch
+whose PATH lacks the environment's bin folder (ranks started over ssh/pdsh, a batch script with a
+login PATH) recompiles the op, and the next ordinary launch recompiles it back: tens of seconds to
+minutes each, every time the two alternate. Before a build may run, the ninja beside this
+interpreter (the one the environment installed with DeepSpeed) is put first on PATH.
+
 A build running in this process for more than a few seconds (a first use on this machine) prints one
 line saying what it is and that it happens once per machine.
 """
@@ -175,6 +183,20 @@ def _checks_serialized(root: Path) -> Iterator[None]:
         os.close(fd)
 
 
+def use_environment_ninja() -> Path | None:
+    """Put the folder of this interpreter's `ninja` (a virtual environment's bin) first on PATH, so every
+    process of a job builds with the same ninja whatever PATH it was started with (module docstring).
+    Returns that ninja, or None when the interpreter's folder has none (PATH is then left as it is)."""
+    bin_dir = Path(sys.executable).parent  # not resolved: a venv's python is a symlink out of its bin
+    ninja = bin_dir / "ninja"
+    if not (ninja.is_file() and os.access(ninja, os.X_OK)):
+        return None
+    entries = [entry for entry in os.environ.get("PATH", "").split(os.pathsep) if entry]
+    if not entries or Path(entries[0]) != bin_dir:
+        os.environ["PATH"] = os.pathsep.join([str(bin_dir), *(e for e in entries if Path(e) != bin_dir)])
+    return ninja
+
+
 def clear_stale_locks() -> None:
     """Before DeepSpeed loads an op: remove stale locks now, so the load builds instead of waiting."""
     watcher = BuildWatcher()
@@ -187,7 +209,9 @@ def clear_stale_locks() -> None:
 
 @contextlib.contextmanager
 def reporting_builds() -> Iterator[None]:
-    """Around a call that may build or load a JIT op: stale locks removed first, then watched meanwhile."""
+    """Around a call that may build or load a JIT op: the environment's ninja first on PATH, stale locks
+    removed, then watched meanwhile."""
+    use_environment_ninja()
     with contextlib.suppress(OSError):
         clear_stale_locks()
     done = threading.Event()

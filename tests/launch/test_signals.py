@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.launching import child_env, free_port
+from tests.support.launching import child_env, copy_machine_op_build, free_port
 from tests.support.paths import REPO_ROOT
 from tests.support.pretrain_fixtures import build_shards, tiny_run_config
 
@@ -104,13 +103,7 @@ def overrides(run_dir: Path) -> list[str]:
 def private_extensions(root: Path) -> Path:
     """A TORCH_EXTENSIONS_DIR of this test's own, holding a copy of this machine's build of DeepSpeed's CPU
     communication op (loaded in seconds; compiled there when the machine has none) and a stale lock."""
-    from torch.utils.cpp_extension import get_default_build_root
-
-    built = [p for p in Path(get_default_build_root()).glob("py*/deepspeed_shm_comm") if (p / "build.ninja").is_file()]
-    if built:
-        shutil.copytree(built[0], root / "deepspeed_shm_comm", ignore=shutil.ignore_patterns("lock"))
-    lock = root / "deepspeed_shm_comm" / "lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock = copy_machine_op_build(root) / "lock"
     lock.touch()  # left by a compile killed midway: no process holds it
     return lock
 

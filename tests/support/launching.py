@@ -11,6 +11,7 @@ DeepSpeed launcher itself is exercised where the product uses it: every test of 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -103,3 +104,16 @@ def clean_env(**extra: str) -> dict[str, str]:
     env["PYTHON"] = FAKE_PYTHON
     env.update(extra)
     return env
+
+
+def copy_machine_op_build(root: Path, name: str = "deepspeed_shm_comm") -> Path:
+    """`root/name`: a copy of this machine's build of DeepSpeed's JIT op `name` (without its lock), for a
+    TORCH_EXTENSIONS_DIR of a test's own; an empty folder when the machine has none (the first load there
+    compiles it)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    built = [p for p in Path(get_default_build_root()).glob(f"py*/{name}") if (p / "build.ninja").is_file()]
+    if built:
+        shutil.copytree(built[0], root / name, ignore=shutil.ignore_patterns("lock"))
+    (root / name).mkdir(parents=True, exist_ok=True)
+    return root / name
