@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +11,7 @@ import torch
 
 from pretrain.squad.__main__ import main
 from tests.support import squad_fixtures
-from tests.support.launching import REPO_ROOT, deepspeed_cpu_env, run_ranks
+from tests.support.launching import REPO_ROOT, run_ranks
 from tests.support.paths import SCRIPTS
 from tests.support.squad_fixtures import SHORT_WINDOWS
 
@@ -34,13 +32,6 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     squad_fixtures.write_squad(work / "dev.json")
     (work / "ds.json").write_text(json.dumps(TINY_DS))
     return work
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "pretrain.squad", *args], cwd=REPO_ROOT, env=deepspeed_cpu_env(),
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return proc
 
 
 def _dev_ids(work: Path) -> set[str]:
@@ -95,21 +86,23 @@ def _single_process_nbest(work: Path) -> dict:
     return postprocess(examples, features, starts, ends, PostprocessConfig()).nbest
 
 
-def test_single_process_finetune_with_exact_lamb(work: Path) -> None:
-    out = work / "out_lamb"
-    proc = _cli("finetune", "--model", str(work / "qa"), "--train", str(work / "train.json"),
+def test_single_process_finetune_with_exact_lamb(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = work / "out_lamb"  # in this process (the 2-rank test above runs the command line on its ranks)
+    code = main(["finetune", "--model", str(work / "qa"), "--train", str(work / "train.json"),
                 "--dev", str(work / "dev.json"), "--out", str(out), "--ds-config",
                 str(REPO_ROOT / "ds_configs" / "deepspeed" / "squad_lamb_zero1.json"), "--max-steps", "3", "--log-every", "1",
-                "--lr", "1e-3", "--save-model", *SHORT_WINDOWS)
+                "--lr", "1e-3", "--save-model", *SHORT_WINDOWS])
+    printed = capsys.readouterr().out
+    assert code == 0, printed[-4000:]
     results = json.loads((out / "results.json").read_text())
     assert results["world_size"] == 1 and results["precision"] == "fp32"  # auto: fp32 on CPU
     assert results["train_batch_size"] == 32
     assert set(json.loads((out / "predictions.json").read_text())) == _dev_ids(work)
-    assert "step 3/3" in proc.stdout
+    assert "step 3/3" in printed
     assert (out / "model" / "config.json").is_file() and (out / "model" / "model.safetensors").is_file()
     # our LAMB really ran (under ZeRO-1's wrapper), and it trained: the loss fell and every tensor moved
     assert (results["optimizer"], results["optimizer_wrapper"]) == ("ExactLamb", "DeepSpeedZeroOptimizer")
-    losses = [float(line.split(" loss ")[1].split()[0]) for line in proc.stdout.splitlines() if " loss " in line]
+    losses = [float(line.split(" loss ")[1].split()[0]) for line in printed.splitlines() if " loss " in line]
     assert len(losses) == 3 and losses[-1] < losses[0], losses
     from safetensors.torch import load_file
 
