@@ -41,11 +41,18 @@ def logged_steps(run_dir: Path) -> int:
     return path.read_text().count('"phase"') if path.is_file() else 0
 
 
+# Every signal at its default, as a terminal's shell starts a command. A pytest started in the background of
+# a non-interactive shell (`pytest &`) has SIGINT ignored, under nohup SIGHUP too; every child inherits that,
+# and a shell that starts with a signal ignored cannot trap it: launch.sh would never see the test's Ctrl-C.
+DEFAULT_SIGNALS = ["env", "--default-signal"]
+
+
 def start(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    # A session of its own: killpg reaches exactly this job's process group, never pytest's.
+    # A session of its own: killpg reaches exactly this job's process group, never pytest's. `env` execs
+    # launch.sh in place, so the pid is launch.sh's.
     with log.open("ab") as out:
-        return subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return subprocess.Popen([*DEFAULT_SIGNALS, *cmd], cwd=REPO_ROOT, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def signal_once_training(
