@@ -74,7 +74,7 @@ class Settings:
     lamb_grid: tuple[float, ...] = (0.5, 1.0, 2.0)
     warmup_fraction_base: float = 1 / 160  # at B; k times that at kB (the same warmup steps everywhere)
     # false: no trust ratio where weight decay is 0 (biases, LayerNorm), as NVIDIA's FusedLAMB and the
-    # TF-Addons LAMB do. true (the shipped configs, Algorithm 2 as printed) makes a zero-initialised bias
+    # TF-Addons LAMB and the shipped configs do. true (Algorithm 2 as printed) makes a zero-initialised bias
     # grow only by a factor (1 + lr) per step, too slowly for the MLM decoder bias to learn the
     # unigram distribution in runs this short.
     lamb_adapt_all: bool = False
