@@ -83,6 +83,7 @@ class Settings:
     val_points: int = 8  # held-out evaluations per run, at equal sample counts in every run
     val_batches: int = 32  # held-out micro-batches of B sequences per evaluation
     seed: int = 11
+    books: bool = True  # the 7 Gutenberg novels beside the Wikipedia samples (--quick: Wikipedia alone)
 
     def check(self) -> None:
         """Refuse settings whose runs would not see equal samples at equal evaluation points."""
@@ -103,7 +104,8 @@ class Settings:
 
 
 QUICK = dict(layers=2, hidden=64, heads=2, intermediate=128, base_batch=8, multipliers=(1, 4),
-             samples=512, adamw_grid=(0.5, 2.0), lamb_grid=(1.0,), val_points=2, val_batches=4)
+             samples=512, adamw_grid=(0.5, 2.0), lamb_grid=(1.0,), val_points=2, val_batches=4,
+             books=False)
 # Which runs are planned, not what a run is: a results file stays valid when only these change.
 GRID_FIELDS = ("adamw_grid", "lamb_grid")
 
@@ -178,7 +180,7 @@ def build_shards(shared: Path, out: Path, s: Settings) -> Path:
     dump = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
     sources = {"--wiki-dump": shared / "wikipedia" / dump,
                "--wikiextractor": shared / "wikipedia" / "wikiextractor_sample",
-               "--books": shared / "books" / "nltk_gutenberg"}
+               **({"--books": shared / "books" / "nltk_gutenberg"} if s.books else {})}
     for path in sources.values():
         if not path.exists():
             raise SystemExit(f"--shared-data: {path} is missing (a folder laid out like shared/data)")
