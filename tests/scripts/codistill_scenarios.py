@@ -182,5 +182,5 @@ SCENARIOS = {"solo1": scenario_solo1, "two": scenario_two, "four": scenario_four
              "job1x2": lambda workdir: separate_job_of_two_ranks(workdir, 1)}
 
 if __name__ == "__main__":
-    scenario, workdir = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
+    scenario, workdir = sys.argv[1:]
     SCENARIOS[scenario](Path(workdir))

@@ -89,4 +89,4 @@ def run(plan_path: Path) -> None:
 
 
 if __name__ == "__main__":
-    run(Path([a for a in sys.argv[1:] if not a.startswith("--local_rank")][0]))
+    run(Path(sys.argv[1]))

@@ -53,4 +53,4 @@ def run(work: Path) -> None:
 
 
 if __name__ == "__main__":
-    run(Path([a for a in sys.argv[1:] if not a.startswith("--local_rank")][0]))
+    run(Path(sys.argv[1]))

@@ -254,7 +254,7 @@ def main() -> int:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--micro", type=int, default=2)
-    args, _ = parser.parse_known_args()  # the launcher appends --local_rank
+    args = parser.parse_args()
     torch.set_num_threads(1)
     info = init_distributed()
     results: dict[str, Any] = {"world_size": info.world_size}

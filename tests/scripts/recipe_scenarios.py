@@ -109,4 +109,4 @@ def run(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    run([a for a in sys.argv[1:] if not a.startswith("--local_rank")])
+    run(sys.argv[1:])

@@ -1,6 +1,6 @@
 """Launched on 2 CPU ranks by tests/squad/test_finetune.py: one short fine-tune, then one evaluation.
 
-Usage: deepspeed --num_gpus 2 squad_finetune_ranks.py WORK_DIR
+Usage: torchrun --nproc-per-node 2 squad_finetune_ranks.py WORK_DIR
 WORK_DIR holds export/ (a tiny BertForPreTraining, our export's layout), qa/ (a tiny
 BertForQuestionAnswering), train.json, dev.json and ds.json (engine mechanics; lr 1e-3 and micro-batch 4
 x 1 accumulation x 2 ranks = batch 8 are flags). Both runs share one launch to save the launcher's
@@ -30,5 +30,4 @@ def run(work: Path) -> None:
 
 
 if __name__ == "__main__":
-    # The launcher puts --local_rank=N before our own argument.
-    run(Path([arg for arg in sys.argv[1:] if not arg.startswith("--local_rank")][0]))
+    run(Path(sys.argv[1]))
