@@ -17,7 +17,7 @@ from tests.support.launching import copy_machine_op_build, deepspeed_cpu_env
 from tests.support.paths import REPO_ROOT
 
 LOAD = """
-import json, shutil, sys
+import json, shutil
 from pretrain.engine import init_distributed
 init_distributed()
 print(json.dumps({"ninja": shutil.which("ninja")}))
