@@ -28,7 +28,7 @@ from pretrain.data import PhaseData, RankBatches, open_phase_data
 from pretrain.ds_config import precision_of, read_ds_json
 from pretrain.engine import DistInfo, build_engine, client_optimizer
 from pretrain.metrics import MetricsWriter, StepCounts, Throughput, flops_per_sequence, peak_tflops
-from pretrain.model import build_model, count_parameters
+from pretrain.model.bert import build_model, count_parameters
 from pretrain.schedule import WarmupPolyDecay
 from pretrain.train import RunPlan, bert_config_from_plan, plan_run
 from pretrain.trainer import PhaseState, PhaseTrainer, StepResult, StopRequest, TrainerJob

@@ -204,7 +204,7 @@ def bias_growth_run(args: argparse.Namespace, adapt_all_override: bool | None) -
     from pretrain.config import load_config
     from pretrain.ds_config import deep_merge, phase_ds_config
     from pretrain.engine import build_engine
-    from pretrain.model import bert_config, build_model
+    from pretrain.model.bert import bert_config, build_model
     from pretrain.schedule import WarmupPolyDecay
 
     micro, seq, vocab, predictions = 32, 32, 1000, 5

@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pretrain.data import Collator, RankBatches, open_phase_data  # noqa: E402
-from pretrain.model import bert_config, build_model  # noqa: E402
+from pretrain.model.bert import bert_config, build_model  # noqa: E402
 from pretrain.packing import PackingMeter  # noqa: E402
 
 

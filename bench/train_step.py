@@ -40,7 +40,7 @@ from pretrain.checkpointing.checkpoint import CheckpointManager  # noqa: E402
 from pretrain.config import load_config  # noqa: E402
 from pretrain.engine import build_engine, init_distributed  # noqa: E402
 from pretrain.metrics import MetricsWriter, Throughput  # noqa: E402
-from pretrain.model import build_model  # noqa: E402
+from pretrain.model.bert import build_model  # noqa: E402
 from pretrain.optim.lamb import ExactLamb, weight_decay_param_groups  # noqa: E402
 from pretrain.schedule import WarmupPolyDecay  # noqa: E402
 from pretrain.stop_request import StopRequest  # noqa: E402

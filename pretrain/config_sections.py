@@ -84,7 +84,7 @@ class ModelSection:
 
     preset: str = setting(
         "bert-large",
-        "bert-large | bert-base | bert-mini | tiny (sizes: pretrain/model.py)",
+        "bert-large | bert-base | bert-mini | tiny (sizes: pretrain/model/bert.py)",
     )
     overrides: dict[str, Any] = setting(
         {},

@@ -34,7 +34,7 @@ from data_prep.atomic_io import sha256_file
 from data_prep.shards import Manifest, ShardReader
 from pretrain.config_sections import ConfigError
 from pretrain.errors import DataError
-from pretrain.model import IGNORE_INDEX
+from pretrain.model.bert import IGNORE_INDEX
 from pretrain.packing import pack_masked_instances
 from pretrain.shard_checks import SPECIAL_TOKENS, check_phase_shards
 

@@ -39,7 +39,7 @@ from transformers import AutoModelForPreTraining, BertConfig, BertForPreTraining
 
 from data_prep.atomic_io import atomic_write_json
 from pretrain.checkpointing.checkpoint import consolidated_state_dict, read_run_config, split_checkpoint_path
-from pretrain.model import SparseBertForPreTraining
+from pretrain.model.bert import SparseBertForPreTraining
 from pretrain.model_card import card_facts, write_model_card
 
 EXPORT_INFO = "export_info.json"

@@ -18,7 +18,7 @@ from batch to batch; the model computes the same losses it would unpacked:
                                     (its position 0, as unpacked), IGNORE_INDEX
 
 The MLM targets are per instance, not per row, because the head runs on every slot (a fixed-size
-gather, no host sync: pretrain/model.py): per-row slots would be K*max_predictions per row, mostly
+gather, no host sync: pretrain/model/bert.py): per-row slots would be K*max_predictions per row, mostly
 empty, i.e. up to K times the head rows of the unpacked layout. Per instance, the head runs on exactly
 instances*max_predictions rows in both layouts, and the labels come out in the unpacked order.
 
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pretrain.model import IGNORE_INDEX, block_diagonal_mask
+from pretrain.model.bert import IGNORE_INDEX, block_diagonal_mask
 
 __all__ = ["MAX_INSTANCES_PER_ROW", "PackingMeter", "block_diagonal_mask", "first_fit_decreasing",
            "pack_masked_instances"]

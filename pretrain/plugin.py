@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # types of the floors below this one only (tests/pretrain/tes
 ENTRY_POINT_GROUP = "bert_ds.plugins"
 
 # (output, batch, state) -> (extra loss term, numbers to log as the mean over micro-batches and ranks); `output`
-# is pretrain.model.PretrainingOutput, `state` the trainer's PhaseState.
+# is pretrain.model.bert.PretrainingOutput, `state` the trainer's PhaseState.
 ExtraLoss = Callable[[Any, "dict[str, torch.Tensor]", Any], "tuple[torch.Tensor, dict[str, float | torch.Tensor]]"]
 
 

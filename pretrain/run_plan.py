@@ -20,7 +20,7 @@ from pretrain.dist import DistInfo
 from pretrain.ds_config import phase_ds_config, precision_of
 from pretrain.engine import check_ds_config
 from pretrain.lifetime import RunFolderBusyError, hold_run_folder
-from pretrain.model import bert_config
+from pretrain.model.bert import bert_config
 from pretrain.preflight import check_run_shards, model_overrides
 from pretrain.schedule import WarmupPolyDecay
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pretrain.model import IGNORE_INDEX, PretrainingOutput
+from pretrain.model.bert import IGNORE_INDEX, PretrainingOutput
 
 # summed on the device, one slot each
 DEVICE_SUMS = ("mlm_loss_sum", "nsp_loss_sum", "mlm_correct", "nsp_correct", "nonfinite")

@@ -61,7 +61,7 @@ from pretrain.errors import UserError
 from pretrain.export import EXPORT_INFO, export_checkpoint, load_weights
 from pretrain.lifetime import release_run_folder
 from pretrain.metrics import MetricsWriter, Throughput, flops_per_sequence, peak_tflops
-from pretrain.model import build_model, count_parameters
+from pretrain.model.bert import build_model, count_parameters
 from pretrain.optim.lamb import ExactLamb, bind_zero_layout
 from pretrain.plugin import PluginStack, TrainingPlugin, build_plugin
 from pretrain.run_plan import PhasePlan, RunPlan, bert_config_from_plan, plan_on_rank0, plan_run

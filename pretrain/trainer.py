@@ -44,7 +44,7 @@ from pretrain.dist import DistInfo
 from pretrain.engine_parts import client_optimizer
 from pretrain.loader import model_inputs, stream_batches
 from pretrain.metrics import MetricsWriter, StepCounts, Throughput, memory_stats
-from pretrain.model import PretrainingOutput
+from pretrain.model.bert import PretrainingOutput
 from pretrain.optim.lamb import ExactLamb
 from pretrain.plugin import ExtraLoss, StepAgreement, TrainingPlugin
 from pretrain.step_stats import StepSums, host_values_to_device, labelled_slots

@@ -54,13 +54,13 @@ from pretrain.codistill.teacher import (
     soft_targets,
 )
 from pretrain.dist import DistInfo
-from pretrain.model import IGNORE_INDEX, masked_lm_loss_sum
+from pretrain.model.bert import IGNORE_INDEX, masked_lm_loss_sum
 from pretrain.plugin import ExtraLoss, JobShare, PhaseView, StepAgreement, TrainingPlugin
 from pretrain.step_stats import host_values_to_device
 
 if TYPE_CHECKING:
     from pretrain.config_sections import RunConfig
-    from pretrain.model import PretrainingOutput
+    from pretrain.model.bert import PretrainingOutput
     from pretrain.trainer import PhaseState
 
 TEACHERS_FILE = "codistill_teachers.pt"

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from pretrain.engine import full_parameters
-from pretrain.model import SparseBertForPreTraining, build_model
+from pretrain.model.bert import SparseBertForPreTraining, build_model
 
 
 def zero_stage(engine: Any) -> int:

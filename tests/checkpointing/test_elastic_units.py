@@ -18,7 +18,7 @@ from pretrain.checkpointing.manifest import MANIFEST, damage, file_owner, own_en
 from pretrain.config import ConfigError
 from pretrain.data import RankBatches, ValidationBatches, open_phase_data
 from pretrain.errors import ResumeError
-from pretrain.model import IGNORE_INDEX
+from pretrain.model.bert import IGNORE_INDEX
 from pretrain.trainer import PhaseState
 from tests.support.pretrain_fixtures import build_shards
 

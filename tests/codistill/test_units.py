@@ -12,7 +12,7 @@ from pretrain.checkpointing.checkpoint import record_tied_parameters
 from pretrain.codistill.config import CodistillConfigError, CodistillSection, check_codistill
 from pretrain.codistill.groups import GroupLayout
 from pretrain.codistill.teacher import distillation_loss, flat_weights, load_flat, make_teacher, soft_targets
-from pretrain.model import bert_config, build_model
+from pretrain.model.bert import bert_config, build_model
 
 
 @pytest.mark.parametrize(("world", "groups", "rank", "group", "group_rank", "exchange"), [

@@ -27,7 +27,7 @@ from deepspeed.accelerator import get_accelerator
 from pretrain.config import load_config
 from pretrain.ds_config import phase_ds_config
 from pretrain.engine import build_engine, init_distributed
-from pretrain.model import bert_config, build_model
+from pretrain.model.bert import bert_config, build_model
 from pretrain.schedule import WarmupPolyDecay
 from tests.support.paths import REPO_ROOT
 

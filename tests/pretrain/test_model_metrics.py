@@ -9,7 +9,7 @@ import torch
 from transformers import BertForPreTraining
 
 from pretrain.metrics import StepCounts, Throughput, flops_per_sequence
-from pretrain.model import bert_config, build_model, count_parameters
+from pretrain.model.bert import bert_config, build_model, count_parameters
 from pretrain.packing import pack_masked_instances
 
 

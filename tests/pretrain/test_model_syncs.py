@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from pretrain.data import Collator, RankBatches, open_phase_data
 from pretrain.loader import model_inputs
-from pretrain.model import bert_config, build_model
+from pretrain.model.bert import bert_config, build_model
 from tests.support.pretrain_fixtures import build_shards
 
 

@@ -12,7 +12,13 @@ import torch
 import torch.nn.functional as F
 
 from pretrain.data import Collator, RankBatches, open_phase_data
-from pretrain.model import IGNORE_INDEX, PretrainingOutput, SparseBertForPreTraining, bert_config, build_model
+from pretrain.model.bert import (
+    IGNORE_INDEX,
+    PretrainingOutput,
+    SparseBertForPreTraining,
+    bert_config,
+    build_model,
+)
 from pretrain.packing import MAX_INSTANCES_PER_ROW, PackingMeter, first_fit_decreasing
 from tests.support.pretrain_fixtures import build_shards, short_instances_at_64, tiny_run_config
 

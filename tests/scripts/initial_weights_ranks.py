@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from pretrain.config import ConfigError
 from pretrain.engine import init_distributed
-from pretrain.model import bert_config, build_model
+from pretrain.model.bert import bert_config, build_model
 from pretrain.train import load_initial_weights
 
 

@@ -17,7 +17,7 @@ from pretrain.config import load_config
 from pretrain.data import RankBatches
 from pretrain.engine import build_engine, init_distributed
 from pretrain.metrics import MetricsWriter, Throughput
-from pretrain.model import build_model
+from pretrain.model.bert import build_model
 from pretrain.schedule import WarmupPolyDecay
 from pretrain.stop_request import StopRequest
 from pretrain.train import bert_config_from_plan, plan_run
