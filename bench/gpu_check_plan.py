@@ -17,7 +17,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from pretrain.config import load_config
+from pretrain.config.load import load_config
 
 LAMB_STAGE = "lamb"
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from bench.gpu_check_estimate import PhaseRun
 from bench.gpu_check_plan import shape_of
-from pretrain.config import load_config
-from pretrain.ds_config import read_ds_json
+from pretrain.config.deepspeed import read_ds_json
+from pretrain.config.load import load_config
 
 TRAIN_HEADER = (
     "| row | model | seq | micro x A | data | timer | optimizer / LAMB step | step s | ms / micro | inst/s | "

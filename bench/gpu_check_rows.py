@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from pretrain.config import load_config
-from pretrain.ds_config import phase_ds_config
+from pretrain.config.deepspeed import phase_ds_config
+from pretrain.config.load import load_config
 from pretrain.model.bert import bert_config, build_model
 from pretrain.optim.lamb import ExactLamb, weight_decay_param_groups
 from pretrain.optim.zero_layout import ZeroLayout, partition_from_ranges

@@ -1,6 +1,6 @@
 """Synthetic training shards for bench/gpu_check.py, in the data_prep format, with the lengths real data has.
 
-The training rows read these through the real `pretrain.data.RankBatches` and the driver's DataLoader, so
+The training rows read these through the real `pretrain.data.batches.RankBatches` and the driver's DataLoader, so
 the check pays for reading, dynamic masking and collation as a run does. Token ids are random (the
 content does not change the speed); what matters is the length of each instance, which decides the
 padding of a batch, and with it which attention path runs:

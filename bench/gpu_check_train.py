@@ -23,9 +23,9 @@ import torch
 from bench.gpu_check_plan import GroupSpec, RowSpec
 from bench.gpu_check_shards import ShardCache
 from pretrain.checkpointing.checkpoint import CheckpointManager
-from pretrain.config import RunConfig, load_config
-from pretrain.data import PhaseData, RankBatches, open_phase_data
-from pretrain.ds_config import precision_of, read_ds_json
+from pretrain.config.deepspeed import precision_of, read_ds_json
+from pretrain.config.load import RunConfig, load_config
+from pretrain.data.batches import PhaseData, RankBatches, open_phase_data
 from pretrain.engine import DistInfo, build_engine, client_optimizer
 from pretrain.metrics import MetricsWriter, StepCounts, Throughput, flops_per_sequence, peak_tflops
 from pretrain.model.bert import build_model, count_parameters

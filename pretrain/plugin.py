@@ -1,6 +1,6 @@
 """The hooks an optional training feature plugs into, and how the core finds one: a one-way dependency.
 
-The core (pretrain/config.py, pretrain/train.py, pretrain/trainer.py) imports only this module and
+The core (pretrain/config/load.py, pretrain/train.py, pretrain/trainer.py) imports only this module and
 never a plug-in; a plug-in (pretrain/codistill/) imports the core, subclasses `TrainingPlugin` and
 registers a `PluginSpec` under the entry-point group `bert_ds.plugins`, named after its RUN.json
 section (pyproject.toml):
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:  # types of the floors below this one only (tests/pretrain/test_import_layers.py)
     import torch
 
-    from pretrain.config_sections import PhaseSection, RunConfig
+    from pretrain.config.sections import PhaseSection, RunConfig
     from pretrain.dist import DistInfo
 
 ENTRY_POINT_GROUP = "bert_ds.plugins"
@@ -204,13 +204,13 @@ class PluginSpec:
     """What a plug-in registers (the entry point's object): light to import, no torch."""
 
     name: str  # its RUN.json section, equal to its entry-point name
-    section: type  # the section's dataclass, keys declared with pretrain.config_sections.setting(default, doc)
+    section: type  # the section's dataclass, keys declared with pretrain.config.sections.setting(default, doc)
     # (section, whole RunConfig) -> None; ValueError naming the dotted key (cross-section checks included)
     check: Callable[[Any, RunConfig], None]
     # (RunConfig, world DistInfo) -> the plug-in, or None when the section turns it off. Collective.
     build: Callable[[RunConfig, DistInfo], TrainingPlugin | None]
     # (section, ranks in the job) -> the data-parallel ranks of one model (what `job_share` will say), without
-    # processes: the launch-time batch check (pretrain/preflight.py). None: that check leaves the batch to the ranks.
+    # processes: the launch-time batch check (pretrain/launch/preflight.py). None: that check leaves the batch to the ranks.
     data_parallel_size: Callable[[Any, int], int] | None = None
 
 

@@ -14,14 +14,14 @@ import torch.distributed as dist
 from transformers import BertConfig
 
 from data_prep.shards import ShardFormatError
-from pretrain.config_sections import ConfigError, RunConfig
-from pretrain.data import DataConfigError, PhaseData, open_phase_data
+from pretrain.config.deepspeed import phase_ds_config, precision_of
+from pretrain.config.sections import ConfigError, RunConfig
+from pretrain.data.batches import DataConfigError, PhaseData, open_phase_data
 from pretrain.dist import DistInfo
-from pretrain.ds_config import phase_ds_config, precision_of
 from pretrain.engine import check_ds_config
-from pretrain.lifetime import RunFolderBusyError, hold_run_folder
+from pretrain.launch.lifetime import RunFolderBusyError, hold_run_folder
+from pretrain.launch.preflight import check_run_shards, model_overrides
 from pretrain.model.bert import bert_config
-from pretrain.preflight import check_run_shards, model_overrides
 from pretrain.schedule import WarmupPolyDecay
 
 
@@ -48,7 +48,7 @@ class RunPlan:
 def plan_run(config: RunConfig, dist_info: DistInfo, verify_checksums: bool) -> RunPlan:
     """Every check that needs files, before any model or engine exists. Raises ConfigError/DataConfigError.
 
-    The launch-time check's functions first (pretrain/preflight.py: the same messages as `./launch.sh`
+    The launch-time check's functions first (pretrain/launch/preflight.py: the same messages as `./launch.sh`
     gives before any rank starts), then what only a rank does: hash the shards, build the model config.
     """
     shards = check_run_shards(config)

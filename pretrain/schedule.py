@@ -22,7 +22,7 @@ class ScheduleError(ValueError):
 def check_schedule(total_steps: int, warmup_fraction: float, power: float) -> None:
     """The schedule's ranges, checked here once: by the schedule itself and by the config check.
 
-    The config check (pretrain/config.py) calls this before any process group exists and renames
+    The config check (pretrain/config/load.py) calls this before any process group exists and renames
     `ScheduleError.field` to its own keys (phaseN.steps, .warmup_fraction, .decay_power).
     """
     if total_steps <= 0:

@@ -14,7 +14,7 @@ pretrain/plugin.py; this module never imports one, and without a plug-in section
 are the plain run. A caller (tests) adds its own TrainingPlugin objects the same way: `train(config,
 extensions=[...])` / `main(argv, extensions=[...])` (PluginStack: they run after the config's plug-in).
 
-`--help` is answered before torch and DeepSpeed are imported (pretrain/train_cli.py), hence the
+`--help` is answered before torch and DeepSpeed are imported (pretrain/config/cli.py), hence the
 imports after that check (E402 off for this file).
 """
 # ruff: noqa: E402
@@ -24,7 +24,7 @@ from __future__ import annotations
 import sys
 
 if __name__ == "__main__" and {"-h", "--help"} & set(sys.argv[1:]):
-    from pretrain.train_cli import parse_args
+    from pretrain.config.cli import parse_args
 
     parse_args(sys.argv[1:])  # prints every key with its doc and exits 0, in a fraction of a second
 
@@ -50,24 +50,24 @@ from pretrain.checkpointing.checkpoint import (
     split_checkpoint_path,
 )
 from pretrain.checkpointing.elastic import prepare_resume
+from pretrain.checkpointing.export import EXPORT_INFO, export_checkpoint, load_weights
 from pretrain.checkpointing.manifest import resolve_resume_tag
-from pretrain.config import load_config
-from pretrain.config_sections import ConfigError, RunConfig
-from pretrain.data import DataConfigError, RankBatches
+from pretrain.config.cli import parse_args
+from pretrain.config.deepspeed import precision_of
+from pretrain.config.load import load_config
+from pretrain.config.sections import ConfigError, RunConfig
+from pretrain.data.batches import DataConfigError, RankBatches
 from pretrain.dist import DistInfo
-from pretrain.ds_config import precision_of
 from pretrain.engine import build_engine, client_optimizer, init_distributed
 from pretrain.errors import UserError
-from pretrain.export import EXPORT_INFO, export_checkpoint, load_weights
-from pretrain.lifetime import release_run_folder
+from pretrain.launch.lifetime import release_run_folder
 from pretrain.metrics import MetricsWriter, Throughput, flops_per_sequence, peak_tflops
 from pretrain.model.bert import build_model, count_parameters
 from pretrain.optim.lamb import ExactLamb, bind_zero_layout
 from pretrain.plugin import PluginStack, TrainingPlugin, build_plugin
+from pretrain.report.quality import QualitySettings
 from pretrain.run_plan import PhasePlan, RunPlan, bert_config_from_plan, plan_on_rank0, plan_run
 from pretrain.stop_request import StopRequest
-from pretrain.time_to_quality import QualitySettings
-from pretrain.train_cli import parse_args
 from pretrain.trainer import NonFiniteLossError, PhaseState, PhaseTrainer, TrainerJob
 
 RESOLVED_CONFIG = "config.resolved.json"

@@ -19,7 +19,7 @@ rule is tested without DeepSpeed or sleeping, and the run config can check the k
 
 from __future__ import annotations
 
-from pretrain.config_sections import CheckpointSection, ConfigError
+from pretrain.config.sections import CheckpointSection, ConfigError
 
 
 def check_cadence(section: CheckpointSection) -> None:

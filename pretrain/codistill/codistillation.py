@@ -59,7 +59,7 @@ from pretrain.plugin import ExtraLoss, JobShare, PhaseView, StepAgreement, Train
 from pretrain.step_stats import host_values_to_device
 
 if TYPE_CHECKING:
-    from pretrain.config_sections import RunConfig
+    from pretrain.config.sections import RunConfig
     from pretrain.model.bert import PretrainingOutput
     from pretrain.trainer import PhaseState
 

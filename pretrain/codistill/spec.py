@@ -14,7 +14,7 @@ from pretrain.codistill.config import CodistillConfigError, CodistillSection, ch
 from pretrain.plugin import PluginSpec, TrainingPlugin
 
 if TYPE_CHECKING:
-    from pretrain.config_sections import RunConfig
+    from pretrain.config.sections import RunConfig
     from pretrain.dist import DistInfo
 
 NAME = "codistill"

@@ -114,7 +114,7 @@ def read_step_records(run_dir: Path) -> list[dict]:
 
 
 def squad_scores(evaluate_output: list[str]) -> dict[str, float] | None:
-    """The {"exact_match": ..., "f1": ...} line `pretrain.squad evaluate` prints."""
+    """The {"exact_match": ..., "f1": ...} line `pretrain.finetune.squad evaluate` prints."""
     for line in reversed(evaluate_output):
         try:
             scores = json.loads(line)

@@ -11,7 +11,7 @@ import pytest
 from bench.gpu_check_args import parse_args
 from bench.gpu_check_estimate import Network, PhaseRun, comparisons, estimate, estimate_markdown, step_times
 from bench.gpu_check_plan import LAMB_STAGE, build_plan, row_names
-from pretrain.config import load_config
+from pretrain.config.load import load_config
 from tests.support.paths import REPO_ROOT
 
 P = 335_000_000  # made-up parameter count

@@ -85,7 +85,7 @@ def test_cpu_ranks_and_single_process(tmp_path: Path, run_json: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert printed_commands(proc.stdout)[-1] == [
-        FAKE_PYTHON, "-u", "-m", "pretrain.squad", "finetune", "--model", "m", "--dev", "d", "--out", "o",
+        FAKE_PYTHON, "-u", "-m", "pretrain.finetune.squad", "finetune", "--model", "m", "--dev", "d", "--out", "o",
     ]  # fmt: skip
 
 

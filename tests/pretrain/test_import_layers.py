@@ -16,7 +16,7 @@ from tests.support.paths import REPO_ROOT
 
 PACKAGES = ("pretrain", "data_prep")
 # modules every floor may use: they import nothing of the project (plugin.py: types only, from these)
-GROUND = ("pretrain.errors", "pretrain.dist", "pretrain.checkpointing.layout", "pretrain.config_sections")
+GROUND = ("pretrain.errors", "pretrain.dist", "pretrain.checkpointing.layout", "pretrain.config.sections")
 
 
 def module_name(path: Path) -> str:
@@ -96,7 +96,7 @@ def test_the_ground_floor_and_the_plugin_contract_import_nothing_above_them() ->
         assert graph[leaf] <= set(GROUND), f"{leaf} imports {graph[leaf] - set(GROUND)}"
     # the contract: types of the ground floor only, so no hook can hand back a core object from above
     assert graph["pretrain.plugin"] <= set(GROUND), graph["pretrain.plugin"]
-    assert "pretrain.config_doc" not in {t for targets in graph.values() for t in targets} - {"pretrain.config_doc"}
+    assert "pretrain.config.doc" not in {t for targets in graph.values() for t in targets} - {"pretrain.config.doc"}
     height = floors(graph)
     assert height["pretrain.train"] > height["pretrain.trainer"] > height["pretrain.plugin"] > height["pretrain.errors"]
 

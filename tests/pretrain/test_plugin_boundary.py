@@ -83,7 +83,7 @@ def test_a_plain_config_loads_no_plugin_module_and_a_codistill_section_only_its_
     code = (  # what pretrain.train.main does before a run: parse the command line, load the config
         "import json, sys\n"
         "import pretrain.trainer\n"
-        "from pretrain.config import load_config\n"
+        "from pretrain.config.load import load_config\n"
         "from pretrain.train import parse_args\n"
         "loaded = lambda: sorted(m for m in sys.modules if m.startswith('pretrain.codistill'))\n"
         f"plain = load_config(*parse_args(['--config', {str(run_json)!r}, '--phase1.steps=3']))\n"

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from pretrain.config import ConfigError, RunConfig, load_config
-from pretrain.data import (
+from pretrain.config.deepspeed import resolve_batch, resolve_precision
+from pretrain.config.load import ConfigError, RunConfig, load_config
+from pretrain.data.batches import (
     DataConfigError,
     RankBatches,
     Vocab,
@@ -18,7 +19,6 @@ from pretrain.data import (
     open_phase_data,
     partition_indices,
 )
-from pretrain.ds_config import resolve_batch, resolve_precision
 from pretrain.schedule import WarmupPolyDecay
 from tests.support.paths import REPO_ROOT
 from tests.support.pretrain_fixtures import build_shards, tiny_run_config
@@ -262,7 +262,7 @@ def test_run_config_round_trips_through_json(run_json: Path) -> None:
 
 @pytest.mark.parametrize("run_file", sorted((REPO_ROOT / "ds_configs" / "recipes").glob("*.json")))
 def test_shipped_run_configs_resolve_for_8_gpus(run_file: Path) -> None:
-    from pretrain.ds_config import phase_ds_config
+    from pretrain.config.deepspeed import phase_ds_config
 
     config = load_config(run_file)
     for name in config.run.phases:
@@ -287,7 +287,7 @@ def test_codistillation_recipe_is_two_32k_bert_large_groups_on_disjoint_halves()
 
 
 def test_recipe_numbers_of_bert_large_64k() -> None:
-    from pretrain.ds_config import phase_ds_config
+    from pretrain.config.deepspeed import phase_ds_config
 
     config = load_config(REPO_ROOT / "ds_configs" / "recipes" / "bert_large_64k.json")
     p1 = phase_ds_config(config, "phase1", 8, "cuda", True)

@@ -1,0 +1,183 @@
+"""What the fine-tune commands (pretrain/finetune/squad, pretrain/finetune/glue) share: flags from a typed config, the engine dict.
+
+One home per setting, as in pretraining (pretrain/config/deepspeed.py): a fine-tune's flags own lr, schedule,
+batch sizes and precision; its DeepSpeed JSON (--ds-config) holds engine mechanics only, and one that
+sets an owned key is refused naming the flag. Both commands declare their flags once, as the fields
+of a frozen dataclass (``flag``), and ``add_config_arguments`` builds the command line from them, so
+the flags and their documentation cannot drift apart.
+
+No torch here, and numpy only inside ``micro_batches``: ``--help`` and the scorers stay light.
+Errors are ``ConfigError`` (one line naming the flag or file); each command turns them into its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+from pretrain.config.deepspeed import (
+    deep_merge,
+    read_ds_json,
+    refuse_owned_keys,
+    resolve_batch,
+    resolve_precision,
+)
+from pretrain.config.sections import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+# Where the settings a fine-tune's DeepSpeed JSON must not set live: the finetune flags.
+FINETUNE_OWNERS = {"batch_size": "--batch-size", "micro_batch_size": "--micro-batch-size",
+                   "gradient_accumulation_steps": "--gradient-accumulation-steps", "lr": "--lr",
+                   "precision": "--precision", "schedule": "--warmup-fraction"}
+BATCH_FLAGS = ("--batch-size", "--micro-batch-size", "--gradient-accumulation-steps")
+
+
+class EngineSettings(Protocol):
+    """The flags an engine dict is built from (FinetuneConfig in squad, GlueConfig in glue)."""
+
+    ds_config: Path
+    lr: float
+    batch_size: int
+    micro_batch_size: int | None
+    gradient_accumulation_steps: int | None
+    precision: str
+
+
+def read_engine_json(ds_config: Path) -> dict[str, Any]:
+    """--ds-config read and refused when it sets what a flag owns (no process group needed: checked early)."""
+    where = f"--ds-config {ds_config}"
+    ds = read_ds_json(ds_config, where)
+    refuse_owned_keys(ds, where, FINETUNE_OWNERS, home="the command line", fix="pass {}")
+    return ds
+
+
+def engine_ds_config(settings: EngineSettings, world_size: int, device_type: str,
+                     bf16_supported: bool) -> dict[str, Any]:
+    """The engine's dict: the JSON's mechanics + the flags' lr, batch for `world_size` ranks and precision."""
+    ds = read_engine_json(settings.ds_config)
+    ds = deep_merge(ds, {"optimizer": {"params": {"lr": settings.lr}}})
+    accumulation = settings.gradient_accumulation_steps
+    if accumulation is None and settings.micro_batch_size is None:
+        accumulation = 1  # the whole global batch in one micro-batch per rank
+    ds.update(resolve_batch(settings.batch_size, settings.micro_batch_size, accumulation, world_size, BATCH_FLAGS))
+    return resolve_precision(quiet_timers(ds), settings.precision, device_type, bf16_supported)
+
+
+def quiet_timers(ds: dict[str, Any]) -> dict[str, Any]:
+    """DeepSpeed's throughput timer off unless the JSON turns it on.
+
+    Enabled by default, it synchronises the device at the start and the end of every step (two host
+    syncs a step on a GPU) to print a samples/s figure we never print (steps_per_print is huge). An
+    explicit ``"timers": {"throughput": {"enabled": true}}`` in the JSON is kept.
+    """
+    timers = ds.get("timers", {})
+    throughput = timers.get("throughput", {}) if isinstance(timers, dict) else None
+    if not isinstance(throughput, dict) or "enabled" in throughput:
+        return ds  # set by the JSON (or malformed: DeepSpeed names it)
+    return deep_merge(ds, {"timers": {"throughput": {"enabled": False}}})
+
+
+def micro_batches(num_items: int, micro: int, world_size: int, rank: int, seed: int) -> Iterator[list[int]]:
+    """This rank's micro-batches, forever: one shuffled pass per epoch, the same order on every rank.
+
+    Each round hands ``micro`` consecutive indices of the stream to each rank, so the ranks of one
+    round see disjoint items, and together they see every item once per epoch (a round that
+    crosses an epoch boundary finishes with the next epoch's first items).
+    """
+    import numpy as np
+
+    per_round = micro * world_size
+    epoch = 0
+    stream = np.empty(0, dtype=np.int64)
+    position = 0
+    while True:
+        while len(stream) - position < per_round:
+            fresh = np.random.default_rng([seed, epoch]).permutation(num_items)
+            stream = np.concatenate([stream[position:], fresh])
+            position = 0
+            epoch += 1
+        mine = stream[position + rank * micro : position + (rank + 1) * micro]
+        position += per_round
+        yield mine.tolist()
+
+
+def flag(default: Any, doc: str, choices: tuple[Any, ...] | None = None, required: bool = False) -> Any:
+    """A config field with what its command-line flag needs (doc, choices, required)."""
+    return dataclasses.field(default=default, metadata={"doc": doc, "choices": choices, "required": required})
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, config_class: type) -> None:
+    """`--name-with-dashes` for every field of `config_class` (declared with ``flag``): type, default, choices, doc."""
+    hints = typing.get_type_hints(config_class)
+    for spec in dataclasses.fields(config_class):
+        option, doc = "--" + spec.name.replace("_", "-"), spec.metadata["doc"]
+        kind = hints[spec.name]
+        if kind is bool:
+            parser.add_argument(option, action="store_true", help=doc)
+            continue
+        options = [a for a in typing.get_args(kind) if a is not type(None)] or [kind]
+        extra: dict[str, Any] = {"choices": spec.metadata["choices"]} if spec.metadata.get("choices") else {}
+        if spec.metadata.get("required"):
+            extra["required"] = True
+        else:
+            extra["default"] = spec.default
+            doc += " (default: %(default)s)"
+        parser.add_argument(option, type=options[0], help=doc, **extra)
+    # The deepspeed launcher appends --local_rank=N; the rank comes from the environment instead.
+    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
+
+
+def config_from_args(args: argparse.Namespace, config_class: type) -> Any:
+    fields = {name: getattr(args, name) for name in config_class.__dataclass_fields__ if hasattr(args, name)}
+    return config_class(**fields)
+
+
+def check_positive(values: dict[str, float | int | None]) -> None:
+    """ConfigError naming the first flag (by its field name) whose value is set and not > 0."""
+    for name, value in values.items():
+        if value is not None and value <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneCommand:
+    """`python -m pretrain.<package> {evaluate,finetune}`: what differs between the fine-tune commands.
+
+    `package` holds `evaluate` (add_arguments, run), `finetune_args` (add_arguments, torch-free) and
+    `finetune` (run; torch, transformers, DeepSpeed: imported only for that command)."""
+
+    package: str
+    description: str
+    evaluate_help: str
+    finetune_help: str
+    format_error: type[Exception]  # a bad input file: one line, exit 2
+
+    def parser(self) -> argparse.ArgumentParser:
+        import importlib
+
+        parser = argparse.ArgumentParser(prog=f"python -m {self.package}", description=self.description)
+        commands = parser.add_subparsers(dest="command", required=True)
+        importlib.import_module(f"{self.package}.evaluate").add_arguments(
+            commands.add_parser("evaluate", help=self.evaluate_help))
+        importlib.import_module(f"{self.package}.finetune_args").add_arguments(
+            commands.add_parser("finetune", help=self.finetune_help))
+        return parser
+
+    def main(self, argv: list[str] | None = None) -> int:
+        import importlib
+        import sys
+
+        args = self.parser().parse_args(argv)
+        module = "evaluate" if args.command == "evaluate" else "finetune"
+        try:
+            return importlib.import_module(f"{self.package}.{module}").run(args)
+        except self.format_error as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+
