@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import sys
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,14 +30,44 @@ from pretrain.config.deepspeed import (
 )
 from pretrain.config.sections import ConfigError
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+VOCAB_FILES = ("tokenizer.json", "vocab.txt")
 
 # Where the settings a fine-tune's DeepSpeed JSON must not set live: the finetune flags.
 FINETUNE_OWNERS = {"batch_size": "--batch-size", "micro_batch_size": "--micro-batch-size",
                    "gradient_accumulation_steps": "--gradient-accumulation-steps", "lr": "--lr",
                    "precision": "--precision", "schedule": "--warmup-fraction"}
 BATCH_FLAGS = ("--batch-size", "--micro-batch-size", "--gradient-accumulation-steps")
+
+
+class FinetuneFormatError(ValueError):
+    """A fine-tune's input file, model folder or flag that cannot be used as it is (one line, exit 2).
+    SquadFormatError and GlueFormatError are its kinds, one per task's files."""
+
+
+def check_model_dir(path: Path) -> dict:
+    """Return the Hugging Face BERT folder's config.json before anything heavy is loaded (no torch);
+    raise a FinetuneFormatError naming what is missing or wrong."""
+    if not path.is_dir():
+        raise FinetuneFormatError(f"--model {path}: not a folder (expected a Hugging Face BERT checkpoint folder)")
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise FinetuneFormatError(f"--model {path}: no config.json")
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise FinetuneFormatError(f"{config_path}: malformed JSON: {err}") from None
+    if not isinstance(config, dict):
+        raise FinetuneFormatError(f"{config_path}: expected a JSON object")
+    if config.get("model_type") not in (None, "bert"):
+        raise FinetuneFormatError(f"{config_path}: model_type is {config.get('model_type')!r}; this fine-tuner needs a BERT")
+    if not any((path / name).is_file() for name in WEIGHT_FILES):
+        raise FinetuneFormatError(f"--model {path}: no weights (looked for {', '.join(WEIGHT_FILES)})")
+    if not any((path / name).is_file() for name in VOCAB_FILES):
+        raise FinetuneFormatError(f"--model {path}: no vocabulary (looked for {', '.join(VOCAB_FILES)})")
+    return config
 
 
 class EngineSettings(Protocol):
@@ -146,38 +178,38 @@ def check_positive(values: dict[str, float | int | None]) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
+class Subcommand:
+    """One subcommand of a fine-tune command: its help line, its flags and what runs it (each a callable,
+    handed in by the command's own ``__main__``: this module names no fine-tune package)."""
+
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+@dataclasses.dataclass(frozen=True)
 class FinetuneCommand:
-    """`python -m pretrain.<package> {evaluate,finetune}`: what differs between the fine-tune commands.
+    """`python -m pretrain.finetune.<task> {evaluate,finetune}`: the plumbing both commands share.
 
-    `package` holds `evaluate` (add_arguments, run), `finetune_args` (add_arguments, torch-free) and
-    `finetune` (run; torch, transformers, DeepSpeed: imported only for that command)."""
+    A bad input file or flag (a FinetuneFormatError) is one line on stderr and exit 2."""
 
-    package: str
+    prog: str
     description: str
-    evaluate_help: str
-    finetune_help: str
-    format_error: type[Exception]  # a bad input file: one line, exit 2
+    evaluate: Subcommand
+    finetune: Subcommand
 
     def parser(self) -> argparse.ArgumentParser:
-        import importlib
-
-        parser = argparse.ArgumentParser(prog=f"python -m {self.package}", description=self.description)
+        parser = argparse.ArgumentParser(prog=self.prog, description=self.description)
         commands = parser.add_subparsers(dest="command", required=True)
-        importlib.import_module(f"{self.package}.evaluate").add_arguments(
-            commands.add_parser("evaluate", help=self.evaluate_help))
-        importlib.import_module(f"{self.package}.finetune_args").add_arguments(
-            commands.add_parser("finetune", help=self.finetune_help))
+        for name, command in (("evaluate", self.evaluate), ("finetune", self.finetune)):
+            command.add_arguments(commands.add_parser(name, help=command.help))
         return parser
 
     def main(self, argv: list[str] | None = None) -> int:
-        import importlib
-        import sys
-
         args = self.parser().parse_args(argv)
-        module = "evaluate" if args.command == "evaluate" else "finetune"
+        command = self.evaluate if args.command == "evaluate" else self.finetune
         try:
-            return importlib.import_module(f"{self.package}.{module}").run(args)
-        except self.format_error as err:
+            return command.run(args)
+        except FinetuneFormatError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
-

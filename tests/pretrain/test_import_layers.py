@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.pretrain.test_plugin_boundary import imported_names, package_of
+from tests.pretrain.test_plugin_boundary import computed_imports, imported_names, package_of
 from tests.support.paths import REPO_ROOT
 
 PACKAGES = ("pretrain", "data_prep")
@@ -99,6 +99,29 @@ def test_the_ground_floor_and_the_plugin_contract_import_nothing_above_them() ->
     assert "pretrain.config.doc" not in {t for targets in graph.values() for t in targets} - {"pretrain.config.doc"}
     height = floors(graph)
     assert height["pretrain.train"] > height["pretrain.trainer"] > height["pretrain.plugin"] > height["pretrain.errors"]
+
+
+def test_no_module_loads_project_code_by_a_computed_name() -> None:
+    """The graph above reads literal names only: a computed one (`import_module(f"{package}.finetune")`) would
+    hide an arrow, so callers hand callables down instead. Plug-ins load through pretrain/plugin.py's entry
+    points, which name their module in pyproject.toml, not in code."""
+    found = {str(path.relative_to(REPO_ROOT)): lines for package in PACKAGES
+             for path in (REPO_ROOT / package).rglob("*.py")
+             if (lines := computed_imports(path.read_text(encoding="utf-8")))}
+    assert not found, f"imports by a computed name (pass a callable instead): {found}"
+    hidden = 'import importlib\ndef parser(package):\n    return importlib.import_module(f"{package}.finetune")\n'
+    assert computed_imports(hidden) == [3] and computed_imports("__import__(name)") == [1]
+    assert computed_imports("importlib.import_module('pretrain.trainer')") == []
+
+
+def test_squad_and_glue_are_siblings_that_share_only_finetune_common() -> None:
+    graph = import_graph()
+    tasks = ("pretrain.finetune.squad", "pretrain.finetune.glue")
+    for task, other in (tasks, tasks[::-1]):
+        crossing = {m: sorted(t for t in targets if t.startswith(other + "."))
+                    for m, targets in graph.items() if m.startswith(task + ".")}
+        assert not any(crossing.values()), f"{task} imports {other}: {crossing}"
+    assert "pretrain.finetune.common" in graph["pretrain.finetune.glue.finetune"]
 
 
 def test_the_scan_finds_a_deferred_circle() -> None:

@@ -3,17 +3,31 @@ no torch; finetune imports it when it runs)."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 
-from pretrain.finetune.common import FinetuneCommand
-from pretrain.finetune.glue.data import GlueFormatError
+from pretrain.finetune.common import FinetuneCommand, Subcommand
+from pretrain.finetune.glue import evaluate, finetune_args
+
+
+def run_finetune(args: argparse.Namespace) -> int:
+    # deferred: finetune imports torch, transformers and DeepSpeed; evaluate and --help stay light
+    from pretrain.finetune.glue.finetune import run
+
+    return run(args)
+
 
 COMMAND = FinetuneCommand(
-    package="pretrain.finetune.glue",
+    prog="python -m pretrain.finetune.glue",
     description=__doc__,
-    evaluate_help="score a GLUE predictions file against the task's labelled dev file",
-    finetune_help="fine-tune a BERT folder on a GLUE task with DeepSpeed, N seeds",
-    format_error=GlueFormatError,
+    evaluate=Subcommand(
+        "score a GLUE predictions file against the task's labelled dev file",
+        evaluate.add_arguments, evaluate.run
+    ),
+    finetune=Subcommand(
+        "fine-tune a BERT folder on a GLUE task with DeepSpeed, N seeds",
+        finetune_args.add_arguments, run_finetune
+    ),
 )
 
 

@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pretrain.finetune.common import FinetuneFormatError
 from pretrain.finetune.glue.tasks import Layout, Task
 
 QUOTE_LIMIT = 60  # characters of a file's content quoted in an error message
 
 
-class GlueFormatError(ValueError):
+class GlueFormatError(FinetuneFormatError):
     """A GLUE data, gold or predictions file (or folder) that cannot be used as it is."""
 
 

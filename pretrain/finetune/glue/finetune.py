@@ -34,14 +34,18 @@ import torch.distributed as dist
 from data_prep.atomic_io import atomic_write_json
 from pretrain.config.deepspeed import precision_of
 from pretrain.config.sections import ConfigError
-from pretrain.finetune.common import engine_ds_config, micro_batches, read_engine_json
+from pretrain.finetune.common import (
+    FinetuneFormatError,
+    check_model_dir,
+    engine_ds_config,
+    micro_batches,
+    read_engine_json,
+)
 from pretrain.finetune.glue.data import GlueFormatError, GlueSet, TaskData, load_task_data
 from pretrain.finetune.glue.finetune_args import GlueConfig, config_from_args
 from pretrain.finetune.glue.metric import score
 from pretrain.finetune.glue.submission import write_predictions
 from pretrain.finetune.glue.tasks import Task
-from pretrain.finetune.model_dir import check_model_dir
-from pretrain.finetune.squad.data import SquadFormatError
 from pretrain.schedule import WarmupPolyDecay
 
 
@@ -253,7 +257,7 @@ def check_inputs(config: GlueConfig) -> TaskData:
         if not config.ds_config.is_file():
             raise GlueFormatError(f"--ds-config {config.ds_config}: no such file")
         read_engine_json(config.ds_config)
-    except (SquadFormatError, ConfigError) as err:
+    except (FinetuneFormatError, ConfigError) as err:
         raise GlueFormatError(str(err)) from None
     if config.max_seq_length > model_config.get("max_position_embeddings", 512):
         raise GlueFormatError(f"--max-seq-length {config.max_seq_length} exceeds max_position_embeddings "

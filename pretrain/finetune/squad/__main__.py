@@ -3,17 +3,31 @@ no torch; finetune imports it when it runs)."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 
-from pretrain.finetune.common import FinetuneCommand
-from pretrain.finetune.squad.data import SquadFormatError
+from pretrain.finetune.common import FinetuneCommand, Subcommand
+from pretrain.finetune.squad import evaluate, finetune_args
+
+
+def run_finetune(args: argparse.Namespace) -> int:
+    # deferred: finetune imports torch, transformers and DeepSpeed; evaluate and --help stay light
+    from pretrain.finetune.squad.finetune import run
+
+    return run(args)
+
 
 COMMAND = FinetuneCommand(
-    package="pretrain.finetune.squad",
+    prog="python -m pretrain.finetune.squad",
     description=__doc__,
-    evaluate_help="score predictions exactly as the official SQuAD scripts do",
-    finetune_help="fine-tune a BERT folder on SQuAD with DeepSpeed, then score it",
-    format_error=SquadFormatError,
+    evaluate=Subcommand(
+        "score predictions exactly as the official SQuAD scripts do",
+        evaluate.add_arguments, evaluate.run
+    ),
+    finetune=Subcommand(
+        "fine-tune a BERT folder on SQuAD with DeepSpeed, then score it",
+        finetune_args.add_arguments, run_finetune
+    ),
 )
 
 

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pretrain.finetune.common import FinetuneFormatError
 
-class SquadFormatError(ValueError):
+
+class SquadFormatError(FinetuneFormatError):
     """A SQuAD, predictions or no-answer-probability file that cannot be used as it is."""
 
 

@@ -31,9 +31,13 @@ import torch.distributed as dist
 from data_prep.atomic_io import atomic_write_json
 from pretrain.config.deepspeed import precision_of
 from pretrain.config.load import ConfigError
-from pretrain.finetune.common import FINETUNE_OWNERS, engine_ds_config, micro_batches  # noqa: F401 (re-exported)
+from pretrain.finetune.common import (  # noqa: F401 (FINETUNE_OWNERS re-exported)
+    FINETUNE_OWNERS,
+    check_model_dir,
+    engine_ds_config,
+    micro_batches,
+)
 from pretrain.finetune.common import read_engine_json as common_read_engine_json
-from pretrain.finetune.model_dir import check_model_dir
 from pretrain.finetune.squad.data import SquadFormatError, SquadSet, load_hf_squad, load_squad
 from pretrain.finetune.squad.features import FeatureConfig, Features, build_features, pad_batch
 from pretrain.finetune.squad.finetune_args import FinetuneConfig, config_from_args
