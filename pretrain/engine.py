@@ -280,8 +280,7 @@ def build_engine(
     if not isinstance(ds_config, dict):
         raise TypeError(f"ds_config must be a dict (a parsed DeepSpeed JSON), got {type(ds_config).__name__}")
     init_distributed()
-    config = copy.deepcopy(ds_config)
-    check_ds_config(config)
+    config = copy.deepcopy(ds_config)  # check_ds_config's checks run below, as the optimizer is built
     optimizer_type, params = _optimizer_block(config)
     if lr_schedule is not None and "scheduler" in config:
         raise ValueError('ds_config has a "scheduler" block and an lr_schedule was given: keep only one')

@@ -34,7 +34,7 @@ from data_prep.atomic_io import sha256_file
 from data_prep.shards import Manifest, ShardReader
 from pretrain.config.sections import ConfigError
 from pretrain.data.packing import pack_masked_instances
-from pretrain.data.shard_checks import SPECIAL_TOKENS, check_phase_shards
+from pretrain.data.shard_checks import SPECIAL_TOKENS, PhaseShards, check_phase_shards
 from pretrain.errors import DataError
 from pretrain.model.bert import IGNORE_INDEX
 
@@ -112,6 +112,11 @@ def open_phase_data(
         checked = check_phase_shards(shards, seq_len, max_predictions, key, expected_vocab_sha256, verify_checksums)
     except ConfigError as err:
         raise DataConfigError(str(err)) from err
+    return phase_data(checked, seq_len)
+
+
+def phase_data(checked: PhaseShards, seq_len: int) -> PhaseData:
+    """The data of a phase whose shards passed `check_phase_shards` (the run's plan checks them once)."""
     masking = checked.manifest.data["masking"]
     return PhaseData(
         manifest=checked.manifest,

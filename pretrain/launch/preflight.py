@@ -19,7 +19,7 @@ exit status 2 before any rank or node is touched:
 
 Light on purpose: the standard library, numpy and pyarrow (the manifest reader); never torch or
 DeepSpeed (tests/launch/test_preflight.py checks `sys.modules` in a fresh interpreter). The ranks run
-the same functions again (pretrain/train.py `plan_run`, for the world size they really have: a SLURM
+the same functions again (pretrain/run_plan.py `plan_run`, for the world size they really have: a SLURM
 job may get another count, a plug-in may split the world), so a run started without launch.sh is
 checked with the same messages, plus what needs torch (the optimizer's own parameter checks) and the
 shards' checksums. Before `sbatch`, the same check runs on a login node:
@@ -41,7 +41,7 @@ from pretrain.config.cli import parse_args
 from pretrain.config.deepspeed import phase_ds_config, phase_ds_json
 from pretrain.config.load import load_config
 from pretrain.config.sections import ConfigError, RunConfig
-from pretrain.data.shard_checks import PhaseShards, check_phase_shards
+from pretrain.data.shard_checks import PhaseShards, check_run_shards, model_overrides
 from pretrain.plugin import plugin_spec
 
 
@@ -51,35 +51,6 @@ class LaunchShape:
 
     world_size: int  # ranks in the whole job
     device_type: str = "cuda"  # cpu with --cpu (it only picks the precision auto resolves to)
-
-
-def check_run_shards(config: RunConfig) -> dict[str, PhaseShards]:
-    """check_phase_shards for every phase of the run, with one vocab for all of them."""
-    found: dict[str, PhaseShards] = {}
-    vocab_sha = None
-    for name in config.run.phases:
-        phase = config.phase(name)
-        key = f"{name}.shards" if phase.shards else "data.shards"
-        found[name] = check_phase_shards(phase.shards or config.data.shards, phase.seq_len, phase.max_predictions,
-                                         key, expected_vocab_sha256=vocab_sha)
-        vocab_sha = found[name].vocab_sha256
-    return found
-
-
-def model_overrides(config: RunConfig, vocab_size: int) -> tuple[dict[str, Any], int]:
-    """`model.overrides` without vocab_size and max_position_embeddings, and the position count, both checked
-    against the shards (vocab size) and the longest phase (positions)."""
-    overrides = dict(config.model.overrides)
-    if overrides.get("vocab_size", vocab_size) != vocab_size:
-        raise ConfigError(
-            f"model.overrides.vocab_size: {overrides['vocab_size']} differs from the shards' vocab size {vocab_size}"
-        )
-    overrides.pop("vocab_size", None)
-    max_len = max(config.phase(name).seq_len for name in config.run.phases)
-    max_positions = overrides.pop("max_position_embeddings", max(512, max_len))
-    if max_positions < max_len:
-        raise ConfigError(f"model.overrides.max_position_embeddings: {max_positions} < seq_len {max_len}")
-    return overrides, max_positions
 
 
 def check_writable(path: Path, key: str) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -153,6 +155,41 @@ def test_plan_errors_name_the_key(tmp_path: Path, run_json: Path, shards: Path) 
             plan_run(load_config(run_json), two_ranks, verify_checksums=True)
     finally:
         shard.write_bytes(original)
+
+
+def manifest_reads(work: Callable[[], object]) -> int:
+    """How many times `work` opens a shard folder's manifest.json (a real open, seen by an audit hook)."""
+    opened: list[str] = []
+    active = [True]
+
+    def hook(event: str, args: tuple) -> None:
+        if active and event == "open" and isinstance(args[0], (str, Path)) and str(args[0]).endswith("manifest.json"):
+            opened.append(str(args[0]))
+
+    sys.addaudithook(hook)  # a hook cannot be removed: `active` turns it off
+    try:
+        work()
+    finally:
+        active.clear()
+    return len(opened)
+
+
+def test_each_rank_reads_each_shard_folder_once(run_json: Path) -> None:
+    """Rank 0 plans once (with checksums) and keeps that plan; another rank plans once after the verdict.
+    Both phases read one folder here: before, rank 0 opened its manifest 8 times and the others 4."""
+    from pretrain.engine import DistInfo
+    from pretrain.launch.lifetime import release_run_folder
+    from pretrain.run_plan import plan_on_rank0
+
+    config = load_config(run_json)
+    ranks = [DistInfo(rank=rank, world_size=2, local_rank=rank, device=torch.device("cpu")) for rank in (0, 1)]
+    try:
+        assert manifest_reads(lambda: plan_on_rank0(config, ranks[0])) == 1
+    finally:
+        release_run_folder(Path(config.run.dir))
+    assert manifest_reads(lambda: plan_on_rank0(config, ranks[1])) == 1
+    two_folders = load_config(run_json, [f"--phase2.shards={config.data.shards}/."])
+    assert manifest_reads(lambda: plan_on_rank0(two_folders, ranks[1])) == 1  # the same folder, spelled twice
 
 
 # ---------------------------------------------------------------- schedule
