@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from pretrain.report.quality import QualitySettings, TimeToQuality
+from pretrain.run_folder import METRICS_FILE
 
 # Dense peak TFLOP/s per device (no sparsity), by precision. Matched by substring of the device name.
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
@@ -102,7 +103,7 @@ class MetricsWriter:
         from torch.utils.tensorboard import SummaryWriter  # imported lazily: rank 0 only
 
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        path = self.log_dir / "metrics.jsonl"
+        path = self.log_dir / METRICS_FILE
         drop_rows_from(path, step)
         self._tb = SummaryWriter(log_dir=str(self.log_dir), purge_step=step)
         self._jsonl = open(path, "a", encoding="utf-8")  # noqa: SIM115

@@ -50,7 +50,7 @@ from pretrain.checkpointing.checkpoint import (
     split_checkpoint_path,
 )
 from pretrain.checkpointing.elastic import prepare_resume
-from pretrain.checkpointing.export import EXPORT_INFO, export_checkpoint, load_weights
+from pretrain.checkpointing.export import export_checkpoint, load_weights
 from pretrain.checkpointing.manifest import resolve_resume_tag
 from pretrain.config.cli import parse_args
 from pretrain.config.deepspeed import precision_of
@@ -66,11 +66,11 @@ from pretrain.model.bert import build_model, count_parameters
 from pretrain.optim.lamb import ExactLamb, bind_zero_layout
 from pretrain.plugin import PluginStack, TrainingPlugin, build_plugin
 from pretrain.report.quality import QualitySettings
+from pretrain.run_folder import EXPORT_INFO, RESOLVED_CONFIG, TENSORBOARD, export_dir
 from pretrain.run_plan import PhasePlan, RunPlan, bert_config_from_plan, plan_on_rank0, plan_run
 from pretrain.stop_request import StopRequest
 from pretrain.trainer import NonFiniteLossError, PhaseState, PhaseTrainer, TrainerJob
 
-RESOLVED_CONFIG = "config.resolved.json"
 __all__ = ["PhasePlan", "PhaseStart", "RunPlan", "bert_config_from_plan", "main", "plan_run", "run_phase", "train"]
 WeightReader = Callable[[], dict[str, torch.Tensor]]  # reads a phase's initial fp32 weights from disk
 
@@ -240,7 +240,7 @@ def _train(config: RunConfig, extensions: Sequence[TrainingPlugin], stop: StopRe
     if saved is None and config.run.phases[0] == "phase2" and not config.phase2.init_from:
         raise ConfigError("phase2.init_from: required when phase 2 runs without a phase-1 checkpoint in checkpoint.dir")
     quality = QualitySettings(run_dir, tuple(config.logging.quality_targets), dist_info.world_size)  # run_clock.json
-    metrics = MetricsWriter(run_dir / "tensorboard", enabled=dist_info.rank == 0 and config.logging.tensorboard,
+    metrics = MetricsWriter(run_dir / TENSORBOARD, enabled=dist_info.rank == 0 and config.logging.tensorboard,
                             quality=quality)
     job = TrainerJob(config, plan.resolved, dist_info, checkpoints, metrics, stop, plugin)
     samples_seen = saved["samples_seen"] if saved else 0
@@ -251,7 +251,7 @@ def _train(config: RunConfig, extensions: Sequence[TrainingPlugin], stop: StopRe
             if saved is not None and saved["phase"] == name:
                 if saved["complete"]:
                     if config.checkpoint.export_at_phase_end:  # a crash between checkpoint and export: redo it
-                        export_phase(plugin, name, checkpoints.root / latest, run_dir / "export" / name,
+                        export_phase(plugin, name, checkpoints.root / latest, export_dir(run_dir, name),
                                      dist_info.rank, only_missing=True)
                     continue
                 resume_tag = latest
@@ -271,7 +271,7 @@ def _train(config: RunConfig, extensions: Sequence[TrainingPlugin], stop: StopRe
                           f"{checkpoints.latest_tag()} written. Rerun the same command to resume.", flush=True)
                 return outcome
             if config.checkpoint.export_at_phase_end:
-                export_phase(plugin, name, checkpoints.root, run_dir / "export" / name, dist_info.rank)
+                export_phase(plugin, name, checkpoints.root, export_dir(run_dir, name), dist_info.rank)
             if dist.is_initialized():
                 dist.barrier()
             saved, latest = trainer.state.state_dict(), checkpoints.latest_tag()

@@ -41,8 +41,8 @@ from data_prep.atomic_io import atomic_write_json
 from pretrain.checkpointing.checkpoint import consolidated_state_dict, read_run_config, split_checkpoint_path
 from pretrain.model.bert import SparseBertForPreTraining
 from pretrain.report.model_card import card_facts, write_model_card
+from pretrain.run_folder import EXPORT_INFO
 
-EXPORT_INFO = "export_info.json"
 # Keys that may legitimately be absent from a consolidated checkpoint: non-persistent buffers.
 _OPTIONAL_KEYS = ("bert.embeddings.position_ids", "bert.embeddings.token_type_ids")
 

@@ -35,6 +35,7 @@ from typing import Any
 
 from pretrain.config.deepspeed import deep_merge, effective_precision
 from pretrain.config.load import PHASE_NAMES
+from pretrain.run_folder import EXCHANGE
 
 TOY_PRESET = "tiny"
 TOY_MICRO_BATCH = 2
@@ -86,7 +87,7 @@ def shrink_run_config(
         codistill["burn_in_steps"] = min(int(codistill.get("burn_in_steps", 0)), 1)
         codistill["refresh_every"] = 2
         if codistill.get("exchange_dir"):
-            codistill["exchange_dir"] = str(out / "exchange")
+            codistill["exchange_dir"] = str(out / EXCHANGE)
     if ranks % groups:
         raise ValueError(f"--ranks {ranks} does not split into codistill.groups={groups} equal groups")
     section = shrunk.setdefault("run", {})

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain.errors import ConfigError
+from pretrain.run_folder import CHECKPOINTS
 
 __all__ = ["DOC", "PHASE_NAMES", "PLUGINS_FIELD", "ConfigError", "RunConfig", "setting"]
 
@@ -276,7 +277,7 @@ class RunConfig:
 
     @property
     def checkpoint_dir(self) -> Path:
-        return Path(self.checkpoint.dir) if self.checkpoint.dir else Path(self.run.dir) / "checkpoints"
+        return Path(self.checkpoint.dir) if self.checkpoint.dir else Path(self.run.dir) / CHECKPOINTS
 
     def to_dict(self) -> dict[str, Any]:
         """The RUN.json form: core sections, then each plug-in's section under its own name."""

@@ -39,6 +39,7 @@ from pretrain.demo.summary import (
     render_table,
     summary_rows,
 )
+from pretrain.run_folder import CHECKPOINTS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LAUNCH_SH = REPO_ROOT / "launch.sh"
@@ -269,7 +270,7 @@ def _flags(values: dict[str, object]) -> list[str]:
 
 def final_checkpoint(run_dir: Path) -> Path:
     """The driver's checkpoint folder (checkpoint.dir default); export follows its `latest`."""
-    return run_dir / "checkpoints"
+    return run_dir / CHECKPOINTS
 
 
 def _free_port() -> int:

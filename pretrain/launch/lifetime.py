@@ -29,9 +29,10 @@ import sys
 import time
 from pathlib import Path
 
+from pretrain.run_folder import JOB_LOCK
+
 PR_SET_PDEATHSIG = 1
 DEFAULT_GRACE_SECONDS = 30.0
-RUN_FOLDER_LOCK = ".job.lock"
 
 
 def die_with_parent(signum: int = signal.SIGTERM) -> bool:
@@ -139,7 +140,7 @@ def hold_run_folder(run_dir: Path) -> None:
     if run_dir in _held:
         return
     run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / RUN_FOLDER_LOCK
+    path = run_dir / JOB_LOCK
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

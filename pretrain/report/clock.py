@@ -37,7 +37,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-CLOCK_FILE = "run_clock.json"
+from pretrain.run_folder import CLOCK_FILE
+
 CLOCK_FORMAT = 1
 SAVE_EVERY_S = 60.0  # the most wall-clock a killed process can lose
 

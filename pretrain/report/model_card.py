@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pretrain.report.clock import CLOCK_FILE
 from pretrain.report.records import FinetuneResult, global_step, last_validation, read_json, read_rows
+from pretrain.run_folder import CLOCK_FILE, TENSORBOARD
 
 CARD_FILE = "README.md"
 CARD_FACTS = "model_card.json"
@@ -35,7 +35,7 @@ TRAINING_KEYS = ("loss/mlm", "loss/nsp", "acc/mlm", "acc/nsp")
 def _run_dir(root: Path, run_config: dict[str, Any]) -> Path | None:
     """The run folder of a checkpoint: run.dir as the driver saw it, else the folder above checkpoints/."""
     for candidate in (Path(str(run_config.get("run", {}).get("dir", ""))), root.parent):
-        if str(candidate) and (candidate / "tensorboard").is_dir():
+        if str(candidate) and (candidate / TENSORBOARD).is_dir():
             return candidate.resolve()
     return None
 

@@ -22,11 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-METRICS_FILE = Path("tensorboard") / "metrics.jsonl"
-RESOLVED_CONFIG = "config.resolved.json"  # what the driver writes (pretrain/train.py)
-EXPORT_INFO = "export_info.json"  # what an export writes (pretrain/checkpointing/export.py)
+from pretrain.run_folder import CHECKPOINTS, EXPORT_INFO, TENSORBOARD, metrics_path
+
 SEARCH_DEPTH = 3  # folder levels below RUN_DIR and its parent searched for results and exports
-SKIPPED_FOLDERS = {"checkpoints", "tensorboard", "logs", "data", "squad_data", ".git", "__pycache__"}
+SKIPPED_FOLDERS = {CHECKPOINTS, TENSORBOARD, "logs", "data", "squad_data", ".git", "__pycache__"}
 GLUE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli", "ax")
 
 
@@ -40,7 +39,7 @@ def read_json(path: Path) -> Any:
 
 def read_rows(run_dir: Path) -> list[dict[str, Any]]:
     """metrics.jsonl's rows in order; a line cut by a killed process is skipped."""
-    path = Path(run_dir) / METRICS_FILE
+    path = metrics_path(run_dir)
     rows: list[dict[str, Any]] = []
     if not path.is_file():
         return rows

@@ -24,9 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain.report.records import RunFacts, TargetRow, row_samples, row_wall_s
-
-REPORT_MD = "report.md"
-REPORT_PNG = "report.png"
+from pretrain.run_folder import CLOCK_FILE, REPORT_MD, REPORT_PNG, RESOLVED_CONFIG, metrics_path
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -59,10 +57,8 @@ def time_to_targets(rows: list[dict[str, Any]], marks: list[float], config: dict
 
 
 def read_run(run_dir: Path, price: float | None) -> RunFacts:
-    from pretrain.report.clock import CLOCK_FILE
     from pretrain.report.quality import DEFAULT_QUALITY_TARGETS
     from pretrain.report.records import (
-        RESOLVED_CONFIG,
         exports_of_run,
         finetune_results,
         read_json,
@@ -253,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     if not run_dir.is_dir():
         print(f"report: {run_dir} is not a folder", file=sys.stderr)
         return 2
-    if not (run_dir / "config.resolved.json").is_file() and not (run_dir / "tensorboard" / "metrics.jsonl").is_file():
+    if not (run_dir / RESOLVED_CONFIG).is_file() and not metrics_path(run_dir).is_file():
         print(f"report: {run_dir} is no run folder (no config.resolved.json, no tensorboard/metrics.jsonl)",
               file=sys.stderr)
         return 2

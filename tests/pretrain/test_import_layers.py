@@ -16,7 +16,8 @@ from tests.support.paths import REPO_ROOT
 
 PACKAGES = ("pretrain", "data_prep")
 # modules every floor may use: they import nothing of the project (plugin.py: types only, from these)
-GROUND = ("pretrain.errors", "pretrain.dist", "pretrain.checkpointing.layout", "pretrain.config.sections")
+GROUND = ("pretrain.errors", "pretrain.dist", "pretrain.checkpointing.layout", "pretrain.run_folder",
+          "pretrain.config.sections")
 
 
 def module_name(path: Path) -> str:

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from pretrain.config import scale
 from pretrain.config.deepspeed import phase_ds_config
-from pretrain.config.load import ConfigError, load_config, scale
+from pretrain.config.load import ConfigError, load_config
 from tests.support.paths import REPO_ROOT
 
 LARGE_64K = REPO_ROOT / "ds_configs" / "recipes" / "bert_large_64k.json"

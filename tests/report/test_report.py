@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.report.write import write as report
+from pretrain.report import write as report
 from tests.support.paths import REPO_ROOT
 from tests.support.report_fixtures import GLUE_MEDIAN, RANKS, SQUAD_SCORES, build_demo_like_run
 

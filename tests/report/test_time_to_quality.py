@@ -11,8 +11,9 @@ import pytest
 
 from pretrain.config.load import ConfigError, load_config
 from pretrain.metrics import MetricsWriter
-from pretrain.report.clock import CLOCK_FILE, RunClock
+from pretrain.report.clock import RunClock
 from pretrain.report.quality import QualitySettings, TimeToQuality
+from pretrain.run_folder import CLOCK_FILE
 from tests.support.pretrain_fixtures import REPO_ROOT
 
 
