@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pretrain.codistill.config import CodistillConfigError, CodistillSection, check_codistill
-from pretrain.plugin import PluginSpec, TrainingPlugin
+from pretrain.config.plugins import PluginSpec
+from pretrain.plugin import TrainingPlugin
 
 if TYPE_CHECKING:
     from pretrain.config.sections import RunConfig

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pretrain.config.plugins import plugin_sections
 from pretrain.config.sections import DOC, PLUGINS_FIELD, RunConfig, setting
-from pretrain.plugin import plugin_sections
 
 __all__ = ["DOC", "DOC_FILE", "config_sections", "format_help", "markdown_table", "replace_table", "setting"]
 

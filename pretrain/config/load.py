@@ -28,11 +28,9 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from pretrain.checkpointing.cadence import check_cadence
+from pretrain.config.checks import ScheduleError, check_cadence, check_schedule, check_targets
+from pretrain.config.plugins import INSTALLED, PluginRegistry
 from pretrain.config.sections import PHASE_NAMES, PLUGINS_FIELD, ConfigError, RunConfig
-from pretrain.plugin import INSTALLED, PluginRegistry
-from pretrain.report.quality import check_targets
-from pretrain.schedule import ScheduleError, check_schedule
 
 # The schedule's names for a phase's keys: its own check (pretrain/schedule.py) reports in its names.
 SCHEDULE_KEYS = {"total_steps": "steps", "warmup_fraction": "warmup_fraction", "power": "decay_power"}
@@ -189,7 +187,7 @@ def check_values(config: RunConfig, registry: PluginRegistry = INSTALLED) -> Non
             raise ConfigError(f"{name}.ds_config: {phase.ds_config} does not exist")
         if not (phase.shards or config.data.shards):
             raise ConfigError(f"data.shards: required (or {name}.shards)")
-    check_cadence(config.checkpoint)  # every_steps / every_minutes: null or > 0
+    check_cadence(config.checkpoint.every_steps, config.checkpoint.every_minutes)  # every_steps / every_minutes: null or > 0
     check_targets(config.logging.quality_targets)  # accuracies in (0, 1], each once
     if config.checkpoint.keep_last < 1:
         raise ConfigError(f"checkpoint.keep_last: must be >= 1, got {config.checkpoint.keep_last}")

@@ -29,6 +29,7 @@ from pretrain.config.deepspeed import (
     resolve_precision,
 )
 from pretrain.config.sections import ConfigError
+from pretrain.errors import FinetuneFormatError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -40,11 +41,6 @@ FINETUNE_OWNERS = {"batch_size": "--batch-size", "micro_batch_size": "--micro-ba
                    "gradient_accumulation_steps": "--gradient-accumulation-steps", "lr": "--lr",
                    "precision": "--precision", "schedule": "--warmup-fraction"}
 BATCH_FLAGS = ("--batch-size", "--micro-batch-size", "--gradient-accumulation-steps")
-
-
-class FinetuneFormatError(ValueError):
-    """A fine-tune's input file, model folder or flag that cannot be used as it is (one line, exit 2).
-    SquadFormatError and GlueFormatError are its kinds, one per task's files."""
 
 
 def check_model_dir(path: Path) -> dict:
@@ -211,5 +207,5 @@ class FinetuneCommand:
         try:
             return command.run(args)
         except FinetuneFormatError as err:
-            print(f"error: {err}", file=sys.stderr)
+            print(err.line(), file=sys.stderr)
             return 2

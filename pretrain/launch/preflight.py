@@ -40,9 +40,9 @@ from typing import Any
 from pretrain.config.cli import parse_args
 from pretrain.config.deepspeed import phase_ds_config, phase_ds_json
 from pretrain.config.load import load_config
+from pretrain.config.plugins import plugin_spec
 from pretrain.config.sections import ConfigError, RunConfig
 from pretrain.data.shard_checks import PhaseShards, check_run_shards, model_overrides
-from pretrain.plugin import plugin_spec
 
 
 @dataclass(frozen=True)

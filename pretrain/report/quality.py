@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pretrain.config.sections import ConfigError, LoggingSection
+from pretrain.config.checks import check_targets, target_key
+from pretrain.config.sections import LoggingSection
 from pretrain.report.clock import RunClock
 
 # MLPerf's BERT quality target (masked-LM accuracy 0.720) and lower marks that a short or small run reaches
@@ -33,22 +34,8 @@ DEFAULT_QUALITY_TARGETS = tuple(LoggingSection().quality_targets)
 ACCURACY_TAG = "val/mlm_acc"
 
 
-def target_key(mark: float) -> str:
-    """How a mark is named in tags and in run_clock.json: 0.72 -> "0.72"."""
-    return format(mark, "g")
-
-
 def target_tag(mark: float, field: str) -> str:
     return f"target/mlm_acc_{target_key(mark)}/{field}"
-
-
-def check_targets(marks: list[float], key: str = "logging.quality_targets") -> None:
-    """Each mark an accuracy in (0, 1], no mark twice (ConfigError naming the key and the value)."""
-    for index, mark in enumerate(marks):
-        if not 0.0 < mark <= 1.0:
-            raise ConfigError(f"{key}[{index}]: {mark} is not a masked-LM accuracy in (0, 1]")
-    if len({target_key(mark) for mark in marks}) != len(marks):
-        raise ConfigError(f"{key}: {marks} names a mark twice")
 
 
 @dataclass(frozen=True)

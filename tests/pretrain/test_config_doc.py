@@ -12,10 +12,11 @@ import re
 
 import pytest
 
+from pretrain.config.checks import ScheduleError
 from pretrain.config.doc import DOC, DOC_FILE, markdown_table, replace_table, setting
 from pretrain.config.load import ConfigError, RunConfig, check_values, from_dict
-from pretrain.plugin import installed_plugins, plugin_spec
-from pretrain.schedule import ScheduleError, WarmupPolyDecay
+from pretrain.config.plugins import installed_plugins, plugin_spec
+from pretrain.schedule import WarmupPolyDecay
 
 
 def sections() -> list[tuple[str, object]]:

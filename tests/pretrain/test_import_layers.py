@@ -16,7 +16,7 @@ from tests.support.paths import REPO_ROOT
 
 PACKAGES = ("pretrain", "data_prep")
 # modules every floor may use: they import nothing of the project (plugin.py: types only, from these)
-GROUND = ("pretrain.errors", "pretrain.dist", "pretrain.checkpointing.layout", "pretrain.run_folder",
+GROUND = ("pretrain.errors", "pretrain.dist", "pretrain.checkpointing.layout", "pretrain.run_folder", "pretrain.config.plugins",
           "pretrain.config.sections")
 
 

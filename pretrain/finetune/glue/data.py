@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pretrain.finetune.common import FinetuneFormatError
+from pretrain.errors import FinetuneFormatError
 from pretrain.finetune.glue.tasks import Layout, Task
 
 QUOTE_LIMIT = 60  # characters of a file's content quoted in an error message

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pretrain.finetune.common import FinetuneFormatError
+from pretrain.errors import FinetuneFormatError
 
 
 class SquadFormatError(FinetuneFormatError):
