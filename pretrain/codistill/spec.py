@@ -47,6 +47,7 @@ def build(config: RunConfig, dist_info: DistInfo) -> TrainingPlugin | None:
     """Collective when enabled (it creates the groups' process groups); None when `enabled` is false."""
     if not config.plugins[NAME].enabled:
         return None
+    # deferred: the plug-in's torch code loads only when a run enables it; reading its spec stays light
     from pretrain.codistill.codistillation import Codistillation
 
     return Codistillation(config, dist_info)

@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from data_prep.atomic_io import atomic_write_json
 from pretrain.demo.steps import Step, StopSignal, finish_background, install_signal_handlers, run_step
 from pretrain.demo.summary import (
     BASELINE_EVALUATE,
@@ -188,8 +189,6 @@ def resolve_squad_source(sample_data: Path | None, network: bool, out_dir: Path)
 def download_squad_subset(source: SquadSource, train_articles: int = 8, dev_articles: int = 1) -> None:
     """Write the first articles of SQuAD v1.1 from the Hub in the official JSON layout."""
     from datasets import load_dataset
-
-    from data_prep.atomic_io import atomic_write_json
 
     for split, path, limit in (
         ("train", source.train, train_articles),

@@ -10,7 +10,8 @@ run reach masked-LM accuracy X, and what did it cost": wall-clock, device-hours 
 validation that reached each mark of logging.quality_targets (and the price, given one). The model cards
 of the run's exports are regenerated with the fine-tune results found (pretrain/report/model_card.py).
 
-`--help` imports nothing beyond argparse; matplotlib is imported only to draw (pretrain/report/plot.py).
+`--help` imports no third-party module: matplotlib is imported only to draw (pretrain/report/plot.py), the
+Hub's card types only to write a card (pretrain/report/model_card.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pretrain.report.records import RunFacts, TargetRow, row_samples, row_wall_s
+from pretrain.report.model_card import regenerate
+from pretrain.report.plot import draw_report
+from pretrain.report.quality import DEFAULT_QUALITY_TARGETS
+from pretrain.report.records import (
+    RunFacts,
+    TargetRow,
+    exports_of_run,
+    finetune_results,
+    read_json,
+    read_rows,
+    row_samples,
+    row_wall_s,
+)
 from pretrain.run_folder import CLOCK_FILE, REPORT_MD, REPORT_PNG, RESOLVED_CONFIG, metrics_path
 
 
@@ -57,14 +70,6 @@ def time_to_targets(rows: list[dict[str, Any]], marks: list[float], config: dict
 
 
 def read_run(run_dir: Path, price: float | None) -> RunFacts:
-    from pretrain.report.quality import DEFAULT_QUALITY_TARGETS
-    from pretrain.report.records import (
-        exports_of_run,
-        finetune_results,
-        read_json,
-        read_rows,
-    )
-
     rows = read_rows(run_dir)
     config = read_json(run_dir / RESOLVED_CONFIG)
     config = config if isinstance(config, dict) else {}
@@ -224,14 +229,10 @@ def write_report(run_dir: Path, price: float | None = None, out: Path | None = N
     out.mkdir(parents=True, exist_ok=True)
     picture = None
     if facts.rows:
-        from pretrain.report.plot import draw_report
-
         draw_report(facts, out / REPORT_PNG)
         picture = REPORT_PNG
     cards = []
     if model_cards:
-        from pretrain.report.model_card import regenerate
-
         for folder in facts.exports:
             mine = [result for result in facts.finetune if result.model == folder]
             if regenerate(folder, mine):

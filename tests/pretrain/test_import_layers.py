@@ -9,6 +9,7 @@ the leaves named below must stay on the ground floor.
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 from tests.pretrain.test_plugin_boundary import computed_imports, imported_names, package_of
@@ -104,8 +105,8 @@ def test_the_ground_floor_and_the_plugin_contract_import_nothing_above_them() ->
 
 def test_no_module_loads_project_code_by_a_computed_name() -> None:
     """The graph above reads literal names only: a computed one (`import_module(f"{package}.finetune")`) would
-    hide an arrow, so callers hand callables down instead. Plug-ins load through pretrain/plugin.py's entry
-    points, which name their module in pyproject.toml, not in code."""
+    hide an arrow, so callers hand callables down instead. Plug-ins load through the registry's entry
+    points (pretrain/config/plugins.py), which name their module in pyproject.toml, not in code."""
     found = {str(path.relative_to(REPO_ROOT)): lines for package in PACKAGES
              for path in (REPO_ROOT / package).rglob("*.py")
              if (lines := computed_imports(path.read_text(encoding="utf-8")))}
@@ -113,6 +114,41 @@ def test_no_module_loads_project_code_by_a_computed_name() -> None:
     hidden = 'import importlib\ndef parser(package):\n    return importlib.import_module(f"{package}.finetune")\n'
     assert computed_imports(hidden) == [3] and computed_imports("__import__(name)") == [1]
     assert computed_imports("importlib.import_module('pretrain.trainer')") == []
+
+
+def deferred_imports_without_a_reason(source: str) -> list[int]:
+    """Lines of the imports of a project module inside a function with no comment saying why: none on the
+    import's line, the imports just above it or the three lines above those, and no `except ImportError` around it."""
+    lines = source.splitlines()
+    tree = ast.parse(source)
+    guarded = {node.lineno for handler in ast.walk(tree) if isinstance(handler, ast.Try)
+               if any("ImportError" in ast.unparse(h.type or ast.Name("")) for h in handler.handlers)
+               for statement in handler.body for node in ast.walk(statement)}
+    found = []
+    for function in ast.walk(tree):
+        if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(function):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if not any(name.split(".")[0] in PACKAGES for name in names) or node.lineno in guarded:
+                continue
+            first = node.lineno - 1  # a block of imports shares the comment above its first line
+            while first > 0 and lines[first - 1].strip().startswith(("from ", "import ")):
+                first -= 1
+            if not any("#" in line for line in lines[max(0, first - 3):node.lineno]):
+                found.append(node.lineno)
+    return found
+
+
+def test_imports_of_project_modules_sit_at_the_top_unless_a_comment_says_why() -> None:
+    """A light `--help`, a bare-python3 launch path, an optional plug-in: each deferred import says which."""
+    found = {str(path.relative_to(REPO_ROOT)): lines for package in PACKAGES
+             for path in (REPO_ROOT / package).rglob("*.py")
+             if (lines := deferred_imports_without_a_reason(path.read_text(encoding="utf-8")))}
+    assert not found, f"move these imports to the top, or say why they wait: {found}"
+    assert deferred_imports_without_a_reason("def f():\n    from pretrain.errors import ConfigError\n") == [2]
+    assert deferred_imports_without_a_reason("def f():\n    import torch\n") == []
 
 
 def test_squad_and_glue_are_siblings_that_share_only_finetune_common() -> None:

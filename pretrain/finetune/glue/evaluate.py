@@ -15,6 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
+from data_prep.atomic_io import atomic_write_json
 from pretrain.finetune.glue.data import GlueFormatError, GlueSet, load_gold, quoted
 from pretrain.finetune.glue.metric import score
 from pretrain.finetune.glue.submission import read_predictions
@@ -58,7 +59,5 @@ def run(args: argparse.Namespace) -> int:
     scores = score_files(task, args.gold, args.predictions)
     print(json.dumps(scores))
     if args.out_file is not None:
-        from data_prep.atomic_io import atomic_write_json
-
         atomic_write_json(args.out_file, scores)
     return 0

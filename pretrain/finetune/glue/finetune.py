@@ -182,7 +182,7 @@ def load_model(job: Job) -> torch.nn.Module:
 
 def run_seed(job: Job, seed: int) -> dict[str, Any] | None:
     """Fine-tune one seed from --model, predict its dev and test sets; its scores on rank 0."""
-    from pretrain.engine import build_engine
+    from pretrain.engine import build_engine  # DeepSpeed: only once the inputs are known to be good (run)
 
     torch.manual_seed(seed)
     writer = summary_writer(job.config.out / "tensorboard" / f"seed-{seed}") if job.dist_info.rank == 0 else None

@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from data_prep.atomic_io import atomic_write_bytes
 from pretrain.finetune.glue.data import GlueFormatError, float_or_nan, quoted, read_lines
 from pretrain.finetune.glue.tasks import Task
 
@@ -26,8 +27,6 @@ def format_prediction(task: Task, value: float) -> str:
 
 def write_predictions(task: Task, path: Path, indices: Sequence[str], values: Sequence[float]) -> None:
     """Written atomically: a reader (or the GLUE server's zip) never sees half a file."""
-    from data_prep.atomic_io import atomic_write_bytes
-
     lines = ["\t".join(HEADER)] + [f"{index}\t{format_prediction(task, value)}"
                                    for index, value in zip(indices, values, strict=True)]
     atomic_write_bytes(path, ("\n".join(lines) + "\n").encode("utf-8"))

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from data_prep.atomic_io import atomic_write_json
 from pretrain.finetune.squad.data import (
     SquadFormatError,
     SquadSet,
@@ -89,7 +90,5 @@ def run(args: argparse.Namespace) -> int:
     # v1.1 prints one line, v2.0 an indented object: as the official scripts do.
     print(json.dumps(report.scores) if args.version == 1 else json.dumps(report.scores, indent=2))
     if args.out_file is not None:
-        from data_prep.atomic_io import atomic_write_json
-
         atomic_write_json(args.out_file, report.scores)
     return 0
