@@ -38,7 +38,7 @@ from typing import Any
 from pretrain.config.deepspeed import phase_ds_config
 from pretrain.config.load import PHASE_NAMES, ConfigError, RunConfig, load_config
 
-# What the shipped micro batches are taken to be sized for (not yet measured on a GPU: bench/gpu_check.sh).
+# What the shipped micro batches are taken to be sized for (not yet measured on a GPU: bench/gpu_check/gpu_check.sh).
 REFERENCE_GPU_MEMORY_GB = 80.0
 
 # The LAMB paper (You et al., ICLR 2020, arXiv 1904.00962), as we read it; check the paper before quoting.

@@ -4,7 +4,7 @@
 everything that selects code: bf16 + ZeRO-1 + fp32 accumulation (DeepSpeed's BF16_Optimizer around
 our LAMB), clipping, LAMB parameters, packing, activation checkpointing, codistillation. A recipe
 added later is rehearsed here with no new test code. CPU-only recipes (`*cpu*`) run as shipped in
-the demo and driver tests. What cannot run on a CPU (NCCL, CUDA kernels) is bench/gpu_check.sh's job.
+the demo and driver tests. What cannot run on a CPU (NCCL, CUDA kernels) is bench/gpu_check/gpu_check.sh's job.
 """
 
 from __future__ import annotations

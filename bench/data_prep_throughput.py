@@ -1,6 +1,6 @@
 """Benchmark of data_prep on ../shared/data: pipeline tokens/s per core vs raw `tokenizers` batch-encode.
 
-    python bench/data_prep.py [--data ../shared/data] [--workers N] [--parsers] [--no-wiki]
+    python bench/data_prep_throughput.py [--data ../shared/data] [--workers N] [--parsers] [--no-wiki]
 
 Prints, from one process: the whole pipeline's throughput (sources -> shards at 128 and 512),
 the raw throughput of `tokenizers`' encode_batch on the very same cleaned sentences with the

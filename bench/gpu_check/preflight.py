@@ -1,10 +1,10 @@
-"""Preflight of bench/gpu_check.sh: which wheels the check loads, and stop (exit 2) if one is missing or
+"""Preflight of bench/gpu_check/gpu_check.sh: which wheels the check loads, and stop (exit 2) if one is missing or
 the recipe's engine configs cannot be built.
 
-    python bench/gpu_check_preflight.py [--smoke] [--jsonl OUT.jsonl] [--recipe RUN.json] [--ds-config X.json]
+    python -m bench.gpu_check.preflight [--smoke] [--jsonl OUT.jsonl] [--recipe RUN.json] [--ds-config X.json]
                                         [--also-recipes A.json,B.json] [any other gpu_check flag]
 
-Imports what bench/gpu_check.py imports (the module itself, so nothing is hand-listed, plus the
+Imports what bench/gpu_check/run.py imports (the module itself, so nothing is hand-listed, plus the
 DeepSpeed modules the engine loads lazily for bf16 + ZeRO-1) in this interpreter, then names every
 distribution that got loaded, from `sys.modules` (top-level names) and
 `importlib.metadata.packages_distributions()`: the wheels to carry onto a bare GPU machine. Those in
@@ -32,12 +32,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_JSONL = "gpu_check.jsonl"
-DEFAULT_RECIPE = REPO_ROOT / "ds_configs" / "recipes" / "bert_large_64k.json"  # bench/gpu_check.py's too
+DEFAULT_RECIPE = REPO_ROOT / "ds_configs" / "recipes" / "bert_large_64k.json"  # bench/gpu_check/run.py's too
 # What the check imports: bench.gpu_check itself (everything it imports at the top) and the DeepSpeed
 # modules its engine loads lazily for bf16 + ZeRO-1.
-ROOTS = ("torch", "deepspeed", "transformers", "bench.gpu_check",
+ROOTS = ("torch", "deepspeed", "transformers", "bench.gpu_check.run",
          "deepspeed.runtime.bf16_optimizer", "deepspeed.runtime.zero.stage_1_and_2")
 # Loaded on CUDA by torch.compile (the fused LAMB); missing = that row reports a failure, no stop.
 SOFT_ROOTS_CUDA = ("triton",)
@@ -169,7 +169,7 @@ def preflight(smoke: bool) -> dict[str, Any]:
 def recipe_problem(recipe: Path, ds_config: Path | None) -> str | None:
     """None when every phase of `recipe` gives an engine config as the check builds it; else why not."""
     try:
-        from bench.gpu_check_rows import engine_config
+        from bench.gpu_check.rows import engine_config
 
         for phase in ("phase1", "phase2"):
             engine_config(recipe, phase, 1, 1, ds_config)

@@ -1,5 +1,5 @@
 """The engine config the check builds for a recipe phase (also the preflight's check) and the LAMB-step rows
-of bench/gpu_check.py (see its docstring); the training rows are in bench/gpu_check_train.py."""
+of bench/gpu_check/run.py (see its docstring); the training rows are in bench/gpu_check/train.py."""
 
 from __future__ import annotations
 

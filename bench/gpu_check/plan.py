@@ -1,4 +1,4 @@
-"""Which rows bench/gpu_check.py measures, in which order, on which engines.
+"""Which rows bench/gpu_check/run.py measures, in which order, on which engines.
 
 A group is one DeepSpeed engine (built once: model init + engine start cost ~10 s for BERT-Large) and the
 rows that share it; they differ only in the data they read and in the micro-batches per optimizer step.
@@ -26,7 +26,7 @@ LAMB_STAGE = "lamb"
 class RowSpec:
     name: str  # what --rows selects, e.g. "p1", "p2-packed", "bert_base:p1"
     what: str  # one line: what the row measures
-    profile: str  # synthetic length profile (bench/gpu_check_shards.py): padded, full, varied
+    profile: str  # synthetic length profile (bench/gpu_check/shards.py): padded, full, varied
     packing: bool  # the phase's `packing`: several instances per row
     accumulation: int  # micro-batches per optimizer step
 

@@ -1,12 +1,12 @@
-"""Markdown rows of bench/gpu_check.py and the recipe phases its estimate covers."""
+"""Markdown rows of bench/gpu_check/run.py and the recipe phases its estimate covers."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from bench.gpu_check_estimate import PhaseRun
-from bench.gpu_check_plan import shape_of
+from bench.gpu_check.estimate import PhaseRun
+from bench.gpu_check.plan import shape_of
 from pretrain.config.deepspeed import read_ds_json
 from pretrain.config.load import load_config
 

@@ -6,10 +6,10 @@
 # memory, the LAMB step against its memory floor, and an ESTIMATE of each shipped recipe's phase
 # wall-clock on 8 / 64 / 256 GPUs from those one-GPU rows (docs/performance.md).
 #
-#   bench/gpu_check.sh [--smoke] [--jsonl OUT.jsonl] [--rows p1,p2,...] [any bench/gpu_check.py flag]
+#   bench/gpu_check/gpu_check.sh [--smoke] [--jsonl OUT.jsonl] [--rows p1,p2,...] [any bench/gpu_check/run.py flag]
 #
 # Runs on a bare machine with PyTorch and no network: it installs nothing. The preflight
-# (bench/gpu_check_preflight.py) imports what the check imports and prints every wheel that loaded
+# (bench/gpu_check/preflight.py) imports what the check imports and prints every wheel that loaded
 # (those beyond torch's own are the ones to carry in); a missing one is named in one line, exit 2.
 # Each row is appended to OUT.jsonl (default ./gpu_check.jsonl) and printed the moment it is
 # measured, so a crash or the time limit keeps what was measured.
@@ -31,7 +31,7 @@
 # one timed step per row), about a minute on 2 idle cores.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-repo="$(dirname "$here")"
+repo="$(dirname "$(dirname "$here")")"
 python="${PYTHON:-python3}"  # the interpreter that has the (CUDA) PyTorch; PYTHON=... to choose another
 
 smoke=0
@@ -47,7 +47,7 @@ else
   limit=570  # 9.5 minutes, preflight included: the check and its SIGKILL margin end within 10 minutes
 fi
 
-"$python" "$here/gpu_check_preflight.py" "$@"  # exit 2 (set -e) when a wheel is missing, before any work
+"$python" -m bench.gpu_check.preflight "$@"  # exit 2 (set -e) when a wheel is missing, before any work
 if [[ $smoke == 0 ]]; then
   command -v nvidia-smi >/dev/null &&
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv || true
@@ -56,4 +56,4 @@ left=$((limit - SECONDS))
 budget=()
 [[ $smoke == 0 ]] && budget=(--deadline "$(($(date +%s) + left - 20))")
 # SIGTERM at the limit (the check saves an "end" record and exits 124), SIGKILL 20 s later if stuck in a kernel.
-exec timeout --signal=TERM --kill-after=20 "$left" "$python" "$here/gpu_check.py" ${budget[@]+"${budget[@]}"} "$@"
+exec timeout --signal=TERM --kill-after=20 "$left" "$python" -m bench.gpu_check ${budget[@]+"${budget[@]}"} "$@"

@@ -1,4 +1,4 @@
-"""Synthetic training shards for bench/gpu_check.py, in the data_prep format, with the lengths real data has.
+"""Synthetic training shards for bench/gpu_check/run.py, in the data_prep format, with the lengths real data has.
 
 The training rows read these through the real `pretrain.data.batches.RankBatches` and the driver's DataLoader, so
 the check pays for reading, dynamic masking and collation as a run does. Token ids are random (the

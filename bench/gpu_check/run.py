@@ -1,8 +1,8 @@
 """One prepared GPU check: the production training step of the shipped recipe at its own micro-batches,
 the LAMB step against its memory-traffic floor, peak memory, and from them an ESTIMATE of each shipped
-recipe's phase wall-clock on 8, 64 and 256 GPUs. Run through bench/gpu_check.sh (docs/performance.md).
+recipe's phase wall-clock on 8, 64 and 256 GPUs. Run through bench/gpu_check/gpu_check.sh (docs/performance.md).
 
-    python bench/gpu_check.py [--smoke] [--recipe RUN.json] [--rows p1,p2,...] [--jsonl OUT.jsonl]
+    python -m bench.gpu_check [--smoke] [--recipe RUN.json] [--rows p1,p2,...] [--jsonl OUT.jsonl]
                               [--deadline T] [any flag below]
 
 Every row is saved and printed the moment it is measured: one JSON line appended (and fsynced) to
@@ -12,11 +12,11 @@ run's start time as "run"), then its markdown row on stdout (table headers first
 keeps every row measured before it; a row that raises is printed as "failed: <reason>" and the check
 goes on with the next one (exit 1 at the end).
 
-Training rows (bench/gpu_check_plan.py lists them, most important first): the recipe's phase 1 and
+Training rows (bench/gpu_check/plan.py lists them, most important first): the recipe's phase 1 and
 phase 2 at its micro-batch sizes, through `pretrain.trainer.PhaseTrainer.train_step` with A
 micro-batches per optimizer step (--accum1 / --accum2), real `RankBatches` over synthetic shards whose
 lengths are like real data (10 % short instances: the attention mask and SDPA's masked kernel run) and
-the recipe's DataLoader workers (bench/gpu_check_train.py); the engine is what the driver builds for the
+the recipe's DataLoader workers (bench/gpu_check/train.py); the engine is what the driver builds for the
 phase (`plan_run`, `build_engine`: bf16 + ZeRO-1 + fp32 grad accumulation = BF16_Optimizer around our
 ExactLamb, clipping 1.0), with DeepSpeed's throughput timer set explicitly (off, as the shipped JSON is
 meant to have it; one row has it on). Each row also runs the same engine with one micro-batch per step,
@@ -52,25 +52,25 @@ from typing import Any
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
 from deepspeed.utils import logger as ds_logger  # noqa: E402
 
-from bench.gpu_check_args import parse_args  # noqa: E402
-from bench.gpu_check_estimate import comparisons, estimate, estimate_markdown  # noqa: E402
-from bench.gpu_check_plan import LAMB_STAGE, GroupSpec, build_plan  # noqa: E402
-from bench.gpu_check_preflight import loaded_distributions  # noqa: E402
-from bench.gpu_check_report import (  # noqa: E402
+from bench.gpu_check.args import parse_args  # noqa: E402
+from bench.gpu_check.estimate import comparisons, estimate, estimate_markdown  # noqa: E402
+from bench.gpu_check.plan import LAMB_STAGE, GroupSpec, build_plan  # noqa: E402
+from bench.gpu_check.preflight import loaded_distributions  # noqa: E402
+from bench.gpu_check.report import (  # noqa: E402
     LAMB_HEADER,
     TRAIN_HEADER,
     estimate_runs,
     lamb_markdown,
     train_markdown,
 )
-from bench.gpu_check_rows import lamb_floor_ms, lamb_row, lamb_shapes  # noqa: E402
-from bench.gpu_check_shards import ShardCache  # noqa: E402
-from bench.gpu_check_train import build_group, group_key, train_row  # noqa: E402
+from bench.gpu_check.rows import lamb_floor_ms, lamb_row, lamb_shapes  # noqa: E402
+from bench.gpu_check.shards import ShardCache  # noqa: E402
+from bench.gpu_check.train import build_group, group_key, train_row  # noqa: E402
 from pretrain.engine import DistInfo, init_distributed  # noqa: E402
 
 

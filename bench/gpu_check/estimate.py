@@ -35,7 +35,7 @@ ESTIMATE_HEADER = ("| recipe | phase | GPUs | A | ms / micro | optimizer ms | co
 
 @dataclass(frozen=True)
 class Network:
-    """The interconnect the estimate assumes (flags of bench/gpu_check.py); NCCL bus bandwidths in GB/s."""
+    """The interconnect the estimate assumes (flags of bench/gpu_check/run.py); NCCL bus bandwidths in GB/s."""
 
     gpus_per_node: int = 8
     intra_node_busbw_gbs: float = 350.0  # NVLink / NVSwitch all-reduce, 8 GPUs in a node (est.)

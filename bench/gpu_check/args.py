@@ -1,13 +1,13 @@
-"""Command line of bench/gpu_check.py (its docstring and docs/performance.md say what the rows are)."""
+"""Command line of bench/gpu_check/run.py (its docstring and docs/performance.md say what the rows are)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from bench.gpu_check_estimate import Network
-from bench.gpu_check_plan import build_plan, row_names
-from bench.gpu_check_preflight import DEFAULT_JSONL, DEFAULT_RECIPE
+from bench.gpu_check.estimate import Network
+from bench.gpu_check.plan import build_plan, row_names
+from bench.gpu_check.preflight import DEFAULT_JSONL, DEFAULT_RECIPE
 
 RECIPES = DEFAULT_RECIPE.parent
 VOCAB = 30522
@@ -43,7 +43,7 @@ def ints_arg(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="One prepared GPU check (bench/gpu_check.py).")
+    parser = argparse.ArgumentParser(description="One prepared GPU check (bench/gpu_check/run.py).")
     add = parser.add_argument
     add("--smoke", action="store_true", help="CPU, the tiny model at tiny shapes (CI)")
     add("--recipe", type=Path, default=DEFAULT_RECIPE, help="the run config whose phases the main rows measure")

@@ -1,9 +1,9 @@
-"""The training rows of bench/gpu_check.py: the production step, `PhaseTrainer.train_step`, timed.
+"""The training rows of bench/gpu_check/run.py: the production step, `PhaseTrainer.train_step`, timed.
 
-Each group (bench/gpu_check_plan.py) builds the engine the way the driver does (`pretrain.train.plan_run`
+Each group (bench/gpu_check/plan.py) builds the engine the way the driver does (`pretrain.train.plan_run`
 on the recipe with only the batch, the data folder and, for --smoke, the model and shapes replaced;
 `build_engine` with the phase's LR schedule). Each row then builds a `PhaseTrainer` as `run_phase` does,
-over the real `RankBatches` of synthetic shards (bench/gpu_check_shards.py) and the recipe's
+over the real `RankBatches` of synthetic shards (bench/gpu_check/shards.py) and the recipe's
 `data.num_workers` DataLoader, and times the body of the trainer's loop without checkpoints and
 validation: `train_step()` (A micro-batches read, masked and collated by the workers, loss normalisation,
 forward/backward, one optimizer step, one statistics all-reduce), `step_metrics` and `log_step` (with
@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from bench.gpu_check_plan import GroupSpec, RowSpec
-from bench.gpu_check_shards import ShardCache
+from bench.gpu_check.plan import GroupSpec, RowSpec
+from bench.gpu_check.shards import ShardCache
 from pretrain.checkpointing.checkpoint import CheckpointManager
 from pretrain.config.deepspeed import precision_of, read_ds_json
 from pretrain.config.load import RunConfig, load_config
