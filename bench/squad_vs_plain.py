@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))  # ahead of bench/, whose data_prep.py would shadow the package
+sys.path.insert(0, str(REPO_ROOT))  # `python bench/squad_vs_plain.py` finds the checkout without an install
 SHARED_SQUAD = Path(os.environ.get("BERT_DS_SHARED_DATA", REPO_ROOT.parent / "shared" / "data")) / "squad"
 SHIPPED_JSON = REPO_ROOT / "ds_configs" / "deepspeed" / "squad_adamw_zero1.json"
 

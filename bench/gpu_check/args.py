@@ -43,7 +43,7 @@ def ints_arg(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="One prepared GPU check (bench/gpu_check/run.py).")
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu_check", description="One prepared GPU check (bench/gpu_check/run.py).")
     add = parser.add_argument
     add("--smoke", action="store_true", help="CPU, the tiny model at tiny shapes (CI)")
     add("--recipe", type=Path, default=DEFAULT_RECIPE, help="the run config whose phases the main rows measure")
