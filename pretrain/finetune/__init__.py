@@ -1,2 +1,2 @@
-"""Fine-tuning our exports: what SQuAD and GLUE share (common, model_dir), and the two tasks, siblings that
+"""Fine-tuning our exports: what SQuAD and GLUE share (common), and the two tasks, siblings that
 never import each other (squad/, glue/)."""

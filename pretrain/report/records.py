@@ -200,7 +200,7 @@ def exports_of_run(run_dir: Path) -> list[Path]:
     return sorted(exports)
 
 
-# ---------------------------------------------------------------- what the report shows (report.py, report_plot.py)
+# ---------------------------------------------------------------- what the report shows (write.py, plot.py)
 @dataclass
 class TargetRow:
     """One mark of the time-to-target table."""

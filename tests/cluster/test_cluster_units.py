@@ -3,7 +3,7 @@ device-index rules, the launch plan and the shell assignments launch.sh and slur
 
 No SLURM, GPU or DeepSpeed needed: scontrol and nvidia-smi are stand-in scripts on PATH where a test
 needs them. test_launch_sh.py checks the same rules through launch.sh's printed commands;
-test_launch_plan.py the launch options and the ranks' environment that launch.sh gets from
+test_launch_plan.py (pretrain/launch/plan.py) the launch options and the ranks' environment that launch.sh gets from
 pretrain/launch/plan.py.
 """
 

@@ -246,5 +246,5 @@ def test_help_lists_every_subcommand(tmp_path: Path) -> None:
     for word in ("prep", "pretrain", "squad", "export", "tensorboard", "demo", "--dry-run", "--hostfile", "SLURM"):
         assert word in proc.stdout
     for option in ("--launcher", "--gpus N", "--nodes N", "--master-addr A", "--master-port P", "--cpu"):
-        assert f"\n  {option} " in proc.stdout  # the LAUNCH OPTIONS launch_plan.py parses
+        assert f"\n  {option} " in proc.stdout  # the LAUNCH OPTIONS launch/plan.py parses
     assert launch([], tmp_path).stdout == proc.stdout  # no subcommand: the same text, exit 2
