@@ -140,55 +140,10 @@ def flag(default: Any, doc: str, choices: tuple[Any, ...] | None = None, require
     return dataclasses.field(default=default, metadata={"doc": doc, "choices": choices, "required": required})
 
 
-# BERT's fine-tuning optimizer (torch AdamW, betas 0.9/0.999, eps 1e-6, weight decay 0.01), ZeRO-1, clipping at
-# 1.0: one JSON for SQuAD and GLUE alike; a second copy would be a second home.
-DEFAULT_DS_CONFIG = REPO_ROOT / "ds_configs" / "deepspeed" / "squad_adamw_zero1.json"
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineFlags:
-    """The flags every fine-tune shares, declared once: its engine's mechanics, the batch arithmetic, the
-    warmup, the precision. A command's config (FinetuneConfig in squad, GlueConfig in glue) subclasses it
-    and adds its own, epochs and lr among them (their defaults differ per task). A bad value raises the
-    command's `format_error`, one line naming the flag."""
-
-    format_error: typing.ClassVar[type[FinetuneFormatError]] = FinetuneFormatError
-
-    ds_config: Path = flag(DEFAULT_DS_CONFIG, "DeepSpeed JSON of engine mechanics: optimizer type and its other "
-                                              "params, ZeRO, clipping (ds_configs/deepspeed/squad_*.json); it must "
-                                              "not set lr, batch sizes, bf16/fp16.enabled or a scheduler: the "
-                                              "flags here own them")
-    max_steps: int | None = flag(None, "optimizer steps (overrides --epochs; GLUE: per seed)")
-    batch_size: int = flag(32, "global batch: training items (SQuAD windows, GLUE examples) per optimizer step, "
-                               "all ranks together")
-    micro_batch_size: int | None = flag(None, "items per rank per forward/backward; None: --batch-size / "
-                                              "(ranks x accumulation)")
-    gradient_accumulation_steps: int | None = flag(None, "micro-batches per rank per optimizer step; None: derived "
-                                                         "from --micro-batch-size, or 1 without it")
-    warmup_fraction: float = flag(0.1, "share of the steps with a linear warmup (then linear decay to 0)")
-    precision: str = flag("auto", "auto: fp32 on CPU, bf16 on a GPU that has it, else fp16 (dynamic loss scale)",
-                          choices=PRECISIONS)
-
-    def check_engine_flags(self) -> None:
-        """Each count > 0 when set, the warmup share in [0, 1), a known precision."""
-        for name in ("max_steps", "batch_size", "micro_batch_size", "gradient_accumulation_steps"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise self.format_error(f"--{name.replace('_', '-')} must be > 0, got {value}")
-        if not 0.0 <= self.warmup_fraction < 1.0:
-            raise self.format_error(f"--warmup-fraction must be in [0, 1), got {self.warmup_fraction}")
-        if self.precision not in PRECISIONS:
-            raise self.format_error(f"--precision must be one of {PRECISIONS}, got {self.precision!r}")
-
-
 def add_config_arguments(parser: argparse.ArgumentParser, config_class: type) -> None:
     """`--name-with-dashes` for every field of `config_class` (declared with ``flag``): type, default, choices, doc."""
     hints = typing.get_type_hints(config_class)
-    inherited = {spec.name for base in config_class.__mro__[1:] if dataclasses.is_dataclass(base)
-                 for spec in dataclasses.fields(base)}
-    # --help reads: the required flags, the command's own, then the engine's it shares (EngineFlags)
-    for spec in sorted(dataclasses.fields(config_class),
-                       key=lambda spec: (not spec.metadata.get("required"), spec.name in inherited)):
+    for spec in dataclasses.fields(config_class):
         option, doc = "--" + spec.name.replace("_", "-"), spec.metadata["doc"]
         kind = hints[spec.name]
         if kind is bool:

@@ -143,25 +143,3 @@ def test_squad_finetune_help_lists_every_field_with_its_doc() -> None:
     args = parser.parse_args(["--model", "m", "--out", "o", "--dev", "d.json", "--precision", "bf16", "--save-model"])
     config = finetune_args.config_from_args(args)
     assert config.precision == "bf16" and config.save_model and config.epochs == 2.0 and config.train is None
-
-
-def test_the_engine_flags_are_declared_once_for_squad_and_glue() -> None:
-    """SQuAD and GLUE share EngineFlags (pretrain/finetune/common.py): neither redeclares one, and a bad
-    value is still the command's own error kind, naming the flag."""
-    import dataclasses
-
-    from pretrain.finetune.common import EngineFlags
-    from pretrain.finetune.glue.data import GlueFormatError
-    from pretrain.finetune.glue.finetune_args import GlueConfig
-    from pretrain.finetune.squad.data import SquadFormatError
-    from pretrain.finetune.squad.finetune_args import FinetuneConfig
-
-    shared = {spec.name for spec in dataclasses.fields(EngineFlags)}
-    assert {"ds_config", "batch_size", "precision", "warmup_fraction"} <= shared
-    for config_class in (FinetuneConfig, GlueConfig):
-        assert issubclass(config_class, EngineFlags)
-        assert not shared & set(config_class.__annotations__), config_class
-    with pytest.raises(SquadFormatError, match="^--micro-batch-size must be > 0, got 0$"):
-        FinetuneConfig(model="m", out="o", dev="d.json", micro_batch_size=0)
-    with pytest.raises(GlueFormatError, match="^--precision must be one of"):
-        GlueConfig(task="rte", model="m", data="d", out="o", precision="fp8")
