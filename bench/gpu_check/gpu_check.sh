@@ -47,7 +47,7 @@ else
   limit=570  # 9.5 minutes, preflight included: the check and its SIGKILL margin end within 10 minutes
 fi
 
-"$python" -m bench.gpu_check.preflight "$@"  # exit 2 (set -e) when a wheel is missing, before any work
+"$python" "$here/preflight.py" "$@"  # exit 2 (set -e) when a wheel is missing, before any work
 if [[ $smoke == 0 ]]; then
   command -v nvidia-smi >/dev/null &&
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv || true
