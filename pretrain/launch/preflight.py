@@ -15,7 +15,10 @@ exit status 2 before any rank or node is touched:
   vocab present and equal to the manifest's (size and sha256), the same vocab for every phase, the MLM
   prediction slots; the model's vocab and position sizes against them. Shards are not hashed (rank 0
   does that at start-up, `data.verify_checksums`): this stays within seconds on any data size;
-- the run folder and the checkpoint folder can be created and written.
+- the run folder and the checkpoint folder can be created and written, and their file systems hold the
+  run's checkpoints and exports at their fullest (`checkpoint.keep_last` + 1 checkpoints, earlier phases'
+  ends, the exports), estimated from the model, precision, ZeRO stage and ranks
+  (pretrain/checkpointing/disk.py; the line and `--dry-run` print the estimate).
 
 Light on purpose: the standard library, numpy and pyarrow (the manifest reader); never torch or
 DeepSpeed (tests/launch/test_preflight.py checks `sys.modules` in a fresh interpreter). The ranks run
@@ -37,6 +40,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pretrain.checkpointing.disk import (
+    JobSizing,
+    RunFootprint,
+    check_free_space,
+    model_fields,
+    run_destinations,
+    run_footprint,
+)
 from pretrain.config.cli import parse_args
 from pretrain.config.deepspeed import phase_ds_config, phase_ds_json
 from pretrain.config.load import load_config
@@ -90,6 +101,7 @@ class CheckedRun:
     shards: dict[str, PhaseShards]
     ds_configs: dict[str, dict[str, Any]] | None
     dp_size: int | None
+    footprint: RunFootprint | None = None  # the disk the run needs at its fullest (None: dp size unknown)
 
 
 def check_config(config: RunConfig, shape: LaunchShape) -> CheckedRun:
@@ -103,10 +115,18 @@ def check_config(config: RunConfig, shape: LaunchShape) -> CheckedRun:
         ds_configs = {name: phase_ds_config(config, name, dp_size, shape.device_type, bf16_supported=True)
                       for name in config.run.phases}
     shards = check_run_shards(config)
-    model_overrides(config, shards[config.run.phases[0]].vocab_size)
+    first = shards[config.run.phases[0]]
+    overrides, max_positions = model_overrides(config, first.vocab_size)
     check_writable(Path(config.run.dir), "run.dir")
     check_writable(config.checkpoint_dir, "checkpoint.dir" if config.checkpoint.dir else "run.dir")
-    return CheckedRun(shards, ds_configs, dp_size)
+    footprint = None
+    if ds_configs is not None and dp_size is not None:  # enough disk for keep_last + 1 checkpoints and the exports
+        fields = model_fields(config.model.preset, overrides, first.vocab_size, max_positions)
+        sizing = JobSizing(fields, first.manifest.vocab_path.stat().st_size, ds_configs, dp_size,
+                           shape.world_size // dp_size)
+        footprint = run_footprint(config, sizing)
+        check_free_space(run_destinations(config, footprint))
+    return CheckedRun(shards, ds_configs, dp_size, footprint)
 
 
 def check_command_line(module_args: Sequence[str], shape: LaunchShape) -> str:
@@ -122,6 +142,8 @@ def check_command_line(module_args: Sequence[str], shape: LaunchShape) -> str:
             text += (f", batch {ds['train_batch_size']} = {ds['train_micro_batch_size_per_gpu']} x "
                      f"{ds['gradient_accumulation_steps']} accumulation x {checked.dp_size} ranks")
         parts.append(text)
+    if checked.footprint is not None:
+        parts.append(f"disk at most {checked.footprint.summary()}")
     return f"checked {config_path} for {shape.world_size} rank(s): {'; '.join(parts)}"
 
 

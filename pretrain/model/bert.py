@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from transformers import BertConfig, BertForPreTraining
 
+from pretrain.model.presets import PRESETS, unknown_preset
+
 IGNORE_INDEX = -100
 
 
@@ -40,19 +42,10 @@ def key_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None
     return attention_mask.bool()[:, None, None, :]
 
 
-# Architecture presets. bert-base / bert-large are the published shapes; the tiny ones exist for CPU tests.
-PRESETS: dict[str, dict[str, Any]] = {
-    "bert-large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
-    "bert-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
-    "bert-mini": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024),
-    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128),
-}
-
-
 def bert_config(preset: str, vocab_size: int, max_position_embeddings: int = 512, **overrides: Any) -> BertConfig:
     """A `BertConfig` from a preset name plus explicit overrides (unknown override names are errors)."""
     if preset not in PRESETS:
-        raise ValueError(f"model.preset: unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+        raise ValueError(unknown_preset(preset))
     known = set(BertConfig().to_dict())
     for key in overrides:
         if key not in known:
