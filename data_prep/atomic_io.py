@@ -44,6 +44,18 @@ def atomic_write_stream(path: str | os.PathLike[str], write: Callable[[BinaryIO]
         raise
 
 
+def fsync_folder(path: str | os.PathLike[str]) -> None:
+    """Make the folder's entries durable (files created or renamed into it): an fsync of the folder itself.
+
+    A rename is atomic but lives in the folder's metadata; without this a power loss can undo it even
+    after the file's own fsync. Checkpoint commits call it (pretrain/checkpointing/commit.py)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """`data` written atomically (see atomic_write_stream)."""
     atomic_write_stream(path, lambda handle: handle.write(data))

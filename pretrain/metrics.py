@@ -22,7 +22,9 @@ from __future__ import annotations
 import json
 import os
 import resource
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,6 +84,10 @@ class MetricsWriter:
     resumed run repeats) is dropped: rows of metrics.jsonl with step >= S, and TensorBoard's events through
     SummaryWriter(purge_step=S).
 
+    A write that fails (a full disk, EIO) does not end training: one warning line, then no more rows from this
+    process (TensorBoard's writer thread, whose failure the next write reports, is kept quiet meanwhile).
+    Metrics are not needed to resume; a checkpoint save is what a full disk must not cost (docs/faults.md).
+
     With `quality` (the driver passes it), the run's clock is kept too (pretrain/report/quality.py): every
     row of metrics.jsonl gets "wall_s" (seconds the run has run, over its processes), and a row with
     val/mlm_acc the time/* numbers and any quality target it reaches first. Host arithmetic only.
@@ -92,6 +98,7 @@ class MetricsWriter:
         self.log_dir = log_dir
         self._tb = None
         self._jsonl = None
+        self._thread_hook: Callable[[threading.ExceptHookArgs], Any] | None = None  # threading's, while quieted
         # rank 0's share of the run's clock, counted from this process's start (the driver builds the writer
         # after its checks and the run folder's lock)
         self.quality = TimeToQuality(quality) if quality is not None and self.enabled else None
@@ -102,6 +109,8 @@ class MetricsWriter:
         assert self.log_dir is not None
         from torch.utils.tensorboard import SummaryWriter  # imported lazily: rank 0 only
 
+        self._thread_hook = threading.excepthook
+        threading.excepthook = quiet_writer_thread(self._thread_hook)  # restored by close() / _give_up()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         path = self.log_dir / METRICS_FILE
         drop_rows_from(path, step)
@@ -111,8 +120,13 @@ class MetricsWriter:
             self.quality.begin(step)  # targets reached in the steps this resume repeats are dropped too
 
     def scalars(self, step: int, values: dict[str, float], extra: dict[str, Any] | None = None) -> None:
-        if not self.enabled:
-            return
+        if self.enabled:
+            try:
+                self._scalars(step, values, extra)
+            except OSError as err:
+                self._give_up(err)
+
+    def _scalars(self, step: int, values: dict[str, float], extra: dict[str, Any] | None) -> None:
         self._open(step)
         extra = dict(extra or {})
         if self.quality is not None:
@@ -125,21 +139,57 @@ class MetricsWriter:
 
     def histogram(self, step: int, tag: str, values: torch.Tensor) -> None:
         if self.enabled and values.numel():
-            self._open(step)
-            self._tb.add_histogram(tag, values.detach().float().cpu(), step)
+            try:
+                self._open(step)
+                self._tb.add_histogram(tag, values.detach().float().cpu(), step)
+            except OSError as err:
+                self._give_up(err)
 
     def flush(self) -> None:
         if self.enabled and self._tb is not None:
-            self._tb.flush()
+            try:
+                self._tb.flush()
+            except OSError as err:
+                self._give_up(err)
+
+    def _give_up(self, err: OSError) -> None:
+        """The one warning of a failed metrics write; this process writes no more rows (class docstring)."""
+        print(f"warning: metrics: cannot write to {self.log_dir} ({err}); training goes on without metrics.jsonl "
+              "and TensorBoard rows for the rest of this process", flush=True)
+        self._close_files()
+        self.enabled = False
+
+    def _close_files(self) -> None:
+        for handle in (self._tb, self._jsonl):
+            try:
+                if handle is not None:
+                    handle.close()
+            except OSError:
+                pass  # the write that failed was reported once; a close that fails too adds nothing
+        if self._thread_hook is not None:
+            threading.excepthook, self._thread_hook = self._thread_hook, None
+        self._tb = self._jsonl = None
 
     def close(self) -> None:
-        if self.enabled and self._tb is not None:
-            self._tb.close()
-            self._jsonl.close()
+        if self.enabled:
+            self._close_files()
         if self.quality is not None:
-            self.quality.close()  # this process's seconds, also after an error (the driver closes in `finally`)
+            try:
+                self.quality.close()  # this process's seconds, also after an error (the driver closes in `finally`)
+            except OSError as err:
+                print(f"warning: metrics: cannot write the run clock in {self.log_dir} ({err})", flush=True)
             self.quality = None
         self.enabled = False
+
+
+def quiet_writer_thread(previous: Callable[[threading.ExceptHookArgs], Any]) -> Callable[..., Any]:
+    """A threading.excepthook that keeps TensorBoard's event writer thread from printing a traceback for a
+    failed write: the writer raises the same error at the next call, which `MetricsWriter` reports once."""
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if not (isinstance(args.exc_value, OSError) and type(args.thread).__name__ == "_AsyncWriterThread"):
+            previous(args)
+
+    return hook
 
 
 def drop_rows_from(path: Path, step: int) -> None:

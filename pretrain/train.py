@@ -45,6 +45,7 @@ from data_prep.atomic_io import atomic_write_json
 from data_prep.shards import ShardFormatError
 from pretrain.checkpointing.checkpoint import (
     CheckpointManager,
+    SaveError,
     consolidated_state_dict,
     read_run_config,
     split_checkpoint_path,
@@ -288,7 +289,7 @@ def _train(config: RunConfig, extensions: Sequence[TrainingPlugin], stop: StopRe
 
 def main(argv: list[str] | None = None, extensions: Sequence[TrainingPlugin] = ()) -> int:
     """The driver's command line (module docstring); `extensions`: see train(). Exit 0, 2 (a user error: one
-    line) or 3 (too many NaN/inf steps in a row)."""
+    line), 3 (too many NaN/inf steps in a row) or 4 (a checkpoint could not be written: its line is out)."""
     # SIGTERM/SIGUSR1 caught from here on: one that comes during start-up (rank 0 hashing shards, a
     # resume's conversion) stops the run at its first step, with a checkpoint, instead of killing it
     # (a SLURM time-limit signal to a job that has just started would otherwise end it un-requeued).
@@ -298,6 +299,8 @@ def main(argv: list[str] | None = None, extensions: Sequence[TrainingPlugin] = (
     try:
         config = load_config(config_path, overrides)
         outcome = train(config, extensions, stop)
+    except SaveError:  # rank 0 printed its one line where the save failed (pretrain/checkpointing/commit.py)
+        return 4
     except UserError as err:  # config, data or resume error: one line with its kind's prefix
         print(err.line(), file=sys.stderr, flush=True)
         return 2

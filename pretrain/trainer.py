@@ -334,9 +334,9 @@ class PhaseTrainer:
         loss_sum, correct, n = sums.tolist()
         return {"val/mlm_loss": loss_sum / max(n, 1), "val/mlm_acc": correct / max(n, 1)}
 
-    def save(self, phase_end: bool = False) -> None:
-        tag = make_tag(self.state.phase, self.state.step)
-        self.checkpoints.save(self.engine, tag, self.state.state_dict(), self.resolved_config, phase_end=phase_end)
+    def save(self, phase_end: bool = False, routine: bool = False) -> None:
+        self.checkpoints.save(self.engine, make_tag(self.state.phase, self.state.step), self.state.state_dict(),
+                              self.resolved_config, phase_end=phase_end, may_fail=routine)
         self.cadence.saved(time.monotonic())
 
     def _stop_requested(self, result: StepResult) -> str | None:
@@ -390,7 +390,7 @@ class PhaseTrainer:
                 self.save()
                 return reason
             if self.cadence.should_save(self.state.step, result.save_due):
-                self.save()
+                self.save(routine=True)  # a routine save may fail (full disk): training goes on (docs/faults.md)
                 self.throughput.restart()  # checkpoint time is not training throughput
         self.state.complete = True
         if self.val_batches is not None and val_every and self.state.step % val_every:

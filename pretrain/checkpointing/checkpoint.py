@@ -15,11 +15,13 @@ Layout of `checkpoint.dir`::
 
 The names are pretrain/checkpointing/layout.py's (the on-disk format).
 
-Why our own `latest`: DeepSpeed's rank 0 writes its `latest` before the final barrier of
-`save_checkpoint`, so a crash can leave it naming a tag other ranks never finished. We pass
-`save_latest=False` and switch the pointer only after a barrier that every rank reaches after
-writing, with temp file + rename. Older tags are pruned only after the switch: renamed aside before
-the final barrier (one rename each), deleted by rank 0 after it, so no rank waits for the deletion.
+Why our own `latest`: DeepSpeed's rank 0 writes its `latest` with a plain open() before the final
+barrier of `save_checkpoint`, so a crash can leave it naming a tag other ranks never finished. We pass
+`save_latest=False`; every file is written by temp file + fsync + rename, the manifest (the commit
+marker) and then `latest` only after every rank reported its files written, and a rank whose write
+fails fails the save on every rank (pretrain/checkpointing/commit.py). Older tags are pruned only after
+the switch: renamed aside before the last collective (one rename each), deleted by rank 0 after it, so
+no rank waits for the deletion.
 
 Another world size: `load` of a tag written by a different number of ranks puts the converted state
 (pretrain/checkpointing/elastic.py; the driver converts once before loading) into the new engine instead of
@@ -41,11 +43,20 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from data_prep.atomic_io import atomic_write_bytes, atomic_write_json
+from data_prep.atomic_io import atomic_write_bytes, atomic_write_json, fsync_folder
+from pretrain.checkpointing.commit import (
+    SaveAttempt,
+    SaveError,
+    agree_on_failures,
+    deepspeed_save,
+    publish,
+    report_failure,
+)
 from pretrain.checkpointing.elastic import load_converted, write_layout_record
 from pretrain.checkpointing.layout import (
     CONSOLIDATED,
     LATEST,
+    MANIFEST,
     PHASE_END,
     PRUNED_PREFIX,
     RUN_CONFIG,
@@ -53,9 +64,9 @@ from pretrain.checkpointing.layout import (
     TRAINER_STATE,
     make_tag,
 )
-from pretrain.checkpointing.manifest import write_manifest
+from pretrain.checkpointing.manifest import gather_entries, write_manifest
 
-__all__ = ["CheckpointManager", "SavedState", "consolidated_state_dict", "make_tag", "read_run_config",
+__all__ = ["CheckpointManager", "SaveError", "SavedState", "consolidated_state_dict", "make_tag", "read_run_config",
            "record_tied_parameters", "split_checkpoint_path"]
 
 
@@ -67,11 +78,6 @@ class SavedState(Protocol):
     def state_dict(self) -> dict[str, Any] | None: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
 
 
 class CheckpointManager:
@@ -94,42 +100,62 @@ class CheckpointManager:
     def trainer_state(self, tag: str) -> dict[str, Any]:
         return json.loads((self.root / tag / TRAINER_STATE).read_text(encoding="utf-8"))
 
-    def save(
-        self, engine: Any, tag: str, trainer_state: dict[str, Any], run_config: dict[str, Any], phase_end: bool
-    ) -> Path:
-        """Collective: every rank calls it. Returns the tag folder."""
+    def save(self, engine: Any, tag: str, trainer_state: dict[str, Any], run_config: dict[str, Any],
+             phase_end: bool, may_fail: bool = False) -> Path | None:
+        """Collective: every rank calls it. Returns the tag folder once `latest` names it.
+
+        A write that fails on any rank fails the save on every rank (pretrain/checkpointing/commit.py): the
+        folder is deleted, `latest` keeps naming the last whole checkpoint, rank 0 prints one line. Then
+        `may_fail` (a routine step checkpoint) returns None and training goes on; otherwise SaveError.
+        """
         folder = self.root / tag
+        attempt = SaveAttempt(self.rank)
         if self.rank == 0:  # a tag saved again (after a manual rollback) must not keep an older conversion
-            (folder / CONSOLIDATED).unlink(missing_ok=True)
-            self._write_extra_state(folder)  # before the collective save: `latest` never names a tag without it
+            attempt.write(CONSOLIDATED, lambda: (folder / CONSOLIDATED).unlink(missing_ok=True))
+            attempt.write("plug-in state", lambda: self._write_extra_state(folder))  # `latest` never lacks it
         client_state = {"trainer_state": trainer_state, "run_config": run_config}
-        engine.save_checkpoint(str(self.root), tag=tag, client_state=client_state, save_latest=False)
+        deepspeed_save(engine, attempt, lambda: engine.save_checkpoint(
+            str(self.root), tag=tag, client_state=client_state, save_latest=False))
+        self._write_own_files(engine, folder, attempt, trainer_state, run_config, phase_end)
+        attempt.write(folder.name, lambda: fsync_folder(folder))  # this rank's renames are durable
+        world = run_config.get("resolved", {}).get("world_size", 1)
+        gathered = gather_entries(folder, self.rank, attempt.failure)  # collective; files + sizes + sha256
+        self.hash_seconds = gathered.seconds
+        pruned: list[Path] = []
+        if self.rank == 0 and not gathered.failures:
+            attempt.write(MANIFEST, lambda: write_manifest(folder, gathered.files, world))  # the commit marker
+            publish(self.root, tag, attempt)  # `latest`, last
+            if attempt.failure is None:
+                pruned = self.set_aside_old_tags(keep=tag)  # renames only: the folder holds keep-last from here
+        failures = gathered.failures or agree_on_failures(attempt.failure)  # collective (all agree on the first)
+        if failures:
+            line = report_failure(folder, failures, engine, self.rank, stop=not may_fail)
+            if may_fail:
+                return None
+            raise SaveError(line)
+        self.delete_set_aside(pruned)  # rank 0, after the last collective: no rank waits for the deletion
+        return folder
+
+    def _write_own_files(self, engine: Any, folder: Path, attempt: SaveAttempt, trainer_state: dict[str, Any],
+                         run_config: dict[str, Any], phase_end: bool) -> None:
+        """Our files beside DeepSpeed's, each written atomically; a failure is recorded in `attempt`."""
         # Each rank's RNG: not needed for exactness (steps reseed), kept so anything else random resumes too.
         rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state()
-        atomic_write_bytes(folder / f"rng_rank{self.rank:05d}.pt", pickle.dumps(rng))
+        rng_file = folder / f"rng_rank{self.rank:05d}.pt"
+        attempt.write(rng_file.name, lambda: atomic_write_bytes(rng_file, pickle.dumps(rng)))
         if isinstance(getattr(engine, "basic_optimizer", None), torch.optim.Optimizer):
-            write_layout_record(engine, folder, self.rank)
+            attempt.write("elastic layout record", lambda: write_layout_record(engine, folder, self.rank))
         if self.rank == 0:
-            atomic_write_json(folder / TRAINER_STATE, trainer_state)
-            atomic_write_json(folder / RUN_CONFIG, run_config)
+            attempt.write(TRAINER_STATE, lambda: atomic_write_json(folder / TRAINER_STATE, trainer_state))
+            attempt.write(RUN_CONFIG, lambda: atomic_write_json(folder / RUN_CONFIG, run_config))
             if phase_end:
-                atomic_write_bytes(folder / PHASE_END, b"")
+                attempt.write(PHASE_END, lambda: atomic_write_bytes(folder / PHASE_END, b""))
         if self.rank == 0 and dist.is_initialized() and dist.get_rank() != 0:
             # a model whose first rank is not world rank 0 (a codistillation group): patched before the files
             # are hashed and before anyone (world rank 0 exporting every group) reads them
-            record_tied_parameters(engine.module, folder)
-        world = run_config.get("resolved", {}).get("world_size", 1)
-        self.hash_seconds = write_manifest(folder, self.rank, world)  # collective; files + sizes + sha256
-        _barrier()  # every rank has written everything of this tag
-        pruned: list[Path] = []
-        if self.rank == 0:
-            atomic_write_bytes(self.root / LATEST, tag.encode("utf-8"))
-            pruned = self.set_aside_old_tags(keep=tag)  # renames only: the folder holds keep-last from here
-        _barrier()
-        self.delete_set_aside(pruned)  # rank 0, after the barrier: no rank waits for the deletion
-        return folder
+            attempt.write("shared parameters", lambda: record_tied_parameters(engine.module, folder))
 
     def _write_extra_state(self, folder: Path) -> None:
         if self.extra_state is None:

@@ -12,7 +12,10 @@ same size, same sha256). A damaged one is reported in one line naming the file, 
 `latest` pointer is switched to it. The verdict travels with one all-gather, so every rank resumes
 from the same tag, and codistillation groups of one job agree on the newest tag intact in all of
 them. Without any intact checkpoint the run stops with one line listing what was wrong with each.
-A checkpoint written before manifests existed is resumed unverified.
+The manifest is the tag's commit marker, written last (pretrain/checkpointing/commit.py): an older tag
+without one is a save that did not finish and never a fallback; tags newer than `latest` are deleted
+at resume, in one line. The tag `latest` names without a manifest was written before manifests
+existed and is resumed unverified.
 """
 
 from __future__ import annotations
@@ -20,19 +23,29 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import stat
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
-from data_prep.atomic_io import atomic_write_bytes, atomic_write_json, sha256_file
-from pretrain.checkpointing.layout import CONSOLIDATED, LATEST, MANIFEST, TAG_PATTERN, tag_order
+from data_prep.atomic_io import atomic_write_bytes, atomic_write_json, fsync_folder, sha256_file
+from pretrain.checkpointing.layout import (
+    CONSOLIDATED,
+    LATEST,
+    MANIFEST,
+    PRUNED_PREFIX,
+    TAG_PATTERN,
+    tag_order,
+)
 from pretrain.errors import ResumeError
 
-__all__ = ["MANIFEST", "damage", "file_owner", "resolve_resume_tag", "write_manifest"]
+__all__ = ["MANIFEST", "damage", "file_owner", "gather_entries", "manifest_bytes", "resolve_resume_tag",
+           "write_manifest"]
 
 _RANK_FILE = re.compile(r"^(?:[a-z0-9]+_)?(?:zero_pp_rank_|rng_rank|elastic_layout_rank)(\d+)[_.]")
 _UNLISTED = (CONSOLIDATED, MANIFEST)  # written after the manifest (conversion), or the manifest itself
@@ -79,32 +92,63 @@ def own_entries(folder: Path, rank: int) -> dict[str, dict[str, Any]]:
     return entries
 
 
-def write_manifest(folder: Path, rank: int, world_size: int) -> float:
-    """Collective over the world (every rank of every model saving now). Returns this rank's hashing seconds."""
+@dataclass
+class Gathered:
+    """Every rank's part of one save, as each rank has it after `gather_entries`."""
+
+    files: dict[str, dict[str, Any]]  # this folder's files from every rank (what the manifest lists)
+    failures: list[str]  # every rank's write failure, world-wide (empty: every write went through)
+    seconds: float  # this rank's hashing time
+
+
+def gather_entries(folder: Path, rank: int, failure: str | None) -> Gathered:
+    """Collective over the world (every rank of every model saving now): each rank hashes the files it wrote
+    (none after a failed write: the save fails anyway) and sends them with its failure, if any."""
     began = time.perf_counter()
-    mine = own_entries(folder, rank)
+    mine: dict[str, dict[str, Any]] = {}
+    if failure is None:
+        try:
+            mine = own_entries(folder, rank)
+        except OSError as err:  # a file this rank wrote cannot be read back (EIO): the save fails
+            failure = f"rank {rank}: reading back {folder.name}: {err}"
     seconds = time.perf_counter() - began
-    gathered: list[Any] = [(str(folder), mine)]
+    gathered: list[Any] = [(str(folder), mine, failure)]
     if dist.is_initialized() and dist.get_world_size() > 1:
         gathered = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, (str(folder), mine))
-    if rank == 0:
-        files: dict[str, dict[str, Any]] = {}
-        for where, entries in gathered:
-            if where == str(folder):
-                files.update(entries)
-        atomic_write_json(folder / MANIFEST, {"tag": folder.name, "world_size": world_size, "files": files})
-    return seconds
+        dist.all_gather_object(gathered, (str(folder), mine, failure))
+    files: dict[str, dict[str, Any]] = {}
+    for where, entries, _ in gathered:
+        if where == str(folder):
+            files.update(entries)
+    return Gathered(files, [why for _, _, why in gathered if why], seconds)
 
 
-def damage(folder: Path) -> str | None:
+def write_manifest(folder: Path, files: dict[str, dict[str, Any]], world_size: int) -> None:
+    """Rank 0, once every rank's files are written: MANIFEST.json, the tag's commit marker (temp file, fsync,
+    rename, then the folder's fsync). A tag folder without it is a save that did not finish."""
+    atomic_write_json(folder / MANIFEST, {"tag": folder.name, "world_size": world_size, "files": files})
+    fsync_folder(folder)
+
+
+def manifest_bytes(folder: Path) -> int | None:
+    """The bytes a whole checkpoint holds, from its manifest (None: no readable manifest)."""
+    try:
+        files = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["files"]
+        return sum(entry["size"] for entry in files.values()) + (folder / MANIFEST).stat().st_size
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def damage(folder: Path, named_by_latest: bool = True) -> str | None:
     """Why the checkpoint in `folder` cannot be trusted (one phrase naming the file), or None if it is whole.
-    A folder without a manifest predates them: it is taken as it is."""
+
+    Without a manifest: the tag `latest` names predates manifests (ours is moved only after the manifest is
+    written) and is taken as it is; any other tag is a save that did not finish."""
     if not folder.is_dir():
         return "the folder is missing"
     manifest = folder / MANIFEST
     if not manifest.is_file():
-        return None
+        return None if named_by_latest else f"no {MANIFEST} (a save that did not finish)"
     try:
         files = json.loads(manifest.read_text(encoding="utf-8"))["files"]
     except (ValueError, KeyError) as err:
@@ -139,6 +183,8 @@ def resolve_resume_tag(root: Path, rank: int, label: str = "checkpoint.dir") -> 
     pointer_file = root / LATEST
     pointer = pointer_file.read_text(encoding="utf-8").strip() if first and pointer_file.is_file() else None
     candidates = _candidates(root, pointer) if pointer else []
+    if first:
+        drop_unfinished(root, pointer)
     verdicts: dict[str, str | None] = {}
     bound: tuple[str, int] | None = None
     began = time.perf_counter()
@@ -150,7 +196,7 @@ def resolve_resume_tag(root: Path, rank: int, label: str = "checkpoint.dir") -> 
                 if bound is not None and tag_order(tag) > bound:
                     continue
                 if tag not in verdicts:
-                    verdicts[tag] = damage(root / tag)
+                    verdicts[tag] = damage(root / tag, named_by_latest=tag == pointer)
                 if verdicts[tag] is None:
                     vote = ("tag", tag)
                     break
@@ -180,6 +226,26 @@ def resolve_resume_tag(root: Path, rank: int, label: str = "checkpoint.dir") -> 
     if dist.is_initialized():
         dist.barrier()  # the pointer and folders are in place before anyone reads them
     return chosen
+
+
+def drop_unfinished(root: Path, pointer: str | None) -> None:
+    """Rank 0 of a model, at resume: delete the tag folders newer than `latest` (every one when there is none),
+    saves that never finished (a crash, a full disk): never trusted, and the resumed run writes those steps
+    again into clean folders. Said in one line."""
+    if not root.is_dir():
+        return
+    bound = tag_order(pointer) if pointer else ("", -1)
+    unfinished = sorted((p for p in root.iterdir() if p.is_dir() and TAG_PATTERN.match(p.name)
+                         and tag_order(p.name) > bound), key=lambda p: tag_order(p.name))
+    for folder in unfinished:
+        aside = root / f"{PRUNED_PREFIX}{folder.name}-unfinished"
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(folder, aside)
+        shutil.rmtree(aside, ignore_errors=True)
+    if unfinished:
+        names = ", ".join(p.name for p in unfinished)
+        print(f"checkpoint.dir: ignored and deleted {names} in {root}: newer than latest ({pointer or 'none'}), "
+              "saves that did not finish", flush=True)
 
 
 def _set_aside(root: Path, pointer: str | None, chosen: str, verdicts: dict[str, str | None], seconds: float) -> None:
