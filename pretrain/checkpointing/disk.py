@@ -155,7 +155,7 @@ def check_free_space(destinations: list[Destination]) -> None:
         free = free_bytes(group[0].folder)
         if needed - held > free:
             where = " and ".join(dict.fromkeys(f"{d.key} {d.named}" for d in group))
-            what = " + ".join(d.what for d in group)
+            what = "; ".join(d.what for d in group)
             already = f", {human(held)} of it already there" if held else ""
             raise ConfigError(
                 f"{where}: {human(free)} free on its file system, the run needs {human(needed)} ({what}{already}); "

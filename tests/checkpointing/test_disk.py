@@ -68,7 +68,7 @@ def test_a_folder_too_small_for_the_run_is_refused_in_one_line(tmp_path: Path) -
             check_free_space(wanted)
         assert str(refused.value) == (
             f"run.dir {run_dir}: 256.0 KiB free on its file system, the run needs 320.0 KiB (3 checkpoints x "
-            "100.0 KiB + 1 export x 20.0 KiB); free space, point the folder elsewhere or lower checkpoint.keep_last")
+            "100.0 KiB; 1 export x 20.0 KiB); free space, point the folder elsewhere or lower checkpoint.keep_last")
         smaller = [Destination("run.dir", run_dir, run_dir / "checkpoints", 220 * 1024, "2 checkpoints x 110.0 KiB"),
                    wanted[1]]
         (run_dir / "checkpoints").mkdir(parents=True)  # a resume: what the run folder holds is already paid for
