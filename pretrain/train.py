@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from safetensors import SafetensorError
 from tqdm import tqdm
 from transformers import BertForPreTraining
 
@@ -50,6 +51,7 @@ from pretrain.checkpointing.checkpoint import (
     read_run_config,
     split_checkpoint_path,
 )
+from pretrain.checkpointing.commit import agree_on_failures, first_line
 from pretrain.checkpointing.elastic import prepare_resume
 from pretrain.checkpointing.export import export_checkpoint, load_weights
 from pretrain.checkpointing.manifest import resolve_resume_tag
@@ -188,10 +190,25 @@ def load_initial_weights(
 def export_phase(plugin: TrainingPlugin, phase: str, source: Path, out: Path, rank: int,
                  only_missing: bool = False) -> None:
     """The Hugging Face exports of a phase end: the pairs the plug-in names (default: rank 0 exports `source`
-    to `out`); `only_missing`: a resumed run redoes an export a crash cut short, and only that."""
+    to `out`); `only_missing`: a resumed run redoes an export a crash cut short, and only that.
+
+    Collective. An export that cannot be written (a full disk, a quota) ends the job on every rank: one line
+    from the rank that exported, then SaveError (exit 4). The phase-end checkpoint is whole, so the same
+    command redoes the export alone."""
+    failure = None
     for checkpoint, folder in plugin.export_targets(phase, source, out, rank):
-        if not (only_missing and (folder / EXPORT_INFO).is_file()):
+        if only_missing and (folder / EXPORT_INFO).is_file():
+            continue
+        try:
             export_checkpoint(checkpoint, folder)
+        except (OSError, SafetensorError) as err:
+            failure = (f"could not write the export {folder} ({first_line(err)}); the checkpoint in {checkpoint} is "
+                       "whole; free space, then rerun the same command (it redoes the export)")
+            print(f"export error: {failure}", flush=True)
+            break
+    failures = agree_on_failures(failure)  # every rank stops together, after the line is out
+    if failures:
+        raise SaveError(failures[0])
 
 
 def train(config: RunConfig, extensions: Sequence[TrainingPlugin] = (), stop: StopRequest | None = None) -> str:

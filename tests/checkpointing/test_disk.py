@@ -1,5 +1,6 @@
 """Disk: the size estimate against what DeepSpeed really writes, the free-space refusal, and saves on a real
 full file system (a small tmpfs): a failed save costs no checkpoint, a later one succeeds once space is back.
+An export that cannot be written stops the job with one line; the rerun redoes it alone.
 Resume never trusts a tag that has no commit marker. A failed metrics write is one warning, not an ending.
 One process, a real one-rank DeepSpeed engine (gloo); the multi-rank runs are in test_full_disk.py."""
 
@@ -25,6 +26,8 @@ from pretrain.config.sections import ConfigError
 from pretrain.metrics import MetricsWriter
 from pretrain.model.bert import bert_config, build_model
 from pretrain.model.presets import bert_parameter_count
+from pretrain.plugin import TrainingPlugin
+from pretrain.train import export_phase
 from tests.checkpointing.test_elastic_units import fake_checkpoint
 from tests.support.filesystems import fill, small_filesystem
 from tests.support.trainer_fixtures import build_trainer
@@ -108,6 +111,19 @@ def test_a_save_on_a_full_disk_keeps_the_last_checkpoint_and_a_later_one_succeed
         trainer.save(routine=True)  # space is back: the same save goes through, keep_last prunes step 1
         assert (manager.root / LATEST).read_text() == "phase1-step0000002" and not first.exists()
         assert resolve_resume_tag(manager.root, 0) == "phase1-step0000002"
+        # The phase end's export on a full disk: one line and SaveError; nothing half-written is left.
+        export = small / "export" / "phase1"
+        filler = fill(small, leave_kib=64)
+        capsys.readouterr()
+        with pytest.raises(SaveError):
+            export_phase(TrainingPlugin(), "phase1", manager.root, export, rank=0)
+        line = capsys.readouterr().out.strip().splitlines()[-1]  # after zero_to_fp32's own lines
+        assert line.startswith(f"export error: could not write the export {export} (") and line.endswith(
+            "free space, then rerun the same command (it redoes the export)"), line
+        assert not export.exists() and [p.name for p in export.parent.iterdir()] == []
+        filler.unlink()
+        export_phase(TrainingPlugin(), "phase1", manager.root, export, rank=0, only_missing=True)
+        assert (export / "model.safetensors").is_file()
 
 
 def test_resume_ignores_tags_without_a_commit_marker(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
