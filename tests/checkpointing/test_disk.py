@@ -30,6 +30,8 @@ from pretrain.plugin import TrainingPlugin
 from pretrain.train import export_phase
 from tests.checkpointing.test_elastic_units import fake_checkpoint
 from tests.support.filesystems import fill, small_filesystem
+from tests.support.launching import run_ranks
+from tests.support.paths import SCRIPTS
 from tests.support.trainer_fixtures import build_trainer
 
 
@@ -162,3 +164,23 @@ def test_a_failed_metrics_write_is_one_warning_and_training_goes_on(tmp_path: Pa
         warnings = [line for line in out.out.splitlines() if line.startswith("warning: metrics:")]
         assert len(warnings) == 1 and "No space left on device" in warnings[0], out
         assert "Traceback" not in out.err
+
+
+@pytest.mark.multirank
+def test_a_write_that_fails_on_one_rank_fails_the_save_on_both(tmp_path: Path) -> None:
+    """2 ranks (tests/scripts/checkpoint_fault_ranks.py): rank 1's partition, then rank 0's copy of
+    zero_to_fp32.py (DeepSpeed's one write outside its checkpoint engine) cannot be written. Nobody hangs."""
+    finished = run_ranks(SCRIPTS / "checkpoint_fault_ranks.py", [str(tmp_path)], num_ranks=2, timeout=300)
+    seen = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    required = [ranks_view.pop("required") for ranks_view in seen]  # rank 0's has the whole line it printed
+    assert seen[0] == seen[1], seen  # every rank saw the same outcome
+    result = seen[0]
+    assert result["first"] and not result["rank1_fails"] and not result["copy_fails"] and result["then"]
+    assert result["latest_after_1"] == "phase1-step0000001" and not result["folder_after_1"]
+    for message in required:
+        assert message.startswith(f"could not write {tmp_path / 'checkpoints' / 'phase1-step0000003'} (rank 0: "
+                                  "zero_to_fp32.py: [Errno 21] Is a directory"), required
+    assert result["latest"] == "phase1-step0000004" and result["folders"] == ["phase1-step0000004"]
+    lines = [line for line in finished.stdout.splitlines() if line.startswith("checkpoint error:")]
+    assert len(lines) == 3 and "(rank 1: zero_pp_rank_1_mp_rank_00_optim_states.pt: [Errno 21] Is a directory" in (
+        lines[0]), lines
