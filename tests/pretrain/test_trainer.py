@@ -141,9 +141,9 @@ def test_checkpoints_follow_the_clock_when_every_minutes_is_set(tmp_path: Path, 
     saved: list[int] = []
     save = trainer.save
 
-    def recording_save(phase_end: bool = False) -> None:
+    def recording_save(phase_end: bool = False, routine: bool = False) -> None:
         saved.append(trainer.state.step)
-        save(phase_end)
+        save(phase_end, routine)
 
     trainer.save = recording_save  # type: ignore[method-assign]
     assert trainer.train() == "complete"
