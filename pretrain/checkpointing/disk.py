@@ -32,6 +32,7 @@ from typing import Any
 from pretrain.config.sections import RunConfig
 from pretrain.errors import ConfigError
 from pretrain.model.presets import PRESETS, bert_parameter_count, unknown_preset
+from pretrain.run_folder import EXPORT
 
 KIB = 1024
 MODULE_OVERHEAD = 16 * KIB  # torch.save's structure, buffers, DeepSpeed's bookkeeping in the model states
@@ -197,7 +198,7 @@ def run_footprint(config: RunConfig, sizing: JobSizing) -> RunFootprint:
 
 def run_destinations(config: RunConfig, footprint: RunFootprint) -> list[Destination]:
     """Where the footprint lands: the checkpoints in checkpoint.dir (default <run.dir>/checkpoints), the exports
-    in <run.dir>/export; check_free_space adds them up when they share a file system."""
+    in <run.dir>/export (pretrain/run_folder.py); check_free_space adds them up when they share a file system."""
     run_dir = Path(config.run.dir)
     key, named = ("checkpoint.dir", config.checkpoint_dir) if config.checkpoint.dir else ("run.dir", run_dir)
     checkpoints = Destination(key, named, config.checkpoint_dir,
@@ -206,7 +207,7 @@ def run_destinations(config: RunConfig, footprint: RunFootprint) -> list[Destina
                               f"+ 1 being written{' + earlier phase ends' * (len(config.run.phases) > 1)}")
     found = [checkpoints]
     if footprint.exports:
-        found.append(Destination("run.dir", run_dir, run_dir / "export", footprint.export_total,
+        found.append(Destination("run.dir", run_dir, run_dir / EXPORT, footprint.export_total,
                                  f"{footprint.exports} export{'s' * (footprint.exports > 1)} x "
                                  f"{human(footprint.export)}"))
     return found

@@ -1,7 +1,7 @@
 """The architecture presets `model.preset` names, without torch or transformers.
 
-bert.py builds a `BertConfig` from them; the launch-time check (pretrain/preflight.py) reads them to size a
-run's checkpoints (pretrain/checkpointing/disk.py) in a process that must not import torch.
+bert.py builds a `BertConfig` from them; the launch-time check (pretrain/launch/preflight.py) reads them
+to size a run's checkpoints (pretrain/checkpointing/disk.py) in a process that must not import torch.
 """
 
 from __future__ import annotations

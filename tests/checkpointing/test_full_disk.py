@@ -28,8 +28,8 @@ from safetensors.torch import load_file
 
 from pretrain.checkpointing.layout import LATEST
 from pretrain.checkpointing.manifest import damage, manifest_bytes
-from pretrain.config import load_config
-from pretrain.preflight import LaunchShape, check_config
+from pretrain.config.load import load_config
+from pretrain.launch.preflight import LaunchShape, check_config
 from tests.support.filesystems import resize, small_filesystem
 from tests.support.launching import child_env, free_port
 from tests.support.paths import REPO_ROOT
