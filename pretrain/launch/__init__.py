@@ -1,0 +1,1 @@
+"""What starts and supervises the ranks of a job: launch.sh's Python side."""
