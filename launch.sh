@@ -220,6 +220,10 @@ launch_module() { # $1 = python module, $2 = pretrain|finetune, then the subcomm
             ;;
         hostfile)
             write_ds_env_file
+            if [[ "$module" == pretrain.train ]]; then
+                run_nodes "$@"
+                return
+            fi
             # On 2+ nodes DeepSpeed starts the ranks through pdsh + ssh, a remote shell (pdsh_quote in
             # pretrain/cluster.py); with one node it runs them locally, and the arguments go as typed.
             if ((CLUSTER_REMOTE_SHELL)); then
@@ -249,6 +253,19 @@ run_agent() { # the pretrain arguments as typed: the error line's resume command
     AGENT=1
     run "$PYTHON" -m pretrain.launch.agent --nproc-per-node "$CLUSTER_RANKS" --master-addr "$CLUSTER_MASTER_ADDR" \
         --master-port "$CLUSTER_MASTER_PORT" --resume-command "${resume#+ }" -- "${MODULE_ARGS[@]}"
+}
+
+# pretrain with a hostfile: the same agent on every node, started through pdsh + ssh by pretrain/launch/nodes.py,
+# which also tells a lost node (--nodes MIN:MAX: the job carries on without it) and passes signals to every node.
+run_nodes() {
+    local resume
+    resume=$(show ./launch.sh pretrain "$@")
+    if ((CLUSTER_REMOTE_SHELL)); then
+        echo "# hostfile: the module's arguments below are quoted once more for the remote shell (pdsh + ssh)"
+    fi
+    run "$PYTHON" -m pretrain.launch.nodes --hostfile "$HOSTFILE" ${NODE_RANGE:+--nodes "$NODE_RANGE"} \
+        --nproc-per-node "$CLUSTER_RANKS" --master-addr "$CLUSTER_MASTER_ADDR" --master-port "$CLUSTER_MASTER_PORT" \
+        ${DS_ENV_FILE:+--env-file "$DS_ENV_FILE"} --resume-command "${resume#+ }" -- "${MODULE_ARGS[@]}"
 }
 
 # The pdsh launcher forwards few variables to the other nodes; the rest of RANK_ENV (and the lines

@@ -42,7 +42,7 @@ from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-from torch.distributed.elastic.multiprocessing import LogsDest, LogsSpecs
+from torch.distributed.elastic.multiprocessing import LogsDest, LogsSpecs, SignalException
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rendezvous_registry
 from torch.distributed.elastic.timer import FileTimerServer
@@ -60,10 +60,12 @@ from pretrain.launch.faults import (
     process_state,
     worker_env_extras,
 )
+from pretrain.launch.nodes import node_range
 from pretrain.step_watch import HANG_TIMEOUT_ENV
 from pretrain.train_cli import parse_args
 
 PREFIX = "launch.sh"
+LAST_CALL_SECONDS = 10  # with --nodes MIN:MAX: how long a rendezvous that has MIN nodes waits for more
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 
 
@@ -123,9 +125,9 @@ class HealingAgent(LocalElasticAgent):
     """LocalElasticAgent whose failures are judged (faults.judge) and told in one line each."""
 
     def __init__(self, spec: WorkerSpec, logs: RankLogs, context: FaultContext, record: FailureRecord,
-                 shutdown_timeout: int) -> None:
+                 shutdown_timeout: int, host: str) -> None:
         super().__init__(spec, logs, shutdown_timeout=shutdown_timeout)
-        self.logs, self.context, self.record = logs, context, record
+        self.logs, self.context, self.record, self.host = logs, context, record, host
         self.verdict: Verdict | None = None
         self.stop_signal: int | None = None
         self.watch: HangWatch | None = None
@@ -160,7 +162,7 @@ class HealingAgent(LocalElasticAgent):
 
     # ------------------------------------------------------------------ ours
     def _failures(self, result: RunResult) -> list[RankFailure]:
-        host = socket.gethostname()
+        host = self.host
         watch = self.watch or HangWatch.__new__(HangWatch)
         steps, hung = getattr(watch, "last_step", {}), getattr(watch, "hung", {})
         attempt = self._worker_group.spec.max_restarts - self._remaining_restarts
@@ -185,6 +187,8 @@ class HealingAgent(LocalElasticAgent):
     def forward(self, signum: int, _frame: Any = None) -> None:
         """launch.sh's signal, passed on to every rank; nothing is restarted after it."""
         self.stop_signal = self.stop_signal or signum
+        if not any(Path(f"/proc/{pid}").exists() for pid in self.pids.values()):  # in a rendezvous: end it
+            raise SignalException(f"{signal.Signals(signum).name} between attempts", signal.Signals(signum))
         for pid in self.pids.values():
             sent = signum
             if signum == signal.SIGINT and not catches(pid, signal.SIGTERM):
@@ -220,7 +224,9 @@ def quiet_torch_logs(path: Path) -> None:
 
 def build_agent(args: argparse.Namespace, module_args: list[str]) -> HealingAgent:
     config = load_config(*parse_args(module_args))  # the ranks read it again; a UserError here is one line
-    launch_dir = Path(config.run.dir) / "logs" / time.strftime("%Y%m%d-%H%M%S")
+    host = args.node or socket.gethostname()
+    node_mark = f"-{args.node}" if args.node else ""  # the nodes of a hostfile job share the run folder
+    launch_dir = Path(config.run.dir) / "logs" / (time.strftime("%Y%m%d-%H%M%S") + node_mark)
     quiet_torch_logs(launch_dir / "agent.log")
     os.environ["TORCHELASTIC_ENABLE_FILE_TIMER"] = "1"
     os.environ[HANG_TIMEOUT_ENV] = str(config.run.hang_timeout_minutes * 60)
@@ -228,17 +234,22 @@ def build_agent(args: argparse.Namespace, module_args: list[str]) -> HealingAgen
     # c10d rendezvous, and a store of the ranks' own on a fresh port at each attempt: torch's shared agent
     # store would keep the previous attempt's keys (a restarted gloo mesh then dials the dead ranks' ports).
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    low, high = node_range(args.nnodes) or (1, 1)
+    # The first host serves the rendezvous (on one machine: this one); a hostfile job's run id is its mark.
     parameters = RendezvousParameters(backend="c10d", endpoint=f"{args.master_addr}:{args.master_port}",
-                                      run_id=f"bert-{uuid.uuid4().hex[:12]}", min_nodes=1, max_nodes=1,
-                                      local_addr=args.master_addr, is_host=True)
+                                      run_id=args.job or f"bert-{uuid.uuid4().hex[:12]}", min_nodes=low,
+                                      max_nodes=high, local_addr=args.node or args.master_addr,
+                                      is_host=not args.node or args.node == args.master_addr,
+                                      last_call_timeout=LAST_CALL_SECONDS)
     spec = WorkerSpec(role="rank", local_world_size=args.nproc_per_node, entrypoint=sys.executable,
                       args=("-u", "-m", "pretrain.train", *module_args),
                       rdzv_handler=rendezvous_registry.get_rendezvous_handler(parameters),
-                      max_restarts=config.run.max_restarts, monitor_interval=0.2, local_addr=args.master_addr)
+                      max_restarts=config.run.max_restarts, monitor_interval=0.2,
+                      local_addr=args.node or args.master_addr)
     context = FaultContext(config.run.max_restarts, config.checkpoint_dir, args.resume_command)
-    record = FailureRecord(Path(config.run.dir) / "logs" / "last_failure.json")
+    record = FailureRecord(Path(config.run.dir) / "logs" / f"last_failure{node_mark}.json")
     grace = int(float(os.environ.get("BERT_DS_KILL_GRACE_SECONDS", "30")))
-    return HealingAgent(spec, RankLogs(launch_dir), context, record, shutdown_timeout=grace)
+    return HealingAgent(spec, RankLogs(launch_dir), context, record, grace, host)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master-addr", default="127.0.0.1")
     parser.add_argument("--master-port", type=int, default=29500)
     parser.add_argument("--resume-command", default="the same command again")
+    parser.add_argument("--nnodes", default="", help="hostfile jobs: N or MIN:MAX nodes (pretrain/launch/nodes.py)")
+    parser.add_argument("--node", default="", help="hostfile jobs: this node's name in the hostfile")
+    parser.add_argument("--job", default="", help="hostfile jobs: the launch's mark (rendezvous id, signals)")
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     try:
         agent = build_agent(args, module_args)
@@ -257,7 +271,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for signum in FORWARDED:
         signal.signal(signum, agent.forward)
-    result = agent.run()
+    try:
+        result = agent.run()
+    except SignalException as stopped:
+        return 128 + stopped.sigval
     if not result.is_failed():
         if agent.stop_signal is None:
             agent.record.clear()

@@ -172,8 +172,8 @@ def judge(failure: RankFailure, restarts_done: int, context: FaultContext, recor
         return Verdict(True, f"fault: {failure.line()}; restarting from {start} (restart {restarts_done + 1} of "
                              f"{context.max_restarts}); {log}", 0)
     record.save(failure, checkpoint)
-    return Verdict(False, f"error: {failure.line()}; {why}; {log}; resume with: {context.resume_command}",
-                   failure.exit_status or 1)
+    # status 1, not the rank's: over a hostfile, a status >= 128 from a node means the node was lost (nodes.py)
+    return Verdict(False, f"error: {failure.line()}; {why}; {log}; resume with: {context.resume_command}", 1)
 
 
 def hang_description(state: str) -> str:
