@@ -246,6 +246,7 @@ def build_agent(args: argparse.Namespace, module_args: list[str]) -> HealingAgen
                       rdzv_handler=rendezvous_registry.get_rendezvous_handler(parameters),
                       max_restarts=config.run.max_restarts, monitor_interval=0.2,
                       local_addr=args.node or args.master_addr)
+    logging.getLogger("torch.distributed.elastic").info("ranks run: %r", [sys.executable, *spec.args])
     context = FaultContext(config.run.max_restarts, config.checkpoint_dir, args.resume_command)
     record = FailureRecord(Path(config.run.dir) / "logs" / f"last_failure{node_mark}.json")
     grace = int(float(os.environ.get("BERT_DS_KILL_GRACE_SECONDS", "30")))

@@ -14,8 +14,8 @@ other than the agent's own SIGTERM, else the first non-zero exit. The others die
 collective's peer gone, or the agent stopping them) and say so in their logs.
 
 Kinds of failure that are no fault, and are never restarted: exit status 2 (a config, data or resume
-error the ranks found: its line is shown once, and the job exits 2) and 3 (NaN/inf losses, after a
-checkpoint). A failure at the same step as the last one on record, with no newer checkpoint since, is a
+error the ranks found: its line is shown once, and the job exits 2), 3 (NaN/inf losses, after a
+checkpoint) and 4 (a checkpoint save that failed: a full disk would fail again). A failure at the same step as the last one on record, with no newer checkpoint since, is a
 bug rather than a fault: restarting would fail there again, so restarts stop (RUN/logs/last_failure.json).
 
 Standard library only.
@@ -32,7 +32,9 @@ from pathlib import Path
 
 USER_ERROR_EXIT = 2  # pretrain.train: a config / data / resume error, one line
 NONFINITE_EXIT = 3  # pretrain.train: too many NaN/inf steps in a row (checkpoint written)
-NOT_RESTARTED = {USER_ERROR_EXIT: "a config, data or resume error", NONFINITE_EXIT: "NaN/inf losses"}
+SAVE_FAILED_EXIT = 4  # pretrain.train: a phase-end or stop checkpoint could not be written (full disk, EIO)
+NOT_RESTARTED = {USER_ERROR_EXIT: "a config, data or resume error", NONFINITE_EXIT: "NaN/inf losses",
+                 SAVE_FAILED_EXIT: "a checkpoint that could not be written (free space, then rerun)"}
 ERROR_PREFIXES = ("config error: ", "data error: ", "resume error: ", "error: ")
 LAST_FAILURE = "last_failure.json"
 START_UP = "start-up"
