@@ -263,7 +263,9 @@ run_nodes() {
     if ((CLUSTER_REMOTE_SHELL)); then
         echo "# hostfile: the module's arguments below are quoted once more for the remote shell (pdsh + ssh)"
     fi
-    run "$PYTHON" -m pretrain.launch.nodes --hostfile "$HOSTFILE" ${NODE_RANGE:+--nodes "$NODE_RANGE"} \
+    local quoted=() # pdsh always runs a remote shell; with 2+ nodes launch_plan.py quoted the arguments already
+    if ((CLUSTER_REMOTE_SHELL)); then quoted=(--args-quoted); fi
+    run "$PYTHON" -m pretrain.launch.nodes --hostfile "$HOSTFILE" ${NODE_RANGE:+--nodes "$NODE_RANGE"} "${quoted[@]}" \
         --nproc-per-node "$CLUSTER_RANKS" --master-addr "$CLUSTER_MASTER_ADDR" --master-port "$CLUSTER_MASTER_PORT" \
         ${DS_ENV_FILE:+--env-file "$DS_ENV_FILE"} --resume-command "${resume#+ }" -- "${MODULE_ARGS[@]}"
 }

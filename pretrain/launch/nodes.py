@@ -43,7 +43,7 @@ from pretrain.cluster import ClusterError, pdsh_quote, read_hostfile
 PREFIX = "launch.sh"
 LOST_STATUS = 128  # an agent ends by itself with 0-3 (pretrain/launch/agent.py); >= 128: it was killed
 _SSH_EXIT = re.compile(r"^pdsh@\S+: (\S+): ssh exited with exit code (\d+)")
-_RANGE = re.compile(r"([1-9][0-9]*)(?::([1-9][0-9]*))?", re.ASCII)
+_RANGE = re.compile(r"([0-9]+)(?::([0-9]+))?", re.ASCII)
 
 
 class NodeRangeError(ClusterError):
@@ -55,9 +55,11 @@ def node_range(value: str) -> tuple[int, int] | None:
     if not value:
         return None
     match = _RANGE.fullmatch(value)
-    if not match or (match[2] and int(match[2]) < int(match[1])):
-        raise NodeRangeError(f"--nodes must be N or MIN:MAX (0 < MIN <= MAX), got '{value}'")
-    return int(match[1]), int(match[2] or match[1])
+    low, high = (int(match[1]), int(match[2] or match[1])) if match else (0, 0)
+    if not 0 < low <= high:
+        raise NodeRangeError(f"--nodes must be a positive integer, got '{value}'" if ":" not in value else
+                             f"--nodes MIN:MAX needs 0 < MIN <= MAX, got '{value}'")
+    return low, high
 
 
 def remote_word(arg: str) -> str:
@@ -171,13 +173,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--master-port", required=True)
     parser.add_argument("--env-file", help="NAME=VALUE lines exported on every node")
     parser.add_argument("--resume-command", default="the same command again")
+    parser.add_argument("--args-quoted", action="store_true",
+                        help="the driver's arguments are already pdsh-quoted (pretrain/cluster.py, 2+ nodes)")
     args = parser.parse_args(argv[:split])
     hosts = [host for host, _ in read_hostfile(args.hostfile)]
     low, high = node_range(args.nodes) or (len(hosts), len(hosts))
     exports = Path(args.env_file).read_text(encoding="utf-8").splitlines() if args.env_file else []
     agent_args = ["--nproc-per-node", args.nproc_per_node, "--nnodes", f"{low}:{high}",
                   "--master-addr", args.master_addr, "--master-port", args.master_port]
-    job = NodeJob(hosts[:high], low, agent_args, argv[split + 1:], [line for line in exports if "=" in line],
+    module_args = argv[split + 1:] if args.args_quoted else [pdsh_quote(arg) for arg in argv[split + 1:]]
+    job = NodeJob(hosts[:high], low, agent_args, module_args, [line for line in exports if "=" in line],
                   args.resume_command)
     return run(job)
 

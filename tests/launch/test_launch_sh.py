@@ -106,12 +106,14 @@ def test_hostfile_dry_run(tmp_path: Path, run_json: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     commands = printed_commands(proc.stdout)
-    assert commands[-1] == [
-        FAKE_PYTHON, "-m", "deepspeed.launcher.runner", "--hostfile", "hosts", "--master_addr", "worker-1",
-        "--master_port", "6000", "--num_gpus", "8", "--no_local_rank", "--module", "pretrain.train",
-        "--config", "run.json", "--not-checked",
+    # pretrain: our node starter runs the elastic agent on every node through pdsh (pretrain/launch/nodes.py)
+    assert commands[-1][:11] == [
+        FAKE_PYTHON, "-m", "pretrain.launch.nodes", "--hostfile", "hosts", "--args-quoted", "--nproc-per-node", "8",
+        "--master-addr", "worker-1", "--master-port",
     ]  # fmt: skip
-    # Variables the pdsh launcher would not forward travel in a DeepSpeed env file.
+    assert commands[-1][11:13] == ["6000", "--resume-command"] and commands[-1][-4:] == [
+        "--", "--config", "run.json", "--not-checked"]
+    # Variables pdsh would not carry travel in an env file, exported on every node.
     env_file_note = next(line for line in proc.stdout.splitlines() if line.startswith("# DS_ENV_FILE"))
     threads = max(1, (os.cpu_count() or 1) // 8)
     assert f"OMP_NUM_THREADS={threads}" in env_file_note and "TOKENIZERS_PARALLELISM=false" in env_file_note
@@ -252,6 +254,6 @@ def test_help_lists_every_subcommand(tmp_path: Path) -> None:
     assert proc.returncode == 0
     for word in ("prep", "pretrain", "squad", "export", "tensorboard", "demo", "--dry-run", "--hostfile", "SLURM"):
         assert word in proc.stdout
-    for option in ("--launcher", "--gpus N", "--nodes N", "--master-addr A", "--master-port P", "--cpu"):
+    for option in ("--launcher", "--gpus N", "--nodes N|MIN:MAX", "--master-addr A", "--master-port P", "--cpu"):
         assert f"\n  {option} " in proc.stdout  # the LAUNCH OPTIONS launch_plan.py parses
     assert launch([], tmp_path).stdout == proc.stdout  # no subcommand: the same text, exit 2
