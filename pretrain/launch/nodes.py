@@ -42,7 +42,7 @@ from pretrain.cluster import ClusterError, pdsh_quote, read_hostfile
 
 PREFIX = "launch.sh"
 LOST_STATUS = 128  # an agent ends by itself with 0-3 (pretrain/launch/agent.py); >= 128: it was killed
-_SSH_EXIT = re.compile(r"^pdsh@\S+: (\S+): ssh exited with exit code (\d+)")
+_SSH_EXIT = re.compile(r"^pdsh@\S+: (\S+): ssh (?:exited with exit code (\d+)|killed by signal (\d+))")
 _RANGE = re.compile(r"([0-9]+)(?::([0-9]+))?", re.ASCII)
 
 
@@ -131,8 +131,8 @@ def relay(stream: IO[str], out: IO[str], job: NodeJob) -> None:
     """The nodes' lines as they come; pdsh's own 'ssh exited' lines become ours (node_ended)."""
     for line in stream:
         ended = _SSH_EXIT.match(line)
-        if ended:
-            job.node_ended(ended[1], int(ended[2]))
+        if ended:  # the session's status, or the shell's 128 + signal when pdsh's ssh itself was killed
+            job.node_ended(ended[1], int(ended[2]) if ended[2] else 128 + int(ended[3]))
             continue
         out.write(line)
         out.flush()

@@ -196,7 +196,8 @@ def kill_node(marker: str, node: str) -> list[int]:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"pretrain.launch.agent" in argv and b"--node" in argv and argv[argv.index(b"--node") + 1] == node.encode():
+        if (b"python" in argv[0] and b"pretrain.launch.agent" in argv and b"--node" in argv  # not pdsh's ssh
+                and argv[argv.index(b"--node") + 1] == node.encode()):
             agents.append(pid)
     ranks = [pid for pid in rank_processes(marker) if any(parent(pid) == agent for agent in agents)]
     for pid in [*agents, *ranks]:
