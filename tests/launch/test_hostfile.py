@@ -227,9 +227,12 @@ class LostNodeRecord:
 def lost_node_runs(ssh_nodes: LoopbackSsh, workdir: Path) -> LostNodeRecord:
     """Node "localhost" lost after the first checkpoint: with --nodes 1:2, and without; and the uninterrupted run
     on this machine's 2 ranks the first is compared with. The global batch is the config's (16 = 4 x accumulation
-    x ranks, the accumulation derived), so 2 ranks and then 1 train the same steps."""
+    x ranks, the accumulation derived) and dropout is off (its masks are drawn per micro-batch and rank:
+    docs/elastic_resume.md), so 2 ranks and then 1 train the same steps to float rounding."""
+    no_dropout = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}  # masks depend on the split
     config = run_config(workdir / "elastic.json", workdir / "shards", workdir / "unused", run={"phases": ["phase1"]},
-                        phase1={"batch_size": 16, "gradient_accumulation_steps": None})
+                        phase1={"batch_size": 16, "gradient_accumulation_steps": None},
+                        model={"overrides": no_dropout})
     env = {**child_env(), "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
     reference = workdir / "lost" / "reference"
     done = subprocess.run(["bash", str(REPO_ROOT / "launch.sh"), "pretrain", "--cpu", "--gpus", "2", "--master-port",
