@@ -162,21 +162,21 @@ class HealingAgent(LocalElasticAgent):
 
     # ------------------------------------------------------------------ ours
     def _failures(self, result: RunResult) -> list[RankFailure]:
-        host = self.host
-        watch = self.watch or HangWatch.__new__(HangWatch)
-        steps, hung = getattr(watch, "last_step", {}), getattr(watch, "hung", {})
+        steps, hung = (self.watch.last_step, self.watch.hung) if self.watch else ({}, {})
         attempt = self._worker_group.spec.max_restarts - self._remaining_restarts
-        failures = []
-        for rank, failure in result.failures.items():
-            failures.append(RankFailure(rank, host, failure.exitcode, steps.get(failure.pid),
-                                        self.logs.path(attempt, rank), hung.get(failure.pid)))
-        return failures
+        return [RankFailure(rank, self.host, failure.exitcode, steps.get(failure.pid), self.logs.path(attempt, rank),
+                            hung.get(failure.pid)) for rank, failure in result.failures.items()]
 
     def _judge(self, result: RunResult) -> None:
         failures = self._failures(result)
-        if self.stop_signal is not None or not failures:  # asked to stop: whatever the ranks did, no restart
+        if self.stop_signal is not None:  # asked to stop: whatever the ranks did, no restart
             self._remaining_restarts = 0
-            self.verdict = Verdict(False, "", 128 + (self.stop_signal or signal.SIGTERM))
+            self.verdict = Verdict(False, "", 128 + self.stop_signal)
+            return
+        if not failures:  # torch's own verdict: a rank stuck in uninterruptible sleep (D state); it restarts nothing
+            self.verdict = Verdict(False, f"error: a rank of host {self.host} stayed in uninterruptible I/O (D state); "
+                                          f"no restart; resume with: {self.context.resume_command}", 1)
+            say(self.verdict.line)
             return
         restarts_done = self._worker_group.spec.max_restarts - self._remaining_restarts
         self.verdict = judge(primary_failure(failures), restarts_done, self.context, self.record)
