@@ -49,7 +49,7 @@ LAUNCHERS = ("auto", "local", "hostfile", "slurm", "none")
 # AUTO_CHOICES after --hostfile).
 VALUE_OPTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "--hostfile": ("hostfile", "--hostfile F", (
-        'several nodes through the DeepSpeed launcher (pdsh/ssh; lines "host slots=N";',
+        'several nodes through pdsh/ssh (pretrain: our elastic agent on each; lines "host slots=N";',
         "the checkout must be at the same path on every node)")),
     "--launcher": ("launcher", "--launcher local|hostfile|slurm|none", (
         "force one (default: auto, as above); none = one plain",
@@ -70,7 +70,7 @@ NO_CHECK_OPTION = ("--no-check", ("pretrain: skip the launch-time check of the r
 AUTO_CHOICES = (
     ("SLURM", ("inside an allocation (SLURM_JOB_ID set): one srun task per GPU, RANK/WORLD_SIZE/",
                "LOCAL_RANK from SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, MASTER_ADDR = first node")),
-    ("local", ("otherwise: the GPUs of this machine through the DeepSpeed launcher",)),
+    ("local", ("otherwise: this machine's GPUs (pretrain: torch's elastic agent, docs/faults.md)",)),
 )  # fmt: skip
 _UINT = re.compile(r"[0-9]+", re.ASCII)
 _OVERRIDE = re.compile(r"--.*\..*=.*", re.DOTALL)  # --section.key=value, checked by pretrain.train itself
