@@ -102,21 +102,22 @@ class NodeJob:
             subprocess.run(self.pdsh(targets, ["pkill", f"-{signal.Signals(signum).name[3:]}", "-f", self.mark]),
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=pdsh_env(), check=False)
 
-    def node_ended(self, host: str, status: int) -> None:
-        """pdsh's word that `host`'s session ended with `status`: a lost node when the agent did not end it."""
+    def node_ended(self, host: str, status: int) -> list[str]:
+        """pdsh's word that `host`'s session ended with `status`: a lost node when the agent did not end it.
+        Returns the hosts whose agents must stop now (the job cannot do without the lost node)."""
         self.ended[host] = status
         if status < LOST_STATUS or self.stopping or host in self.lost:
-            return
+            return []
         self.lost.append(host)
         left = len(self.hosts) - len(self.lost)
         why = f"node {host} lost (its session ended with status {status}: the machine, its agent or ssh died)"
         if left >= self.min_nodes and self.min_nodes < len(self.hosts):
             say(f"fault: {why}; carrying on with {left} node(s) (--nodes {self.min_nodes}:{len(self.hosts)})")
-            return
+            return []
         self.stopping = self.failed = True
         say(f"error: {why}; stopping the other node(s) (--nodes MIN:MAX carries on without a lost node); "
             f"resume with: {self.resume_command}")
-        self.signal_agents(signal.SIGTERM)
+        return [other for other in self.hosts if other not in self.lost]
 
 
 def say(line: str) -> None:
@@ -132,7 +133,9 @@ def relay(stream: IO[str], out: IO[str], job: NodeJob) -> None:
     for line in stream:
         ended = _SSH_EXIT.match(line)
         if ended:  # the session's status, or the shell's 128 + signal when pdsh's ssh itself was killed
-            job.node_ended(ended[1], int(ended[2]) if ended[2] else 128 + int(ended[3]))
+            to_stop = job.node_ended(ended[1], int(ended[2]) if ended[2] else 128 + int(ended[3]))
+            if to_stop:
+                job.signal_agents(signal.SIGTERM, to_stop)
             continue
         out.write(line)
         out.flush()
