@@ -50,6 +50,7 @@ from torch.distributed.elastic.timer import FileTimerServer
 from pretrain.config import load_config
 from pretrain.errors import UserError
 from pretrain.launch.faults import (
+    USER_ERROR_EXIT,
     FailureRecord,
     FaultContext,
     RankFailure,
@@ -180,7 +181,9 @@ class HealingAgent(LocalElasticAgent):
             return
         restarts_done = self._worker_group.spec.max_restarts - self._remaining_restarts
         self.verdict = judge(primary_failure(failures), restarts_done, self.context, self.record)
-        say(self.verdict.line)
+        # A user error is every rank's (rank 0 checks and shares its verdict): told once, by the first node.
+        if self.verdict.exit_status != USER_ERROR_EXIT or not self._worker_group.group_rank:
+            say(self.verdict.line)
         if not self.verdict.restart:
             self._remaining_restarts = 0
 
