@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -99,7 +100,9 @@ class NodeJob:
         """`signum` to the agents of this job on `hosts` (all), which pass it on to their ranks."""
         targets = [host for host in (hosts or self.hosts) if host not in self.lost]
         if targets:
-            subprocess.run(self.pdsh(targets, ["pkill", f"-{signal.Signals(signum).name[3:]}", "-f", self.mark]),
+            # the agents alone: pdsh, ssh and the remote shell also carry the mark in their command lines
+            agents = shlex.quote(f"^[^ ]*python[^ ]* -u -m pretrain[.]launch[.]agent .*--job {self.mark} ")
+            subprocess.run(self.pdsh(targets, ["pkill", f"-{signal.Signals(signum).name[3:]}", "-f", agents]),
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=pdsh_env(), check=False)
 
     def node_ended(self, host: str, status: int) -> list[str]:
