@@ -8,7 +8,7 @@
 # interpreter is $PYTHON (see default_python), and cluster knobs come from the environment
 # (NCCL_*, OMP_NUM_THREADS), which launch.sh only fills in when they are unset. What is logic
 # rather than launching (the launch options, what the cluster says, the ranks' environment, the
-# --help text) is Python with unit tests: pretrain/launch_plan.py and pretrain/cluster.py.
+# --help text) is Python with unit tests: pretrain/launch/plan.py and pretrain/launch/cluster.py.
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -59,7 +59,7 @@ run() {
 # export, ...) to its whole group, as a terminal would. A rank still starting (no handler yet: it would
 # print a KeyboardInterrupt traceback) gets SIGTERM for SIGINT: it has nothing to save.
 # launch.sh may also die without a word (SIGKILL of it or of its group): a watchdog in a group of its own
-# (pretrain/lifetime.py) then stops the command's group, SIGTERM and SIGKILL 30 s later
+# (pretrain/launch/lifetime.py) then stops the command's group, SIGTERM and SIGKILL 30 s later
 # (BERT_DS_KILL_GRACE_SECONDS), so nothing of the job outlives launch.sh.
 CHILD_PID="" PENDING_SIGNAL="" LAUNCHER="" WATCHDOG_PID="" INTERRUPTED=0 AGENT=0
 
@@ -120,7 +120,7 @@ on_signal() {
 # The watchdog: in a group of its own, so that a SIGKILL of launch.sh's group spares it.
 start_watchdog() {
     set -m
-    PYTHONPATH=$(with_repo_on_path) "$PYTHON" -m pretrain.lifetime watch $$ "$CHILD_PID" \
+    PYTHONPATH=$(with_repo_on_path) "$PYTHON" -m pretrain.launch.lifetime watch $$ "$CHILD_PID" \
         --grace "${BERT_DS_KILL_GRACE_SECONDS:-30}" </dev/null &
     WATCHDOG_PID=$!
     set +m
@@ -179,13 +179,13 @@ export_repo_path() { PYTHONPATH=$(with_repo_on_path) && export PYTHONPATH; }
 
 cpu_count() { nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1; }
 
-# python -m pretrain.launch_plan: standard library only, so a --dry-run still works where $PYTHON is
+# python -m pretrain.launch.plan: standard library only, so a --dry-run still works where $PYTHON is
 # not installed (python3 then).
 launch_plan() {
     local python
     python=$(command -v "$PYTHON" || command -v python3) ||
         die "no Python to read the cluster with (neither '$PYTHON' nor python3 runs)"
-    PYTHONPATH=$(with_repo_on_path) "$python" -m pretrain.launch_plan --prog launch.sh "$@"
+    PYTHONPATH=$(with_repo_on_path) "$python" -m pretrain.launch.plan --prog launch.sh "$@"
 }
 
 usage() { launch_plan usage; }
@@ -225,7 +225,7 @@ launch_module() { # $1 = python module, $2 = pretrain|finetune, then the subcomm
                 return
             fi
             # On 2+ nodes DeepSpeed starts the ranks through pdsh + ssh, a remote shell (pdsh_quote in
-            # pretrain/cluster.py); with one node it runs them locally, and the arguments go as typed.
+            # pretrain/launch/cluster.py); with one node it runs them locally, and the arguments go as typed.
             if ((CLUSTER_REMOTE_SHELL)); then
                 echo "# hostfile: the module's arguments below are quoted once more for the remote shell (pdsh + ssh)"
             fi
@@ -263,7 +263,7 @@ run_nodes() {
     if ((CLUSTER_REMOTE_SHELL)); then
         echo "# hostfile: the module's arguments below are quoted once more for the remote shell (pdsh + ssh)"
     fi
-    local quoted=() # pdsh always runs a remote shell; with 2+ nodes launch_plan.py quoted the arguments already
+    local quoted=() # pdsh always runs a remote shell; with 2+ nodes launch/plan.py quoted the arguments already
     if ((CLUSTER_REMOTE_SHELL)); then quoted=(--args-quoted); fi
     run "$PYTHON" -m pretrain.launch.nodes --hostfile "$HOSTFILE" ${NODE_RANGE:+--nodes "$NODE_RANGE"} "${quoted[@]}" \
         --nproc-per-node "$CLUSTER_RANKS" --master-addr "$CLUSTER_MASTER_ADDR" --master-port "$CLUSTER_MASTER_PORT" \
@@ -305,12 +305,12 @@ cmd_squad() {
     local action=$1
     shift
     case "$action" in
-        finetune) launch_module pretrain.squad finetune "$@" ;;
+        finetune) launch_module pretrain.finetune.squad finetune "$@" ;;
         evaluate)
             (($# >= 2)) || die "usage: ./launch.sh squad evaluate DATA.json PREDICTIONS.json [--version 2 ...]"
             local file
             for file in "$1" "$2"; do require_path -f "$file" "squad evaluate: '$file' does not exist"; done
-            run "$PYTHON" -m pretrain.squad evaluate "$@"
+            run "$PYTHON" -m pretrain.finetune.squad evaluate "$@"
             ;;
         *) die "squad: unknown action '$action' (use finetune or evaluate)" ;;
     esac
@@ -321,11 +321,11 @@ cmd_glue() {
     local action=$1
     shift
     case "$action" in
-        finetune) launch_module pretrain.glue finetune "$@" ;;
+        finetune) launch_module pretrain.finetune.glue finetune "$@" ;;
         evaluate) # the module checks its files (one line naming a missing or malformed one, exit 2)
             (($# >= 4)) || die "usage: ./launch.sh glue evaluate --task TASK GOLD.tsv PREDICTIONS.tsv"
             export_repo_path
-            run "$PYTHON" -m pretrain.glue evaluate "$@"
+            run "$PYTHON" -m pretrain.finetune.glue evaluate "$@"
             ;;
         *) die "glue: unknown action '$action' (use finetune or evaluate)" ;;
     esac
@@ -335,7 +335,7 @@ cmd_export() {
     (($# == 2)) || die "usage: ./launch.sh export CHECKPOINT OUT"
     require_path -e "$1" "export: checkpoint '$1' does not exist"
     export_repo_path
-    run "$PYTHON" -m pretrain.export "$1" "$2"
+    run "$PYTHON" -m pretrain.checkpointing.export "$1" "$2"
 }
 
 cmd_tensorboard() {
@@ -360,7 +360,7 @@ cmd_scale() {
     (($#)) || die "usage: ./launch.sh scale RUN.json --phase1-batch N --phase2-batch M [--gpus G] --out NEW.json"
     require_path -f "$1" "scale: run config '$1' does not exist"
     export_repo_path
-    run "$PYTHON" -m pretrain.scale "$@"
+    run "$PYTHON" -m pretrain.config.scale "$@"
 }
 
 cmd_demo() {

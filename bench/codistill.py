@@ -32,6 +32,10 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from pretrain.run_folder import metrics_path  # noqa: E402
+
 ARMS = ("alone", "codistilled")
 
 
@@ -99,7 +103,7 @@ def read_arm(out: Path, arm: str) -> dict[str, Any]:
     curves, finals = {}, []
     for group in range(2):
         rows = [json.loads(line) for line in
-                (out / arm / f"group{group}" / "tensorboard" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+                metrics_path(out / arm / f"group{group}").read_text(encoding="utf-8").splitlines()]
         curves[group] = sorted({r["step"]: r["val/mlm_loss"] for r in rows if "val/mlm_loss" in r}.items())
         finals.append(json.loads((out / arm / f"group{group}" / "codistill_final.json").read_text(encoding="utf-8")))
     return {"curves": curves, "finals": finals}

@@ -201,8 +201,8 @@ def bench_zero(model_name: str, args: argparse.Namespace) -> None:
 
 def bias_growth_run(args: argparse.Namespace, adapt_all_override: bool | None) -> dict[int, tuple[float, float, float]]:
     """Per reported step: mean |b| of the zero-initialised biases, of the MLM decoder bias, and the MLM loss."""
-    from pretrain.config import load_config
-    from pretrain.ds_config import deep_merge, phase_ds_config
+    from pretrain.config.deepspeed import deep_merge, phase_ds_config
+    from pretrain.config.load import load_config
     from pretrain.engine import build_engine
     from pretrain.model.bert import bert_config, build_model
     from pretrain.schedule import WarmupPolyDecay
@@ -238,7 +238,7 @@ def bias_growth_run(args: argparse.Namespace, adapt_all_override: bool | None) -
 
 
 def bench_bias_growth(args: argparse.Namespace) -> None:
-    from pretrain.config import load_config
+    from pretrain.config.load import load_config
 
     shipped = json.loads(Path(load_config(args.recipe).phase("phase1").ds_config).read_text(encoding="utf-8"))
     adapt_all = bool(shipped["optimizer"]["params"].get("adapt_all", False))

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pretrain.run_folder import metrics_path  # noqa: E402
 
 # rows of the main table: (key in best_by_batch, label)
 KINDS = (("lamb", "LAMB (rule)"), ("adamw", "AdamW (best of grid"), ("lamb_best", "LAMB (best of grid"))
@@ -20,7 +25,7 @@ KINDS = (("lamb", "LAMB (rule)"), ("adamw", "AdamW (best of grid"), ("lamb_best"
 def read_run(spec: Any, s: Any, folder: Path, seconds: float, returncode: int) -> dict[str, Any]:
     """What the driver logged (metrics.jsonl) reduced to the numbers the table and the plot need."""
     batch = spec.batch(s)
-    path = folder / "run" / "tensorboard" / "metrics.jsonl"
+    path = metrics_path(folder / "run")
     lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
     rows = [json.loads(line) for line in lines]
     train = [r for r in rows if "loss/mlm" in r]

@@ -22,9 +22,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pretrain.data import Collator, RankBatches, open_phase_data  # noqa: E402
+from pretrain.data.batches import Collator, RankBatches, open_phase_data  # noqa: E402
+from pretrain.data.packing import PackingMeter  # noqa: E402
 from pretrain.model.bert import bert_config, build_model  # noqa: E402
-from pretrain.packing import PackingMeter  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@
     python bench/squad_minilm.py --steps 300            # defaults: the shared train/dev subsets
 
 Both runs get the same budget (optimizer steps, batch, lr, windows) through the real
-``python -m pretrain.squad finetune`` command on this machine's device (fp32 on CPU). The
+``python -m pretrain.finetune.squad finetune`` command on this machine's device (fp32 on CPU). The
 baseline is the same architecture and tokenizer with freshly initialised weights, so the
 ratio printed at the end is what pretraining buys on SQuAD under this budget.
 """
@@ -45,7 +45,7 @@ def random_init_copy(source: Path, target: Path, seed: int) -> Path:
 
 def finetune(model: Path, out: Path, args: argparse.Namespace, ds_config: Path) -> dict:
     command = [
-        sys.executable, "-m", "pretrain.squad", "finetune", "--model", str(model), "--train", str(args.train),
+        sys.executable, "-m", "pretrain.finetune.squad", "finetune", "--model", str(model), "--train", str(args.train),
         "--dev", str(args.dev), "--out", str(out), "--ds-config", str(ds_config), "--max-steps", str(args.steps),
         "--lr", str(args.lr), "--max-seq-length", str(args.max_seq_length), "--doc-stride", str(args.doc_stride),
         "--batch-size", str(args.batch_size), "--seed", str(args.seed), "--log-every", "25",

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))  # ahead of bench/, whose data_prep.py would shadow the package
+sys.path.insert(0, str(REPO_ROOT))  # `python bench/squad_vs_plain.py` finds the checkout without an install
 SHARED_SQUAD = Path(os.environ.get("BERT_DS_SHARED_DATA", REPO_ROOT.parent / "shared" / "data")) / "squad"
 SHIPPED_JSON = REPO_ROOT / "ds_configs" / "deepspeed" / "squad_adamw_zero1.json"
 
@@ -90,7 +90,7 @@ def minilm_folder() -> Path:
 
 
 def finetune_config(args: argparse.Namespace, model: Path) -> Any:
-    from pretrain.squad.finetune_args import FinetuneConfig
+    from pretrain.finetune.squad.finetune_args import FinetuneConfig
 
     return FinetuneConfig(model=model, out=REPO_ROOT / "runs" / "bench_squad_vs_plain", train=args.train,
                           dev=args.dev, ds_config=args.ds_config, max_steps=args.steps, lr=args.lr,
@@ -111,7 +111,7 @@ def driver_loop(config: Any, data: Any, schedule: Any) -> Loop:
     import torch
 
     from pretrain.engine import build_engine, init_distributed
-    from pretrain.squad.finetune import load_ds_config, training_steps
+    from pretrain.finetune.squad.finetune import load_ds_config, training_steps
 
     dist_info = init_distributed()
     model = fresh_model(config)
@@ -128,8 +128,8 @@ def plain_loop(config: Any, data: Any, schedule: Any) -> Loop:
     import torch
 
     from pretrain.engine import weight_decay_param_groups
-    from pretrain.squad.features import pad_batch
-    from pretrain.squad.finetune import as_tensors, micro_batches, read_engine_json
+    from pretrain.finetune.squad.features import pad_batch
+    from pretrain.finetune.squad.finetune import as_tensors, micro_batches, read_engine_json
 
     ds = read_engine_json(config)
     params = ds["optimizer"]["params"]
@@ -166,9 +166,9 @@ def alternate(loops: tuple[Loop, Loop], steps: int) -> None:
 def f1_of(loop: Loop, dev: Any, dev_features: Any, pad_id: int) -> tuple[dict[str, float], float]:
     import torch
 
-    from pretrain.squad.inference import gather_logits
-    from pretrain.squad.metric import evaluate_v1
-    from pretrain.squad.postprocess import PostprocessConfig, postprocess
+    from pretrain.finetune.squad.inference import gather_logits
+    from pretrain.finetune.squad.metric import evaluate_v1
+    from pretrain.finetune.squad.postprocess import PostprocessConfig, postprocess
 
     loop.model.eval()
     started = time.perf_counter()
@@ -183,9 +183,9 @@ def main() -> None:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from transformers import AutoTokenizer
 
+    from pretrain.finetune.squad.features import FeatureConfig, build_features
+    from pretrain.finetune.squad.finetune import TrainData, load_and_limit, load_ds_config
     from pretrain.schedule import WarmupPolyDecay
-    from pretrain.squad.features import FeatureConfig, build_features
-    from pretrain.squad.finetune import TrainData, load_and_limit, load_ds_config
 
     config = finetune_config(args, args.model or minilm_folder())
     train_set, dev_set, _ = load_and_limit(config)

@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from data_prep.atomic_io import atomic_write_json, sha256_file  # noqa: E402
 from data_prep.shards import FORMAT_NAME, FORMAT_VERSION, write_shard  # noqa: E402
 from pretrain.checkpointing.checkpoint import CheckpointManager  # noqa: E402
-from pretrain.config import load_config  # noqa: E402
+from pretrain.config.load import load_config  # noqa: E402
 from pretrain.engine import build_engine, init_distributed  # noqa: E402
 from pretrain.metrics import MetricsWriter, Throughput  # noqa: E402
 from pretrain.model.bert import build_model  # noqa: E402
@@ -130,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         return build_engine(build_model(model_config), plan.ds_configs["phase1"],
                             lr_schedule=WarmupPolyDecay(1_000_000, 0.0))
 
-    from pretrain.data import RankBatches
-    from pretrain.loader import model_inputs
+    from pretrain.data.batches import RankBatches
+    from pretrain.data.loader import model_inputs
 
     batches = RankBatches(plan.data["phase1"], "train", 0, 0, 1, args.micro_batch)
     job = TrainerJob(config, plan.resolved, dist_info, CheckpointManager(work / "ckpt", 1, 0),

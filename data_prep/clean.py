@@ -3,7 +3,7 @@
 Removed: templates (infoboxes, citations, navboxes), headings, tables, <ref>/<gallery>/<math>
 and other non-prose tags, File/Image/Category links, interlanguage links, comments.
 Kept: the visible text of ordinary links, bold/italic text, list items' text.
-`bench/data_prep.py --parsers` measures this against `wikitextparser`.
+`bench/data_prep_throughput.py --parsers` measures this against `wikitextparser`.
 """
 
 from __future__ import annotations

@@ -30,12 +30,12 @@ import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
-from pretrain.cluster import device_index, slurm_task_env
-from pretrain.config_sections import DIST_TIMEOUT_MINUTES
+from pretrain.config.sections import DIST_TIMEOUT_MINUTES
 from pretrain.dist import DistInfo
 from pretrain.engine_parts import client_optimizer  # no DeepSpeed there: the trainer imports it
-from pretrain.extension_builds import reporting_builds
-from pretrain.lifetime import die_with_parent
+from pretrain.launch.cluster import device_index, slurm_task_env
+from pretrain.launch.extension_builds import reporting_builds
+from pretrain.launch.lifetime import die_with_parent
 from pretrain.optim.lamb import ExactLamb, bind_zero_layout, weight_decay_param_groups
 
 __all__ = [
@@ -85,7 +85,7 @@ def _fill_rendezvous_env() -> None:
             )
         return
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:  # srun without a launcher
-        # The same mapping and rendezvous defaults as launch/slurm_rank.sh (pretrain/cluster.py).
+        # The same mapping and rendezvous defaults as launch/slurm_rank.sh (pretrain/launch/cluster.py).
         env.update(slurm_task_env(env))
         return
     # A plain single process (tests, small jobs): a world of one.
@@ -147,7 +147,7 @@ def init_distributed(timeout_minutes: int = DIST_TIMEOUT_MINUTES) -> DistInfo:
 
     The backend follows the accelerator (process_group_backend); collectives wait up to
     `timeout_minutes` for a busy peer (run.dist_timeout_minutes says why its default is long). LOCAL_RANK is rewritten to the
-    device index (device_index, pretrain/cluster.py) before DeepSpeed reads it to bind the device.
+    device index (device_index, pretrain/launch/cluster.py) before DeepSpeed reads it to bind the device.
     """
     accelerator = get_accelerator()
     if not dist.is_initialized():
@@ -281,8 +281,7 @@ def build_engine(
     if not isinstance(ds_config, dict):
         raise TypeError(f"ds_config must be a dict (a parsed DeepSpeed JSON), got {type(ds_config).__name__}")
     init_distributed()
-    config = copy.deepcopy(ds_config)
-    check_ds_config(config)
+    config = copy.deepcopy(ds_config)  # check_ds_config's checks run below, as the optimizer is built
     optimizer_type, params = _optimizer_block(config)
     if lr_schedule is not None and "scheduler" in config:
         raise ValueError('ds_config has a "scheduler" block and an lr_schedule was given: keep only one')

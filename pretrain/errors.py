@@ -7,8 +7,11 @@ point prints it in one line with its kind's prefix and exits 2, without a traceb
     DataError     "data error: "     the data does not fit the run (shards, vocab, initial weights' vocab)
     ResumeError   "resume error: "   the checkpoint folder cannot be resumed (nothing intact, an older format,
                                      a conversion that failed): a damaged checkpoint is no config error
+    FinetuneFormatError  "error: "   a fine-tune's input file, model folder or flag (SquadFormatError and
+                                     GlueFormatError are its kinds; pretrain/finetune/common.py prints it)
 
-Standard library only, so the typed config sections, the checkpoint code and the plug-ins can all use it.
+Standard library only, so the typed config sections, the checkpoint code, the plug-ins and the fine-tunes'
+torch-free scorers can all use it.
 """
 
 from __future__ import annotations
@@ -40,3 +43,8 @@ class ResumeError(UserError):
     """The checkpoint folder cannot be resumed from (nothing intact, an older format, a failed conversion)."""
 
     prefix = "resume error: "
+
+
+class FinetuneFormatError(UserError):
+    """A fine-tune's input file, model folder or flag that cannot be used as it is (SquadFormatError and
+    GlueFormatError are its kinds, one per task's files)."""

@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-from pretrain.time_to_quality import QualitySettings, TimeToQuality
+from pretrain.report.quality import QualitySettings, TimeToQuality
+from pretrain.run_folder import METRICS_FILE
 
 # Dense peak TFLOP/s per device (no sparsity), by precision. Matched by substring of the device name.
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
@@ -81,7 +82,7 @@ class MetricsWriter:
     resumed run repeats) is dropped: rows of metrics.jsonl with step >= S, and TensorBoard's events through
     SummaryWriter(purge_step=S).
 
-    With `quality` (the driver passes it), the run's clock is kept too (pretrain/time_to_quality.py): every
+    With `quality` (the driver passes it), the run's clock is kept too (pretrain/report/quality.py): every
     row of metrics.jsonl gets "wall_s" (seconds the run has run, over its processes), and a row with
     val/mlm_acc the time/* numbers and any quality target it reaches first. Host arithmetic only.
     """
@@ -102,7 +103,7 @@ class MetricsWriter:
         from torch.utils.tensorboard import SummaryWriter  # imported lazily: rank 0 only
 
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        path = self.log_dir / "metrics.jsonl"
+        path = self.log_dir / METRICS_FILE
         drop_rows_from(path, step)
         self._tb = SummaryWriter(log_dir=str(self.log_dir), purge_step=step)
         self._jsonl = open(path, "a", encoding="utf-8")  # noqa: SIM115

@@ -1,9 +1,9 @@
-"""The hooks an optional training feature plugs into, and how the core finds one: a one-way dependency.
+"""The hooks an optional training feature plugs into: a one-way dependency.
 
-The core (pretrain/config.py, pretrain/train.py, pretrain/trainer.py) imports only this module and
-never a plug-in; a plug-in (pretrain/codistill/) imports the core, subclasses `TrainingPlugin` and
-registers a `PluginSpec` under the entry-point group `bert_ds.plugins`, named after its RUN.json
-section (pyproject.toml):
+The core (pretrain/train.py, pretrain/trainer.py) imports only this module and the registry
+(pretrain/config/plugins.py), never a plug-in; a plug-in (pretrain/codistill/) imports the core,
+subclasses `TrainingPlugin` and registers a `PluginSpec` under the entry-point group `bert_ds.plugins`,
+named after its RUN.json section (pyproject.toml):
 
     [project.entry-points."bert_ds.plugins"]
     codistill = "pretrain.codistill.spec:SPEC"
@@ -12,9 +12,8 @@ The config loader imports a plug-in only when the RUN.json (or an override) has 
 of that name, so a plain run loads no plug-in module at all; `--help` and the docs table list every
 installed plug-in's keys. The loader and the driver are handed a `PluginRegistry` (the installed
 entry points unless a caller passes another), so they find plug-ins without reaching for the
-environment themselves. This module imports nothing of the project at run time (types only, from
-the floors below) and no torch: reading a config stays instant, and the contract depends on no core
-object above it.
+environment themselves. This module imports nothing of the project at run time but the registry
+(types only, from the floors below) and no torch: the contract depends on no core object above it.
 
 A caller of the driver (a test injecting a probe, a NaN loss or a signal) adds its own `TrainingPlugin`
 objects, extensions: `pretrain.train.train(config, extensions=[...])`. `PluginStack` puts the run config's
@@ -25,21 +24,19 @@ topology or its saved state stay the config plug-in's alone (`CONFIG_PLUGIN_ONLY
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+from pretrain.config.plugins import INSTALLED, PluginRegistry
 
 if TYPE_CHECKING:  # types of the floors below this one only (tests/pretrain/test_import_layers.py)
     import torch
 
-    from pretrain.config_sections import PhaseSection, RunConfig
+    from pretrain.config.sections import PhaseSection, RunConfig
     from pretrain.dist import DistInfo
-
-ENTRY_POINT_GROUP = "bert_ds.plugins"
 
 # (output, batch, state) -> (extra loss term, numbers to log as the mean over micro-batches and ranks); `output`
 # is pretrain.model.bert.PretrainingOutput, `state` the trainer's PhaseState.
@@ -197,70 +194,6 @@ class TrainingPlugin:
         Face folder) pairs this process exports; the driver exports them. `rank`: this process's rank in
         its job. Default: the job's rank 0 exports `source` to `out`."""
         return [(source, out)] if rank == 0 else []
-
-
-@dataclass(frozen=True)
-class PluginSpec:
-    """What a plug-in registers (the entry point's object): light to import, no torch."""
-
-    name: str  # its RUN.json section, equal to its entry-point name
-    section: type  # the section's dataclass, keys declared with pretrain.config_sections.setting(default, doc)
-    # (section, whole RunConfig) -> None; ValueError naming the dotted key (cross-section checks included)
-    check: Callable[[Any, RunConfig], None]
-    # (RunConfig, world DistInfo) -> the plug-in, or None when the section turns it off. Collective.
-    build: Callable[[RunConfig, DistInfo], TrainingPlugin | None]
-    # (section, ranks in the job) -> the data-parallel ranks of one model (what `job_share` will say), without
-    # processes: the launch-time batch check (pretrain/preflight.py). None: that check leaves the batch to the ranks.
-    data_parallel_size: Callable[[Any, int], int] | None = None
-
-
-class PluginRegistry:
-    """Plug-in declarations by RUN.json section name. `PluginRegistry()` reads the installed entry points
-    (each plug-in imported only when its name is asked for); `PluginRegistry(specs)` serves the given ones."""
-
-    def __init__(self, specs: Iterable[PluginSpec] | None = None) -> None:
-        self._given = None if specs is None else {spec.name: spec for spec in specs}
-
-    def names(self) -> list[str]:
-        """Names of the registered plug-ins (= their RUN.json sections), without importing any of them."""
-        if self._given is not None:
-            return sorted(self._given)
-        return installed_plugins()
-
-    def spec(self, name: str) -> PluginSpec:
-        """The declaration registered as `name` (an installed one is imported only now). KeyError: none."""
-        if self._given is not None:
-            return self._given[name]
-        return plugin_spec(name)
-
-    def sections(self) -> dict[str, type]:
-        """Every registered plug-in's section dataclass (imports every plug-in's spec: for --help and docs)."""
-        return {name: self.spec(name).section for name in self.names()}
-
-
-INSTALLED = PluginRegistry()  # the entry points of group ENTRY_POINT_GROUP
-
-
-def installed_plugins() -> list[str]:
-    """Names of the installed plug-ins (= their RUN.json sections), without importing any of them."""
-    return sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
-
-
-@functools.cache
-def plugin_spec(name: str) -> PluginSpec:
-    """Import the plug-in registered as `name` (only then) and return its declaration."""
-    found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
-    if not found:
-        raise KeyError(f"{name}: no plug-in installed under entry-point group {ENTRY_POINT_GROUP!r}")
-    spec = found[0].load()
-    if not isinstance(spec, PluginSpec) or spec.name != name:
-        raise TypeError(f"entry point {found[0].value!r} must be a PluginSpec named {name!r}, got {spec!r}")
-    return spec
-
-
-def plugin_sections() -> dict[str, type]:
-    """Every installed plug-in's section dataclass (imports every plug-in's spec: for --help and docs)."""
-    return INSTALLED.sections()
 
 
 def build_plugin(config: RunConfig, dist_info: DistInfo, registry: PluginRegistry = INSTALLED) -> TrainingPlugin:

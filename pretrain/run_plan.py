@@ -14,14 +14,14 @@ import torch.distributed as dist
 from transformers import BertConfig
 
 from data_prep.shards import ShardFormatError
-from pretrain.config_sections import ConfigError, RunConfig
-from pretrain.data import DataConfigError, PhaseData, open_phase_data
+from pretrain.config.deepspeed import phase_ds_config, precision_of
+from pretrain.config.sections import ConfigError, RunConfig
+from pretrain.data.batches import DataConfigError, PhaseData, phase_data
+from pretrain.data.shard_checks import check_run_shards, model_overrides
 from pretrain.dist import DistInfo
-from pretrain.ds_config import phase_ds_config, precision_of
 from pretrain.engine import check_ds_config
-from pretrain.lifetime import RunFolderBusyError, hold_run_folder
+from pretrain.launch.lifetime import RunFolderBusyError, hold_run_folder
 from pretrain.model.bert import bert_config
-from pretrain.preflight import check_run_shards, model_overrides
 from pretrain.schedule import WarmupPolyDecay
 
 
@@ -48,21 +48,13 @@ class RunPlan:
 def plan_run(config: RunConfig, dist_info: DistInfo, verify_checksums: bool) -> RunPlan:
     """Every check that needs files, before any model or engine exists. Raises ConfigError/DataConfigError.
 
-    The launch-time check's functions first (pretrain/preflight.py: the same messages as `./launch.sh`
-    gives before any rank starts), then what only a rank does: hash the shards, build the model config.
+    The launch-time check's shard checks (pretrain/data/shard_checks.py: the same messages as `./launch.sh`
+    gives before any rank starts; each folder's manifest read once), then what only a rank does: hash the
+    shards (with `verify_checksums`), build the model config, check each DeepSpeed dict as build_engine will.
     """
-    shards = check_run_shards(config)
+    shards = check_run_shards(config, verify_checksums and config.data.verify_checksums)
     overrides, max_positions = model_overrides(config, shards[config.run.phases[0]].vocab_size)
-    data: dict[str, PhaseData] = {}
-    vocab_sha = None
-    for name in config.run.phases:
-        phase = config.phase(name)
-        key = f"{name}.shards" if phase.shards else "data.shards"
-        data[name] = open_phase_data(
-            phase.shards or config.data.shards, phase.seq_len, phase.max_predictions, key,
-            expected_vocab_sha256=vocab_sha, verify_checksums=verify_checksums and config.data.verify_checksums,
-        )
-        vocab_sha = data[name].vocab.sha256
+    data = {name: phase_data(shards[name], config.phase(name).seq_len) for name in config.run.phases}
     first = data[config.run.phases[0]]
     try:
         model_config = bert_config(config.model.preset, first.vocab.size, max_positions, **overrides)
@@ -101,14 +93,16 @@ def plan_run(config: RunConfig, dist_info: DistInfo, verify_checksums: bool) -> 
 
 
 def plan_on_rank0(config: RunConfig, dist_info: DistInfo) -> RunPlan:
-    """Rank 0 checks (with checksums) and broadcasts the verdict: all ranks fail together, none hangs.
+    """Rank 0 plans (with checksums) and broadcasts the verdict: all ranks fail together, none hangs; every
+    rank plans once, so each shard folder's manifest is read once per rank.
 
     Rank 0 also takes the run folder's lock for the job's life: a second job on the same folder (a rerun
     beside ranks that outlived their launcher) stops here instead of writing checkpoints beside them."""
     error: list[Any] = [None]
+    plan = None
     if dist_info.rank == 0:
         try:
-            plan_run(config, dist_info, verify_checksums=True)
+            plan = plan_run(config, dist_info, verify_checksums=True)
             hold_run_folder(Path(config.run.dir))  # after the checks: a refused run creates no folder
         except (ConfigError, DataConfigError, ShardFormatError, RunFolderBusyError) as err:
             error[0] = str(err)  # as `./launch.sh pretrain`'s launch-time check words it: each names its key
@@ -116,7 +110,8 @@ def plan_on_rank0(config: RunConfig, dist_info: DistInfo) -> RunPlan:
         dist.broadcast_object_list(error, src=0)
     if error[0] is not None:
         raise ConfigError(error[0])
-    return plan_run(config, dist_info, verify_checksums=False)
+    # rank 0 keeps the plan it checked; the others plan once the verdict is in (no hashing: rank 0 did it)
+    return plan if plan is not None else plan_run(config, dist_info, verify_checksums=False)
 
 
 def bert_config_from_plan(plan: RunPlan) -> BertConfig:

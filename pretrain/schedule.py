@@ -10,27 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-
-class ScheduleError(ValueError):
-    """A schedule parameter is out of range; `field` names it as the schedule does (see check_schedule)."""
-
-    def __init__(self, field: str, reason: str) -> None:
-        super().__init__(f"schedule: {field} {reason}")
-        self.field, self.reason = field, reason
-
-
-def check_schedule(total_steps: int, warmup_fraction: float, power: float) -> None:
-    """The schedule's ranges, checked here once: by the schedule itself and by the config check.
-
-    The config check (pretrain/config.py) calls this before any process group exists and renames
-    `ScheduleError.field` to its own keys (phaseN.steps, .warmup_fraction, .decay_power).
-    """
-    if total_steps <= 0:
-        raise ScheduleError("total_steps", f"must be > 0, got {total_steps}")
-    if not 0.0 <= warmup_fraction < 1.0:
-        raise ScheduleError("warmup_fraction", f"must be in [0, 1), got {warmup_fraction}")
-    if power <= 0:
-        raise ScheduleError("power", f"must be > 0, got {power}")
+from pretrain.config.checks import check_schedule
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ pretrain/plugin.py; this module never imports one, and without a plug-in section
 are the plain run. A caller (tests) adds its own TrainingPlugin objects the same way: `train(config,
 extensions=[...])` / `main(argv, extensions=[...])` (PluginStack: they run after the config's plug-in).
 
-`--help` is answered before torch and DeepSpeed are imported (pretrain/train_cli.py), hence the
+`--help` is answered before torch and DeepSpeed are imported (pretrain/config/cli.py), hence the
 imports after that check (E402 off for this file).
 """
 # ruff: noqa: E402
@@ -24,7 +24,7 @@ from __future__ import annotations
 import sys
 
 if __name__ == "__main__" and {"-h", "--help"} & set(sys.argv[1:]):
-    from pretrain.train_cli import parse_args
+    from pretrain.config.cli import parse_args
 
     parse_args(sys.argv[1:])  # prints every key with its doc and exits 0, in a fraction of a second
 
@@ -50,27 +50,27 @@ from pretrain.checkpointing.checkpoint import (
     split_checkpoint_path,
 )
 from pretrain.checkpointing.elastic import prepare_resume
+from pretrain.checkpointing.export import export_checkpoint, load_weights
 from pretrain.checkpointing.manifest import resolve_resume_tag
-from pretrain.config import load_config
-from pretrain.config_sections import ConfigError, RunConfig
-from pretrain.data import DataConfigError, RankBatches
+from pretrain.config.cli import parse_args
+from pretrain.config.deepspeed import precision_of
+from pretrain.config.load import load_config
+from pretrain.config.sections import ConfigError, RunConfig
+from pretrain.data.batches import DataConfigError, RankBatches
 from pretrain.dist import DistInfo
-from pretrain.ds_config import precision_of
 from pretrain.engine import build_engine, client_optimizer, init_distributed
 from pretrain.errors import UserError
-from pretrain.export import EXPORT_INFO, export_checkpoint, load_weights
-from pretrain.lifetime import release_run_folder
+from pretrain.launch.lifetime import release_run_folder
 from pretrain.metrics import MetricsWriter, Throughput, flops_per_sequence, peak_tflops
 from pretrain.model.bert import build_model, count_parameters
 from pretrain.optim.lamb import ExactLamb, bind_zero_layout
 from pretrain.plugin import PluginStack, TrainingPlugin, build_plugin
+from pretrain.report.quality import QualitySettings
+from pretrain.run_folder import EXPORT_INFO, RESOLVED_CONFIG, TENSORBOARD, export_dir
 from pretrain.run_plan import PhasePlan, RunPlan, bert_config_from_plan, plan_on_rank0, plan_run
 from pretrain.stop_request import StopRequest
-from pretrain.time_to_quality import QualitySettings
-from pretrain.train_cli import parse_args
 from pretrain.trainer import NonFiniteLossError, PhaseState, PhaseTrainer, TrainerJob
 
-RESOLVED_CONFIG = "config.resolved.json"
 __all__ = ["PhasePlan", "PhaseStart", "RunPlan", "bert_config_from_plan", "main", "plan_run", "run_phase", "train"]
 WeightReader = Callable[[], dict[str, torch.Tensor]]  # reads a phase's initial fp32 weights from disk
 
@@ -240,7 +240,7 @@ def _train(config: RunConfig, extensions: Sequence[TrainingPlugin], stop: StopRe
     if saved is None and config.run.phases[0] == "phase2" and not config.phase2.init_from:
         raise ConfigError("phase2.init_from: required when phase 2 runs without a phase-1 checkpoint in checkpoint.dir")
     quality = QualitySettings(run_dir, tuple(config.logging.quality_targets), dist_info.world_size)  # run_clock.json
-    metrics = MetricsWriter(run_dir / "tensorboard", enabled=dist_info.rank == 0 and config.logging.tensorboard,
+    metrics = MetricsWriter(run_dir / TENSORBOARD, enabled=dist_info.rank == 0 and config.logging.tensorboard,
                             quality=quality)
     job = TrainerJob(config, plan.resolved, dist_info, checkpoints, metrics, stop, plugin)
     samples_seen = saved["samples_seen"] if saved else 0
@@ -251,7 +251,7 @@ def _train(config: RunConfig, extensions: Sequence[TrainingPlugin], stop: StopRe
             if saved is not None and saved["phase"] == name:
                 if saved["complete"]:
                     if config.checkpoint.export_at_phase_end:  # a crash between checkpoint and export: redo it
-                        export_phase(plugin, name, checkpoints.root / latest, run_dir / "export" / name,
+                        export_phase(plugin, name, checkpoints.root / latest, export_dir(run_dir, name),
                                      dist_info.rank, only_missing=True)
                     continue
                 resume_tag = latest
@@ -271,7 +271,7 @@ def _train(config: RunConfig, extensions: Sequence[TrainingPlugin], stop: StopRe
                           f"{checkpoints.latest_tag()} written. Rerun the same command to resume.", flush=True)
                 return outcome
             if config.checkpoint.export_at_phase_end:
-                export_phase(plugin, name, checkpoints.root, run_dir / "export" / name, dist_info.rank)
+                export_phase(plugin, name, checkpoints.root, export_dir(run_dir, name), dist_info.rank)
             if dist.is_initialized():
                 dist.barrier()
             saved, latest = trainer.state.state_dict(), checkpoints.latest_tag()

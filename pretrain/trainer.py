@@ -38,11 +38,11 @@ import torch.distributed as dist
 
 from pretrain.checkpointing.cadence import CheckpointCadence
 from pretrain.checkpointing.layout import make_tag
-from pretrain.config_sections import PHASE_NAMES, RunConfig
-from pretrain.data import RankBatches, ValidationBatches
+from pretrain.config.sections import PHASE_NAMES, RunConfig
+from pretrain.data.batches import RankBatches, ValidationBatches
+from pretrain.data.loader import model_inputs, stream_batches
 from pretrain.dist import DistInfo
 from pretrain.engine_parts import client_optimizer
-from pretrain.loader import model_inputs, stream_batches
 from pretrain.metrics import MetricsWriter, StepCounts, Throughput, memory_stats
 from pretrain.model.bert import PretrainingOutput
 from pretrain.optim.lamb import ExactLamb

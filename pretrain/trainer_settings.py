@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pretrain.config_sections import CheckpointSection, PhaseSection, RunConfig
+    from pretrain.config.sections import CheckpointSection, PhaseSection, RunConfig
 
 
 @dataclass(frozen=True)

@@ -19,15 +19,8 @@ rule is tested without DeepSpeed or sleeping, and the run config can check the k
 
 from __future__ import annotations
 
-from pretrain.config_sections import CheckpointSection, ConfigError
-
-
-def check_cadence(section: CheckpointSection) -> None:
-    """The two cadence keys: each null or > 0 (both null: checkpoints only at phase ends and stops)."""
-    if section.every_steps is not None and section.every_steps <= 0:
-        raise ConfigError(f"checkpoint.every_steps: must be > 0 or null, got {section.every_steps}")
-    if section.every_minutes is not None and section.every_minutes <= 0:
-        raise ConfigError(f"checkpoint.every_minutes: must be > 0 or null, got {section.every_minutes}")
+from pretrain.config.checks import check_cadence
+from pretrain.config.sections import CheckpointSection
 
 
 class CheckpointCadence:
@@ -35,7 +28,7 @@ class CheckpointCadence:
     on the clock the trainer passes as `now` (the first minutes interval counts from there)."""
 
     def __init__(self, section: CheckpointSection, started: float) -> None:
-        check_cadence(section)
+        check_cadence(section.every_steps, section.every_minutes)
         self.every_steps = section.every_steps
         self.every_seconds = None if section.every_minutes is None else 60.0 * section.every_minutes
         self.last_saved = started

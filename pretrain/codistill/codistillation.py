@@ -56,10 +56,11 @@ from pretrain.codistill.teacher import (
 from pretrain.dist import DistInfo
 from pretrain.model.bert import IGNORE_INDEX, masked_lm_loss_sum
 from pretrain.plugin import ExtraLoss, JobShare, PhaseView, StepAgreement, TrainingPlugin
+from pretrain.run_folder import CHECKPOINTS, EXCHANGE, export_dir
 from pretrain.step_stats import host_values_to_device
 
 if TYPE_CHECKING:
-    from pretrain.config_sections import RunConfig
+    from pretrain.config.sections import RunConfig
     from pretrain.model.bert import PretrainingOutput
     from pretrain.trainer import PhaseState
 
@@ -78,7 +79,7 @@ class Codistillation(TrainingPlugin):
         self.layout = GroupLayout(world.world_size, self.section.groups, world.rank, job_group=self.section.group)
         self.groups: ProcessGroups = create_process_groups(
             self.layout, timedelta(minutes=config.run.dist_timeout_minutes))
-        self.exchange_dir = Path(self.section.exchange_dir or Path(config.run.dir) / "exchange")
+        self.exchange_dir = Path(self.section.exchange_dir or Path(config.run.dir) / EXCHANGE)
         comm = GroupComm(self.layout.group_size, self.layout.first_rank, self.groups.data_parallel, world.device)
         self.files = FileExchange(self.exchange_dir, self.layout.group, self.layout.other_groups, comm,
                                   is_first=self.layout.group_rank == 0)
@@ -133,7 +134,7 @@ class Codistillation(TrainingPlugin):
     def group_checkpoint_dir(self, group: int) -> Path:
         if self.base_config.checkpoint.dir:
             return Path(self.base_config.checkpoint.dir) / f"group{group}"
-        return self.group_run_dir(group) / "checkpoints"
+        return self.group_run_dir(group) / CHECKPOINTS
 
     def export_targets(self, phase: str, source: Path, out: Path, rank: int) -> list[tuple[Path, Path]]:
         """Every group's phase-end model as a Hugging Face folder at <run.dir>/group<g>/export/<phase>.
@@ -144,7 +145,7 @@ class Codistillation(TrainingPlugin):
         """
         if self.world.rank != 0:
             return []
-        return [(self.group_checkpoint_dir(group), self.group_run_dir(group) / "export" / phase)
+        return [(self.group_checkpoint_dir(group), export_dir(self.group_run_dir(group), phase))
                 for group in self.layout.groups_in_job]
 
     # ------------------------------------------------------------------ schedule

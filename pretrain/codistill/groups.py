@@ -20,7 +20,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from pretrain.config_sections import RunSection
+from pretrain.config.sections import RunSection
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pretrain.codistill.config import CodistillConfigError, CodistillSection, check_codistill
-from pretrain.plugin import PluginSpec, TrainingPlugin
+from pretrain.config.plugins import PluginSpec
+from pretrain.plugin import TrainingPlugin
 
 if TYPE_CHECKING:
-    from pretrain.config_sections import RunConfig
+    from pretrain.config.sections import RunConfig
     from pretrain.dist import DistInfo
 
 NAME = "codistill"
@@ -46,6 +47,7 @@ def build(config: RunConfig, dist_info: DistInfo) -> TrainingPlugin | None:
     """Collective when enabled (it creates the groups' process groups); None when `enabled` is false."""
     if not config.plugins[NAME].enabled:
         return None
+    # deferred: the plug-in's torch code loads only when a run enables it; reading its spec stays light
     from pretrain.codistill.codistillation import Codistillation
 
     return Codistillation(config, dist_info)

@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from data_prep.atomic_io import atomic_write_json
 from pretrain.demo.steps import Step, StopSignal, finish_background, install_signal_handlers, run_step
 from pretrain.demo.summary import (
     BASELINE_EVALUATE,
@@ -39,6 +40,7 @@ from pretrain.demo.summary import (
     render_table,
     summary_rows,
 )
+from pretrain.run_folder import CHECKPOINTS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LAUNCH_SH = REPO_ROOT / "launch.sh"
@@ -188,8 +190,6 @@ def download_squad_subset(source: SquadSource, train_articles: int = 8, dev_arti
     """Write the first articles of SQuAD v1.1 from the Hub in the official JSON layout."""
     from datasets import load_dataset
 
-    from data_prep.atomic_io import atomic_write_json
-
     for split, path, limit in (
         ("train", source.train, train_articles),
         ("validation", source.dev, dev_articles),
@@ -269,7 +269,7 @@ def _flags(values: dict[str, object]) -> list[str]:
 
 def final_checkpoint(run_dir: Path) -> Path:
     """The driver's checkpoint folder (checkpoint.dir default); export follows its `latest`."""
-    return run_dir / "checkpoints"
+    return run_dir / CHECKPOINTS
 
 
 def _free_port() -> int:

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
+from pretrain.run_folder import METRICS_FILE, REPORT_MD, REPORT_PNG
+
 
 class StepResult(Protocol):
     name: str
@@ -102,7 +104,7 @@ def phase_rows(records: list[dict]) -> list[tuple[str, str]]:
 def read_step_records(run_dir: Path) -> list[dict]:
     """The driver's per-step JSON lines (metrics.jsonl beside the TensorBoard files), in order."""
     records: list[dict] = []
-    for path in sorted(run_dir.rglob("metrics.jsonl")):
+    for path in sorted(run_dir.rglob(METRICS_FILE)):
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
                 record = json.loads(line)
@@ -114,7 +116,7 @@ def read_step_records(run_dir: Path) -> list[dict]:
 
 
 def squad_scores(evaluate_output: list[str]) -> dict[str, float] | None:
-    """The {"exact_match": ..., "f1": ...} line `pretrain.squad evaluate` prints."""
+    """The {"exact_match": ..., "f1": ...} line `pretrain.finetune.squad evaluate` prints."""
     for line in reversed(evaluate_output):
         try:
             scores = json.loads(line)
@@ -160,7 +162,7 @@ def summary_rows(out: Path, steps: Sequence[StepResult], corpus: str, squad: str
     rows += [
         ("shards + manifest", str(out / "data")),
         ("checkpoints + TensorBoard", f"{out / 'run'}  (./launch.sh tensorboard {out / 'run'})"),
-        ("report", f"{out / 'run' / 'report.md'} + report.png  (./launch.sh report {out / 'run'})"),
+        ("report", f"{out / 'run' / REPORT_MD} + {REPORT_PNG}  (./launch.sh report {out / 'run'})"),
         ("Hugging Face model", str(out / "model")),
         ("logs", str(out / "logs")),
     ]

@@ -47,7 +47,8 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rendezvous_registry
 from torch.distributed.elastic.timer import FileTimerServer
 
-from pretrain.config import load_config
+from pretrain.config.cli import parse_args
+from pretrain.config.load import load_config
 from pretrain.errors import UserError
 from pretrain.launch.faults import (
     USER_ERROR_EXIT,
@@ -63,7 +64,6 @@ from pretrain.launch.faults import (
 )
 from pretrain.launch.nodes import node_range
 from pretrain.step_watch import HANG_TIMEOUT_ENV
-from pretrain.train_cli import parse_args
 
 PREFIX = "launch.sh"
 LAST_CALL_SECONDS = 10  # with --nodes MIN:MAX: how long a rendezvous that has MIN nodes waits for more

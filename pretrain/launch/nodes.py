@@ -20,7 +20,7 @@ machine was killed, or ssh lost the connection). Then:
 Signals (launch.sh passes them here) reach every node's agent through `pdsh ... pkill -SIG -f JOB`, JOB being
 this launch's own mark on the agents' command lines; the agents pass them on to their ranks.
 
-Standard library only: launch_plan.py reads `node_range` from here with a bare python3.
+Standard library only: launch/plan.py reads `node_range` from here with a bare python3.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from pretrain.cluster import ClusterError, pdsh_quote, read_hostfile
+from pretrain.launch.cluster import ClusterError, pdsh_quote, read_hostfile
 
 PREFIX = "launch.sh"
 LOST_STATUS = 128  # an agent ends by itself with 0-3 (pretrain/launch/agent.py); >= 128: it was killed
@@ -64,7 +64,7 @@ def node_range(value: str) -> tuple[int, int] | None:
 
 
 def remote_word(arg: str) -> str:
-    """One word of the remote command, already pdsh-quoted (pretrain/cluster.py's pdsh_quote): wrapped in
+    """One word of the remote command, already pdsh-quoted (pretrain/launch/cluster.py's pdsh_quote): wrapped in
     "..." when it holds a space, as DeepSpeed's pdsh runner did, which pdsh_quote was written for."""
     return '"{}"'.format(arg.replace('"', '\\"')) if " " in arg else arg
 
@@ -172,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     split = argv.index("--") if "--" in argv else len(argv)
     parser = argparse.ArgumentParser(prog="python -m pretrain.launch.nodes", description=__doc__.split("\n")[0])
-    parser.add_argument("--hostfile", required=True, help='lines "HOST slots=N" (pretrain/cluster.py)')
+    parser.add_argument("--hostfile", required=True, help='lines "HOST slots=N" (pretrain/launch/cluster.py)')
     parser.add_argument("--nodes", default="", help="N or MIN:MAX (default: every host, none may be lost)")
     parser.add_argument("--nproc-per-node", required=True)
     parser.add_argument("--master-addr", required=True)
@@ -180,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--env-file", help="NAME=VALUE lines exported on every node")
     parser.add_argument("--resume-command", default="the same command again")
     parser.add_argument("--args-quoted", action="store_true",
-                        help="the driver's arguments are already pdsh-quoted (pretrain/cluster.py, 2+ nodes)")
+                        help="the driver's arguments are already pdsh-quoted (pretrain/launch/cluster.py, 2+ nodes)")
     args = parser.parse_args(argv[:split])
     hosts = [host for host, _ in read_hostfile(args.hostfile)]
     low, high = node_range(args.nodes) or (len(hosts), len(hosts))

@@ -93,9 +93,9 @@ class SparseBertForPreTraining(BertForPreTraining):
     `forward(input_ids, token_type_ids, attention_mask, masked_positions, masked_labels,
     next_sentence_label)`: `masked_positions` / `masked_labels` are [batch, max_predictions],
     padded with position 0 / label -100; `attention_mask` None means no padding (see
-    `pretrain.loader.model_inputs`). Returns `PretrainingOutput`.
+    `pretrain.data.loader.model_inputs`). Returns `PretrainingOutput`.
 
-    Packed rows (pretrain/packing.py) add `segment_ids`, `position_ids` and `cls_positions`: attention
+    Packed rows (pretrain/data/packing.py) add `segment_ids`, `position_ids` and `cls_positions`: attention
     is block-diagonal per instance and NSP pools every instance's [CLS]; `next_sentence_label` then has
     one entry per slot with -100 for empty slots (ignored by the loss, as for MLM). Packed
     `masked_positions` are [instances, max_predictions] flat indices into the rows*seq tokens, so the

@@ -1,4 +1,4 @@
-"""bench/gpu_check.sh --smoke: the prepared GPU check runs end to end on CPU (CI has no GPU), through the
+"""bench/gpu_check/gpu_check.sh --smoke: the prepared GPU check runs end to end on CPU (CI has no GPU), through the
 production step (PhaseTrainer.train_step with accumulation over the real DataLoader) on the production
 engine (bf16 + ZeRO-1 + fp32 grad accumulation = BF16_Optimizer), rows saved as measured, failures
 reported as rows, the estimate printed even after a kill, and a preflight that names every wheel the check
@@ -19,7 +19,7 @@ import pytest
 from tests.support.launching import child_env
 from tests.support.pretrain_fixtures import REPO_ROOT
 
-SCRIPT = str(REPO_ROOT / "bench" / "gpu_check.sh")
+SCRIPT = str(REPO_ROOT / "bench" / "gpu_check" / "gpu_check.sh")
 SHIPPED = REPO_ROOT / "ds_configs" / "deepspeed" / "lamb_zero1.json"
 RECIPE = REPO_ROOT / "ds_configs" / "recipes" / "bert_large_64k.json"
 
@@ -46,7 +46,7 @@ def table_rows(stdout: str, first_cell: str) -> list[str]:
 
 
 def test_engine_config_is_the_shipped_recipe_with_only_the_sizes_shrunk() -> None:
-    from bench.gpu_check_rows import engine_config
+    from bench.gpu_check.rows import engine_config
 
     shipped = json.loads(SHIPPED.read_text())
     config = engine_config(RECIPE, "phase1", 4, 1)
@@ -64,7 +64,7 @@ def test_engine_config_is_the_shipped_recipe_with_only_the_sizes_shrunk() -> Non
 def test_preflight_stops_on_a_recipe_the_driver_refuses(tmp_path: Path) -> None:
     old = tmp_path / "old_layout.json"  # a DeepSpeed JSON of the previous layout: the batch in the file
     old.write_text(json.dumps({**json.loads(SHIPPED.read_text()), "train_batch_size": 65536}))
-    done = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "gpu_check_preflight.py"), "--smoke",
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "gpu_check" / "preflight.py"), "--smoke",
                            "--ds-config", str(old)], cwd=tmp_path, env=smoke_env(tmp_path, DS_ACCELERATOR="cpu"),
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
@@ -78,7 +78,7 @@ def test_gpu_check_smoke_runs_the_production_step_and_saves_every_row(
 ) -> None:
     # In-process (the script's preflight and time limit are tested below): every row of the plan, with a spy
     # that counts the real PhaseTrainer.train_step calls and passes them through.
-    from bench import gpu_check
+    from bench.gpu_check import run as gpu_check
     from pretrain.trainer import PhaseTrainer
 
     steps: list[tuple[int, int, bool]] = []  # (micro-batch, micro-batches per step, packing) of each call
@@ -162,7 +162,7 @@ def test_failing_rows_are_reported_and_every_other_row_is_still_measured(tmp_pat
     assert by_phase[("bert_large_64k", "phase2")]["status"] == "no packed row of tiny at seq 64 x micro 0"
     assert records[-1]["kind"] == "end" and records[-1]["failed"] == 2
     # the preflight named the wheels; what the run loaded later is torch's own (nothing else to carry)
-    from bench.gpu_check_preflight import requirement_closure
+    from bench.gpu_check.preflight import requirement_closure
 
     preflight, end = records[0], records[-1]
     assert {"deepspeed", "transformers", "tokenizers", "safetensors", "numpy", "pyarrow"} <= set(preflight["carry"])
@@ -223,7 +223,7 @@ def test_preflight_names_every_missing_wheel_in_one_line(tmp_path: Path) -> None
     for entry in site.iterdir():
         if not entry.name.lower().startswith(("hjson", "cpuinfo", "py_cpuinfo")):
             (partial / entry.name).symlink_to(entry)
-    preflight = str(REPO_ROOT / "bench" / "gpu_check_preflight.py")
+    preflight = str(REPO_ROOT / "bench" / "gpu_check" / "preflight.py")
     done = subprocess.run([sys.executable, "-S", preflight, "--smoke"],
                           cwd=tmp_path, env=child_env(PYTHONPATH=str(partial), DS_ACCELERATOR="cpu"),
                           capture_output=True, text=True, timeout=120)

@@ -1,4 +1,4 @@
-"""bench/gpu_check_estimate.py on made-up rows (the wall-clock model, by hand), and bench/gpu_check_plan.py:
+"""bench/gpu_check/estimate.py on made-up rows (the wall-clock model, by hand), and bench/gpu_check/plan.py:
 the rows run at the shipped recipe's own micro-batches, most important first. Pure functions: no engine."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu_check_args import parse_args
-from bench.gpu_check_estimate import Network, PhaseRun, comparisons, estimate, estimate_markdown, step_times
-from bench.gpu_check_plan import LAMB_STAGE, build_plan, row_names
-from pretrain.config import load_config
+from bench.gpu_check.args import parse_args
+from bench.gpu_check.estimate import Network, PhaseRun, comparisons, estimate, estimate_markdown, step_times
+from bench.gpu_check.plan import LAMB_STAGE, build_plan, row_names
+from pretrain.config.load import load_config
 from tests.support.paths import REPO_ROOT
 
 P = 335_000_000  # made-up parameter count
@@ -126,7 +126,7 @@ def test_rows_selects_and_refuses_unknown_names(capsys: pytest.CaptureFixture[st
 
 
 def test_estimate_only_reads_saved_rows_with_other_assumptions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from bench import gpu_check
+    from bench.gpu_check import run as gpu_check
 
     saved = tmp_path / "rows.jsonl"
     saved.write_text("".join(json.dumps(r) + "\n" for r in ROWS))

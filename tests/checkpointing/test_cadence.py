@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from pretrain.checkpointing.cadence import CheckpointCadence
-from pretrain.config import ConfigError
-from pretrain.config_sections import CheckpointSection
+from pretrain.config.load import ConfigError
+from pretrain.config.sections import CheckpointSection
 
 
 def test_steps_alone_save_on_multiples_and_never_by_the_clock() -> None:
@@ -42,14 +42,14 @@ def test_whichever_comes_first_and_time_saves_keep_the_step_multiples() -> None:
      ({"every_minutes": True}, "checkpoint.every_minutes: expected float, got True")],
 )
 def test_bad_cadence_values_name_the_key(checkpoint: dict, message: str) -> None:
-    from pretrain.config import from_dict
+    from pretrain.config.load import from_dict
 
     with pytest.raises(ConfigError, match=f"^{message}$"):
         CheckpointCadence(from_dict({"checkpoint": checkpoint}).checkpoint, started=0.0)
 
 
 def test_old_and_new_configs_load() -> None:
-    from pretrain.config import from_dict
+    from pretrain.config.load import from_dict
 
     old = from_dict({"checkpoint": {"every_steps": 200, "keep_last": 3}}).checkpoint
     assert (old.every_steps, old.every_minutes) == (200, None)

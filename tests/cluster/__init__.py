@@ -1,1 +1,1 @@
-"""Tests of pretrain/cluster.py: node lists, hostfiles, rendezvous, device binding (table-driven, no processes)."""
+"""Tests of pretrain/launch/cluster.py: node lists, hostfiles, rendezvous, device binding (table-driven, no processes)."""

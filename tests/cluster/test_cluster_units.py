@@ -1,10 +1,10 @@
-"""pretrain/cluster.py, table-driven: node lists, GPU specs, hostfiles, pdsh quoting, the rendezvous and
+"""pretrain/launch/cluster.py, table-driven: node lists, GPU specs, hostfiles, pdsh quoting, the rendezvous and
 device-index rules, the launch plan and the shell assignments launch.sh and slurm_rank.sh eval.
 
 No SLURM, GPU or DeepSpeed needed: scontrol and nvidia-smi are stand-in scripts on PATH where a test
 needs them. test_launch_sh.py checks the same rules through launch.sh's printed commands;
-test_launch_plan.py the launch options and the ranks' environment that launch.sh gets from
-pretrain/launch_plan.py.
+test_launch_plan.py (pretrain/launch/plan.py) the launch options and the ranks' environment that launch.sh gets from
+pretrain/launch/plan.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pretrain.cluster import (
+from pretrain.launch.cluster import (
     ClusterError,
     default_master_addr,
     default_master_port,

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from pretrain.codistill.groups import GroupLayout, create_process_groups
-from pretrain.config_sections import RunSection
+from pretrain.config.sections import RunSection
 
 
 def group_timeout(group: dist.ProcessGroup) -> timedelta:

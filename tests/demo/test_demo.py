@@ -123,12 +123,12 @@ def test_demo_dry_run_prints_every_step_through_launch_sh(tmp_path: Path) -> Non
     assert any("-m data_prep build --wiki-dump" in c and "--vocab-size 8192" in c for c in commands)
     assert any("-m pretrain.launch.agent --nproc-per-node 2" in c and "--run.dir=" in c for c in commands)
     assert any("DS_ACCELERATOR=cpu" in c for c in commands)
-    assert any("-m pretrain.export" in c and str(tmp_path / "out" / "run" / "checkpoints") in c for c in commands)
-    finetunes = [c for c in commands if "-m pretrain.squad finetune" in c]
+    assert any("-m pretrain.checkpointing.export" in c and str(tmp_path / "out" / "run" / "checkpoints") in c for c in commands)
+    finetunes = [c for c in commands if "-m pretrain.finetune.squad finetune" in c]
     assert len(finetunes) == 2 and sum("--random-init" in c for c in finetunes) == 1, finetunes
     random_out = str(tmp_path / "out" / demo_summary.RANDOM_SQUAD_DIR)
     assert all(("--random-init" in c) == (random_out in c) for c in finetunes), "the baseline writes apart"
-    evaluates = [c for c in commands if "-m pretrain.squad evaluate" in c]
+    evaluates = [c for c in commands if "-m pretrain.finetune.squad evaluate" in c]
     assert len(evaluates) == 2 and any(random_out + "/predictions.json" in c for c in evaluates)
     reports = [c for c in commands if "-m pretrain.report" in c]
     assert len(reports) == 1 and reports[0] == commands[-1], "the demo ends with a report"
@@ -222,7 +222,7 @@ def test_launch_sh_runs_the_squad_scorer_and_the_demo_reads_its_output(shared_da
         env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("+ ") and "-m pretrain.squad evaluate" in proc.stdout.splitlines()[0]
+    assert proc.stdout.startswith("+ ") and "-m pretrain.finetune.squad evaluate" in proc.stdout.splitlines()[0]
     scores = demo_summary.squad_scores(proc.stdout.splitlines())
     assert scores is not None and 70.0 < scores["exact_match"] < scores["f1"] <= 100.0
 

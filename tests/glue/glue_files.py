@@ -1,4 +1,4 @@
-"""Small GLUE files in each task's real format, written literally (not from pretrain/glue/tasks.py).
+"""Small GLUE files in each task's real format, written literally (not from pretrain/finetune/glue/tasks.py).
 
 The headers and column orders below are copied from the official GLUE download (glue_data/TASK)
 so that a mistake in the reader's layout table shows up as a failing test instead of being

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.glue.__main__ import main
-from pretrain.glue.data import load_task_data
-from pretrain.glue.tasks import TASKS, task_named
+from pretrain.finetune.glue.__main__ import main
+from pretrain.finetune.glue.data import load_task_data
+from pretrain.finetune.glue.tasks import TASKS, task_named
 from tests.glue.glue_files import TITLES, write_task
 
 

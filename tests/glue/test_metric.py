@@ -12,8 +12,8 @@ import pytest
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
-from pretrain.glue import metric
-from pretrain.glue.__main__ import main
+from pretrain.finetune.glue import metric
+from pretrain.finetune.glue.__main__ import main
 from tests.glue.glue_files import TITLES, write_task
 from tests.support.launching import REPO_ROOT, child_env
 

@@ -1,4 +1,4 @@
-"""pretrain/launch_plan.py, table-driven: the launch options, the launcher choice, pretrain's --config check,
+"""pretrain/launch/plan.py, table-driven: the launch options, the launcher choice, pretrain's --config check,
 the ranks' environment, the DeepSpeed env file, the --help text and the assignments launch.sh evals.
 
 No GPU, SLURM or DeepSpeed needed. test_launch_sh.py checks the same rules through launch.sh itself.
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.cluster import ClusterError, pdsh_quote
-from pretrain.launch_plan import (
+from pretrain.launch.cluster import ClusterError, pdsh_quote
+from pretrain.launch.plan import (
     VALUE_OPTIONS,
     LaunchOptions,
     choose_launcher,
@@ -222,7 +222,7 @@ def test_cli_launch_is_evaluated_by_bash(tmp_path: Path) -> None:
     (tmp_path / "run.json").write_text("{}")
     env = {key: value for key, value in os.environ.items() if not key.startswith("SLURM_")}
     env.update(PYTHONPATH=str(REPO_ROOT), HOME=str(tmp_path))
-    call = f"{sys.executable} -m pretrain.launch_plan --prog launch.sh launch --cpu-count=4 pretrain -- \"$@\""
+    call = f"{sys.executable} -m pretrain.launch.plan --prog launch.sh launch --cpu-count=4 pretrain -- \"$@\""
     show = 'printf "%s\\0" "$LAUNCHER" "$CLUSTER_RANKS" "${DS_ENV[0]}" "${MODULE_ARGS[@]}"'
     script = f'set -euo pipefail; out=$({call}); eval "$out"; {show}'
     args = ["--config", "run.json", "--hostfile=hosts", "--", *AWKWARD]

@@ -92,7 +92,7 @@ def test_cpu_ranks_and_single_process(tmp_path: Path, run_json: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert printed_commands(proc.stdout)[-1] == [
-        FAKE_PYTHON, "-u", "-m", "pretrain.squad", "finetune", "--model", "m", "--dev", "d", "--out", "o",
+        FAKE_PYTHON, "-u", "-m", "pretrain.finetune.squad", "finetune", "--model", "m", "--dev", "d", "--out", "o",
     ]  # fmt: skip
 
 
@@ -255,5 +255,5 @@ def test_help_lists_every_subcommand(tmp_path: Path) -> None:
     for word in ("prep", "pretrain", "squad", "export", "tensorboard", "demo", "--dry-run", "--hostfile", "SLURM"):
         assert word in proc.stdout
     for option in ("--launcher", "--gpus N", "--nodes N|MIN:MAX", "--master-addr A", "--master-port P", "--cpu"):
-        assert f"\n  {option} " in proc.stdout  # the LAUNCH OPTIONS launch_plan.py parses
+        assert f"\n  {option} " in proc.stdout  # the LAUNCH OPTIONS launch/plan.py parses
     assert launch([], tmp_path).stdout == proc.stdout  # no subcommand: the same text, exit 2

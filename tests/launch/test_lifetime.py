@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pretrain import extension_builds
-from pretrain.lifetime import RunFolderBusyError, hold_run_folder, release_run_folder
+from pretrain.launch import extension_builds
+from pretrain.launch.lifetime import RunFolderBusyError, hold_run_folder, release_run_folder
 from tests.support.launching import child_env
 from tests.support.paths import REPO_ROOT
 
@@ -46,7 +46,7 @@ def python(code: str, **kwargs: object) -> subprocess.Popen[str]:
 def test_watchdog_stops_the_job_group_once_its_launch_sh_is_killed() -> None:
     stand_in = subprocess.Popen(["sleep", "300"])  # launch.sh
     job = subprocess.Popen(["bash", "-c", "sleep 300 & sleep 300 & wait"], start_new_session=True)
-    watchdog = subprocess.Popen([sys.executable, "-m", "pretrain.lifetime", "watch", str(stand_in.pid), str(job.pid),
+    watchdog = subprocess.Popen([sys.executable, "-m", "pretrain.launch.lifetime", "watch", str(stand_in.pid), str(job.pid),
                                  "--grace", "5"], cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
     time.sleep(0.5)
@@ -63,7 +63,7 @@ def test_watchdog_stops_the_job_group_once_its_launch_sh_is_killed() -> None:
 
 def test_a_child_with_the_parent_death_signal_ends_when_its_parent_is_killed() -> None:
     parent = python("import subprocess, time\n"
-                    "from pretrain.lifetime import die_with_parent\n"
+                    "from pretrain.launch.lifetime import die_with_parent\n"
                     "child = subprocess.Popen(['sleep', '300'], preexec_fn=die_with_parent)\n"
                     "print(child.pid, flush=True)\n"
                     "time.sleep(300)\n")
@@ -75,7 +75,7 @@ def test_a_child_with_the_parent_death_signal_ends_when_its_parent_is_killed() -
 
 
 def test_a_run_folder_held_by_a_live_process_is_refused_and_free_once_it_dies(tmp_path: Path) -> None:
-    holder = python(f"import time\nfrom pretrain.lifetime import hold_run_folder\n"
+    holder = python(f"import time\nfrom pretrain.launch.lifetime import hold_run_folder\n"
                     f"hold_run_folder({str(tmp_path)!r}); print('held', flush=True); time.sleep(300)\n")
     assert holder.stdout.readline().strip() == "held"
     with pytest.raises(RunFolderBusyError, match=f"in use by a live job \\(pid {holder.pid} on "):

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from pretrain.cluster import ClusterError
+from pretrain.launch.cluster import ClusterError
 from pretrain.launch.nodes import NodeJob, node_range
 
 
@@ -36,7 +36,7 @@ def test_every_node_runs_the_agent_with_its_name_and_the_job_mark() -> None:
                            capture_output=True, text=True, check=True).stdout.splitlines()
     assert shown[shown.index("--node") + 1] == "n2"
     assert shown[shown.index("--resume-command") + 1] == "./launch.sh pretrain --config r.json"
-    assert shown[-3:] == ["--config", "r.json", "--run.dir=a b"]  # launch_plan.py's quoting, undone once
+    assert shown[-3:] == ["--config", "r.json", "--run.dir=a b"]  # launch/plan.py's quoting, undone once
 
 
 def test_a_session_that_ends_by_itself_is_no_lost_node() -> None:

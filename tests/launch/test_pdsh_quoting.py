@@ -3,7 +3,7 @@
 pretrain/launch/nodes.py (as DeepSpeed's multi-node runner did) joins the remote command into one string that
 each node's login shell splits again, so an unquoted `--run.phases=["phase1"]` arrives as `[phase1]`.
 tests/launch/test_hostfile.py sends such values through real pdsh + ssh (where the machine allows it); this file
-checks, on any machine, the printed command (launch_plan.py quotes for 2+ nodes and says so; with one node
+checks, on any machine, the printed command (launch/plan.py quotes for 2+ nodes and says so; with one node
 nodes.py quotes them itself, since pdsh runs a remote shell there too), and that nodes.py's join followed by
 one bash parse gives back exactly the arguments the user typed. (pdsh's own %-expansion is left to
 test_hostfile.py: it needs pdsh itself.)
@@ -14,7 +14,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from pretrain.cluster import pdsh_quote
+from pretrain.launch.cluster import pdsh_quote
 from pretrain.launch.nodes import remote_word
 from tests.support.launching import clean_env
 from tests.support.paths import REPO_ROOT
@@ -67,7 +67,7 @@ def test_multinode_arguments_survive_the_pdsh_join_and_the_remote_shell(tmp_path
 
 
 def test_one_node_hostfile_arguments_are_quoted_by_the_node_starter(tmp_path: Path) -> None:
-    """With one node launch_plan.py leaves the arguments as typed; pdsh still runs a remote shell, so nodes.py
+    """With one node launch/plan.py leaves the arguments as typed; pdsh still runs a remote shell, so nodes.py
     quotes them (what it does without --args-quoted)."""
     for hosts, extra in (("node-a slots=1\nnode-b slots=1\n", ("--nodes", "1")), ("node-a slots=2\n", ())):
         sent, stdout = printed_module_args(tmp_path, hosts, *extra)

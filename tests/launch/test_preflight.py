@@ -2,7 +2,7 @@
 DeepSpeed JSON that sets a recipe's key is one line and exit 2, and no rank process ever starts.
 
 "No rank started" is observed, not timed: $PYTHON is a shim that records every command line it runs
-and then runs the real interpreter, so the test sees that only `pretrain.launch_plan` ran (never
+and then runs the real interpreter, so the test sees that only `pretrain.launch.plan` ran (never
 `deepspeed.launcher.runner`, `srun` or `pretrain.train`), and that no run folder was written. Before,
 each of these errors came from every rank, after DeepSpeed had spawned them. The check module, and
 `--help` of every command, import no torch or DeepSpeed (fresh interpreters, `sys.modules`).
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.config_sections import ConfigError
-from pretrain.preflight import LaunchShape, check_command_line
-from pretrain.shard_checks import check_phase_shards
+from pretrain.config.sections import ConfigError
+from pretrain.data.shard_checks import check_phase_shards
+from pretrain.launch.preflight import LaunchShape, check_command_line
 from tests.support.launching import child_env
 from tests.support.paths import REPO_ROOT
 from tests.support.pretrain_fixtures import build_shards, tiny_run_config
@@ -68,7 +68,7 @@ def assert_refused_before_any_rank(proc: subprocess.CompletedProcess[str], job: 
     assert len(lines) == 1 and lines[0].startswith("launch.sh: config error: ") and expected in lines[0], lines
     assert not any(line.startswith("+ ") for line in proc.stdout.splitlines()), proc.stdout  # nothing was run
     calls = recorded(job)
-    plans = [call for call in calls if call.startswith("-m pretrain.launch_plan ")]
+    plans = [call for call in calls if call.startswith("-m pretrain.launch.plan ")]
     assert any(" launch " in call and " --check-run " in call for call in plans), calls  # the shim records
     started = [call for call in calls if call not in plans and any(word in call for word in ("deepspeed", "srun",
                                                                                            "pretrain.train"))]
@@ -133,7 +133,7 @@ def test_the_check_is_light_and_so_is_every_help(job: dict[str, Path]) -> None:
     """A fresh interpreter: the check itself, and each command's --help, leave torch and DeepSpeed unimported
     and print no third-party warning."""
     probe = (
-        "import sys; from pretrain.preflight import LaunchShape, check_command_line; "
+        "import sys; from pretrain.launch.preflight import LaunchShape, check_command_line; "
         f"print(check_command_line(['--config', {str(job['run_json'])!r}], LaunchShape(2, 'cpu'))); "
         f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
     )
@@ -141,9 +141,9 @@ def test_the_check_is_light_and_so_is_every_help(job: dict[str, Path]) -> None:
     proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [proc.stdout.splitlines()[0], "[]"] and "checked" in proc.stdout
-    for module, args in [("pretrain.train", []), ("pretrain.squad", []), ("pretrain.squad", ["finetune"]),
-                         ("pretrain.squad", ["evaluate"]), ("pretrain.scale", []), ("pretrain.rehearsal", []),
-                         ("pretrain.preflight", []), ("pretrain.export", [])]:  # fmt: skip
+    for module, args in [("pretrain.train", []), ("pretrain.finetune.squad", []), ("pretrain.finetune.squad", ["finetune"]),
+                         ("pretrain.finetune.squad", ["evaluate"]), ("pretrain.config.scale", []), ("pretrain.config.rehearsal", []),
+                         ("pretrain.launch.preflight", []), ("pretrain.checkpointing.export", [])]:  # fmt: skip
         command = [sys.executable, "-X", "importtime", "-m", module, *args, "--help"]
         proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, cwd=job["cwd"])
         assert proc.returncode == 0 and "usage:" in proc.stdout, (module, proc.stderr[-2000:])

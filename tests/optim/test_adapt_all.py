@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from pretrain.config import load_config
-from pretrain.ds_config import deep_merge, phase_ds_config
+from pretrain.config.deepspeed import deep_merge, phase_ds_config
+from pretrain.config.load import load_config
 from pretrain.engine import build_engine
 from pretrain.optim.lamb import ExactLamb
 from pretrain.optim.lamb_reference import NaiveLamb

@@ -1,7 +1,7 @@
 """Every config key is documented where it is declared, and `--help` and docs/pretraining.md show it.
 
 The keys are found by walking the dataclasses of `RunConfig` and of every installed plug-in's section
-here, not through pretrain/config_doc.py, so a key the generator skipped would fail too.
+here, not through pretrain/config/doc.py, so a key the generator skipped would fail too.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import re
 
 import pytest
 
-from pretrain.config import ConfigError, RunConfig, check_values, from_dict
-from pretrain.config_doc import DOC, DOC_FILE, markdown_table, replace_table, setting
-from pretrain.plugin import installed_plugins, plugin_spec
-from pretrain.schedule import ScheduleError, WarmupPolyDecay
+from pretrain.config.checks import ScheduleError
+from pretrain.config.doc import DOC, DOC_FILE, markdown_table, replace_table, setting
+from pretrain.config.load import ConfigError, RunConfig, check_values, from_dict
+from pretrain.config.plugins import installed_plugins, plugin_spec
+from pretrain.schedule import WarmupPolyDecay
 
 
 def sections() -> list[tuple[str, object]]:
@@ -95,7 +96,7 @@ def test_every_key_is_in_the_docs_configuration_section(section: str, key: str) 
 def test_docs_table_is_generated_from_the_current_declarations() -> None:
     text = DOC_FILE.read_text(encoding="utf-8")
     assert replace_table(text, markdown_table(RunConfig)) == text, (
-        "docs/pretraining.md's config table is stale: run `python -m pretrain.config_doc --write`")
+        "docs/pretraining.md's config table is stale: run `python -m pretrain.config.doc --write`")
 
 
 def test_setting_copies_mutable_defaults() -> None:
@@ -130,7 +131,7 @@ def test_squad_finetune_help_lists_every_field_with_its_doc() -> None:
     import argparse
     import dataclasses
 
-    from pretrain.squad import finetune_args
+    from pretrain.finetune.squad import finetune_args
 
     parser = argparse.ArgumentParser(prog="finetune")
     finetune_args.add_arguments(parser)

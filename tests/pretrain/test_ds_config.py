@@ -2,7 +2,7 @@
 
 The run config owns lr, the batch sizes, precision and the schedule; the DeepSpeed JSON owns engine
 mechanics. A JSON or `phaseN.ds_overrides` that sets an owned key is refused in one line naming the
-file, the key and the run-config key to move it to (pretrain/ds_config.py).
+file, the key and the run-config key to move it to (pretrain/config/deepspeed.py).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from pretrain.config import ConfigError, load_config
-from pretrain.ds_config import OWNED_KEYS, phase_ds_config, phase_owners, refuse_owned_keys
+from pretrain.config.deepspeed import OWNED_KEYS, phase_ds_config, phase_owners, refuse_owned_keys
+from pretrain.config.load import ConfigError, load_config
 from tests.support.paths import REPO_ROOT
 from tests.support.pretrain_fixtures import tiny_run_config
 
@@ -46,7 +46,7 @@ def test_every_owned_key_has_a_case() -> None:
 @pytest.mark.parametrize("key", list(OWNED_CASES))
 def test_an_owned_key_in_the_file_is_refused_naming_file_key_and_owner(key: str, tmp_path: Path,
                                                                          run_json: Path) -> None:
-    from pretrain.ds_config import deep_merge
+    from pretrain.config.deepspeed import deep_merge
 
     change, owner = OWNED_CASES[key]
     bad = tmp_path / "bad.json"
@@ -133,7 +133,7 @@ def test_precision_is_run_precision_alone(run_json: Path) -> None:
 
 @pytest.mark.parametrize("path", DEEPSPEED_JSONS, ids=[p.name for p in DEEPSPEED_JSONS])
 def test_every_shipped_deepspeed_json_passes_the_refusal_check(path: Path) -> None:
-    from pretrain.squad.finetune import SQUAD_OWNERS
+    from pretrain.finetune.squad.finetune import SQUAD_OWNERS
 
     ds = json.loads(path.read_text(encoding="utf-8"))
     owners = SQUAD_OWNERS if path.name.startswith("squad") else phase_owners("phase1")
@@ -151,7 +151,7 @@ def test_every_shipped_deepspeed_json_is_used() -> None:
 
 @pytest.mark.parametrize("recipe", sorted(p.name for p in (REPO_ROOT / "ds_configs" / "recipes").glob("*.json")))
 def test_the_rehearsal_shrinks_the_phase_batch_keys_not_the_json(recipe: str, tmp_path: Path) -> None:
-    from pretrain.rehearsal import shrink_run_config
+    from pretrain.config.rehearsal import shrink_run_config
 
     recipes = REPO_ROOT / "ds_configs" / "recipes"
     shipped = json.loads((recipes / recipe).read_text(encoding="utf-8"))

@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
-from pretrain.config import load_config
-from pretrain.ds_config import phase_ds_config
+from pretrain.config.deepspeed import phase_ds_config
+from pretrain.config.load import load_config
 from pretrain.engine import build_engine, init_distributed
 from pretrain.model.bert import bert_config, build_model
 from pretrain.schedule import WarmupPolyDecay

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pretrain import extension_builds
+from pretrain.launch import extension_builds
 from tests.support.launching import copy_machine_op_build, deepspeed_cpu_env
 from tests.support.paths import REPO_ROOT
 

@@ -9,14 +9,17 @@ the leaves named below must stay on the ground floor.
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
-from tests.pretrain.test_plugin_boundary import imported_names, package_of
+from tests.pretrain.test_plugin_boundary import computed_imports, imported_names, package_of
 from tests.support.paths import REPO_ROOT
 
 PACKAGES = ("pretrain", "data_prep")
-# modules every floor may use: they import nothing of the project (plugin.py: types only, from these)
-GROUND = ("pretrain.errors", "pretrain.dist", "pretrain.checkpointing.layout", "pretrain.config_sections")
+# modules every floor may use: they import nothing of the project but each other (plugin.py: the registry
+# and types, from these)
+GROUND = ("pretrain.errors", "pretrain.dist", "pretrain.checkpointing.layout", "pretrain.run_folder",
+          "pretrain.config.plugins", "pretrain.config.sections")
 
 
 def module_name(path: Path) -> str:
@@ -96,9 +99,67 @@ def test_the_ground_floor_and_the_plugin_contract_import_nothing_above_them() ->
         assert graph[leaf] <= set(GROUND), f"{leaf} imports {graph[leaf] - set(GROUND)}"
     # the contract: types of the ground floor only, so no hook can hand back a core object from above
     assert graph["pretrain.plugin"] <= set(GROUND), graph["pretrain.plugin"]
-    assert "pretrain.config_doc" not in {t for targets in graph.values() for t in targets} - {"pretrain.config_doc"}
+    assert "pretrain.config.doc" not in {t for targets in graph.values() for t in targets} - {"pretrain.config.doc"}
     height = floors(graph)
     assert height["pretrain.train"] > height["pretrain.trainer"] > height["pretrain.plugin"] > height["pretrain.errors"]
+
+
+def test_no_module_loads_project_code_by_a_computed_name() -> None:
+    """The graph above reads literal names only: a computed one (`import_module(f"{package}.finetune")`) would
+    hide an arrow, so callers hand callables down instead. Plug-ins load through the registry's entry
+    points (pretrain/config/plugins.py), which name their module in pyproject.toml, not in code."""
+    found = {str(path.relative_to(REPO_ROOT)): lines for package in PACKAGES
+             for path in (REPO_ROOT / package).rglob("*.py")
+             if (lines := computed_imports(path.read_text(encoding="utf-8")))}
+    assert not found, f"imports by a computed name (pass a callable instead): {found}"
+    hidden = 'import importlib\ndef parser(package):\n    return importlib.import_module(f"{package}.finetune")\n'
+    assert computed_imports(hidden) == [3] and computed_imports("__import__(name)") == [1]
+    assert computed_imports("importlib.import_module('pretrain.trainer')") == []
+
+
+def deferred_imports_without_a_reason(source: str) -> list[int]:
+    """Lines of the imports of a project module inside a function with no comment saying why: none on the
+    import's line, the imports just above it or the three lines above those, and no `except ImportError` around it."""
+    lines = source.splitlines()
+    tree = ast.parse(source)
+    guarded = {node.lineno for handler in ast.walk(tree) if isinstance(handler, ast.Try)
+               if any("ImportError" in ast.unparse(h.type or ast.Name("")) for h in handler.handlers)
+               for statement in handler.body for node in ast.walk(statement)}
+    found = []
+    for function in ast.walk(tree):
+        if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(function):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if not any(name.split(".")[0] in PACKAGES for name in names) or node.lineno in guarded:
+                continue
+            first = node.lineno - 1  # a block of imports shares the comment above its first line
+            while first > 0 and lines[first - 1].strip().startswith(("from ", "import ")):
+                first -= 1
+            if not any("#" in line for line in lines[max(0, first - 3):node.lineno]):
+                found.append(node.lineno)
+    return found
+
+
+def test_imports_of_project_modules_sit_at_the_top_unless_a_comment_says_why() -> None:
+    """A light `--help`, a bare-python3 launch path, an optional plug-in: each deferred import says which."""
+    found = {str(path.relative_to(REPO_ROOT)): lines for package in PACKAGES
+             for path in (REPO_ROOT / package).rglob("*.py")
+             if (lines := deferred_imports_without_a_reason(path.read_text(encoding="utf-8")))}
+    assert not found, f"move these imports to the top, or say why they wait: {found}"
+    assert deferred_imports_without_a_reason("def f():\n    from pretrain.errors import ConfigError\n") == [2]
+    assert deferred_imports_without_a_reason("def f():\n    import torch\n") == []
+
+
+def test_squad_and_glue_are_siblings_that_share_only_finetune_common() -> None:
+    graph = import_graph()
+    tasks = ("pretrain.finetune.squad", "pretrain.finetune.glue")
+    for task, other in (tasks, tasks[::-1]):
+        crossing = {m: sorted(t for t in targets if t.startswith(other + "."))
+                    for m, targets in graph.items() if m.startswith(task + ".")}
+        assert not any(crossing.values()), f"{task} imports {other}: {crossing}"
+    assert "pretrain.finetune.common" in graph["pretrain.finetune.glue.finetune"]
 
 
 def test_the_scan_finds_a_deferred_circle() -> None:

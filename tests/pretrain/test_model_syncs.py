@@ -15,8 +15,8 @@ import torch.nn.functional as F
 import transformers.integrations.sdpa_attention as sdpa_attention
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pretrain.data import Collator, RankBatches, open_phase_data
-from pretrain.loader import model_inputs
+from pretrain.data.batches import Collator, RankBatches, open_phase_data
+from pretrain.data.loader import model_inputs
 from pretrain.model.bert import bert_config, build_model
 from tests.support.pretrain_fixtures import build_shards
 

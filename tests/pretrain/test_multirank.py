@@ -92,7 +92,7 @@ def test_interrupted_run_resumes_to_identical_losses(runs: Path) -> None:
 def test_export_round_trip_matches_engine_logits(runs: Path) -> None:
     from transformers import AutoModelForPreTraining, AutoModelForQuestionAnswering, AutoTokenizer
 
-    from pretrain.export import verification_batch
+    from pretrain.checkpointing.export import verification_batch
 
     export = runs / "r1" / "export" / "phase2"
     model = AutoModelForPreTraining.from_pretrained(str(export), local_files_only=True).eval()
@@ -110,7 +110,7 @@ def test_export_round_trip_matches_engine_logits(runs: Path) -> None:
 def test_export_cli_reproduces_phase_end_export(runs: Path, tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
-    from pretrain.export import main as export_main
+    from pretrain.checkpointing.export import main as export_main
 
     tag_folder = runs / "r1" / "checkpoints" / "phase1-step0000006"
     assert export_main([str(tag_folder), str(tmp_path / "out")]) == 0

@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pretrain.data import Collator, RankBatches, open_phase_data
+from pretrain.data.batches import Collator, RankBatches, open_phase_data
+from pretrain.data.packing import MAX_INSTANCES_PER_ROW, PackingMeter, first_fit_decreasing
 from pretrain.model.bert import (
     IGNORE_INDEX,
     PretrainingOutput,
@@ -19,7 +20,6 @@ from pretrain.model.bert import (
     bert_config,
     build_model,
 )
-from pretrain.packing import MAX_INSTANCES_PER_ROW, PackingMeter, first_fit_decreasing
 from tests.support.pretrain_fixtures import build_shards, short_instances_at_64, tiny_run_config
 
 

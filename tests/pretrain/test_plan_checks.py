@@ -43,7 +43,7 @@ def test_a_bad_phase2_json_is_a_config_error_before_phase1(
     tmp_path: Path, shards: Path, capsys: pytest.CaptureFixture[str], change: dict, overrides: list[str],
     expected: str,
 ) -> None:
-    from pretrain.ds_config import deep_merge
+    from pretrain.config.deepspeed import deep_merge
 
     bad = tmp_path / "phase2_ds.json"
     bad.write_text(json.dumps(deep_merge(BASE_DS, change)))
@@ -60,8 +60,8 @@ def test_the_ranks_word_a_problem_as_the_launch_time_check_does(
     tmp_path: Path, shards: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Run without launch.sh (or on another world size), the driver refuses with the launch check's own line."""
-    from pretrain.config_sections import ConfigError
-    from pretrain.preflight import LaunchShape, check_command_line
+    from pretrain.config.sections import ConfigError
+    from pretrain.launch.preflight import LaunchShape, check_command_line
 
     run_json = tiny_run_config(tmp_path / "run.json", shards, tmp_path / "run")
     for bad in (f"--data.shards={tmp_path / 'absent'}", "--phase2.seq_len=128", "--model.overrides.vocab_size=7"):
@@ -101,7 +101,7 @@ def test_a_run_folder_held_by_a_live_job_is_refused(
 
     run_dir = tmp_path / "run"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from pretrain.lifetime import "
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from pretrain.launch.lifetime import "
          "hold_run_folder; hold_run_folder(Path(sys.argv[1])); print('held', flush=True); time.sleep(120)",
          str(run_dir)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
     try:

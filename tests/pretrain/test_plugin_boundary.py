@@ -18,7 +18,7 @@ from tests.support.pretrain_fixtures import tiny_run_config
 
 PLUGIN = "pretrain.codistill"
 # Packages that may use the plug-in: the plug-in itself, and applications built on top of the core.
-NOT_CORE = ("codistill", "demo", "squad")
+NOT_CORE = ("codistill", "demo", "finetune")
 
 
 def core_modules() -> list[Path]:
@@ -52,6 +52,19 @@ def imported_names(source: str, package: str) -> list[str]:
     return names
 
 
+def computed_imports(source: str) -> list[int]:
+    """The lines of every `import_module(...)` / `__import__(...)` whose name is not a literal string: an edge
+    the scan above cannot see (an f-string, a variable), so none may exist in the project's modules."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            func = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            literal = bool(node.args) and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+            if func in ("import_module", "__import__") and not literal:
+                lines.append(node.lineno)
+    return lines
+
+
 def names_plugin(name: str) -> bool:
     return name == PLUGIN or name.startswith(PLUGIN + ".")
 
@@ -83,7 +96,7 @@ def test_a_plain_config_loads_no_plugin_module_and_a_codistill_section_only_its_
     code = (  # what pretrain.train.main does before a run: parse the command line, load the config
         "import json, sys\n"
         "import pretrain.trainer\n"
-        "from pretrain.config import load_config\n"
+        "from pretrain.config.load import load_config\n"
         "from pretrain.train import parse_args\n"
         "loaded = lambda: sorted(m for m in sys.modules if m.startswith('pretrain.codistill'))\n"
         f"plain = load_config(*parse_args(['--config', {str(run_json)!r}, '--phase1.steps=3']))\n"

@@ -1,10 +1,10 @@
 """Every shipped recipe, rehearsed on 2 CPU ranks through the DeepSpeed path a GPU run takes.
 
-`pretrain.rehearsal` shrinks each `ds_configs/recipes/*.json` (model, steps, phase batch keys, buckets) and keeps
+`pretrain.config.rehearsal` shrinks each `ds_configs/recipes/*.json` (model, steps, phase batch keys, buckets) and keeps
 everything that selects code: bf16 + ZeRO-1 + fp32 accumulation (DeepSpeed's BF16_Optimizer around
 our LAMB), clipping, LAMB parameters, packing, activation checkpointing, codistillation. A recipe
 added later is rehearsed here with no new test code. CPU-only recipes (`*cpu*`) run as shipped in
-the demo and driver tests. What cannot run on a CPU (NCCL, CUDA kernels) is bench/gpu_check.sh's job.
+the demo and driver tests. What cannot run on a CPU (NCCL, CUDA kernels) is bench/gpu_check/gpu_check.sh's job.
 """
 
 from __future__ import annotations
@@ -19,7 +19,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pretrain.rehearsal import gpu_precision, shrink_run_config, shrink_squad_ds_config, squad_toy_flags
+from pretrain.config.rehearsal import (
+    gpu_precision,
+    shrink_run_config,
+    shrink_squad_ds_config,
+    squad_toy_flags,
+)
 from tests.support.launching import REPO_ROOT, deepspeed_cpu_env, run_ranks
 from tests.support.paths import SCRIPTS
 from tests.support.pretrain_fixtures import build_shards, step_records

@@ -12,8 +12,8 @@ import pytest
 import torch
 from deepspeed.accelerator import get_accelerator
 
-from pretrain.data import RankBatches
-from pretrain.loader import stream_batches
+from pretrain.data.batches import RankBatches
+from pretrain.data.loader import stream_batches
 from pretrain.schedule import WarmupPolyDecay
 from tests.support.paths import REPO_ROOT
 from tests.support.pretrain_fixtures import build_shards, short_instances_at_64

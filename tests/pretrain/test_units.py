@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from pretrain.config import ConfigError, RunConfig, load_config
-from pretrain.data import (
+from pretrain.config.deepspeed import resolve_batch, resolve_precision
+from pretrain.config.load import ConfigError, RunConfig, load_config
+from pretrain.data.batches import (
     DataConfigError,
     RankBatches,
     Vocab,
@@ -18,7 +21,6 @@ from pretrain.data import (
     open_phase_data,
     partition_indices,
 )
-from pretrain.ds_config import resolve_batch, resolve_precision
 from pretrain.schedule import WarmupPolyDecay
 from tests.support.paths import REPO_ROOT
 from tests.support.pretrain_fixtures import build_shards, tiny_run_config
@@ -155,6 +157,41 @@ def test_plan_errors_name_the_key(tmp_path: Path, run_json: Path, shards: Path) 
         shard.write_bytes(original)
 
 
+def manifest_reads(work: Callable[[], object]) -> int:
+    """How many times `work` opens a shard folder's manifest.json (a real open, seen by an audit hook)."""
+    opened: list[str] = []
+    active = [True]
+
+    def hook(event: str, args: tuple) -> None:
+        if active and event == "open" and isinstance(args[0], (str, Path)) and str(args[0]).endswith("manifest.json"):
+            opened.append(str(args[0]))
+
+    sys.addaudithook(hook)  # a hook cannot be removed: `active` turns it off
+    try:
+        work()
+    finally:
+        active.clear()
+    return len(opened)
+
+
+def test_each_rank_reads_each_shard_folder_once(run_json: Path) -> None:
+    """Rank 0 plans once (with checksums) and keeps that plan; another rank plans once after the verdict.
+    Both phases read one folder here: before, rank 0 opened its manifest 8 times and the others 4."""
+    from pretrain.engine import DistInfo
+    from pretrain.launch.lifetime import release_run_folder
+    from pretrain.run_plan import plan_on_rank0
+
+    config = load_config(run_json)
+    ranks = [DistInfo(rank=rank, world_size=2, local_rank=rank, device=torch.device("cpu")) for rank in (0, 1)]
+    try:
+        assert manifest_reads(lambda: plan_on_rank0(config, ranks[0])) == 1
+    finally:
+        release_run_folder(Path(config.run.dir))
+    assert manifest_reads(lambda: plan_on_rank0(config, ranks[1])) == 1
+    two_folders = load_config(run_json, [f"--phase2.shards={config.data.shards}/."])
+    assert manifest_reads(lambda: plan_on_rank0(two_folders, ranks[1])) == 1  # the same folder, spelled twice
+
+
 # ---------------------------------------------------------------- schedule
 def test_warmup_then_poly_decay() -> None:
     schedule = WarmupPolyDecay(total_steps=100, warmup_fraction=0.1, power=0.5)
@@ -262,7 +299,7 @@ def test_run_config_round_trips_through_json(run_json: Path) -> None:
 
 @pytest.mark.parametrize("run_file", sorted((REPO_ROOT / "ds_configs" / "recipes").glob("*.json")))
 def test_shipped_run_configs_resolve_for_8_gpus(run_file: Path) -> None:
-    from pretrain.ds_config import phase_ds_config
+    from pretrain.config.deepspeed import phase_ds_config
 
     config = load_config(run_file)
     for name in config.run.phases:
@@ -287,7 +324,7 @@ def test_codistillation_recipe_is_two_32k_bert_large_groups_on_disjoint_halves()
 
 
 def test_recipe_numbers_of_bert_large_64k() -> None:
-    from pretrain.ds_config import phase_ds_config
+    from pretrain.config.deepspeed import phase_ds_config
 
     config = load_config(REPO_ROOT / "ds_configs" / "recipes" / "bert_large_64k.json")
     p1 = phase_ds_config(config, "phase1", 8, "cuda", True)

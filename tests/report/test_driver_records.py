@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pretrain.report import write_report
-from pretrain.run_clock import CLOCK_FILE
+from pretrain.report.write import write_report
+from pretrain.run_folder import CLOCK_FILE
 from pretrain.train import main
 from tests.support.pretrain_fixtures import build_shards, tiny_run_config
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pretrain import report
+from pretrain.report import write as report
 from tests.support.paths import REPO_ROOT
 from tests.support.report_fixtures import GLUE_MEDIAN, RANKS, SQUAD_SCORES, build_demo_like_run
 
@@ -109,8 +109,8 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capture
 
 
 def test_help_imports_nothing_heavy() -> None:
-    code = ("import runpy, sys\nsys.argv = ['pretrain.report', '--help']\ntry:\n"
-            "    runpy.run_module('pretrain.report', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+    code = ("import runpy, sys\nsys.argv = ['pretrain.report.write', '--help']\ntry:\n"
+            "    runpy.run_module('pretrain.report.write', run_name='__main__')\nexcept SystemExit:\n    pass\n"
             "print(sorted(m for m in ('torch', 'matplotlib', 'transformers', 'huggingface_hub') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from pretrain.config import ConfigError
+from pretrain.config.load import ConfigError
 from pretrain.engine import init_distributed
 from pretrain.model.bert import bert_config, build_model
 from pretrain.train import load_initial_weights

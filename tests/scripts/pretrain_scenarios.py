@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from pretrain.export import verification_batch
+from pretrain.checkpointing.export import verification_batch
 from pretrain.train import main
 from pretrain.trainer import PhaseTrainer
 from tests.support.extensions import AddedLoss, after_each_step

@@ -2,7 +2,7 @@
 
     [pretrain WORK ...] [squad WORK]    each in turn, in this one launch (tests/pretrain/test_recipes.py)
 
-    pretrain WORK    WORK/run.json (pretrain.rehearsal's shrink of a shipped RUN.json):
+    pretrain WORK    WORK/run.json (pretrain.config.rehearsal's shrink of a shipped RUN.json):
                      A: both phases, SIGTERM to rank 1 after phase-2 step 1 (the ranks agree at step 2, checkpoint, stop),
                         then the same command again: resumes inside phase 2 and completes (exports too);
                      C: phase 2 alone from A's phase-1 export (`phase2.init_from`), in its own folder.
@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from deepspeed.utils import safe_get_full_fp32_param
 
-from pretrain.squad.__main__ import main as squad_main
+from pretrain.finetune.squad.__main__ import main as squad_main
 from pretrain.train import main
 from pretrain.trainer import PhaseTrainer
 from tests.scripts.pretrain_scenarios import record, sigterm_rank1_after

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pretrain.squad.__main__ import main
+from pretrain.finetune.squad.__main__ import main
 from tests.support.squad_fixtures import SHORT_WINDOWS
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.squad.__main__ import main
-from pretrain.squad.data import (
+from pretrain.finetune.squad.__main__ import main
+from pretrain.finetune.squad.data import (
     SquadFormatError,
     articles_from_rows,
     load_predictions,

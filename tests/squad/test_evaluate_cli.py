@@ -27,8 +27,8 @@ def _question_ids(dataset: Path) -> list[str]:
 
 
 def _evaluate(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    """The command exactly as launch.sh runs it: `$PYTHON -m pretrain.squad evaluate ...`."""
-    return subprocess.run([sys.executable, "-m", "pretrain.squad", "evaluate", *map(str, args)], cwd=REPO_ROOT,
+    """The command exactly as launch.sh runs it: `$PYTHON -m pretrain.finetune.squad evaluate ...`."""
+    return subprocess.run([sys.executable, "-m", "pretrain.finetune.squad", "evaluate", *map(str, args)], cwd=REPO_ROOT,
                           env=child_env(), capture_output=True, text=True, timeout=120)
 
 
@@ -94,7 +94,7 @@ def test_partly_answered_scores_the_missing_zero_in_one_summary_line(dev: Path, 
         f"{len(ids) - len(ids) // 2:,} of {len(ids):,} questions have no prediction in {half} and score 0 "
         f"(first: {ids[len(ids) // 2]!r})"
     ]
-    two = subprocess.run([sys.executable, "-m", "pretrain.squad", "evaluate", str(dev), str(half), "--version", "2"],
+    two = subprocess.run([sys.executable, "-m", "pretrain.finetune.squad", "evaluate", str(dev), str(half), "--version", "2"],
                          cwd=REPO_ROOT, env=child_env(), capture_output=True, text=True, timeout=120)
     assert two.returncode == 0 and json.loads(two.stdout)["exact"] == 50.0
     assert len(two.stderr.splitlines()) == 1 and "questions have no prediction" in two.stderr

@@ -5,9 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pretrain.squad.data import parse_squad
-from pretrain.squad.features import NO_OFFSET, FeatureConfig, build_features, doc_spans, max_context_mask
-from pretrain.squad.postprocess import PostprocessConfig, postprocess
+from pretrain.finetune.squad.data import parse_squad
+from pretrain.finetune.squad.features import (
+    NO_OFFSET,
+    FeatureConfig,
+    build_features,
+    doc_spans,
+    max_context_mask,
+)
+from pretrain.finetune.squad.postprocess import PostprocessConfig, postprocess
 from tests.support import squad_fixtures
 
 

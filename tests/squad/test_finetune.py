@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from pretrain.squad.__main__ import main
+from pretrain.finetune.squad.__main__ import main
 from tests.support import squad_fixtures
 from tests.support.launching import REPO_ROOT, run_ranks
 from tests.support.paths import SCRIPTS
@@ -71,10 +71,10 @@ def _single_process_nbest(work: Path) -> dict:
     import torch
     from transformers import AutoTokenizer, BertForQuestionAnswering
 
-    from pretrain.squad.data import load_squad
-    from pretrain.squad.features import FeatureConfig, build_features
-    from pretrain.squad.inference import gather_logits
-    from pretrain.squad.postprocess import PostprocessConfig, postprocess
+    from pretrain.finetune.squad.data import load_squad
+    from pretrain.finetune.squad.features import FeatureConfig, build_features
+    from pretrain.finetune.squad.inference import gather_logits
+    from pretrain.finetune.squad.postprocess import PostprocessConfig, postprocess
 
     tokenizer = AutoTokenizer.from_pretrained(str(work / "qa"))
     model = BertForQuestionAnswering.from_pretrained(str(work / "qa")).eval()
@@ -113,7 +113,7 @@ def test_single_process_finetune_with_exact_lamb(work: Path, capsys: pytest.Capt
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_micro_batches_give_each_window_once_per_epoch(world_size: int) -> None:
-    from pretrain.squad.finetune import micro_batches
+    from pretrain.finetune.squad.finetune import micro_batches
 
     streams = [micro_batches(10, 3, world_size, rank, seed=7) for rank in range(world_size)]
     order: list[int] = []
@@ -128,7 +128,7 @@ def test_micro_batches_give_each_window_once_per_epoch(world_size: int) -> None:
 def _config(ds_config: Path, *flags: str) -> Any:
     import argparse
 
-    from pretrain.squad.finetune_args import add_arguments, config_from_args
+    from pretrain.finetune.squad.finetune_args import add_arguments, config_from_args
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -152,9 +152,9 @@ def _config(ds_config: Path, *flags: str) -> Any:
 )
 def test_a_squad_json_that_sets_what_a_flag_owns_is_refused_naming_the_flag(tmp_path: Path, owned: dict,
                                                                            message: str) -> None:
-    from pretrain.ds_config import deep_merge
-    from pretrain.squad.data import SquadFormatError
-    from pretrain.squad.finetune import load_ds_config
+    from pretrain.config.deepspeed import deep_merge
+    from pretrain.finetune.squad.data import SquadFormatError
+    from pretrain.finetune.squad.finetune import load_ds_config
 
     shipped = json.loads((REPO_ROOT / "ds_configs" / "deepspeed" / "squad_adamw_zero1.json").read_text())
     bad = tmp_path / "old.json"
@@ -165,8 +165,8 @@ def test_a_squad_json_that_sets_what_a_flag_owns_is_refused_naming_the_flag(tmp_
 
 
 def test_squad_batch_lr_and_precision_come_from_the_flags() -> None:
-    from pretrain.squad.data import SquadFormatError
-    from pretrain.squad.finetune import load_ds_config
+    from pretrain.finetune.squad.data import SquadFormatError
+    from pretrain.finetune.squad.finetune import load_ds_config
 
     shipped = REPO_ROOT / "ds_configs" / "deepspeed" / "squad_adamw_zero1.json"
     default = load_ds_config(_config(shipped), 2, "cuda", True)  # the previous squad.json's values
@@ -187,7 +187,7 @@ def test_squad_batch_lr_and_precision_come_from_the_flags() -> None:
 
 def test_the_throughput_timer_is_off_unless_the_json_turns_it_on(tmp_path: Path) -> None:
     """DeepSpeed's throughput timer syncs the device twice a step for a figure the fine-tune never prints."""
-    from pretrain.squad.finetune import load_ds_config
+    from pretrain.finetune.squad.finetune import load_ds_config
 
     shipped = json.loads((REPO_ROOT / "ds_configs" / "deepspeed" / "squad_adamw_zero1.json").read_text())
     shipped.pop("timers", None)

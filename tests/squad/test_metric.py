@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.squad.__main__ import main
-from pretrain.squad.metric import evaluate_v1, evaluate_v2, exact_v1, f1_v1, f1_v2, normalize_answer
+from pretrain.finetune.squad.__main__ import main
+from pretrain.finetune.squad.metric import evaluate_v1, evaluate_v2, exact_v1, f1_v1, f1_v2, normalize_answer
 
 # ---------------------------------------------------------------- definition cases (v1.1)
 NORMALISATION_CASES = [

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from pretrain.squad.__main__ import main
+from pretrain.finetune.squad.__main__ import main
 from tests.support import squad_fixtures
 from tests.support.launching import REPO_ROOT
 from tests.support.squad_fixtures import SHORT_WINDOWS

@@ -6,7 +6,7 @@
                                    written by the driver's MetricsWriter in two "processes": the first
                                    stops after global step 6, the second resumes from the step-4 checkpoint
     out/run/checkpoints/phase2-step4/{run_config.json,trainer_state.json}   the exported checkpoint's JSON
-    out/model/                     the export's export_info.json and model card (pretrain/model_card.py)
+    out/model/                     the export's export_info.json and model card (pretrain/report/model_card.py)
     out/squad/results.json, out/squad_random_init/results.json     SQuAD's results, as `squad finetune` writes
     out/glue/mrpc/results.json     a GLUE result in the documented layout
     out/other_model/ + out/other_squad/results.json                a fine-tune of a model from another run
@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
-from pretrain.config import load_config
+from pretrain.config.load import load_config
 from pretrain.engine import DistInfo
 from pretrain.metrics import MetricsWriter
-from pretrain.model_card import card_facts, write_model_card
-from pretrain.time_to_quality import QualitySettings
+from pretrain.report.model_card import card_facts, write_model_card
+from pretrain.report.quality import QualitySettings
 from tests.support.pretrain_fixtures import build_shards, tiny_run_config
 
 RANKS = 2

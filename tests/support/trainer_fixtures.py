@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from pretrain.checkpointing.checkpoint import CheckpointManager
-from pretrain.config import load_config
-from pretrain.data import RankBatches
+from pretrain.config.load import load_config
+from pretrain.data.batches import RankBatches
 from pretrain.engine import build_engine, init_distributed
 from pretrain.metrics import MetricsWriter, Throughput
 from pretrain.model.bert import build_model

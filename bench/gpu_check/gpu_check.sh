@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One prepared GPU check (issues 8, 12, 20): the production training step of the shipped recipe
+# (PhaseTrainer.train_step, A micro-batches per optimizer step, the real DataLoader over synthetic
+# shards with real-data padding, bf16 + ZeRO-1 + fp32 grad accumulation = BF16_Optimizer around our
+# ExactLamb) at the recipe's micro-batches, packed phase 2, the throughput timer on vs off, peak
+# memory, the LAMB step against its memory floor, and an ESTIMATE of each shipped recipe's phase
+# wall-clock on 8 / 64 / 256 GPUs from those one-GPU rows (docs/performance.md).
+#
+#   bench/gpu_check/gpu_check.sh [--smoke] [--jsonl OUT.jsonl] [--rows p1,p2,...] [any bench/gpu_check/run.py flag]
+#
+# Runs on a bare machine with PyTorch and no network: it installs nothing. The preflight
+# (bench/gpu_check/preflight.py) imports what the check imports and prints every wheel that loaded
+# (those beyond torch's own are the ones to carry in); a missing one is named in one line, exit 2.
+# Each row is appended to OUT.jsonl (default ./gpu_check.jsonl) and printed the moment it is
+# measured, so a crash or the time limit keeps what was measured.
+#
+# Budget: a hard limit of 9.5 minutes on one H200, preflight included (SIGTERM at the limit saves
+# the estimate from the rows so far and exits 124; SIGKILL 20 s later); rows that would start with
+# under 45 s left are skipped. Estimated on one H200 (not yet measured; BERT-Large at micro 64 x 128
+# is ~45 ms a micro-batch on an H100, est., 1 + 2 warm-up + 3 timed steps of 32 micro-batches per row):
+#   preflight imports; check start-up (imports again, NCCL world of one)          ~ 30-50 s
+#   synthetic shards (4 length profiles, 2,048 instances each)                    ~ 5-10 s
+#   p1, p1-full, p1-opt: BERT-Large 128 x 64, one engine (~10-15 s to build);
+#     the first step compiles the fused LAMB kernels (~20-60 s)                   ~ 70-120 s
+#   p2, p2-varied, p2-packed, p2-opt: 512 x 16, one engine                        ~ 45-60 s
+#   LAMB over BERT-Large (335M fp32): copy bandwidth, reference, fused step       ~ 10-70 s
+#   p1-timer-on, p1-big (128 x 256), p2-big (512 x 64): one engine each           ~ 60-80 s
+#   bert_base:p1, :p1-opt, :p2, :p2-packed, :p2-opt (bert_base.json, 128 / 32)   ~ 35-50 s
+#   total                                                                         ~ 4.5-7 min
+# --smoke runs every row on CPU with the tiny model at tiny shapes (the same engine and trainer,
+# one timed step per row), about a minute on 2 idle cores.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(dirname "$(dirname "$here")")"
+python="${PYTHON:-python3}"  # the interpreter that has the (CUDA) PyTorch; PYTHON=... to choose another
+
+smoke=0
+for arg in "$@"; do [[ "$arg" == "--smoke" ]] && smoke=1; done
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+export TOKENIZERS_PARALLELISM=false
+export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-/tmp/torchinductor_gpu_check}"
+if [[ $smoke == 1 ]]; then
+  export DS_ACCELERATOR=cpu
+  limit=300
+else
+  limit=570  # 9.5 minutes, preflight included: the check and its SIGKILL margin end within 10 minutes
+fi
+
+"$python" "$here/preflight.py" "$@"  # exit 2 (set -e) when a wheel is missing, before any work
+if [[ $smoke == 0 ]]; then
+  command -v nvidia-smi >/dev/null &&
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv || true
+fi
+left=$((limit - SECONDS))
+budget=()
+[[ $smoke == 0 ]] && budget=(--deadline "$(($(date +%s) + left - 20))")
+# SIGTERM at the limit (the check saves an "end" record and exits 124), SIGKILL 20 s later if stuck in a kernel.
+exec timeout --signal=TERM --kill-after=20 "$left" "$python" -m bench.gpu_check ${budget[@]+"${budget[@]}"} "$@"

@@ -1,0 +1,131 @@
+"""Which rows bench/gpu_check/run.py measures, in which order, on which engines.
+
+A group is one DeepSpeed engine (built once: model init + engine start cost ~10 s for BERT-Large) and the
+rows that share it; they differ only in the data they read and in the micro-batches per optimizer step.
+The row that runs with one micro-batch per step ("-opt") comes last in its group: DeepSpeed finds its
+accumulation boundary from a running micro-step count, which only a whole number of steps at the larger
+accumulation leaves aligned.
+
+Most important first, so that a time limit takes the least useful rows: the recipe's phase 1 and phase 2
+as a run has them, then the LAMB step, then the comparisons (throughput timer on, the previous check's
+micro-batches 256 / 64), then the other recipes' models (BERT-base).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from pretrain.config.load import load_config
+
+LAMB_STAGE = "lamb"
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    name: str  # what --rows selects, e.g. "p1", "p2-packed", "bert_base:p1"
+    what: str  # one line: what the row measures
+    profile: str  # synthetic length profile (bench/gpu_check/shards.py): padded, full, varied
+    packing: bool  # the phase's `packing`: several instances per row
+    accumulation: int  # micro-batches per optimizer step
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One engine: a phase of `recipe` at (preset, seq_len, micro_batch), DeepSpeed's throughput timer on or off."""
+
+    recipe: Path
+    phase: str
+    preset: str
+    seq_len: int
+    micro_batch: int
+    tput_timer: bool
+    rows: tuple[RowSpec, ...]
+
+
+def recipe_shape(recipe: Path, phase: str) -> tuple[str, int, int]:
+    """(model preset, seq_len, micro_batch_size) of one phase of a run config."""
+    config = load_config(recipe)
+    section = config.phase(phase)
+    if section.micro_batch_size is None:
+        raise ValueError(f"{recipe}: {phase}.micro_batch_size is not set (the check runs the recipe's micro-batch)")
+    return config.model.preset, section.seq_len, section.micro_batch_size
+
+
+def shape_of(args: argparse.Namespace, recipe: Path, phase: str) -> tuple[str, int, int]:
+    """The recipe's shape, with --model and --phase1 / --phase2 (SEQ:MICRO) replacing it where given."""
+    preset, seq, micro = recipe_shape(recipe, phase)
+    given = getattr(args, phase)
+    if given is not None:
+        seq, micro = given
+    return args.model or preset, seq, micro
+
+
+def main_groups(args: argparse.Namespace, recipe: Path, prefix: str, full: bool) -> list[GroupSpec]:
+    """Phase 1 and phase 2 of `recipe` as a run has them (padded data, A micro-batches per step, timer off;
+    packed where the recipe packs) and the optimizer-boundary rows; with `full`, also the unpadded and the
+    packed comparisons."""
+    groups = []
+    config = load_config(recipe)
+    for phase, short in (("phase1", "p1"), ("phase2", "p2")):
+        preset, seq, micro = shape_of(args, recipe, phase)
+        accumulation = args.accum1 if phase == "phase1" else args.accum2
+        rows = [RowSpec(f"{prefix}{short}", f"{phase} as a run has it: the recipe's micro-batch, 10 % short "
+                        f"instances, {accumulation} micro-batches per optimizer step", "padded", False, accumulation)]
+        if full and phase == "phase1":
+            rows.append(RowSpec(f"{prefix}{short}-full", "the same without padding: no attention mask "
+                                "(the flash kernel may run)", "full", False, accumulation))
+        if full and phase == "phase2":
+            rows.append(RowSpec(f"{prefix}{short}-varied", "unpacked, lengths uniform in [seq/4, seq]",
+                                "varied", False, accumulation))
+        if (full and phase == "phase2") or config.phase(phase).packing:  # what a packing recipe runs
+            rows.append(RowSpec(f"{prefix}{short}-packed", f"the same instances packed ({phase}.packing)",
+                                "varied", True, accumulation))
+        rows.append(RowSpec(f"{prefix}{short}-opt", "one micro-batch per optimizer step: with the first row "
+                            "it separates the optimizer boundary's time", "padded", False, 1))
+        groups.append(GroupSpec(recipe, phase, preset, seq, micro, False, tuple(rows)))
+    return groups
+
+
+def comparison_groups(args: argparse.Namespace, recipe: Path) -> list[GroupSpec]:
+    """The throughput timer on (DeepSpeed's default), and the previous check's larger micro-batches."""
+    preset, seq, micro = shape_of(args, recipe, "phase1")
+    groups = [GroupSpec(recipe, "phase1", preset, seq, micro, True, (
+        RowSpec("p1-timer-on", "p1 with DeepSpeed's throughput timer on (its default)", "padded", False,
+                args.accum1),))]
+    for phase, short, big, accumulation in (("phase1", "p1", args.big_phase1, args.accum1),
+                                           ("phase2", "p2", args.big_phase2, args.accum2)):
+        if big is None:
+            continue
+        preset, _, recipe_micro = shape_of(args, recipe, phase)
+        big_seq, big_micro = big
+        steps_of = max(2, accumulation * recipe_micro // max(big_micro, 1))  # the same sequences per step
+        groups.append(GroupSpec(recipe, phase, preset, big_seq, big_micro, False, (
+            RowSpec(f"{short}-big", f"micro-batch {big_micro} (the previous check's shape)", "padded", False,
+                    steps_of),)))
+    return groups
+
+
+def build_plan(args: argparse.Namespace) -> list[GroupSpec | str]:
+    """Groups and the LAMB stage in the order they run, keeping only the rows --rows names (all by default)."""
+    stages: list[GroupSpec | str] = [*main_groups(args, args.recipe, "", True), LAMB_STAGE,
+                                     *comparison_groups(args, args.recipe)]
+    for other in args.also_recipes:
+        stages += main_groups(args, other, f"{other.stem}:", False)
+    if args.rows is None:
+        return stages
+    kept: list[GroupSpec | str] = []
+    for stage in stages:
+        if isinstance(stage, str):
+            if stage in args.rows:
+                kept.append(stage)
+            continue
+        rows = tuple(row for row in stage.rows if row.name in args.rows)
+        if rows:
+            kept.append(GroupSpec(**{**stage.__dict__, "rows": rows}))
+    return kept
+
+
+def row_names(stages: list[GroupSpec | str]) -> list[str]:
+    return [name for stage in stages for name in ([stage] if isinstance(stage, str) else [r.name for r in stage.rows])]

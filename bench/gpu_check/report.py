@@ -1,0 +1,74 @@
+"""Markdown rows of bench/gpu_check/run.py and the recipe phases its estimate covers."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from bench.gpu_check.estimate import PhaseRun
+from bench.gpu_check.plan import shape_of
+from pretrain.config.deepspeed import read_ds_json
+from pretrain.config.load import load_config
+
+TRAIN_HEADER = (
+    "| row | model | seq | micro x A | data | timer | optimizer / LAMB step | step s | ms / micro | inst/s | "
+    "real tok/s | padding | inst/row | data wait ms | TFLOP/s | MFU | peak alloc / reserved GB | fits 80 GB |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
+LAMB_HEADER = ("| LAMB step | params (M) | step ms | floor ms (40 B/param) | x floor | first step s |\n"
+               "|---|---|---|---|---|---|")
+
+
+def fmt(value: Any, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def yes_no(value: bool | None) -> str:
+    return "n/a" if value is None else "yes" if value else "no"
+
+
+def train_markdown(r: dict[str, Any]) -> str:
+    data = f"{r['profile']}{' packed' if r['packing'] else ''}"
+    key = (f"| {r['name']} | {r['model']} | {r['seq_len']} | {r['micro_batch']} x {r['accumulation']} | {data} | "
+           f"{'on' if r['tput_timer'] else 'off'} |")
+    if r["status"] != "ok":
+        return f"{key} {r['status']}: {r['reason']} |"
+    memory = f"{fmt(r['peak_alloc_gb'], '.1f')} / {fmt(r['peak_reserved_gb'], '.1f')}"
+    return (f"{key} {r['wrapper']} / {r['lamb_step']} | {r['step_s']:.3f} | {r['micro_ms']:.1f} | "
+            f"{r['inst_per_s']:.1f} | {r['real_tokens_per_s']:.0f} | {r.get('data/padding_fraction', 0.0):.1%} | "
+            f"{r.get('data/packing_factor', 1.0):.2f} | {fmt(r['data_wait_ms'], '.1f')} | {r['tflops']:.2f} | {fmt(r['mfu'], '.1%')} | {memory} | "
+            f"{yes_no(r['fits_80gb'])} |")
+
+
+def lamb_markdown(r: dict[str, Any]) -> str:
+    if r["status"] != "ok":
+        return f"| {r['model']} {r['variant']} | {r['variant']}: {r['status']}: {r['reason']} |"
+    return (f"| {r['model']} {r['variant']} | {r['params_m']:.1f} | {r['step_ms']:.2f} | "
+            f"{fmt(r['floor_ms'], '.2f')} | {fmt(r['x_floor'], '.2f')} | {r['first_step_s']:.1f} |")
+
+
+def grad_bytes(ds: dict[str, Any]) -> int:
+    """Bytes per gradient element in the boundary all-reduce: DeepSpeed reduces in the training precision
+    (bf16/fp16: 2) unless the JSON sets communication_data_type."""
+    return 4 if str(ds.get("communication_data_type", "")).lower() in ("fp32", "float32", "float") else 2
+
+
+def estimate_runs(args: argparse.Namespace) -> tuple[list[PhaseRun], list[str]]:
+    """The phases of the --estimate-recipes at the shapes their rows were measured at (--model, --phase1/2
+    replace the recipe's as for the rows), and why a phase cannot be estimated."""
+    runs, problems = [], []
+    for recipe in args.estimate_recipes:
+        try:
+            config = load_config(recipe)
+            for phase in config.run.phases:
+                section = config.phase(phase)
+                if section.batch_size is None:
+                    problems.append(f"{recipe.stem} {phase}: the recipe sets no batch_size")
+                    continue
+                model, seq, micro = shape_of(args, recipe, phase)
+                ds = read_ds_json(args.ds_config or section.ds_config, f"{phase}.ds_config")
+                runs.append(PhaseRun(recipe.stem, phase, model, seq, micro, section.batch_size, section.steps,
+                                     section.packing, grad_bytes(ds)))
+        except (ValueError, OSError) as error:  # ConfigError is a ValueError
+            problems.append(f"{recipe}: {error}".splitlines()[0])
+    return runs, problems

@@ -1,0 +1,292 @@
+"""One prepared GPU check: the production training step of the shipped recipe at its own micro-batches,
+the LAMB step against its memory-traffic floor, peak memory, and from them an ESTIMATE of each shipped
+recipe's phase wall-clock on 8, 64 and 256 GPUs. Run through bench/gpu_check/gpu_check.sh (docs/performance.md).
+
+    python -m bench.gpu_check [--smoke] [--recipe RUN.json] [--rows p1,p2,...] [--jsonl OUT.jsonl]
+                              [--deadline T] [any flag below]
+
+Every row is saved and printed the moment it is measured: one JSON line appended (and fsynced) to
+--jsonl (default ./gpu_check.jsonl; records "run", "train", "lamb", "estimate", "end", all with the
+run's start time as "run"), then its markdown row on stdout (table headers first). A crash, a timeout
+(SIGTERM: the estimate from the rows so far and an "end" record are saved, exit 124) or a failing row
+keeps every row measured before it; a row that raises is printed as "failed: <reason>" and the check
+goes on with the next one (exit 1 at the end).
+
+Training rows (bench/gpu_check/plan.py lists them, most important first): the recipe's phase 1 and
+phase 2 at its micro-batch sizes, through `pretrain.trainer.PhaseTrainer.train_step` with A
+micro-batches per optimizer step (--accum1 / --accum2), real `RankBatches` over synthetic shards whose
+lengths are like real data (10 % short instances: the attention mask and SDPA's masked kernel run) and
+the recipe's DataLoader workers (bench/gpu_check/train.py); the engine is what the driver builds for the
+phase (`plan_run`, `build_engine`: bf16 + ZeRO-1 + fp32 grad accumulation = BF16_Optimizer around our
+ExactLamb, clipping 1.0), with DeepSpeed's throughput timer set explicitly (off, as the shipped JSON is
+meant to have it; one row has it on). Each row also runs the same engine with one micro-batch per step,
+which separates the optimizer boundary's time; plus no-padding, packed and the previous check's
+micro-batch 256 / 64 rows, and BERT-base at bert_base.json's micro-batches. Each row records the
+wrapper the engine has, the precision, which LAMB step ran, peak memory (reset per row; n/a on CPU).
+
+LAMB rows: one step over BERT-Large's parameters as ZeRO-1 flat fp32 partitions (one rank holds all):
+the reference multi-tensor step, then the fused compiled step, against the floor of ~40 bytes per
+parameter at the copy bandwidth measured in this process. A fused step that fails to compile is
+printed as "fused: failed: <reason>"; the reference row stands.
+
+--smoke: CPU (DS_ACCELERATOR=cpu), the tiny model at tiny shapes, 2 micro-batches per step, the same
+bf16 + BF16_Optimizer engine and trainer; the fused LAMB row only with --fused-on-cpu.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))
+
+from deepspeed.utils import logger as ds_logger  # noqa: E402
+
+from bench.gpu_check.args import parse_args  # noqa: E402
+from bench.gpu_check.estimate import comparisons, estimate, estimate_markdown  # noqa: E402
+from bench.gpu_check.plan import LAMB_STAGE, GroupSpec, build_plan  # noqa: E402
+from bench.gpu_check.preflight import loaded_distributions  # noqa: E402
+from bench.gpu_check.report import (  # noqa: E402
+    LAMB_HEADER,
+    TRAIN_HEADER,
+    estimate_runs,
+    lamb_markdown,
+    train_markdown,
+)
+from bench.gpu_check.rows import lamb_floor_ms, lamb_row, lamb_shapes  # noqa: E402
+from bench.gpu_check.shards import ShardCache  # noqa: E402
+from bench.gpu_check.train import build_group, group_key, train_row  # noqa: E402
+from pretrain.engine import DistInfo, init_distributed  # noqa: E402
+
+
+def one_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:240]
+
+
+class Recorder:
+    """Appends one JSON line per record (flushed and fsynced) before its markdown row is printed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.run = path, time.strftime("%Y-%m-%dT%H:%M:%S")
+        self.failed = self.rows = 0
+        self.records: list[dict[str, Any]] = []
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(self, kind: str, record: dict[str, Any], markdown: str | None = None) -> None:
+        record = {"kind": kind, "run": self.run, **record}
+        with self.path.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        self.records.append(record)
+        if kind in ("train", "lamb"):
+            self.rows += 1
+            self.failed += record.get("status") == "failed"
+        if markdown is not None:
+            print(markdown, flush=True)
+
+
+def measure(key: dict[str, Any], fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    """One measurement, DeepSpeed's prints sent to stderr; one that raises (out of memory, no compiler
+    for the fused step, an impossible shape, ...) is a "failed" row and the check goes on."""
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            return {**fn(*args), "status": "ok"}
+    except Exception as error:  # noqa: BLE001 - a failed row is a result
+        print(f"[gpu_check] {key} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        return {**key, "status": "failed", "reason": one_line(error)}
+
+
+def release(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+class Check:
+    """The run: the plan's stages in order, each row saved as measured, the estimate at the end."""
+
+    def __init__(self, args: argparse.Namespace, recorder: Recorder, dist_info: DistInfo) -> None:
+        self.args, self.recorder, self.dist_info = args, recorder, dist_info
+        self.device = dist_info.device
+        self.shards = ShardCache(args.work_dir / "shards", args.vocab, args.shard_instances)
+        self.table: str | None = None  # the header printed last
+
+    def left(self) -> float:
+        return float("inf") if self.args.deadline is None else self.args.deadline - time.time()
+
+    def header(self, header: str) -> None:
+        if self.table != header:
+            print(f"\n{header}", flush=True)
+            self.table = header
+
+    def skipped(self, key: dict[str, Any], why: str) -> dict[str, Any]:
+        return {**key, "status": "skipped", "reason": why}
+
+    def group(self, group: GroupSpec) -> None:
+        self.header(TRAIN_HEADER)
+        keys = [group_key(group, row) for row in group.rows]
+        if self.left() < self.args.reserve_s:
+            for key in keys:
+                row = self.skipped(key, f"time budget ({self.left():.0f} s left)")
+                self.recorder.save("train", row, train_markdown(row))
+            return
+        print(f"[gpu_check] {group.preset} {group.phase} seq {group.seq_len} micro {group.micro_batch}: "
+              f"building the engine ...", file=sys.stderr, flush=True)
+        built: Any = None
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                built = build_group(group, self.args, self.shards, self.dist_info)
+        except Exception as error:  # noqa: BLE001 - every row of the group fails with the reason
+            print(f"[gpu_check] {group.phase} engine failed:\n{traceback.format_exc()}", file=sys.stderr)
+            for key in keys:
+                row = {**key, "status": "failed", "reason": one_line(error)}
+                self.recorder.save("train", row, train_markdown(row))
+            release(self.device)
+            return
+        try:
+            for row_spec, key in zip(group.rows, keys, strict=True):
+                if self.left() < self.args.reserve_s:
+                    row = self.skipped(key, f"time budget ({self.left():.0f} s left)")
+                else:
+                    print(f"[gpu_check] row {row_spec.name} ...", file=sys.stderr, flush=True)
+                    row = measure(key, train_row, built, group, row_spec, self.args, self.shards, self.dist_info)
+                release(self.device)
+                self.recorder.save("train", row, train_markdown(row))
+        finally:
+            built.engine.destroy()
+            del built
+            release(self.device)
+
+    def lamb(self) -> None:
+        args = self.args
+        self.header(LAMB_HEADER)
+        shapes = lamb_shapes(args.lamb_model, args.vocab)
+        # None when the bandwidth measurement fails (the rows then have no "x floor")
+        floor_ms = measure({}, lambda: {"floor_ms": lamb_floor_ms(shapes, self.device)}).get("floor_ms")
+        for variant in ("reference", "fused"):
+            key = {"model": args.lamb_model, "variant": variant}
+            if variant == "fused" and self.device.type == "cpu" and not args.fused_on_cpu:
+                row = self.skipped(key, "CPU (--fused-on-cpu times it)")
+            elif self.left() < args.reserve_s / 3:
+                row = self.skipped(key, "time budget")
+            else:
+                row = measure(key, lamb_row, args.lamb_model, shapes, variant, floor_ms, args.lamb_reps, self.device)
+            release(self.device)
+            self.recorder.save("lamb", row, lamb_markdown(row))
+
+    def estimate(self, caveat: str = "") -> None:
+        """The wall-clock estimate from every row saved so far (a pure function of them), saved and printed."""
+        args = self.args
+        runs, problems = estimate_runs(args)
+        table = estimate(runs, self.recorder.records, args.estimate_gpus, args.network)
+        if args.smoke:
+            caveat = f"SMOKE RUN: the tiny model on CPU at tiny shapes; the figures only show the format. {caveat}"
+        self.recorder.save("estimate", {"estimates": table, "problems": problems, "caveat": caveat.strip(),
+                                        "network": vars(args.network), "gpus": args.estimate_gpus})
+        print("\n" + estimate_markdown(table, args.network, caveat.strip()), flush=True)
+        for line in problems:
+            print(f"- not estimated: {line}", flush=True)
+        ratios = comparisons(self.recorder.records)
+        if ratios:
+            print("\nRatios between rows of this run (same process):\n" + "\n".join(f"- {r}" for r in ratios),
+                  flush=True)
+
+    def run(self) -> None:
+        for stage in build_plan(self.args):
+            if stage == LAMB_STAGE:
+                self.lamb()
+            else:
+                assert isinstance(stage, GroupSpec)
+                self.group(stage)
+        self.estimate()
+
+
+def start(args: argparse.Namespace) -> tuple[DistInfo, str]:
+    # DeepSpeed logs (and prints, see `measure`) to stdout; keep stdout for the tables.
+    for handler in ds_logger.handlers:
+        if getattr(handler, "stream", None) is sys.stdout:
+            handler.setStream(sys.stderr)
+    with contextlib.redirect_stdout(sys.stderr):
+        dist_info = init_distributed()
+    device = dist_info.device
+    return dist_info, torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (smoke)"
+
+
+def estimate_only(args: argparse.Namespace) -> int:
+    """The estimate from a saved run's rows, with this command line's recipes and network assumptions."""
+    try:
+        rows = [json.loads(line) for line in args.estimate_only.read_text(encoding="utf-8").splitlines() if line]
+    except (OSError, json.JSONDecodeError) as error:
+        print(f"gpu_check: --estimate-only {args.estimate_only}: {error}", file=sys.stderr)
+        return 2
+    runs, problems = estimate_runs(args)
+    print(estimate_markdown(estimate(runs, rows, args.estimate_gpus, args.network), args.network,
+                            f"From the rows of {args.estimate_only}."))
+    for line in [*problems, *comparisons(rows)]:
+        print(f"- {line}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
+    args = parse_args(argv)
+    if args.estimate_only is not None:
+        return estimate_only(args)
+    own_work_dir = args.work_dir is None
+    args.work_dir = Path(tempfile.mkdtemp(prefix="gpu_check_")) if own_work_dir else args.work_dir
+    recorder = Recorder(args.jsonl)
+    imported = loaded_distributions()
+    dist_info, device_name = start(args)
+    if dist_info.device.type != "cuda" and not args.smoke:
+        print("gpu_check: no CUDA device; use --smoke for the CPU check", file=sys.stderr)
+        return 2
+    check = Check(args, recorder, dist_info)
+
+    def on_term(signum: int, _frame: object) -> None:  # `timeout` ends the check: keep what was measured
+        sys.stdout = sys.__stdout__  # the signal may come while DeepSpeed's prints are sent to stderr
+        with contextlib.suppress(Exception):
+            check.estimate("Stopped at the time limit: from the rows measured before it.")
+        recorder.save("end", {"status": f"killed by signal {signum} (time limit)", "rows": recorder.rows,
+                              "seconds": time.monotonic() - started})
+        print(f"gpu_check: stopped by signal {signum} after {recorder.rows} rows; they are in {args.jsonl}",
+              file=sys.stderr, flush=True)
+        os._exit(124)
+
+    signal.signal(signal.SIGTERM, on_term)
+    recorder.save("run", {"device": device_name, "torch": torch.__version__, "cuda": torch.version.cuda,
+                          "args": {k: str(v) for k, v in vars(args).items()}})
+    print(f"\n### {device_name}, torch {torch.__version__}, CUDA {torch.version.cuda}", flush=True)
+    check.run()
+    loaded = loaded_distributions()
+    lazily = {name: version for name, version in loaded.items() if name not in imported}
+    recorder.save("end", {"status": "done", "rows": recorder.rows, "failed": recorder.failed,
+                          "seconds": time.monotonic() - started, "distributions": loaded,
+                          "loaded_lazily": lazily})
+    if own_work_dir:
+        shutil.rmtree(args.work_dir, ignore_errors=True)
+    print("gpu_check: wheels loaded during the run, after the imports: "
+          + (" ".join(f"{n}=={v}" for n, v in lazily.items()) or "none"), file=sys.stderr)
+    print(f"\ngpu_check: {recorder.rows} rows ({recorder.failed} failed) in {time.monotonic() - started:.0f} s; "
+          f"saved to {args.jsonl}", file=sys.stderr, flush=True)
+    return 1 if recorder.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Checkpoint -> Hugging Face model folder, verified.
+
+    python -m pretrain.checkpointing.export CHECKPOINT OUT [--tag TAG]
+
+CHECKPOINT is a checkpoint folder (its `latest` is used) or one tag folder. The fp32 weights are
+consolidated from the ZeRO partitions of every rank (stages 0-3), loaded into a plain
+`BertForPreTraining`, and written with `save_pretrained` (safetensors) plus the vocab/tokenizer
+the shards were built with. The folder is then re-loaded with `AutoModelForPreTraining` (offline, the
+way a user will) and its MLM logits compared with the training model's on one batch; a mismatch is
+an error, not a warning. The folder appears under its final name only once complete.
+"""
+
+# ruff: noqa: E402
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pretrain.checkpointing.export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", help="checkpoint folder (uses its 'latest') or one tag folder")
+    parser.add_argument("out", help="output folder for the Hugging Face model")
+    parser.add_argument("--tag", default=None, help="checkpoint tag to export instead of 'latest'")
+    return parser
+
+
+if __name__ == "__main__" and {"-h", "--help"} & set(sys.argv[1:]):
+    _parser().parse_args()  # prints the usage and exits before torch and transformers are imported
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForPreTraining, BertConfig, BertForPreTraining, BertTokenizerFast
+
+from data_prep.atomic_io import atomic_write_json
+from pretrain.checkpointing.checkpoint import consolidated_state_dict, read_run_config, split_checkpoint_path
+from pretrain.model.bert import SparseBertForPreTraining
+from pretrain.report.model_card import card_facts, write_model_card
+from pretrain.run_folder import EXPORT_INFO
+
+# Keys that may legitimately be absent from a consolidated checkpoint: non-persistent buffers.
+_OPTIONAL_KEYS = ("bert.embeddings.position_ids", "bert.embeddings.token_type_ids")
+
+
+def load_weights(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], source: str) -> None:
+    missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    missing = [key for key in missing if key not in _OPTIONAL_KEYS and key != "cls.predictions.decoder.weight"]
+    if missing or unexpected:
+        raise ValueError(f"{source}: weights do not fit BertForPreTraining: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
+
+
+def verification_batch(config: BertConfig, seed: int = 0, batch: int = 2, seq_len: int = 32) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    seq_len = min(seq_len, config.max_position_embeddings)
+    input_ids = torch.randint(5, config.vocab_size, (batch, seq_len), generator=generator)
+    token_type_ids = torch.zeros_like(input_ids)
+    token_type_ids[:, seq_len // 2 :] = 1
+    return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": torch.ones_like(input_ids)}
+
+
+@torch.no_grad()
+def max_logit_difference(exported: Path, reference: SparseBertForPreTraining) -> float:
+    """Largest |difference| of MLM logits between the exported folder and the reference model."""
+    loaded = AutoModelForPreTraining.from_pretrained(str(exported), local_files_only=True).eval()
+    batch = verification_batch(reference.config)
+    theirs = loaded(**batch).prediction_logits
+    ours = reference.eval().dense_mlm_logits(**batch)
+    return float((theirs - ours).abs().max())
+
+
+def export_state_dict(
+    state_dict: dict[str, torch.Tensor], resolved: dict[str, Any], out: Path, source: str, tolerance: float = 1e-4,
+    card: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write `state_dict` as a verified HF folder at `out`; `resolved` is the run config's resolved block.
+    `card`: the model card's facts (pretrain/report/model_card.py); without them the card has the resolved block only."""
+    config = BertConfig.from_dict(resolved["model_config"])
+    reference = SparseBertForPreTraining(config)
+    load_weights(reference, state_dict, source)
+    plain = BertForPreTraining(config)
+    load_weights(plain, state_dict, source)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        plain.save_pretrained(str(staging), safe_serialization=True)
+        tokenizer = BertTokenizerFast(vocab_file=resolved["vocab_file"], do_lower_case=resolved.get("lowercase", True))
+        tokenizer.model_max_length = config.max_position_embeddings
+        tokenizer.save_pretrained(str(staging))
+        shutil.copyfile(resolved["vocab_file"], staging / "vocab.txt")  # for tools that want the plain WordPiece file
+        difference = max_logit_difference(staging, reference)
+        if not difference <= tolerance:
+            raise RuntimeError(
+                f"export of {source}: MLM logits of the saved model differ from the checkpoint's by {difference:.3g}"
+            )
+        info = {"source": source, "max_abs_logit_difference": difference, "vocab_sha256": resolved.get("vocab_sha256")}
+        atomic_write_json(staging / EXPORT_INFO, info)
+        write_model_card(staging, card or {"source": source, "run_config": {"resolved": resolved}}, str(out))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return info
+
+
+def export_checkpoint(checkpoint: str | Path, out: str | Path, tag: str | None = None) -> dict[str, Any]:
+    root, found_tag = split_checkpoint_path(checkpoint)
+    tag = tag or found_tag
+    run_config = read_run_config(root, tag)
+    state_dict = consolidated_state_dict(root, tag)
+    return export_state_dict(state_dict, run_config["resolved"], Path(out), source=str(root / tag),
+                             card=card_facts(root, tag, run_config))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        info = export_checkpoint(args.checkpoint, args.out, args.tag)
+    except (FileNotFoundError, ValueError, RuntimeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"exported {info['source']} -> {args.out} (max |logit diff| {info['max_abs_logit_difference']:.2e})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""Every key of the run config: its section, type, default and documentation, declared together.
+
+This is the one place a key is described, with `setting(default, doc)` (below): `python -m
+pretrain.train --help` and the configuration table of docs/pretraining.md are generated from these
+declarations (pretrain/config/doc.py, a floor above). How a RUN.json and command-line overrides
+become a checked `RunConfig` is pretrain/config/load.py. Imports only pretrain/errors.py and the standard
+library: reading a config stays instant, and every floor above can use these types.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pretrain.errors import ConfigError
+from pretrain.run_folder import CHECKPOINTS
+
+__all__ = ["DOC", "PHASE_NAMES", "PLUGINS_FIELD", "ConfigError", "RunConfig", "setting"]
+
+PHASE_NAMES = ("phase1", "phase2")
+DOC = "doc"  # the field metadata key of a key's documentation
+PLUGINS_FIELD = "plugins"  # RunConfig's field with the plug-ins' sections by name (not a section itself)
+# Rank 0 alone hashes every shard before training and exports at each phase end while the other ranks
+# wait in a collective; DeepSpeed's default process-group timeout (10 minutes) would abort a job whose
+# rank 0 is merely busy. The one home of this default (pretrain/engine.py's init_distributed reads it).
+DIST_TIMEOUT_MINUTES = 120
+
+
+def setting(default: Any, doc: str) -> Any:
+    """A dataclass field with its documentation (``name: type = setting(default, "what it does")``); a
+    list/dict default is copied for every instance, as `field(default_factory=...)` would do.
+
+    The text rides in the field's metadata, so `--help` and the docs table (pretrain/config/doc.py) read
+    it back with `dataclasses.fields`, and a key added without a text fails tests/pretrain/test_config_doc.py.
+    """
+    if isinstance(default, list | dict | set):
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata={DOC: doc})
+    return dataclasses.field(default=default, metadata={DOC: doc})
+
+
+@dataclass
+class RunSection:
+    """Where the run lives, which phases it runs, its seed and its numeric precision."""
+
+    about: str = setting(
+        "",
+        "what this run config is for and where its numbers come from (free text; the shipped recipes say "
+        "it; config.resolved.json keeps it with the run)",
+    )
+    dir: str = setting(
+        "runs/bert",
+        "run folder: config.resolved.json, checkpoints/ (unless checkpoint.dir), export/, tensorboard/",
+    )
+    seed: int = setting(12345, "seed of the initial weights, the data order, the dynamic masks and dropout")
+    phases: list[str] = setting(
+        list(PHASE_NAMES),
+        'which phases to run, in order: ["phase1", "phase2"] or one of them (phase2 alone needs '
+        "phase2.init_from or a phase-1 checkpoint)",
+    )
+    precision: str = setting(
+        "auto",
+        "auto | fp32 | bf16 | fp16. auto: fp32 on CPU, bf16 on a GPU that has it, else fp16 (dynamic loss "
+        "scaling). The one home of precision: a DeepSpeed JSON that sets bf16.enabled or fp16.enabled is "
+        "refused; its fp16 loss-scale knobs and data_types stay there",
+    )
+    stop_after_steps: int | None = setting(
+        None,
+        "checkpoint and exit 0 after this many optimizer steps of this process; rerun the same command to "
+        "continue (null: run to the end)",
+    )
+    dist_timeout_minutes: int = setting(
+        DIST_TIMEOUT_MINUTES,
+        "how long a collective waits for a busy rank before the job fails. Rank 0 alone hashes every shard "
+        "at start-up and exports at each phase end while the other ranks wait; DeepSpeed's default (10) "
+        "fails a large run that is only slow there. A hung rank is found sooner: run.hang_timeout_minutes",
+    )
+    max_restarts: int = setting(
+        3,
+        "./launch.sh pretrain restarts the whole job this many times when a rank dies (a signal, a non-zero "
+        "exit, a lost node, a hang), each time from the newest whole checkpoint; 0: none. Config errors and "
+        "a failure at the same step again are not restarted (docs/faults.md)",
+    )
+    hang_timeout_minutes: float = setting(
+        10.0,
+        "a rank whose optimizer step (after the first of each launch) takes longer is named and the job is "
+        "restarted; checkpoint saves, exports and start-up are not timed (docs/faults.md)",
+    )
+
+
+@dataclass
+class ModelSection:
+    """Which BERT to train."""
+
+    preset: str = setting(
+        "bert-large",
+        "bert-large | bert-base | bert-mini | tiny (sizes: pretrain/model/bert.py)",
+    )
+    overrides: dict[str, Any] = setting(
+        {},
+        'BertConfig fields over the preset, e.g. {"hidden_dropout_prob": 0.0}; vocab_size comes from the '
+        "shards, max_position_embeddings defaults to max(512, the longest seq_len)",
+    )
+    activation_checkpointing: bool = setting(
+        False,
+        "recompute each encoder layer in backward: about 1/3 more compute for activation memory of "
+        "O(layers) less",
+    )
+
+
+@dataclass
+class DataSection:
+    """The shards the phases read and how they are loaded."""
+
+    shards: str = setting(
+        "",
+        "a data_prep output folder (with manifest.json); a phase may name its own (phaseN.shards)",
+    )
+    num_workers: int = setting(2, "DataLoader worker processes per rank")
+    verify_checksums: bool = setting(
+        True,
+        "rank 0 checks the sha256 of every shard before training (once per run start)",
+    )
+    part: int = setting(
+        0,
+        "read only part `part` of `num_parts` disjoint, fixed parts of the training instances (validation "
+        "is never split); codistillation sets it per group, a lone run can set it to match one group",
+    )
+    num_parts: int = setting(
+        1,
+        "how many disjoint parts the training instances are dealt into (the deal depends on neither the "
+        "seed nor the world size); see data.part",
+    )
+
+
+@dataclass
+class PhaseSection:
+    """One pretraining phase (phase1: seq 128, phase2: seq 512): its data, what it tunes (steps, lr schedule,
+    batch) and its DeepSpeed JSON of engine mechanics.
+
+    One home per setting: lr and the batch sizes live here (and precision in run.precision), never in
+    the DeepSpeed JSON, which pretrain/config/deepspeed.py refuses when it sets them.
+    """
+
+    seq_len: int = setting(128, "sequence length; the shards must have been built for it")
+    ds_config: str = setting(
+        "",
+        "DeepSpeed JSON of engine mechanics: optimizer type and its other params (ExactLamb), ZeRO stage and "
+        "buckets, clipping, offload, fp16 loss scaling, data_types. It must not set lr, batch sizes, "
+        "bf16/fp16.enabled or a scheduler (this section and run.precision own them; refused, naming where "
+        "to move them). A relative path resolves against the RUN.json's folder",
+    )
+    ds_overrides: dict[str, Any] = setting(
+        {},
+        'deep-merged into ds_config, e.g. {"zero_optimization": {"stage": 2}}; the keys ds_config must not '
+        "set are refused here too",
+    )
+    steps: int = setting(0, "optimizer steps of this phase (required, > 0)")
+    warmup_fraction: float = setting(
+        0.0,
+        "fraction of the steps with a linear warmup to the peak lr, in [0, 1)",
+    )
+    decay_power: float = setting(
+        0.5,
+        "after warmup the lr follows (1 - progress) ** decay_power down to 0 (> 0; 1 = linear)",
+    )
+    lr: float | None = setting(
+        None,
+        "peak learning rate, reached at the end of warmup (required, > 0)",
+    )
+    batch_size: int | None = setting(
+        None,
+        "global batch: sequences per optimizer step over all data-parallel ranks (of one group under "
+        "codistillation). Set two of batch_size, micro_batch_size, gradient_accumulation_steps; the third "
+        "is derived for the ranks that run the job. batch_size + micro_batch_size lets the accumulation "
+        "follow the GPU count, so the same config runs, and resumes, on any number of GPUs",
+    )
+    micro_batch_size: int | None = setting(
+        None,
+        "sequences per rank per forward/backward (DeepSpeed's train_micro_batch_size_per_gpu); see batch_size",
+    )
+    gradient_accumulation_steps: int | None = setting(
+        None,
+        "micro-batches per rank per optimizer step; see batch_size (unset: derived)",
+    )
+    max_predictions: int | None = setting(
+        None,
+        "MLM prediction slots per sequence; default: the manifest's masking.max_predictions for seq_len",
+    )
+    shards: str | None = setting(None, "this phase's data_prep folder; default: data.shards")
+    init_from: str | None = setting(
+        None,
+        "initial weights: a checkpoint folder or tag folder, or a Hugging Face export of this toolkit; "
+        "default: the previous phase's end (phase1: fresh weights)",
+    )
+    packing: bool = setting(
+        False,
+        "several instances per row, attention kept per instance: less padding (pretrain/data/packing.py, "
+        "docs/performance.md)",
+    )
+
+
+@dataclass
+class CheckpointSection:
+    """When checkpoints are written, how many are kept, and the Hugging Face export."""
+
+    dir: str | None = setting(None, "checkpoint folder; default: <run.dir>/checkpoints")
+    every_steps: int | None = setting(
+        500,
+        "optimizer steps between checkpoints (a phase end and a stop always write one); null: none by "
+        "step count. With every_minutes set too, whichever comes first",
+    )
+    every_minutes: float | None = setting(
+        None,
+        "wall-clock minutes between checkpoints, counted from the last checkpoint (or this process's start "
+        "of the phase); all ranks save after the first step at which any rank's clock is due. null: by step "
+        "count only. The GPU recipes set 30 and every_steps null: a step count is a different share of the "
+        "run at each GPU count",
+    )
+    keep_last: int = setting(3, "step checkpoints kept (>= 1); every phase-end checkpoint is kept besides")
+    export_at_phase_end: bool = setting(
+        True,
+        "export a Hugging Face model to <run.dir>/export/<phase> at each phase end (verified against the "
+        "checkpoint)",
+    )
+
+
+@dataclass
+class LoggingSection:
+    """What rank 0 reports: TensorBoard, the progress bar, validation, MFU."""
+
+    tensorboard: bool = setting(True, "TensorBoard events and metrics.jsonl in <run.dir>/tensorboard")
+    progress_bar: bool = setting(True, "a progress bar with ETA on rank 0's console")
+    val_every_steps: int = setting(
+        500,
+        "optimizer steps between evaluations on the held-out shards (and one at each phase end); 0: never",
+    )
+    val_batches: int = setting(8, "micro-batches per rank per evaluation, when val_instances is unset")
+    val_instances: int | None = setting(
+        None,
+        "held-out instances per evaluation (the first ones, the same at any world size and split); null: "
+        "val_batches micro-batches per rank, whose count depends on the job's shape",
+    )
+    peak_tflops: float | None = setting(
+        None,
+        "peak TFLOP/s per device for MFU; null: looked up from the GPU name (CPU: none, no MFU)",
+    )
+    quality_targets: list[float] = setting(
+        [0.3, 0.5, 0.65, 0.72],
+        "val/mlm_acc marks whose wall-clock, device-hours and samples are logged the first time a validation "
+        "reaches them (target/* tags; 0.72 is MLPerf's BERT target); [] logs none (pretrain/report/quality.py)",
+    )
+
+
+@dataclass
+class FailureSection:
+    """When non-finite losses end the run."""
+
+    max_consecutive_nonfinite: int = setting(
+        5,
+        "stop with exit code 3 (after a checkpoint) after this many optimizer steps in a row with a NaN/inf "
+        "loss",
+    )
+
+
+@dataclass
+class RunConfig:
+    """The whole run: one typed section per JSON object of RUN.json."""
+
+    run: RunSection = field(default_factory=RunSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    phase1: PhaseSection = field(default_factory=PhaseSection)
+    phase2: PhaseSection = field(default_factory=lambda: PhaseSection(seq_len=512))
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    logging: LoggingSection = field(default_factory=LoggingSection)
+    failures: FailureSection = field(default_factory=FailureSection)
+    # Optional features' sections by RUN.json name (pretrain/plugin.py), e.g. "codistill"; each is present only
+    # when the RUN.json or an override names it, and serialises back under its own top-level key.
+    plugins: dict[str, Any] = field(default_factory=dict)
+
+    def phase(self, name: str) -> PhaseSection:
+        if name not in PHASE_NAMES:
+            raise ConfigError(f"run.phases: unknown phase {name!r}; expected names from {list(PHASE_NAMES)}")
+        return getattr(self, name)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.checkpoint.dir) if self.checkpoint.dir else Path(self.run.dir) / CHECKPOINTS
+
+    def to_dict(self) -> dict[str, Any]:
+        """The RUN.json form: core sections, then each plug-in's section under its own name."""
+        data = {f.name: dataclasses.asdict(getattr(self, f.name)) for f in dataclasses.fields(self)
+                if f.name != PLUGINS_FIELD}
+        return {**data, **{name: dataclasses.asdict(section) for name, section in self.plugins.items()}}

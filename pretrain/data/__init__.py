@@ -1,0 +1,2 @@
+"""Shards -> micro-batches: the rank's batches and collator (batches), the DataLoader (loader), packing
+(packing) and the shard-folder checks (shard_checks)."""

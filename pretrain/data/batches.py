@@ -1,0 +1,348 @@
+"""Pretraining batches from data_prep shards: validation, the global data stream, collate + dynamic masking.
+
+Parts. With `num_parts` > 1 the training instances are first dealt into `num_parts` disjoint parts
+by a fixed permutation that depends only on (instance count, num_parts), never on the seed, so runs
+with different seeds (codistillation groups) agree on the parts; a run then only sees its own part.
+
+One stream, any number of ranks. Epoch e is a permutation of the run's instances (all of them, or its
+part) drawn from `default_rng([seed, e])`; the epochs follow each other into one endless stream of
+instances, nothing dropped (a batch may straddle two epochs). Global step s trains on stream samples
+[s*G, (s+1)*G), G = the global batch. The stream is cut into chunks of one micro-batch (m instances)
+and chunk c goes to rank c % W as that rank's micro-batch c // W; the A accumulation steps of
+W ranks therefore cover exactly the G samples of the step, for every split of G into m x A x W.
+The data position saved in checkpoints is the number of samples of the phase consumed (s*G), so a
+run resumes on any number of ranks at the same sample.
+
+Masking. Unmasked (dynamic) shards are masked in collate, each instance with its own generator
+`default_rng([seed, phase, epoch, instance])`: a mask depends on which instance it is and in which
+epoch and phase, never on the rank, the world size or the micro-batch it lands in; no generator
+state to checkpoint. Validation instances use a fixed salt instead of the seed and epoch 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from data_prep.atomic_io import sha256_file
+from data_prep.shards import Manifest, ShardReader
+from pretrain.config.sections import ConfigError
+from pretrain.data.packing import pack_masked_instances
+from pretrain.data.shard_checks import SPECIAL_TOKENS, PhaseShards, check_phase_shards
+from pretrain.errors import DataError
+from pretrain.model.bert import IGNORE_INDEX
+
+VAL_SEED_SALT = 0x5EED_7A1  # validation masks: fixed, independent of the training seed's epochs
+PARTITION_SALT = 0xD15_70177  # the deal into disjoint parts: fixed, independent of every seed
+
+
+def partition_indices(total: int, part: int, num_parts: int) -> np.ndarray:
+    """Instance indices of part `part` of `num_parts` disjoint parts (sizes differ by at most one)."""
+    if num_parts < 1 or not 0 <= part < num_parts:
+        raise ValueError(f"data.part: {part} is not a part of {num_parts}")
+    if num_parts == 1:
+        return np.arange(total)
+    deal = np.random.default_rng([PARTITION_SALT, total, num_parts]).permutation(total)
+    return np.sort(deal[part::num_parts])
+
+
+class DataConfigError(DataError):
+    """The shards do not fit the run (missing, wrong vocab, wrong length); names the key or file. (Rank 0's
+    start-up checks report it as the config error of the key that names the shards, as the launch check does.)"""
+
+
+@dataclass(frozen=True)
+class Vocab:
+    size: int
+    sha256: str
+    cls_id: int
+    sep_id: int
+    mask_id: int
+    pad_id: int
+    is_continuation: np.ndarray  # bool[size]: WordPiece "##" pieces, for whole-word masking
+
+    @classmethod
+    def load(cls, path: Path) -> Vocab:
+        tokens = path.read_text(encoding="utf-8").splitlines()
+        index = {token: i for i, token in enumerate(tokens)}
+        missing = [t for t in SPECIAL_TOKENS if t not in index]
+        if missing:
+            raise DataConfigError(f"{path}: vocab lacks the special tokens {missing}")
+        return cls(
+            size=len(tokens),
+            sha256=sha256_file(path),
+            cls_id=index["[CLS]"],
+            sep_id=index["[SEP]"],
+            mask_id=index["[MASK]"],
+            pad_id=index["[PAD]"],
+            is_continuation=np.array([t.startswith("##") for t in tokens], dtype=bool),
+        )
+
+
+@dataclass(frozen=True)
+class PhaseData:
+    """The validated shards of one phase."""
+
+    manifest: Manifest
+    vocab: Vocab
+    seq_len: int
+    max_predictions: int
+    mask_prob: float
+    whole_word: bool
+
+
+def open_phase_data(
+    shards: str | Path,
+    seq_len: int,
+    max_predictions: int | None,
+    key: str,
+    expected_vocab_sha256: str | None = None,
+    verify_checksums: bool = True,
+) -> PhaseData:
+    """Load and check a shard folder for a phase before any engine exists. `key` names the config entry.
+
+    The checks are the launch-time check's (pretrain/data/shard_checks.py), plus the shards' checksums."""
+    try:
+        checked = check_phase_shards(shards, seq_len, max_predictions, key, expected_vocab_sha256, verify_checksums)
+    except ConfigError as err:
+        raise DataConfigError(str(err)) from err
+    return phase_data(checked, seq_len)
+
+
+def phase_data(checked: PhaseShards, seq_len: int) -> PhaseData:
+    """The data of a phase whose shards passed `check_phase_shards` (the run's plan checks them once)."""
+    masking = checked.manifest.data["masking"]
+    return PhaseData(
+        manifest=checked.manifest,
+        vocab=Vocab.load(checked.manifest.vocab_path),
+        seq_len=seq_len,
+        max_predictions=checked.max_predictions,
+        mask_prob=float(masking.get("mask_prob", 0.15)),
+        whole_word=bool(masking.get("whole_word", False)),
+    )
+
+
+def mask_instance(
+    ids: np.ndarray, vocab: Vocab, mask_prob: float, max_predictions: int, whole_word: bool, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """BERT masking of one instance: returns (masked ids, positions, original ids). 80/10/10 mask/random/keep."""
+    candidates = np.flatnonzero((ids != vocab.cls_id) & (ids != vocab.sep_id))
+    target = min(max_predictions, max(1, int(round(len(ids) * mask_prob))))
+    if whole_word and len(candidates):
+        # A word = a piece not starting with "##" plus the "##" pieces after it: masked together.
+        starts = ~vocab.is_continuation[ids[candidates]] | (np.diff(candidates, prepend=-2) != 1)
+        words = np.split(candidates, np.flatnonzero(starts)[1:])
+        chosen: list[int] = []
+        for w in rng.permutation(len(words)):
+            if len(chosen) + len(words[w]) > target:
+                continue
+            chosen.extend(words[w].tolist())
+        positions = np.sort(np.array(chosen, dtype=np.int64))
+    else:
+        positions = np.sort(rng.permutation(candidates)[:target])
+    labels = ids[positions].copy()
+    masked = ids.copy()
+    roll = rng.random(len(positions))
+    random_ids = rng.integers(0, vocab.size, len(positions))
+    masked[positions] = np.where(roll < 0.8, vocab.mask_id, np.where(roll < 0.9, random_ids, labels))
+    return masked, positions, labels
+
+
+Generators = np.random.Generator | list[np.random.Generator] | None  # one for the batch, or one per instance
+
+
+class Collator:
+    """Instances -> padded tensors (one instance per row), or packed rows when `packing` (see
+    pretrain/data/packing.py). Masking draws from `rng` in instance order (or from one generator per
+    instance when given a list) either way, so both layouts of the same instances carry the same
+    masks. Picklable, so DataLoader workers can run it."""
+
+    def __init__(self, data: PhaseData, packing: bool = False) -> None:
+        self.data = data
+        self.packing = packing
+
+    def masked_instances(self, rows: list[dict[str, Any]], rng: Generators) -> list[dict[str, Any]]:
+        """(ids with masks applied, a_len, masked positions, original ids there, nsp label) per instance."""
+        seq_len, predictions = self.data.seq_len, self.data.max_predictions
+        out = []
+        for index, row in enumerate(rows):
+            ids = row["input_ids"]
+            if len(ids) > seq_len:
+                raise DataConfigError(f"an instance has {len(ids)} tokens, more than the phase's seq_len {seq_len}")
+            if "masked_positions" in row:
+                ids, pos, lab = ids, row["masked_positions"], row["masked_label_ids"]
+            else:
+                assert rng is not None, "dynamic masking needs a generator"
+                own = rng[index] if isinstance(rng, list | tuple) else rng
+                ids, pos, lab = mask_instance(
+                    ids, self.data.vocab, self.data.mask_prob, predictions, self.data.whole_word, own
+                )
+            out.append({"ids": ids, "a_len": row["a_len"], "positions": pos, "labels": lab,
+                        "nsp": row["next_sentence_label"]})
+        return out
+
+    def __call__(self, rows: list[dict[str, Any]], rng: Generators) -> dict[str, torch.Tensor]:
+        instances = self.masked_instances(rows, rng)
+        seq_len, predictions = self.data.seq_len, self.data.max_predictions
+        if self.packing:
+            return pack_masked_instances(instances, seq_len, predictions, self.data.vocab.pad_id)
+        batch = len(rows)
+        input_ids = np.full((batch, seq_len), self.data.vocab.pad_id, dtype=np.int64)
+        token_types = np.zeros((batch, seq_len), dtype=np.int64)
+        attention = np.zeros((batch, seq_len), dtype=np.int64)
+        positions = np.zeros((batch, predictions), dtype=np.int64)
+        labels = np.full((batch, predictions), IGNORE_INDEX, dtype=np.int64)
+        nsp = np.zeros(batch, dtype=np.int64)
+        for i, inst in enumerate(instances):
+            ids, pos, lab = inst["ids"], inst["positions"], inst["labels"]
+            n = len(ids)
+            input_ids[i, :n] = ids
+            token_types[i, inst["a_len"] : n] = 1
+            attention[i, :n] = 1
+            positions[i, : len(pos)] = pos[:predictions]
+            labels[i, : len(lab)] = lab[:predictions]
+            nsp[i] = inst["nsp"]
+        return {
+            "input_ids": torch.from_numpy(input_ids),
+            "token_type_ids": torch.from_numpy(token_types),
+            "attention_mask": torch.from_numpy(attention),
+            "masked_positions": torch.from_numpy(positions),
+            "masked_labels": torch.from_numpy(labels),
+            "next_sentence_label": torch.from_numpy(nsp),
+        }
+
+
+class RankBatches(Dataset):
+    """Item k = this rank's k-th micro-batch: chunk k * world_size + rank of the endless global stream."""
+
+    def __init__(
+        self, data: PhaseData, split: str, seed: int, rank: int, world_size: int, micro_batch: int,
+        shuffle: bool = True, packing: bool = False, part: int = 0, num_parts: int = 1, phase_index: int = 0,
+    ) -> None:
+        self.data = data
+        self.reader = ShardReader(data.manifest, data.seq_len, split)
+        self.collate = Collator(data, packing=packing)  # packing changes the layout, never the instances
+        self.seed, self.rank, self.world_size, self.micro_batch = seed, rank, world_size, micro_batch
+        self.shuffle = shuffle
+        self.phase_index = phase_index  # part of every mask's seed; the trainer sets it for its phase
+        self.pool = partition_indices(len(self.reader), part, num_parts)  # the instances this run reads
+        self.batches_per_epoch = len(self.pool) // world_size // micro_batch  # whole chunks per rank and epoch
+        if self.batches_per_epoch == 0:
+            where = f" in data.part {part} of {num_parts}" if num_parts > 1 else ""
+            raise DataConfigError(
+                f"{data.manifest.root}: {len(self.pool)} {split} instances at seq {data.seq_len}{where} cannot fill "
+                f"one micro-batch of {micro_batch} on each of {world_size} ranks"
+            )
+        self._slices: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # epoch -> (positions, instances) of this rank
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch
+
+    def _rank_slice(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """The positions of `epoch` that fall into this rank's chunks, and the instances there.
+
+        Only this rank's share is kept (a copy): the whole epoch permutation (world_size times larger)
+        would otherwise live in every DataLoader worker. At most two epochs are cached (a micro-batch
+        may straddle an epoch boundary).
+        """
+        if epoch not in self._slices:
+            total = len(self.pool)
+            picks = np.random.default_rng([self.seed, epoch]).permutation(total) if self.shuffle else np.arange(total)
+            positions = self._rank_positions(epoch)
+            self._slices[epoch] = (positions, self.pool[picks[positions]].copy())
+            while len(self._slices) > 2:
+                del self._slices[min(self._slices)]
+        return self._slices[epoch]
+
+    def epoch_end(self, k: int) -> int:
+        """The first micro-batch after `k` whose first sample lies in a later epoch than `k`'s first sample.
+
+        Micro-batch k of rank r starts at stream sample (k * world_size + r) * micro_batch."""
+        total, micro, rank = len(self.pool), self.micro_batch, self.rank
+        epoch = (k * self.world_size + rank) * micro // total
+        next_epoch_start = (epoch + 1) * total - rank * micro  # k' * world_size * micro must reach this
+        return max(k + 1, -(-next_epoch_start // (self.world_size * micro)))
+
+    def prepare(self, first: int, end: int) -> None:
+        """Compute this rank's slice of every epoch that micro-batches first .. end-1 read (in this process)."""
+        total = len(self.pool)
+        first_sample = (first * self.world_size + self.rank) * self.micro_batch
+        last_sample = ((end - 1) * self.world_size + self.rank) * self.micro_batch + self.micro_batch - 1
+        for epoch in range(first_sample // total, last_sample // total + 1):
+            self._rank_slice(epoch)
+
+    def _rank_positions(self, epoch: int) -> np.ndarray:
+        """Positions within `epoch` of the samples in this rank's chunks (chunk c = stream samples
+        c*m .. c*m+m-1 goes to rank c % world_size), built from this rank's chunks alone."""
+        total, micro = len(self.pool), self.micro_batch
+        begin, end = epoch * total, (epoch + 1) * total
+        first_chunk = begin // micro
+        first_mine = first_chunk + (self.rank - first_chunk) % self.world_size
+        chunks = np.arange(first_mine, (end - 1) // micro + 1, self.world_size, dtype=np.int64)
+        samples = (chunks[:, None] * micro + np.arange(micro, dtype=np.int64)[None, :]).ravel()
+        return samples[(samples >= begin) & (samples < end)] - begin
+
+    def rank_indices(self, epoch: int) -> np.ndarray:
+        """This rank's instance indices of `epoch`, in stream order (its own copy)."""
+        return self._rank_slice(epoch)[1].copy()
+
+    def stream_instances(self, first: int, count: int) -> list[tuple[int, int]]:
+        """(epoch, instance index) of stream samples first .. first+count-1 (they must be this rank's)."""
+        total = len(self.pool)
+        out = []
+        for sample in range(first, first + count):
+            epoch, position = divmod(sample, total)
+            positions, instances = self._rank_slice(epoch)
+            at = int(np.searchsorted(positions, position))
+            if at >= len(positions) or positions[at] != position:
+                raise IndexError(f"stream sample {sample} is not in rank {self.rank}'s chunks")
+            out.append((epoch, int(instances[at])))
+        return out
+
+    def collate_instances(self, picked: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
+        """Read and collate (epoch, instance) pairs, each masked by its own generator."""
+        salt = self.seed if self.shuffle else VAL_SEED_SALT
+        rows = [self.reader[instance] for _, instance in picked]
+        rngs = [np.random.default_rng([salt, self.phase_index, epoch, instance]) for epoch, instance in picked]
+        return self.collate(rows, rngs)
+
+    def __getitem__(self, k: int) -> dict[str, torch.Tensor]:
+        chunk = int(k) * self.world_size + self.rank
+        return self.collate_instances(self.stream_instances(chunk * self.micro_batch, self.micro_batch))
+
+
+class ValidationBatches:
+    """This rank's share of the first `instances` held-out instances, as micro-batches.
+
+    The held-out set is read in file order and cut into chunks of one micro-batch, dealt round robin
+    to the ranks; which instances are evaluated and their masks do not depend on the world size. Every
+    rank runs the same number of forward passes (ZeRO-3 gathers parameters in each one): a rank whose
+    chunks ran out evaluates its first chunk again with every label ignored, which adds nothing.
+    """
+
+    def __init__(self, batches: RankBatches, instances: int) -> None:
+        self.batches = batches
+        self.total = min(int(instances), len(batches.pool))
+        micro, world = batches.micro_batch, batches.world_size
+        chunks = [(start, min(micro, self.total - start)) for start in range(0, self.total, micro)]
+        self.mine = chunks[batches.rank :: world]
+        self.count = -(-len(chunks) // world)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        for i in range(self.count):
+            blank = i >= len(self.mine)
+            start, size = self.mine[0 if blank else i] if self.mine else (0, 1)
+            positions = range(start, start + size)
+            batch = self.batches.collate_instances([(0, int(self.batches.pool[p])) for p in positions])
+            if blank or not self.mine:
+                batch["masked_labels"] = torch.full_like(batch["masked_labels"], IGNORE_INDEX)
+            yield batch

@@ -1,0 +1,147 @@
+"""The launch-time check of a pretraining run: everything that needs no GPU, once, in one light process.
+
+Without it a typo'd key, a wrong `data.shards` or a DeepSpeed JSON that sets a recipe's key was
+reported only after the launcher had started every rank and each had imported torch and DeepSpeed
+(about 2 minutes on 2 cores; on a cluster, after the job got its nodes), under a screen of DeepSpeed
+INFO lines. `./launch.sh pretrain` now runs this first, for every launcher (this machine, a hostfile,
+a SLURM allocation: pretrain/launch/plan.py `launch --check-run`), and a problem is one line and
+exit status 2 before any rank or node is touched:
+
+- the run config and its overrides: every key and value (pretrain/config/load.py; a near miss gets a
+  "did you mean"), the plug-ins' own checks;
+- each phase's DeepSpeed JSON: readable, no key the run config owns (pretrain/config/deepspeed.py), lr, and
+  the batch arithmetic for the world size the launch will have;
+- the shards of each phase: the manifest, the sequence length, every listed shard file present, the
+  vocab present and equal to the manifest's (size and sha256), the same vocab for every phase, the MLM
+  prediction slots; the model's vocab and position sizes against them. Shards are not hashed (rank 0
+  does that at start-up, `data.verify_checksums`): this stays within seconds on any data size;
+- the run folder and the checkpoint folder can be created and written.
+
+Light on purpose: the standard library, numpy and pyarrow (the manifest reader); never torch or
+DeepSpeed (tests/launch/test_preflight.py checks `sys.modules` in a fresh interpreter). The ranks run
+the same functions again (pretrain/run_plan.py `plan_run`, for the world size they really have: a SLURM
+job may get another count, a plug-in may split the world), so a run started without launch.sh is
+checked with the same messages, plus what needs torch (the optimizer's own parameter checks) and the
+shards' checksums. Before `sbatch`, the same check runs on a login node:
+
+    python -m pretrain.launch.preflight --world-size 32 --config RUN.json [--section.key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pretrain.config.cli import parse_args
+from pretrain.config.deepspeed import phase_ds_config, phase_ds_json
+from pretrain.config.load import load_config
+from pretrain.config.plugins import plugin_spec
+from pretrain.config.sections import ConfigError, RunConfig
+from pretrain.data.shard_checks import PhaseShards, check_run_shards, model_overrides
+
+
+@dataclass(frozen=True)
+class LaunchShape:
+    """The job a launch will start, as far as the checks need it."""
+
+    world_size: int  # ranks in the whole job
+    device_type: str = "cuda"  # cpu with --cpu (it only picks the precision auto resolves to)
+
+
+def check_writable(path: Path, key: str) -> None:
+    """`path` can be created and written: its nearest existing folder takes new entries.
+
+    Rank 0 writes config.resolved.json at start-up and the first checkpoint much later; a read-only or
+    mistyped folder is cheaper to hear about now. Nothing is created here.
+    """
+    existing = path.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{key}: {existing} is not a folder (the run writes {path} there)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}: {existing} is not writable (the run writes {path} there)")
+
+
+def data_parallel_size(config: RunConfig, world_size: int) -> int | None:
+    """The ranks one model's batch is split over: the world, or what a plug-in makes of it; None when an
+    enabled plug-in does not say (then only its ranks can do the batch arithmetic)."""
+    size = world_size
+    for name, section in config.plugins.items():
+        share = plugin_spec(name).data_parallel_size
+        if share is None:
+            return None
+        try:
+            size = share(section, size)
+        except ValueError as err:  # a plug-in's own error names its key
+            raise ConfigError(str(err)) from err
+    return size
+
+
+@dataclass(frozen=True)
+class CheckedRun:
+    """What passed: each phase's shards and, when the data-parallel size is known, its DeepSpeed dict."""
+
+    shards: dict[str, PhaseShards]
+    ds_configs: dict[str, dict[str, Any]] | None
+    dp_size: int | None
+
+
+def check_config(config: RunConfig, shape: LaunchShape) -> CheckedRun:
+    """Every check of the module docstring on a loaded config, for a job of `shape`. ConfigError: the first problem."""
+    dp_size = data_parallel_size(config, shape.world_size)
+    ds_configs = None
+    if dp_size is None:
+        for name in config.run.phases:
+            phase_ds_json(config, name)
+    else:
+        ds_configs = {name: phase_ds_config(config, name, dp_size, shape.device_type, bf16_supported=True)
+                      for name in config.run.phases}
+    shards = check_run_shards(config)
+    model_overrides(config, shards[config.run.phases[0]].vocab_size)
+    check_writable(Path(config.run.dir), "run.dir")
+    check_writable(config.checkpoint_dir, "checkpoint.dir" if config.checkpoint.dir else "run.dir")
+    return CheckedRun(shards, ds_configs, dp_size)
+
+
+def check_command_line(module_args: Sequence[str], shape: LaunchShape) -> str:
+    """pretrain.train's arguments (as the ranks will get them) checked for `shape`; returns a one-line summary."""
+    config_path, overrides = parse_args(list(module_args))
+    config = load_config(config_path, overrides)
+    checked = check_config(config, shape)
+    parts = []
+    for name in config.run.phases:
+        text = f"{name} seq {config.phase(name).seq_len}"
+        if checked.ds_configs is not None:
+            ds = checked.ds_configs[name]
+            text += (f", batch {ds['train_batch_size']} = {ds['train_micro_batch_size_per_gpu']} x "
+                     f"{ds['gradient_accumulation_steps']} accumulation x {checked.dp_size} ranks")
+        parts.append(text)
+    return f"checked {config_path} for {shape.world_size} rank(s): {'; '.join(parts)}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m pretrain.launch.preflight", description="Check a pretraining run before launching it (no GPU, "
+        "no torch): config, DeepSpeed JSONs, batch arithmetic, shards, run folder. Exit 0, or 2 with one line.",
+        epilog="Everything else is pretrain.train's command line: --config RUN.json [--section.key=value ...]")
+    parser.add_argument("--world-size", type=int, default=1, help="ranks the job will have (nodes x GPUs per node)")
+    parser.add_argument("--cpu", action="store_true", help="CPU ranks (precision auto = fp32)")
+    args, module_args = parser.parse_known_args(argv)
+    if args.world_size < 1:
+        parser.error(f"--world-size must be >= 1, got {args.world_size}")
+    try:
+        print(check_command_line(module_args, LaunchShape(args.world_size, "cpu" if args.cpu else "cuda")))
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

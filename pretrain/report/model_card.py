@@ -1,0 +1,222 @@
+"""The model card every export carries: README.md in the Hugging Face format, and the facts behind it.
+
+A Hugging Face user expects a model folder to say what it is. The card's YAML header is what the Hub
+reads (library_name: transformers, pipeline_tag, tags, the datasets when they are Hub datasets, and a
+`model-index` with fine-tune results once there are any); its body says what a person needs: the
+architecture, the vocabulary, the data, the recipe and how far it ran, the last validation figures and
+the quality marks reached, and how to load it. No license is written: the weights' terms follow from the
+training data, which the toolkit cannot know; the card says to add one before publishing.
+
+The facts are gathered once, at export (`card_facts`: the checkpoint's run config and trainer state, the
+run folder's metrics.jsonl and run_clock.json, the shards' manifest) and kept beside the card as
+model_card.json, so `./launch.sh report` can regenerate the card with fine-tune results later
+(`regenerate`) even when the run folder has moved or its step checkpoints were pruned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pretrain.report.records import FinetuneResult, global_step, last_validation, read_json, read_rows
+from pretrain.run_folder import CLOCK_FILE, TENSORBOARD
+
+CARD_FILE = "README.md"
+CARD_FACTS = "model_card.json"
+TRAINER_STATE = "trainer_state.json"  # what a checkpoint tag holds (pretrain/checkpointing)
+CARD_TAGS = ["bert", "fill-mask", "pretraining", "deepspeed", "bert-ds"]
+VALIDATION_KEYS = ("val/mlm_loss", "val/mlm_acc", "time/wall_s", "time/device_hours", "time/samples")
+TRAINING_KEYS = ("loss/mlm", "loss/nsp", "acc/mlm", "acc/nsp")
+
+
+def _run_dir(root: Path, run_config: dict[str, Any]) -> Path | None:
+    """The run folder of a checkpoint: run.dir as the driver saw it, else the folder above checkpoints/."""
+    for candidate in (Path(str(run_config.get("run", {}).get("dir", ""))), root.parent):
+        if str(candidate) and (candidate / TENSORBOARD).is_dir():
+            return candidate.resolve()
+    return None
+
+
+def _data_summary(resolved: dict[str, Any]) -> dict[str, Any]:
+    """Where the shards came from, from their manifest (beside the vocab file the run used)."""
+    manifest = read_json(Path(str(resolved.get("vocab_file", ""))).parent / "manifest.json")
+    if not isinstance(manifest, dict):
+        return {}
+    build = manifest.get("config", {})
+    return {
+        "shards": str(Path(str(resolved.get("vocab_file", ""))).parent),
+        "wiki_dumps": [Path(p).name for p in build.get("wiki_dumps", [])],
+        "books": [Path(p).name for p in build.get("books", [])],
+        "hf_datasets": list(build.get("hf_datasets", [])),
+        "texts": [Path(p).name for p in build.get("texts", [])],
+        "totals": manifest.get("totals", {}),
+        "masking": manifest.get("masking", {}),
+    }
+
+
+def card_facts(root: Path, tag: str, run_config: dict[str, Any]) -> dict[str, Any]:
+    """What the card says about the checkpoint root/tag, gathered from the files a run leaves."""
+    state = read_json(Path(root) / tag / TRAINER_STATE)
+    state = state if isinstance(state, dict) else None
+    run_dir = _run_dir(Path(root), run_config)
+    step = global_step(run_config, state["phase"], state["step"]) if state else None
+    rows = read_rows(run_dir) if run_dir else []
+    validation = last_validation(rows, step)
+    training = [row for row in rows if "loss/mlm" in row and (step is None or row["step"] <= step)]
+    clock = read_json(run_dir / CLOCK_FILE) if run_dir else None
+    targets = clock.get("targets", {}) if isinstance(clock, dict) else {}
+    return {
+        "format": 1,
+        "source": str(Path(root) / tag),
+        "run_dir": str(run_dir) if run_dir else None,
+        "run_config": run_config,
+        "state": state,
+        "global_step": step,
+        "validation": {k: validation[k] for k in ("step", *VALIDATION_KEYS) if k in validation} if validation else None,
+        "training": {k: training[-1][k] for k in ("step", *TRAINING_KEYS) if k in training[-1]} if training else None,
+        "targets": {k: v for k, v in targets.items() if step is None or v.get("step", 0) <= step},
+        "data": _data_summary(run_config.get("resolved", {})),
+    }
+
+
+def _baseline(result: FinetuneResult) -> bool:
+    """A fine-tune of the same architecture from random weights (the demo's baseline): not these weights' score."""
+    return any("random weights" in note for note in result.notes)
+
+
+def _card_data(facts: dict[str, Any], name: str, finetune: Sequence[FinetuneResult]) -> Any:
+    from huggingface_hub import EvalResult, ModelCardData  # the card's YAML as the Hub parses it
+
+    results = []
+    for result in finetune:
+        if _baseline(result):
+            continue  # a baseline that did not use these weights
+        squad = result.task == "squad"
+        for metric, value in result.metrics.items():
+            results.append(EvalResult(
+                task_type="question-answering" if squad else "text-classification",
+                dataset_type=("squad_v2" if "2.0" in result.benchmark else "squad") if squad else "glue",
+                dataset_name=result.benchmark if squad else f"GLUE {result.task.upper()}",
+                dataset_config=None if squad else result.task, dataset_split="validation",
+                metric_type=metric, metric_value=round(value, 4)))
+    hf_datasets = sorted({d.split(":")[0] for d in facts.get("data", {}).get("hf_datasets", [])})
+    return ModelCardData(library_name="transformers", pipeline_tag="fill-mask", tags=list(CARD_TAGS),
+                         datasets=hf_datasets or None, model_name=name, eval_results=results or None)
+
+
+def _number(value: Any, digits: int = 4) -> str:
+    return f"{value:,.{digits}f}" if isinstance(value, int | float) else "n/a"
+
+
+def _count(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else "?"
+
+
+def _body(facts: dict[str, Any], name: str, folder_text: str, finetune: Sequence[FinetuneResult]) -> list[str]:
+    config = facts.get("run_config", {})
+    resolved = config.get("resolved", {})
+    model = resolved.get("model_config", {})
+    state = facts.get("state") or {}
+    lines = [f"# {name}", "",
+             "A BERT pretrained from scratch with BERT-DS (masked-LM + next-sentence prediction, DeepSpeed, "
+             "exact LAMB), exported as `BertForPreTraining`: the encoder with its MLM and NSP heads. "
+             "Its logits were checked against the training checkpoint's at export.", ""]
+    about = config.get("run", {}).get("about")
+    if about:
+        lines += [f"Recipe: {about}", ""]
+    lines += ["## Architecture", "",
+              f"{model.get('num_hidden_layers', '?')} layers, hidden size {model.get('hidden_size', '?')}, "
+              f"{model.get('num_attention_heads', '?')} attention heads, feed-forward "
+              f"{model.get('intermediate_size', '?')}, activation {model.get('hidden_act', '?')}, "
+              f"{model.get('max_position_embeddings', '?')} positions (preset `{config.get('model', {}).get('preset')}`).",
+              "", "## Vocabulary", "",
+              f"WordPiece, {_count(model.get('vocab_size'))} tokens, lowercase: {resolved.get('lowercase')}, "
+              f"sha256 `{str(resolved.get('vocab_sha256'))[:16]}…` (`vocab.txt` in this folder).", "",
+              "## Data", ""]
+    data = facts.get("data") or {}
+    sources = [*(f"Wikipedia dump `{d}`" for d in data.get("wiki_dumps", [])),
+               *(f"books `{b}`" for b in data.get("books", [])),
+               *(f"Hugging Face dataset `{h}`" for h in data.get("hf_datasets", [])),
+               *(f"text `{t}`" for t in data.get("texts", []))]
+    totals = data.get("totals", {})
+    lines.append(("Sources: " + "; ".join(sources) + ".") if sources else "Sources: not recorded in the shards' manifest.")
+    if totals:
+        shown = ", ".join(f"{totals[k]:,} {k}" for k in ("documents", "sentences", "tokens") if isinstance(totals.get(k), int))
+        lines.append(f"Corpus: {shown}; masking {data.get('masking', {}).get('mode', '?')}.")
+    lines += ["", "## Recipe and steps", "",
+              "| phase | seq len | global batch | steps | lr | warmup | optimizer | precision |",
+              "|---|---|---|---|---|---|---|---|"]
+    for phase in config.get("run", {}).get("phases", []):
+        section, ds = config.get(phase, {}), resolved.get("ds_configs", {}).get(phase, {})
+        precision = "bf16" if ds.get("bf16", {}).get("enabled") else "fp16" if ds.get("fp16", {}).get("enabled") else "fp32"
+        lines.append(f"| {phase} | {section.get('seq_len')} | {ds.get('train_batch_size', section.get('batch_size'))} | "
+                     f"{section.get('steps')} | {section.get('lr')} | {section.get('warmup_fraction')} | "
+                     f"{ds.get('optimizer', {}).get('type', '?')} | {precision} |")
+    lines += ["", f"This export: `{facts.get('source')}`, {state.get('phase', '?')} step {state.get('step', '?')} "
+              f"(global step {facts.get('global_step')}), {_count(state.get('samples_seen'))} sequences seen, "
+              f"on {resolved.get('world_size', '?')} ranks." if state else "Steps: not recorded.",
+              "", "## Validation", ""]
+    validation, training = facts.get("validation"), facts.get("training")
+    if validation:
+        lines.append(f"At step {validation['step']} on the held-out shards: masked-LM loss "
+                     f"{_number(validation.get('val/mlm_loss'))}, masked-LM accuracy {_number(validation.get('val/mlm_acc'))}.")
+    else:
+        lines.append("No validation figures were recorded for this checkpoint.")
+    if training:
+        lines.append(f"Training loss at step {training['step']}: MLM {_number(training.get('loss/mlm'))}, "
+                     f"NSP {_number(training.get('loss/nsp'))}.")
+    for key, mark in sorted(facts.get("targets", {}).items(), key=lambda item: float(item[0])):
+        lines.append(f"- val/mlm_acc {key} reached at step {mark.get('step')}: {_number(mark.get('wall_s', 0) / 3600, 2)} h "
+                     f"wall-clock, {_number(mark.get('device_hours'), 2)} device-hours.")
+    finetune = [result for result in finetune if not _baseline(result)]  # the card describes these weights
+    if finetune:
+        lines += ["", "## Fine-tuning results", "", "| benchmark | task | metric | value | notes |", "|---|---|---|---|---|"]
+        for result in finetune:
+            for metric, value in result.metrics.items():
+                lines.append(f"| {result.benchmark} | {result.task} | {metric} | {_number(value, 2)} | "
+                             f"{'; '.join(result.notes)} |")
+    lines += ["", "## How to load it", "", "```python", "from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline",
+              "", f'tokenizer = AutoTokenizer.from_pretrained("{folder_text}")',
+              f'model = AutoModelForMaskedLM.from_pretrained("{folder_text}")  # the MLM head; the NSP head is dropped',
+              f'fill = pipeline("fill-mask", model="{folder_text}")', 'print(fill("The capital of France is [MASK]."))', "```",
+              "", f"Fine-tune it: `./launch.sh squad finetune --model {folder_text} --train train-v1.1.json --dev "
+              "dev-v1.1.json --out runs/squad`.", "",
+              "## License", "", "Not recorded: the weights follow the terms of the training data above. Add a "
+              "`license:` to the header before publishing.", ""]
+    return lines
+
+
+def render_card(facts: dict[str, Any], folder_text: str, finetune: Sequence[FinetuneResult] = ()) -> str:
+    """README.md's text: the YAML header, then the body."""
+    state = facts.get("state") or {}
+    run_dir = facts.get("run_dir") or facts.get("run_config", {}).get("run", {}).get("dir") or "bert-ds"
+    name = f"{Path(str(run_dir)).name}-{state.get('phase', 'export')}"
+    header = _card_data(facts, name, finetune).to_yaml()
+    return "---\n" + header + "\n---\n\n" + "\n".join(_body(facts, name, folder_text, finetune))
+
+
+def _write_text(path: Path, text: str) -> None:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, path)
+
+
+def write_model_card(folder: Path, facts: dict[str, Any], folder_text: str,
+                     finetune: Sequence[FinetuneResult] = ()) -> Path:
+    """README.md and model_card.json in `folder`; `folder_text` is how the card names the folder to load."""
+    folder = Path(folder)
+    _write_text(folder / CARD_FACTS, json.dumps({**facts, "folder": folder_text}, indent=1) + "\n")
+    _write_text(folder / CARD_FILE, render_card(facts, folder_text, finetune))
+    return folder / CARD_FILE
+
+
+def regenerate(folder: Path, finetune: Sequence[FinetuneResult]) -> bool:
+    """Rewrite an export's card with these fine-tune results (from its model_card.json); False: no facts."""
+    facts = read_json(Path(folder) / CARD_FACTS)
+    if not isinstance(facts, dict):
+        return False
+    write_model_card(Path(folder), facts, str(facts.get("folder") or folder), finetune)
+    return True

@@ -1,0 +1,92 @@
+"""Time to quality: at every validation, the run's wall-clock, device-hours and samples; each
+`logging.quality_targets` mark logged the first time val/mlm_acc reaches it.
+
+The fast-BERT line of work (MLPerf, MosaicBERT, Cramming, 24h-BERT) compares runs by what it took to
+reach a quality, not by throughput: MLPerf's BERT target is a masked-LM accuracy of 0.720 on its
+held-out set. Our val/mlm_acc is the same kind of number (the share of held-out masked tokens predicted
+exactly) on this run's own held-out shards, so a mark is comparable between runs on the same data, and
+with MLPerf's only as far as the data and masking agree.
+
+Tags (TensorBoard and metrics.jsonl, rank 0), on the rows that carry val/mlm_acc:
+
+    time/wall_s, time/device_hours, time/samples       every validation (pretrain/report/clock.py says what
+                                                       the clock counts, across resumes)
+    target/mlm_acc_<mark>/wall_s, .../device_hours, .../samples
+                                                       once, at the first validation with val/mlm_acc >= mark
+
+and every metrics.jsonl row gets "wall_s" beside "step", so the report can put any curve against the
+wall-clock. Nothing here touches a device: the validation numbers were read on the host already.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pretrain.config.checks import check_targets, target_key
+from pretrain.config.sections import LoggingSection
+from pretrain.report.clock import RunClock
+
+# MLPerf's BERT quality target (masked-LM accuracy 0.720) and lower marks that a short or small run reaches
+# (declared with the key, logging.quality_targets).
+DEFAULT_QUALITY_TARGETS = tuple(LoggingSection().quality_targets)
+ACCURACY_TAG = "val/mlm_acc"
+
+
+def target_tag(mark: float, field: str) -> str:
+    return f"target/mlm_acc_{target_key(mark)}/{field}"
+
+
+@dataclass(frozen=True)
+class QualitySettings:
+    """What the driver hands the metrics writer: where the clock lives, the marks, the job's devices."""
+
+    run_dir: Path
+    targets: tuple[float, ...]
+    ranks: int
+
+    def __post_init__(self) -> None:  # built on every rank: a bad mark fails them all alike
+        check_targets(list(self.targets))
+
+
+class TimeToQuality:
+    """The clock and the marks of one process (rank 0): `observe` adds the time/* and target/* numbers."""
+
+    def __init__(self, settings: QualitySettings, clock: RunClock | None = None) -> None:
+        self.targets = sorted(settings.targets)
+        self.clock = clock or RunClock(settings.run_dir, settings.ranks)
+
+    def begin(self, step: int) -> None:
+        self.clock.begin(step)
+
+    def observe(self, step: int, values: dict[str, float], samples: int | None,
+                now: float | None = None) -> dict[str, float]:
+        """The numbers to log with a row of `step`: none unless it carries val/mlm_acc."""
+        self.clock.logged(step, now)
+        if ACCURACY_TAG not in values:
+            return {}
+        wall_s, device_hours = self.clock.wall_seconds(now), self.clock.device_hours(now)
+        numbers: dict[str, float] = {"time/wall_s": wall_s, "time/device_hours": device_hours}
+        if samples is not None:
+            numbers["time/samples"] = float(samples)
+        accuracy = float(values[ACCURACY_TAG])
+        for mark in self.targets:
+            key = target_key(mark)
+            if key in self.clock.targets or not accuracy >= mark:
+                continue
+            reached: dict[str, Any] = {"step": step, "wall_s": wall_s, "device_hours": device_hours,
+                                       "samples": samples, ACCURACY_TAG: accuracy}
+            self.clock.targets[key] = reached
+            numbers[target_tag(mark, "wall_s")] = wall_s
+            numbers[target_tag(mark, "device_hours")] = device_hours
+            if samples is not None:
+                numbers[target_tag(mark, "samples")] = float(samples)
+        self.clock.save(now)
+        return numbers
+
+    def wall_seconds(self, now: float | None = None) -> float:
+        return self.clock.wall_seconds(now)
+
+    def close(self) -> None:
+        self.clock.close()

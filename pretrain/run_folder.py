@@ -1,0 +1,38 @@
+"""The names inside a run folder (`run.dir`), in one place: the driver, the metrics writer, the run clock,
+the job lock, the exports, codistillation's exchange and the report write them; the run records, the
+report, the model card and the demo read them. docs/pretraining.md's "What a run folder holds" lists
+exactly these (tests/report/test_run_folder.py compares, and checks that no other module spells them).
+Standard library only: every floor may import it.
+
+The checkpoint folder inside (CHECKPOINTS, or `checkpoint.dir`) has its own layout:
+pretrain/checkpointing/layout.py. These names are what existing run folders hold: renaming one makes
+the reports and resumes of older runs miss it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+RESOLVED_CONFIG = "config.resolved.json"  # the config after overrides + what was derived (pretrain/train.py)
+CLOCK_FILE = "run_clock.json"  # wall-clock, device-hours and stops across resumes (pretrain/report/clock.py)
+JOB_LOCK = ".job.lock"  # held by rank 0 for the job's life (pretrain/launch/lifetime.py)
+CHECKPOINTS = "checkpoints"  # the checkpoint folder unless checkpoint.dir says otherwise
+EXPORT = "export"  # EXPORT/<phase>: a Hugging Face folder per phase end (pretrain/checkpointing/export.py)
+EXPORT_INFO = "export_info.json"  # inside each export folder: where it came from (pretrain/checkpointing/export.py)
+TENSORBOARD = "tensorboard"  # event files and METRICS_FILE (pretrain/metrics.py)
+METRICS_FILE = "metrics.jsonl"  # one JSON line per logged step, inside TENSORBOARD
+EXCHANGE = "exchange"  # codistillation's filesystem exchange, unless codistill.exchange_dir says otherwise
+REPORT_MD = "report.md"  # `./launch.sh report RUN_DIR` (pretrain/report/write.py)
+REPORT_PNG = "report.png"
+
+# What docs/pretraining.md lists, as paths inside the run folder (a folder ends with "/").
+LISTED = (RESOLVED_CONFIG, CLOCK_FILE, JOB_LOCK, f"{CHECKPOINTS}/", f"{EXPORT}/", f"{EXPORT}/<phase>/{EXPORT_INFO}",
+          f"{TENSORBOARD}/", f"{TENSORBOARD}/{METRICS_FILE}", f"{EXCHANGE}/", REPORT_MD, REPORT_PNG)
+
+
+def metrics_path(run_dir: Path) -> Path:
+    return Path(run_dir) / TENSORBOARD / METRICS_FILE
+
+
+def export_dir(run_dir: Path, phase: str) -> Path:
+    return Path(run_dir) / EXPORT / phase
