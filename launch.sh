@@ -61,7 +61,7 @@ run() {
 # launch.sh may also die without a word (SIGKILL of it or of its group): a watchdog in a group of its own
 # (pretrain/launch/lifetime.py) then stops the command's group, SIGTERM and SIGKILL 30 s later
 # (BERT_DS_KILL_GRACE_SECONDS), so nothing of the job outlives launch.sh.
-CHILD_PID="" PENDING_SIGNAL="" LAUNCHER="" WATCHDOG_PID="" INTERRUPTED=0
+CHILD_PID="" PENDING_SIGNAL="" LAUNCHER="" WATCHDOG_PID="" INTERRUPTED=0 AGENT=0
 
 # shellcheck disable=SC2206 # the fields of a stat line: split on purpose
 child_pids() { # $1 = a pid: its children's pids, one a line (read from /proc: no procps needed)
@@ -77,7 +77,7 @@ child_pids() { # $1 = a pid: its children's pids, one a line (read from /proc: n
 signal_targets() { # the pids a forwarded signal goes to; none while the local ranks are starting
     local launcher
     case "$LAUNCHER" in
-        local) for launcher in $(child_pids "$CHILD_PID"); do child_pids "$launcher"; done ;;
+        local) if ((AGENT)); then echo "$CHILD_PID"; else for launcher in $(child_pids "$CHILD_PID"); do child_pids "$launcher"; done; fi ;;
         none | slurm | hostfile) echo "$CHILD_PID" ;;
         *) echo "-$CHILD_PID" ;; # not a distributed launch: the command's whole process group
     esac
@@ -211,11 +211,19 @@ launch_module() { # $1 = python module, $2 = pretrain|finetune, then the subcomm
     case "$LAUNCHER" in
         none) run "$PYTHON" -u -m "$module" "${MODULE_ARGS[@]}" ;;
         local)
+            if [[ "$module" == pretrain.train ]]; then
+                run_agent "$@"
+                return
+            fi
             run "${ds[@]}" "${CLUSTER_LAUNCHER_ARGS[@]}" --master_addr "$CLUSTER_MASTER_ADDR" \
                 --master_port "$CLUSTER_MASTER_PORT" --no_local_rank --module "$module" "${MODULE_ARGS[@]}"
             ;;
         hostfile)
             write_ds_env_file
+            if [[ "$module" == pretrain.train ]]; then
+                run_nodes "$@"
+                return
+            fi
             # On 2+ nodes DeepSpeed starts the ranks through pdsh + ssh, a remote shell (pdsh_quote in
             # pretrain/launch/cluster.py); with one node it runs them locally, and the arguments go as typed.
             if ((CLUSTER_REMOTE_SHELL)); then
@@ -235,6 +243,31 @@ launch_module() { # $1 = python module, $2 = pretrain|finetune, then the subcomm
                 "$PYTHON" -u -m "$module" "${MODULE_ARGS[@]}"
             ;;
     esac
+}
+
+# pretrain on this machine: torch's elastic agent with our fault lines (restarts, hangs, per-rank logs in the
+# run folder; pretrain/launch/agent.py), which passes launch.sh's signals on to the ranks itself.
+run_agent() { # the pretrain arguments as typed: the error line's resume command
+    local resume
+    resume=$(show ./launch.sh pretrain "$@")
+    AGENT=1
+    run "$PYTHON" -m pretrain.launch.agent --nproc-per-node "$CLUSTER_RANKS" --master-addr "$CLUSTER_MASTER_ADDR" \
+        --master-port "$CLUSTER_MASTER_PORT" --resume-command "${resume#+ }" -- "${MODULE_ARGS[@]}"
+}
+
+# pretrain with a hostfile: the same agent on every node, started through pdsh + ssh by pretrain/launch/nodes.py,
+# which also tells a lost node (--nodes MIN:MAX: the job carries on without it) and passes signals to every node.
+run_nodes() {
+    local resume
+    resume=$(show ./launch.sh pretrain "$@")
+    if ((CLUSTER_REMOTE_SHELL)); then
+        echo "# hostfile: the module's arguments below are quoted once more for the remote shell (pdsh + ssh)"
+    fi
+    local quoted=() # pdsh always runs a remote shell; with 2+ nodes launch/plan.py quoted the arguments already
+    if ((CLUSTER_REMOTE_SHELL)); then quoted=(--args-quoted); fi
+    run "$PYTHON" -m pretrain.launch.nodes --hostfile "$HOSTFILE" ${NODE_RANGE:+--nodes "$NODE_RANGE"} "${quoted[@]}" \
+        --nproc-per-node "$CLUSTER_RANKS" --master-addr "$CLUSTER_MASTER_ADDR" --master-port "$CLUSTER_MASTER_PORT" \
+        ${DS_ENV_FILE:+--env-file "$DS_ENV_FILE"} --resume-command "${resume#+ }" -- "${MODULE_ARGS[@]}"
 }
 
 # The pdsh launcher forwards few variables to the other nodes; the rest of RANK_ENV (and the lines

@@ -132,13 +132,14 @@ def process_group_backend(device_name: str, communication_backend: str) -> str:
 
 
 def started_by_python_launcher() -> bool:
-    """True under DeepSpeed's or torch's launcher: they start every rank from their main thread and live
+    """True under DeepSpeed's or torch's launcher (or ours, pretrain/launch/agent.py): they start every rank from their main thread and live
     as long as the ranks, so a parent-death signal is safe (not under slurmstepd, whose threads come and go)."""
     try:
         parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
     except OSError:
         return False
-    return b"deepspeed.launcher.launch" in parent or b"torch.distributed.run" in parent
+    return any(name in parent for name in (b"deepspeed.launcher.launch", b"torch.distributed.run",
+                                           b"pretrain.launch.agent"))
 
 
 def init_distributed(timeout_minutes: int = DIST_TIMEOUT_MINUTES) -> DistInfo:

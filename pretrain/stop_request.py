@@ -44,6 +44,7 @@ class StopRequest:
 
     @staticmethod
     def _say(message: str) -> None:
-        # os.write, not print: a handler that interrupts a print to the same stream would raise "reentrant call"
+        # os.write, not print: a handler that interrupts a print to the same stream would raise "reentrant call".
+        # stdout: under the elastic agent a rank's stderr goes to its log file (pretrain/launch/agent.py).
         if os.environ.get("RANK", "0") == "0":
-            os.write(2, f"{message}\n".encode())
+            os.write(1, f"{message}\n".encode())

@@ -48,6 +48,7 @@ from pretrain.model.bert import PretrainingOutput
 from pretrain.optim.lamb import ExactLamb
 from pretrain.plugin import ExtraLoss, StepAgreement, TrainingPlugin
 from pretrain.step_stats import StepSums, host_values_to_device, labelled_slots
+from pretrain.step_watch import StepWatch
 from pretrain.stop_request import StopRequest
 from pretrain.trainer_settings import TrainerSettings
 
@@ -108,6 +109,7 @@ class TrainerJob:
     metrics: MetricsWriter
     stop: StopRequest
     plugin: TrainingPlugin = field(default_factory=TrainingPlugin)
+    watch: StepWatch = field(default_factory=StepWatch.from_env)  # steps timed by the elastic agent: hangs
 
 
 def step_seed(*parts: int) -> int:
@@ -355,15 +357,13 @@ class PhaseTrainer:
         self.throughput.restart()
         self.cadence.saved(time.monotonic())  # the minutes count from the phase's (re)start
         while self.state.step < self.phase.steps:
-            result = self.train_step()
+            with self.job.watch.step(self.state.phase, self.state.step + 1):
+                result = self.train_step()
             self.state.step += 1
             self.steps_this_process += 1
             self.state.samples_seen += self.global_batch
-            if result.nonfinite:
-                self.state.nonfinite_steps += 1
-                self.state.consecutive_nonfinite += 1
-            else:
-                self.state.consecutive_nonfinite = 0
+            self.state.nonfinite_steps += int(result.nonfinite)
+            self.state.consecutive_nonfinite = self.state.consecutive_nonfinite + 1 if result.nonfinite else 0
             values = self.step_metrics(result)
             if val_every and self.state.step % val_every == 0:
                 values.update(self.validate())

@@ -195,6 +195,10 @@ def check_values(config: RunConfig, registry: PluginRegistry = INSTALLED) -> Non
         raise ConfigError(f"run.stop_after_steps: must be > 0, got {config.run.stop_after_steps}")
     if config.run.dist_timeout_minutes < 1:
         raise ConfigError(f"run.dist_timeout_minutes: must be >= 1, got {config.run.dist_timeout_minutes}")
+    if config.run.max_restarts < 0:
+        raise ConfigError(f"run.max_restarts: must be >= 0, got {config.run.max_restarts}")
+    if not config.run.hang_timeout_minutes > 0:
+        raise ConfigError(f"run.hang_timeout_minutes: must be > 0, got {config.run.hang_timeout_minutes}")
     if config.logging.val_instances is not None and config.logging.val_instances < 1:
         raise ConfigError(f"logging.val_instances: must be >= 1, got {config.logging.val_instances}")
     if config.failures.max_consecutive_nonfinite < 1:

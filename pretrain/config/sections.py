@@ -75,7 +75,18 @@ class RunSection:
         DIST_TIMEOUT_MINUTES,
         "how long a collective waits for a busy rank before the job fails. Rank 0 alone hashes every shard "
         "at start-up and exports at each phase end while the other ranks wait; DeepSpeed's default (10) "
-        "fails a large run that is only slow there. A hung rank is found this late too",
+        "fails a large run that is only slow there. A hung rank is found sooner: run.hang_timeout_minutes",
+    )
+    max_restarts: int = setting(
+        3,
+        "./launch.sh pretrain restarts the whole job this many times when a rank dies (a signal, a non-zero "
+        "exit, a lost node, a hang), each time from the newest whole checkpoint; 0: none. Config errors and "
+        "a failure at the same step again are not restarted (docs/faults.md)",
+    )
+    hang_timeout_minutes: float = setting(
+        10.0,
+        "a rank whose optimizer step (after the first of each launch) takes longer is named and the job is "
+        "restarted; checkpoint saves, exports and start-up are not timed (docs/faults.md)",
     )
 
 

@@ -43,7 +43,8 @@ SAY_BUILDING_AFTER_SECONDS = 8.0
 
 
 def say(message: str) -> None:
-    print(f"extensions: {message}", file=sys.stderr, flush=True)
+    # stdout: a rank's stderr goes to its log file under the elastic agent (pretrain/launch/agent.py)
+    print(f"extensions: {message}", flush=True)
 
 
 def extension_roots() -> list[Path]:

@@ -8,10 +8,9 @@
 `launch` parses and checks the LAUNCH OPTIONS (and for pretrain --config and the --section.key=value
 form of overrides), chooses the launcher (--hostfile, else a SLURM allocation, else this machine), asks
 pretrain/launch/cluster.py what the cluster says (`cluster.plan`), and prints what launch.sh needs as shell
-assignments to eval: LAUNCHER, HOSTFILE, MODULE_ARGS, the CLUSTER_* values, RANK_ENV (the NAME=VALUE
-defaults every rank gets) and, for a hostfile, DS_ENV (the DeepSpeed env file's lines). Bad input is
-one "PROG: error: ..." line on stderr and exit status 2, before anything starts. launch.sh keeps what
-must be bash: running the launcher, printing under --dry-run, exporting, passing signals on.
+assignments to eval: LAUNCHER, HOSTFILE, NODE_RANGE, MODULE_ARGS, the CLUSTER_* values, RANK_ENV (the NAME=VALUE
+defaults every rank gets) and, for a hostfile, DS_ENV (every node's env lines). Bad input is one "PROG: error:
+..." line and exit status 2, before anything starts. launch.sh keeps running, printing, exporting, signals.
 
 `--check-run` (launch.sh passes it for pretrain) then runs the launch-time check of the run itself in
 this same process, for the world size just planned (pretrain/launch/preflight.py: config keys, DeepSpeed
@@ -19,10 +18,9 @@ JSONs, batch arithmetic, shards, run folder): a problem is one "PROG: config err
 exit status 2, so no launcher, rank or node is started for a run that would fail at start-up. Under
 --dry-run it is a note. It imports numpy and pyarrow (never torch), so only then, not at the top.
 
-Why not bash: parsing, checking and merging are functions with unit tests here
-(tests/launch/test_launch_plan.py), and the option table feeds both the parser and the usage text, so
-they cannot drift apart. Standard library only, like cluster.py: a --dry-run on a laptop may run this
-with a bare python3 that has none of the toolkit's dependencies.
+Why not bash: parsing, checking and merging are functions with unit tests here (tests/launch/test_launch_plan.py),
+and the option table feeds both the parser and the usage text. Standard library only, like cluster.py: a
+--dry-run on a laptop may run this with a bare python3 that has none of the toolkit's dependencies.
 """
 
 from __future__ import annotations
@@ -37,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pretrain.launch.cluster import ClusterError, plan, shell_assignments
+from pretrain.launch.nodes import node_range
 
 __all__ = [
     "LAUNCHERS", "LaunchOptions", "choose_launcher", "ds_env_lines", "launch_values", "parse_launch_options",
@@ -50,13 +49,14 @@ LAUNCHERS = ("auto", "local", "hostfile", "slurm", "none")
 # AUTO_CHOICES after --hostfile).
 VALUE_OPTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "--hostfile": ("hostfile", "--hostfile F", (
-        'several nodes through the DeepSpeed launcher (pdsh/ssh; lines "host slots=N";',
+        'several nodes through pdsh/ssh (pretrain: our elastic agent on each; lines "host slots=N";',
         "the checkout must be at the same path on every node)")),
     "--launcher": ("launcher", "--launcher local|hostfile|slurm|none", (
         "force one (default: auto, as above); none = one plain",
         "process without a launcher (single rank, e.g. a small SQuAD fine-tune on CPU)")),
     "--gpus": ("gpus", "--gpus N", ("ranks per node (default: SLURM's GPUs per node, else nvidia-smi's count)",)),
-    "--nodes": ("nodes", "--nodes N", ("use only the first N nodes of the hostfile / allocation",)),
+    "--nodes": ("nodes", "--nodes N|MIN:MAX", ("the first N nodes of the hostfile / allocation; pretrain --hostfile:",
+                                             "MIN:MAX carries on while MIN nodes are left (docs/faults.md)")),
     "--master-addr": ("master_addr", "--master-addr A",
                       ("rendezvous host (default: 127.0.0.1 / first hostfile host / first SLURM node)",)),
     "--master-port": ("master_port", "--master-port P",
@@ -70,7 +70,7 @@ NO_CHECK_OPTION = ("--no-check", ("pretrain: skip the launch-time check of the r
 AUTO_CHOICES = (
     ("SLURM", ("inside an allocation (SLURM_JOB_ID set): one srun task per GPU, RANK/WORLD_SIZE/",
                "LOCAL_RANK from SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, MASTER_ADDR = first node")),
-    ("local", ("otherwise: the GPUs of this machine through the DeepSpeed launcher",)),
+    ("local", ("otherwise: this machine's GPUs (pretrain: torch's elastic agent, docs/faults.md)",)),
 )  # fmt: skip
 _UINT = re.compile(r"[0-9]+", re.ASCII)
 _OVERRIDE = re.compile(r"--.*\..*=.*", re.DOTALL)  # --section.key=value, checked by pretrain.train itself
@@ -139,7 +139,7 @@ def choose_launcher(options: LaunchOptions, env: Mapping[str, str]) -> str:
     launcher = options.launcher
     if launcher not in LAUNCHERS:
         raise ClusterError(f"--launcher must be auto, local, hostfile, slurm or none, got '{launcher}'")
-    gpus, nodes = _count(options.gpus, "--gpus"), _count(options.nodes, "--nodes")
+    gpus, nodes = _count(options.gpus, "--gpus"), (node_range(options.nodes) or (None, None))[1]
     port = options.master_port
     if port and not (_UINT.fullmatch(port) and 0 < int(port) < 65536):
         raise ClusterError(f"--master-port must be a port number (1-65535), got '{port}'")
@@ -155,6 +155,8 @@ def choose_launcher(options: LaunchOptions, env: Mapping[str, str]) -> str:
         raise ClusterError(f"--launcher none runs one process; drop --gpus {options.gpus} or pick another launcher")
     if launcher in ("local", "none") and nodes not in (None, 1):
         raise ClusterError(f"--nodes {options.nodes} needs --hostfile or a SLURM allocation")
+    if ":" in options.nodes and launcher != "hostfile":  # SLURM: the batch script requeues (docs/faults.md)
+        raise ClusterError(f"--nodes {options.nodes}: MIN:MAX needs --hostfile (pretrain under the elastic agent)")
     if options.cpu and gpus is None and launcher != "none":
         raise ClusterError("--cpu needs --gpus N (the number of CPU ranks per node)")
     return launcher
@@ -237,11 +239,8 @@ def _require_file(path: str, message: str, dry_run: bool, note: Callable[[str], 
 def launch_values(subcommand: str, args: Sequence[str], env: Mapping[str, str], *, cpu_count: int,
                   dry_run: bool = False, note: Callable[[str], None] = print,
                   user_env_files: Sequence[Path] = ()) -> dict[str, str | list[str]]:
-    """Everything launch.sh needs to start `subcommand` (pretrain or finetune), as shell variable names.
-
-    The checks run in the order a user fixes them: the options, then pretrain's --config and its
-    file, then what the cluster says (cluster.plan).
-    """
+    """Everything launch.sh needs to start `subcommand` (pretrain or finetune), as shell variable names. The checks
+    run in the order a user fixes them: the options, pretrain's --config and its file, what the cluster says."""
     options = parse_launch_options(args)
     launcher = choose_launcher(options, env)
     module_args = list(options.module_args)
@@ -254,14 +253,15 @@ def launch_values(subcommand: str, args: Sequence[str], env: Mapping[str, str], 
         cluster: dict[str, str | list[str]] = {"CLUSTER_RANKS": "1", "CLUSTER_CPUS_PER_TASK": "",
                                                "CLUSTER_MODULE_ARGS": module_args}
     else:
-        cluster = plan(launcher, env, gpus=_count(options.gpus, "--gpus"), nodes=_count(options.nodes, "--nodes"),
+        most_nodes = (node_range(options.nodes) or (None, None))[1]
+        cluster = plan(launcher, env, gpus=_count(options.gpus, "--gpus"), nodes=most_nodes,
                        hostfile=options.hostfile, master_addr=options.master_addr,
                        master_port=int(options.master_port) if options.master_port else None, cpu=options.cpu,
                        module_args=module_args)
     ranks = rank_env(env, int(str(cluster["CLUSTER_RANKS"])), cpu_count, str(cluster["CLUSTER_CPUS_PER_TASK"]),
                      options.cpu)
     values: dict[str, str | list[str]] = {
-        "LAUNCHER": launcher, "HOSTFILE": options.hostfile,
+        "LAUNCHER": launcher, "HOSTFILE": options.hostfile, "NODE_RANGE": options.nodes,
         "MODULE_ARGS": cluster.pop("CLUSTER_MODULE_ARGS"),  # pdsh-quoted where a remote shell splits them
         **cluster,
     }  # fmt: skip

@@ -121,7 +121,7 @@ def test_demo_dry_run_prints_every_step_through_launch_sh(tmp_path: Path) -> Non
     assert proc.returncode == 0, proc.stderr
     commands = [line for line in proc.stdout.splitlines() if line.startswith("+ ")]
     assert any("-m data_prep build --wiki-dump" in c and "--vocab-size 8192" in c for c in commands)
-    assert any("deepspeed.launcher.runner --num_gpus 2" in c and "--module pretrain.train" in c for c in commands)
+    assert any("-m pretrain.launch.agent --nproc-per-node 2" in c and "--run.dir=" in c for c in commands)
     assert any("DS_ACCELERATOR=cpu" in c for c in commands)
     assert any("-m pretrain.checkpointing.export" in c and str(tmp_path / "out" / "run" / "checkpoints") in c for c in commands)
     finetunes = [c for c in commands if "-m pretrain.finetune.squad finetune" in c]

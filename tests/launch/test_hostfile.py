@@ -1,11 +1,13 @@
 """Real multi-node launches on this one machine: `./launch.sh pretrain --hostfile` on "127.0.0.1" and
 "localhost" (pdsh + ssh through a private sshd on loopback, one rank each, tests/support/cluster/local_cluster.py),
-toy scale on CPU; skipped with the reason where this machine cannot host them.
+toy scale on CPU; skipped with the reason where this machine cannot host them. Every node runs our elastic
+agent (pretrain/launch/nodes.py, agent.py).
 
-List/dict overrides and a run folder with spaces, quotes, $ and % reach both nodes intact; killing one
-node's rank ends the whole job (non-zero, no rank left behind); the rerun resumes from the checkpoint
-and finishes both phases with exports. One module-scoped fixture runs the launches; the tests read
-what it recorded.
+List/dict overrides and a run folder with spaces, quotes, $ and % reach both nodes intact; with restarts off,
+killing one node's rank ends the whole job (non-zero, no rank left behind); the rerun resumes from the
+checkpoint and finishes both phases with exports. One module-scoped fixture runs those launches; the tests
+read what it recorded. A lost node (its agent and rank killed) with `--nodes 1:2`: the job carries on with one
+rank and ends with the weights of an uninterrupted run, to float rounding; without it, one line names the node.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 import pytest
 
 from tests.support.cluster.local_cluster import LoopbackSsh
-from tests.support.cluster.processes import ClusterUnavailable, free_port
+from tests.support.cluster.processes import ClusterUnavailable, free_port, processes_mentioning
 from tests.support.cluster.runs import (
     PHASE1_STEPS,
     PHASE2_STEPS,
@@ -116,7 +118,7 @@ def hostfile_runs(ssh_nodes: LoopbackSsh, workdir: Path) -> HostfileRecord:
     args = ["--config", str(config), f"--run.dir={run_dir}", *QUOTED_OVERRIDES]
     killed_log, rerun_log = workdir / "hostfile-killed.log", workdir / "hostfile-rerun.log"
 
-    proc = launch_hostfile(ssh_nodes, workdir, args, killed_log)
+    proc = launch_hostfile(ssh_nodes, workdir, [*args, "--run.max_restarts=0"], killed_log)
     try:
         wait_for(lambda: latest_checkpoint(run_dir) is not None or proc.poll() is not None, 480,
                  "the first checkpoint", lambda: tail(killed_log))
@@ -150,11 +152,13 @@ def test_hostfile_overrides_reach_every_node_intact(hostfile_runs: HostfileRecor
     assert resolved["resolved"]["ds_configs"]["phase2"]["gradient_accumulation_steps"] == 2  # the RUN.json's value
     assert resolved["model"]["overrides"] == {"hidden_dropout_prob": 0.0}
     assert resolved["resolved"]["model_config"]["hidden_dropout_prob"] == 0.0
-    # config.resolved.json is rank 0's view; the launcher's log shows what each node's rank got.
-    spawned = re.findall(r"^(\S+): .*spawned with command: (\[.*\])$", hostfile_runs.rerun_log, re.MULTILINE)
-    argv_by_node = {node: ast.literal_eval(argv)[-4:] for node, argv in spawned}  # DeepSpeed logs a list
+    # config.resolved.json is rank 0's view; each node's agent log says what its rank got (a Python list).
+    argv_by_node = {}
+    for log in sorted((hostfile_runs.run_dir / "logs").glob("*/agent.log")):  # by time: the rerun's last
+        spawned = re.findall(r" ranks run: (\[.*\])$", log.read_text(encoding="utf-8"), re.MULTILINE)
+        argv_by_node[log.parent.name.rpartition("-")[2]] = ast.literal_eval(spawned[-1])[-4:]
     expected = [f"--run.dir={hostfile_runs.run_dir}", *QUOTED_OVERRIDES]
-    assert argv_by_node == {"127.0.0.1": expected, "localhost": expected}, spawned
+    assert argv_by_node == {"127.0.0.1": expected, "localhost": expected}, argv_by_node
 
 
 def test_hostfile_launch_leaves_no_env_file_behind(hostfile_runs: HostfileRecord) -> None:
@@ -180,3 +184,98 @@ def test_hostfile_killed_node_ends_the_job_and_the_rerun_resumes(hostfile_runs: 
     assert record.rerun_log.count("done: complete") == 2, record.rerun_log[-4000:]
     for phase in ("phase1", "phase2"):
         assert (record.run_dir / "export" / phase / "export_info.json").is_file()
+
+
+# ---------------------------------------------------------------------------------------------- lost node
+def kill_node(marker: str, node: str) -> list[int]:
+    """SIGKILL the agent of hostfile node `node` (its command line says `--node NODE`) and its ranks, as a
+    machine that dies takes both; returns the pids."""
+    agents = []
+    for pid in processes_mentioning(marker):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (b"python" in argv[0] and b"pretrain.launch.agent" in argv and b"--node" in argv  # not pdsh's ssh
+                and argv[argv.index(b"--node") + 1] == node.encode()):
+            agents.append(pid)
+    ranks = [pid for pid in rank_processes(marker) if any(parent(pid) == agent for agent in agents)]
+    for pid in [*agents, *ranks]:
+        os.kill(pid, signal.SIGKILL)
+    return [*agents, *ranks]
+
+
+def parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+@dataclass
+class LostNodeRecord:
+    elastic_status: int
+    elastic_log: str
+    elastic_dir: Path
+    reference_dir: Path
+    strict_status: int
+    strict_log: str
+    strict_leftovers: list[int]
+
+
+@pytest.fixture(scope="module")
+def lost_node_runs(ssh_nodes: LoopbackSsh, workdir: Path) -> LostNodeRecord:
+    """Node "localhost" lost after the first checkpoint: with --nodes 1:2, and without; and the uninterrupted run
+    on this machine's 2 ranks the first is compared with. The global batch is the config's (16 = 4 x accumulation
+    x ranks, the accumulation derived) and dropout is off (its masks are drawn per micro-batch and rank:
+    docs/elastic_resume.md), so 2 ranks and then 1 train the same steps to float rounding."""
+    no_dropout = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}  # masks depend on the split
+    config = run_config(workdir / "elastic.json", workdir / "shards", workdir / "unused", run={"phases": ["phase1"]},
+                        phase1={"batch_size": 16, "gradient_accumulation_steps": None},
+                        model={"overrides": no_dropout})
+    env = {**child_env(), "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    reference = workdir / "lost" / "reference"
+    done = subprocess.run(["bash", str(REPO_ROOT / "launch.sh"), "pretrain", "--cpu", "--gpus", "2", "--master-port",
+                           str(free_port()), "--config", str(config), f"--run.dir={reference}"],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    record = {}
+    for name, extra in (("elastic", ["--nodes", "1:2"]), ("strict", [])):
+        run_dir, log = workdir / "lost" / name, workdir / f"lost-{name}.log"
+        proc = launch_hostfile(ssh_nodes, workdir, [*extra, "--config", str(config), f"--run.dir={run_dir}"], log)
+        try:
+            wait_for(lambda: latest_checkpoint(run_dir) is not None or proc.poll() is not None, 480,  # noqa: B023
+                     "the first checkpoint", lambda: tail(log))  # noqa: B023
+            assert kill_node(str(run_dir), "localhost"), f"node localhost not found running:\n{tail(log)}"
+            record[name] = (finish(proc, 480, log), tail(log, 400_000))
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        time.sleep(1)
+        record[f"{name}_leftovers"] = sorted(rank_processes(str(run_dir)))
+    return LostNodeRecord(*record["elastic"], workdir / "lost" / "elastic", reference, *record["strict"],
+                          record["strict_leftovers"])
+
+
+def test_a_lost_node_with_nodes_min_max_carries_on_to_the_same_weights(lost_node_runs: LostNodeRecord) -> None:
+    from safetensors.torch import load_file
+
+    record = lost_node_runs
+    assert record.elastic_status == 0, record.elastic_log[-6000:]
+    lost = re.findall(r"^launch\.sh: fault: node localhost lost .*$", record.elastic_log, re.MULTILINE)
+    assert len(lost) == 1 and "carrying on with 1 node(s) (--nodes 1:2)" in lost[0], record.elastic_log[-6000:]
+    assert "this job has 1" in record.elastic_log  # resumed on one rank
+    assert "Traceback" not in record.elastic_log
+    healed = load_file(str(record.elastic_dir / "export" / "phase1" / "model.safetensors"))
+    reference = load_file(str(record.reference_dir / "export" / "phase1" / "model.safetensors"))
+    assert healed.keys() == reference.keys()
+    worst = max(float((healed[k] - reference[k]).abs().max()) for k in reference)
+    assert worst < 1e-4, f"largest weight difference to the uninterrupted run: {worst}"
+
+
+def test_a_lost_node_without_nodes_min_max_is_one_line_and_stops_the_job(lost_node_runs: LostNodeRecord) -> None:
+    record = lost_node_runs
+    assert record.strict_status == 1, record.strict_log[-6000:]
+    (line,) = re.findall(r"^launch\.sh: error: .*$", record.strict_log, re.MULTILINE)
+    assert line.startswith("launch.sh: error: node localhost lost ") and "resume with: ./launch.sh pretrain" in line
+    assert record.strict_leftovers == [] and "Traceback" not in record.strict_log

@@ -62,6 +62,7 @@ def test_an_option_without_its_value_is_an_error(option: str) -> None:
         (["--launcher", "local", "--gpus", "2"], {"SLURM_JOB_ID": "7"}, "local"),
         (["--launcher", "none", "--cpu", "--gpus", "1", "--nodes", "1"], {}, "none"),
         (["--cpu", "--gpus", "010", "--nodes", "01", "--master-port", "065535"], {}, "local"),  # decimal, not octal
+        (["--hostfile", "h", "--nodes", "2:4"], {}, "hostfile"),  # pretrain carries on with 2 to 4 nodes
     ],
 )
 def test_choose_launcher(args: list[str], env: dict[str, str], launcher: str) -> None:
@@ -85,6 +86,8 @@ def test_choose_launcher(args: list[str], env: dict[str, str], launcher: str) ->
         (["--launcher", "none", "--gpus", "2"], {}, "--launcher none runs one process; drop --gpus 2"),
         (["--nodes", "2", "--gpus", "1"], {}, "--nodes 2 needs --hostfile or a SLURM allocation"),
         (["--launcher", "none", "--nodes", "3"], {}, "--nodes 3 needs --hostfile"),
+        (["--nodes", "3:2"], {"SLURM_JOB_ID": "7"}, "--nodes MIN:MAX needs 0 < MIN <= MAX, got '3:2'"),
+        (["--nodes", "1:2"], {"SLURM_JOB_ID": "7"}, "--nodes 1:2: MIN:MAX needs --hostfile"),
         (["--cpu"], {}, "--cpu needs --gpus N (the number of CPU ranks per node)"),
         (["--cpu"], {"SLURM_JOB_ID": "7"}, "--cpu needs --gpus N"),
     ],

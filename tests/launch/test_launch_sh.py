@@ -41,16 +41,18 @@ def run_json(tmp_path: Path) -> Path:
     return path
 
 
-def test_local_gpus_dry_run_prints_the_deepspeed_command(tmp_path: Path, run_json: Path) -> None:
-    proc = launch(
-        ["--dry-run", "pretrain", "--config", "run.json", "--gpus", "4", "--phase1.steps=3", "--run.dir=out dir"],
-        tmp_path,
-    )
+def test_local_gpus_dry_run_prints_the_elastic_agent_command(tmp_path: Path, run_json: Path) -> None:
+    """pretrain on this machine runs under our elastic agent (pretrain/launch/agent.py), which is handed the
+    command that resumes (for its error line) and the driver's arguments as typed."""
+    args = ["--config", "run.json", "--gpus", "4", "--phase1.steps=3", "--run.dir=out dir"]
+    proc = launch(["--dry-run", "pretrain", *args], tmp_path)
     assert proc.returncode == 0, proc.stderr
     commands = printed_commands(proc.stdout)
+    resume = commands[-1][10]
+    assert shlex.split(resume) == ["./launch.sh", "pretrain", *args], resume  # bash's quoting, read back
     assert commands[-1] == [
-        FAKE_PYTHON, "-m", "deepspeed.launcher.runner", "--num_gpus", "4", "--master_addr", "127.0.0.1",
-        "--master_port", "29500", "--no_local_rank", "--module", "pretrain.train",
+        FAKE_PYTHON, "-m", "pretrain.launch.agent", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
+        "--master-port", "29500", "--resume-command", resume, "--",
         "--config", "run.json", "--phase1.steps=3", "--run.dir=out dir",
     ]  # fmt: skip
     env = exported(commands)
@@ -69,8 +71,13 @@ def test_local_respects_visible_devices_and_user_env(tmp_path: Path, run_json: P
     )
     assert proc.returncode == 0, proc.stderr
     commands = printed_commands(proc.stdout)
-    assert commands[-1][3:5] == ["--include", "localhost:3,5"]
+    # the agent's 2 ranks open local devices 0 and 1 of CUDA_VISIBLE_DEVICES (3 and 5), which it passes on as is
+    assert commands[-1][3:5] == ["--nproc-per-node", "2"]
+    assert "CUDA_VISIBLE_DEVICES" not in exported(commands)
     assert exported(commands)["OMP_NUM_THREADS"] == "7"
+    proc = launch(["squad", "finetune", "--dry-run", "--gpus", "2", "--model", "m", "--dev", "d", "--out", "o"],
+                  tmp_path, CUDA_VISIBLE_DEVICES="3,5,6")
+    assert printed_commands(proc.stdout)[-1][3:5] == ["--include", "localhost:3,5"]  # the DeepSpeed launcher's way
 
 
 def test_cpu_ranks_and_single_process(tmp_path: Path, run_json: Path) -> None:
@@ -78,7 +85,7 @@ def test_cpu_ranks_and_single_process(tmp_path: Path, run_json: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     commands = printed_commands(proc.stdout)
     assert exported(commands)["DS_ACCELERATOR"] == "cpu"
-    assert commands[-1][3:5] == ["--num_gpus", "2"]
+    assert commands[-1][3:5] == ["--nproc-per-node", "2"]
     proc = launch(
         ["--dry-run", "squad", "finetune", "--cpu", "--launcher", "none", "--model", "m", "--dev", "d", "--out", "o"],
         tmp_path,
@@ -99,12 +106,14 @@ def test_hostfile_dry_run(tmp_path: Path, run_json: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     commands = printed_commands(proc.stdout)
-    assert commands[-1] == [
-        FAKE_PYTHON, "-m", "deepspeed.launcher.runner", "--hostfile", "hosts", "--master_addr", "worker-1",
-        "--master_port", "6000", "--num_gpus", "8", "--no_local_rank", "--module", "pretrain.train",
-        "--config", "run.json", "--not-checked",
+    # pretrain: our node starter runs the elastic agent on every node through pdsh (pretrain/launch/nodes.py)
+    assert commands[-1][:11] == [
+        FAKE_PYTHON, "-m", "pretrain.launch.nodes", "--hostfile", "hosts", "--args-quoted", "--nproc-per-node", "8",
+        "--master-addr", "worker-1", "--master-port",
     ]  # fmt: skip
-    # Variables the pdsh launcher would not forward travel in a DeepSpeed env file.
+    assert commands[-1][11:13] == ["6000", "--resume-command"] and commands[-1][-4:] == [
+        "--", "--config", "run.json", "--not-checked"]
+    # Variables pdsh would not carry travel in an env file, exported on every node.
     env_file_note = next(line for line in proc.stdout.splitlines() if line.startswith("# DS_ENV_FILE"))
     threads = max(1, (os.cpu_count() or 1) // 8)
     assert f"OMP_NUM_THREADS={threads}" in env_file_note and "TOKENIZERS_PARALLELISM=false" in env_file_note
@@ -245,6 +254,6 @@ def test_help_lists_every_subcommand(tmp_path: Path) -> None:
     assert proc.returncode == 0
     for word in ("prep", "pretrain", "squad", "export", "tensorboard", "demo", "--dry-run", "--hostfile", "SLURM"):
         assert word in proc.stdout
-    for option in ("--launcher", "--gpus N", "--nodes N", "--master-addr A", "--master-port P", "--cpu"):
+    for option in ("--launcher", "--gpus N", "--nodes N|MIN:MAX", "--master-addr A", "--master-port P", "--cpu"):
         assert f"\n  {option} " in proc.stdout  # the LAUNCH OPTIONS launch/plan.py parses
     assert launch([], tmp_path).stdout == proc.stdout  # no subcommand: the same text, exit 2

@@ -110,7 +110,7 @@ def test_a_stale_build_lock_is_removed_with_one_line_and_a_held_one_kept(
     os.utime(stale, (time.time() - 600, time.time() - 600))
     extension_builds.clear_stale_locks()
     assert not stale.exists() and held.exists()
-    lines = capsys.readouterr().err.splitlines()
+    lines = capsys.readouterr().out.splitlines()
     assert lines == [f"extensions: removed stale lock {stale} (600 s old, no process holds it: left by an "
                      "interrupted compile)"]
     builder.kill()  # killed mid-build: its lock is now stale too

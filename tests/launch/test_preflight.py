@@ -125,7 +125,7 @@ def test_a_good_run_is_checked_and_summarised_and_a_dry_run_only_notes_problems(
         "2 exports x 500.8 KiB")  # keep_last 2 + 1 being written + phase 1's end; the estimate: pretrain/checkpointing/disk.py
     proc = subprocess.run([*base, "--data.shards=later"], cwd=job["cwd"], env=launch_env(job), capture_output=True,
                           text=True, timeout=120)
-    assert proc.returncode == 0 and "-m deepspeed.launcher.runner" in proc.stdout  # printed, as a dry run does
+    assert proc.returncode == 0 and "-m pretrain.launch.agent" in proc.stdout  # printed, as a dry run does
     assert proc.stderr.strip().startswith("launch.sh: note: config error: data.shards: later/manifest.json")
     assert proc.stderr.strip().endswith("(continuing: --dry-run)")
 
