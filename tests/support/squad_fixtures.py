@@ -44,6 +44,9 @@ PARAGRAPHS = [
 ]
 
 
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
 def squad_articles(repeat: int = 1) -> list[dict]:
     """Official-layout ``data``: the paragraphs above (``repeat`` copies with distinct ids)."""
     articles = []
@@ -68,21 +71,34 @@ def write_squad(path: Path, repeat: int = 1) -> Path:
     return path
 
 
-def build_tokenizer(vocab_size: int = 400):
-    """A BERT WordPiece fast tokenizer trained with `tokenizers` on the fixture paragraphs."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+def fixture_vocab() -> dict[str, int]:
+    """WordPiece ids for the fixture text, the same in every process: the specials, each character (alone and
+    as a ``##`` continuation, so any word can still be spelled), then every whole word, each group sorted.
+
+    Not ``WordPieceTrainer``: its merges break count ties in hash-map order, which changes with each process
+    (398 or 399 tokens, other ids), so every test process got another tiny model, and a check on a 3-step
+    loss passed or failed with the draw."""
+    from tokenizers import normalizers, pre_tokenizers
+
+    normalizer, splitter = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
+    texts = [context + " " + " ".join(q for q, _ in qas) for context, qas in PARAGRAPHS]
+    words = {word for text in texts for word, _ in splitter.pre_tokenize_str(normalizer.normalize_str(text))}
+    chars = sorted({char for word in words for char in word})
+    tokens = [*SPECIAL_TOKENS, *chars, *(f"##{char}" for char in chars), *sorted(words - set(chars))]
+    return {token: index for index, token in enumerate(tokens)}
+
+
+def build_tokenizer():
+    """A BERT WordPiece fast tokenizer over ``fixture_vocab`` (lower case, BERT's splitting and specials)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    backend = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    vocab = fixture_vocab()
+    backend = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
     backend.normalizer = normalizers.BertNormalizer(lowercase=True)
     backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     backend.decoder = decoders.WordPiece()
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials)
-    texts = [context + " " + " ".join(q for q, _ in qas) for context, qas in PARAGRAPHS]
-    backend.train_from_iterator(texts, trainer)
-    cls_id, sep_id = backend.token_to_id("[CLS]"), backend.token_to_id("[SEP]")
-    backend.post_processor = processors.BertProcessing(("[SEP]", sep_id), ("[CLS]", cls_id))
+    backend.post_processor = processors.BertProcessing(("[SEP]", vocab["[SEP]"]), ("[CLS]", vocab["[CLS]"]))
     return PreTrainedTokenizerFast(
         tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
         sep_token="[SEP]", mask_token="[MASK]",
