@@ -4,7 +4,9 @@ One home per setting, as in pretraining (pretrain/config/deepspeed.py): a fine-t
 batch sizes and precision; its DeepSpeed JSON (--ds-config) holds engine mechanics only, and one that
 sets an owned key is refused naming the flag. Both commands declare their flags once, as the fields
 of a frozen dataclass (``flag``), and ``add_config_arguments`` builds the command line from them, so
-the flags and their documentation cannot drift apart.
+the flags and their documentation cannot drift apart. The flags both share (the engine's JSON, the
+batch arithmetic, the warmup, the precision) are declared here once (``EngineFlags``), and so is
+the command-line plumbing (``FinetuneCommand``, ``finetune_subcommand``).
 
 No torch here, and numpy only inside ``micro_batches``: ``--help`` and the scorers stay light.
 Errors are ``ConfigError`` (one line naming the flag or file); each command turns them into its own.
@@ -140,10 +142,56 @@ def flag(default: Any, doc: str, choices: tuple[Any, ...] | None = None, require
     return dataclasses.field(default=default, metadata={"doc": doc, "choices": choices, "required": required})
 
 
+# BERT's fine-tuning optimizer (torch AdamW, betas 0.9/0.999, eps 1e-6, weight decay 0.01), ZeRO-1,
+# clipping at 1.0: one JSON for SQuAD and GLUE alike; a second copy would be a second home.
+DEFAULT_DS_CONFIG = REPO_ROOT / "ds_configs" / "deepspeed" / "squad_adamw_zero1.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineFlags:
+    """The flags every fine-tune shares, declared once: its engine's JSON, the batch arithmetic, the warmup,
+    the precision. A command's config (FinetuneConfig in squad, GlueConfig in glue) subclasses it and adds
+    its own, epochs and lr among them (their defaults differ per task). A bad value raises the command's
+    ``format_error``, one line naming the flag."""
+
+    format_error: typing.ClassVar[type[FinetuneFormatError]] = FinetuneFormatError
+
+    ds_config: Path = flag(DEFAULT_DS_CONFIG, "DeepSpeed JSON of engine mechanics: optimizer type and its other "
+                                              "params, ZeRO, clipping (ds_configs/deepspeed/squad_*.json); it must "
+                                              "not set lr, batch sizes, bf16/fp16.enabled or a scheduler: the "
+                                              "flags here own them")
+    max_steps: int | None = flag(None, "optimizer steps (overrides --epochs; GLUE: per seed)")
+    batch_size: int = flag(32, "global batch: training items (SQuAD windows, GLUE examples) per optimizer step, "
+                               "all ranks together")
+    micro_batch_size: int | None = flag(None, "items per rank per forward/backward; None: --batch-size / "
+                                              "(ranks x accumulation)")
+    gradient_accumulation_steps: int | None = flag(None, "micro-batches per rank per optimizer step; None: derived "
+                                                         "from --micro-batch-size, or 1 without it")
+    warmup_fraction: float = flag(0.1, "share of the steps with a linear warmup (then linear decay to 0)")
+    precision: str = flag("auto", "auto: fp32 on CPU, bf16 on a GPU that has it, else fp16 (dynamic loss scale)",
+                          choices=PRECISIONS)
+
+    def check_engine_flags(self) -> None:
+        """Each count > 0 when set, the warmup share in [0, 1), a known precision."""
+        for name in ("max_steps", "batch_size", "micro_batch_size", "gradient_accumulation_steps"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise self.format_error(f"--{name.replace('_', '-')} must be > 0, got {value}")
+        if not 0.0 <= self.warmup_fraction < 1.0:
+            raise self.format_error(f"--warmup-fraction must be in [0, 1), got {self.warmup_fraction}")
+        if self.precision not in PRECISIONS:
+            raise self.format_error(f"--precision must be one of {PRECISIONS}, got {self.precision!r}")
+
+
 def add_config_arguments(parser: argparse.ArgumentParser, config_class: type) -> None:
-    """`--name-with-dashes` for every field of `config_class` (declared with ``flag``): type, default, choices, doc."""
+    """`--name-with-dashes` for every field of `config_class` (declared with ``flag``): type, default, choices, doc.
+
+    --help reads: the required flags, the command's own, then the engine's it shares (EngineFlags)."""
     hints = typing.get_type_hints(config_class)
-    for spec in dataclasses.fields(config_class):
+    shared = {spec.name for spec in dataclasses.fields(EngineFlags)}
+    ordered = sorted(dataclasses.fields(config_class),
+                     key=lambda spec: (not spec.metadata.get("required"), spec.name in shared))
+    for spec in ordered:
         option, doc = "--" + spec.name.replace("_", "-"), spec.metadata["doc"]
         kind = hints[spec.name]
         if kind is bool:
@@ -183,6 +231,19 @@ class Subcommand:
     run: Callable[[argparse.Namespace], int]
 
 
+def finetune_subcommand(help_line: str, config_class: type,
+                        load_finetune: Callable[[], Callable[[Any], Any]]) -> Subcommand:
+    """The ``finetune`` subcommand of a command: its flags are `config_class`'s fields, and it runs
+    ``load_finetune()(config)``. `load_finetune` imports the command's fine-tune (torch, transformers,
+    DeepSpeed) when it runs, so --help and ``evaluate`` stay light."""
+
+    def run(args: argparse.Namespace) -> int:
+        load_finetune()(config_from_args(args, config_class))
+        return 0
+
+    return Subcommand(help_line, lambda parser: add_config_arguments(parser, config_class), run)
+
+
 @dataclasses.dataclass(frozen=True)
 class FinetuneCommand:
     """`python -m pretrain.finetune.<task> {evaluate,finetune}`: the plumbing both commands share.
@@ -209,3 +270,7 @@ class FinetuneCommand:
         except FinetuneFormatError as err:
             print(err.line(), file=sys.stderr)
             return 2
+
+    def exit(self) -> None:
+        """``python -m``'s entry: run the command line, exit with its status."""
+        sys.exit(self.main())

@@ -3,37 +3,30 @@ no torch; finetune imports it when it runs)."""
 
 from __future__ import annotations
 
-import argparse
-import sys
+from collections.abc import Callable
+from typing import Any
 
-from pretrain.finetune.common import FinetuneCommand, Subcommand
-from pretrain.finetune.glue import evaluate, finetune_args
+from pretrain.finetune.common import FinetuneCommand, Subcommand, finetune_subcommand
+from pretrain.finetune.glue import evaluate
+from pretrain.finetune.glue.finetune_args import GlueConfig
 
 
-def run_finetune(args: argparse.Namespace) -> int:
+def load_finetune() -> Callable[[GlueConfig], Any]:
     # deferred: finetune imports torch, transformers and DeepSpeed; evaluate and --help stay light
-    from pretrain.finetune.glue.finetune import run
+    from pretrain.finetune.glue.finetune import finetune
 
-    return run(args)
+    return finetune
 
 
 COMMAND = FinetuneCommand(
     prog="python -m pretrain.finetune.glue",
     description=__doc__,
-    evaluate=Subcommand(
-        "score a GLUE predictions file against the task's labelled dev file",
-        evaluate.add_arguments, evaluate.run
-    ),
-    finetune=Subcommand(
-        "fine-tune a BERT folder on a GLUE task with DeepSpeed, N seeds",
-        finetune_args.add_arguments, run_finetune
-    ),
+    evaluate=Subcommand("score a GLUE predictions file against the task's labelled dev file",
+                        evaluate.add_arguments, evaluate.run),
+    finetune=finetune_subcommand("fine-tune a BERT folder on a GLUE task with DeepSpeed, N seeds",
+                                 GlueConfig, load_finetune),
 )
-
-
-def main(argv: list[str] | None = None) -> int:
-    return COMMAND.main(argv)
-
+main = COMMAND.main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    COMMAND.exit()

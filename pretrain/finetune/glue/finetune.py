@@ -16,7 +16,6 @@ test-server runs), ``tensorboard/seed-N/`` (``train/loss``, ``train/lr``, ``glue
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import math
@@ -42,7 +41,7 @@ from pretrain.finetune.common import (
     read_engine_json,
 )
 from pretrain.finetune.glue.data import GlueFormatError, GlueSet, TaskData, load_task_data
-from pretrain.finetune.glue.finetune_args import GlueConfig, config_from_args
+from pretrain.finetune.glue.finetune_args import GlueConfig
 from pretrain.finetune.glue.metric import score
 from pretrain.finetune.glue.submission import write_predictions
 from pretrain.finetune.glue.tasks import Task
@@ -302,8 +301,3 @@ def summary_writer(path: Path) -> Any:
     from torch.utils.tensorboard import SummaryWriter
 
     return SummaryWriter(log_dir=str(path))
-
-
-def run(args: argparse.Namespace) -> int:
-    finetune(config_from_args(args))
-    return 0

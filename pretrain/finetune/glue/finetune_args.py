@@ -15,20 +15,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pretrain.config.sections import ConfigError
-from pretrain.finetune.common import PRECISIONS, REPO_ROOT, add_config_arguments, check_positive, flag
+from pretrain.finetune.common import EngineFlags, add_config_arguments, check_positive, flag
 from pretrain.finetune.common import config_from_args as common_config_from_args
 from pretrain.finetune.glue.data import GlueFormatError
 from pretrain.finetune.glue.tasks import TASKS, Task, task_named
 
-# The SQuAD JSON fits GLUE as it is: torch AdamW (betas 0.9/0.999, eps 1e-6, weight decay 0.01),
-# ZeRO-1, clipping at 1.0: BERT's fine-tuning optimizer; a second copy would be a second home.
-DEFAULT_DS_CONFIG = REPO_ROOT / "ds_configs" / "deepspeed" / "squad_adamw_zero1.json"
 TASK_NAMES = ", ".join(task.name for task in TASKS.values())
 
 
 @dataclass(frozen=True)
-class GlueConfig:
-    """Every GLUE `finetune` flag, declared once (the command line and its --help are built from these)."""
+class GlueConfig(EngineFlags):
+    """Every GLUE `finetune` flag, declared once (the engine's, shared with SQuAD, in EngineFlags; the command
+    line and its --help are built from these)."""
+
+    format_error = GlueFormatError
 
     task: str = flag(None, f"GLUE task: {TASK_NAMES} (or GLUE's spelling: CoLA, SST-2, STS-B, ...)", required=True)
     model: Path = flag(None, "Hugging Face BERT folder (our export, or any BERT): config.json + weights + "
@@ -41,20 +41,8 @@ class GlueConfig:
     seeds: int = flag(1, "fine-tune this many times (seeds --seed, --seed+1, ...): each is reported, and the "
                          "median (BERT's paper reports the median of several runs)")
     seed: int = flag(42, "the first seed: the classifier's initial weights, the data order and dropout")
-    ds_config: Path = flag(DEFAULT_DS_CONFIG, "DeepSpeed JSON of engine mechanics: optimizer type and its other "
-                                              "params, ZeRO, clipping; it must not set lr, batch sizes, "
-                                              "bf16/fp16.enabled or a scheduler: the flags here own them")
     epochs: float = flag(3.0, "passes over the training set")
-    max_steps: int | None = flag(None, "optimizer steps per seed (overrides --epochs)")
     lr: float = flag(2e-5, "peak learning rate, reached at the end of warmup")
-    batch_size: int = flag(32, "global batch: training examples per optimizer step, all ranks together")
-    micro_batch_size: int | None = flag(None, "examples per rank per forward/backward; None: --batch-size / "
-                                              "(ranks x accumulation)")
-    gradient_accumulation_steps: int | None = flag(None, "micro-batches per rank per optimizer step; None: "
-                                                         "derived from --micro-batch-size, or 1 without it")
-    warmup_fraction: float = flag(0.1, "share of the steps with a linear warmup (then linear decay to 0)")
-    precision: str = flag("auto", "auto: fp32 on CPU, bf16 on a GPU that has it, else fp16 (dynamic loss scale)",
-                          choices=PRECISIONS)
     max_seq_length: int = flag(128, "tokens per example (both sentences and 3 special tokens; longer pairs are "
                                     "cut, the longer sentence first)")
     eval_batch_size: int = flag(128, "examples per forward pass and rank when predicting")
@@ -69,15 +57,11 @@ class GlueConfig:
         try:
             task_named(self.task)
             check_positive({name: getattr(self, name) for name in (
-                "seeds", "epochs", "max_steps", "lr", "batch_size", "micro_batch_size",
-                "gradient_accumulation_steps", "max_seq_length", "eval_batch_size", "max_train_examples",
+                "seeds", "epochs", "lr", "max_seq_length", "eval_batch_size", "max_train_examples",
                 "max_eval_examples", "log_every")})
         except (ValueError, ConfigError) as err:
             raise GlueFormatError(str(err)) from None
-        if not 0.0 <= self.warmup_fraction < 1.0:
-            raise GlueFormatError(f"--warmup-fraction must be in [0, 1), got {self.warmup_fraction}")
-        if self.precision not in PRECISIONS:
-            raise GlueFormatError(f"--precision must be one of {PRECISIONS}, got {self.precision!r}")
+        self.check_engine_flags()
 
     @property
     def glue_task(self) -> Task:

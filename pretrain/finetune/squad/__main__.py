@@ -3,37 +3,30 @@ no torch; finetune imports it when it runs)."""
 
 from __future__ import annotations
 
-import argparse
-import sys
+from collections.abc import Callable
+from typing import Any
 
-from pretrain.finetune.common import FinetuneCommand, Subcommand
-from pretrain.finetune.squad import evaluate, finetune_args
+from pretrain.finetune.common import FinetuneCommand, Subcommand, finetune_subcommand
+from pretrain.finetune.squad import evaluate
+from pretrain.finetune.squad.finetune_args import FinetuneConfig
 
 
-def run_finetune(args: argparse.Namespace) -> int:
+def load_finetune() -> Callable[[FinetuneConfig], Any]:
     # deferred: finetune imports torch, transformers and DeepSpeed; evaluate and --help stay light
-    from pretrain.finetune.squad.finetune import run
+    from pretrain.finetune.squad.finetune import finetune
 
-    return run(args)
+    return finetune
 
 
 COMMAND = FinetuneCommand(
     prog="python -m pretrain.finetune.squad",
     description=__doc__,
-    evaluate=Subcommand(
-        "score predictions exactly as the official SQuAD scripts do",
-        evaluate.add_arguments, evaluate.run
-    ),
-    finetune=Subcommand(
-        "fine-tune a BERT folder on SQuAD with DeepSpeed, then score it",
-        finetune_args.add_arguments, run_finetune
-    ),
+    evaluate=Subcommand("score predictions exactly as the official SQuAD scripts do",
+                        evaluate.add_arguments, evaluate.run),
+    finetune=finetune_subcommand("fine-tune a BERT folder on SQuAD with DeepSpeed, then score it",
+                                 FinetuneConfig, load_finetune),
 )
-
-
-def main(argv: list[str] | None = None) -> int:
-    return COMMAND.main(argv)
-
+main = COMMAND.main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    COMMAND.exit()

@@ -14,7 +14,6 @@ results.json, tensorboard/ (scalars ``train/loss``, ``train/lr``, ``squad/*``) a
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -40,7 +39,7 @@ from pretrain.finetune.common import (  # noqa: F401 (FINETUNE_OWNERS re-exporte
 from pretrain.finetune.common import read_engine_json as common_read_engine_json
 from pretrain.finetune.squad.data import SquadFormatError, SquadSet, load_hf_squad, load_squad
 from pretrain.finetune.squad.features import FeatureConfig, Features, build_features, pad_batch
-from pretrain.finetune.squad.finetune_args import FinetuneConfig, config_from_args
+from pretrain.finetune.squad.finetune_args import FinetuneConfig
 from pretrain.finetune.squad.inference import gather_logits
 from pretrain.finetune.squad.metric import evaluate_v1, evaluate_v2
 from pretrain.finetune.squad.postprocess import PostprocessConfig, postprocess
@@ -263,8 +262,3 @@ def _save_model(module: torch.nn.Module, tokenizer: Any, path: Path, rank: int) 
     if rank == 0:
         module.save_pretrained(str(path))
         tokenizer.save_pretrained(str(path))
-
-
-def run(args: argparse.Namespace) -> int:
-    finetune(config_from_args(args))
-    return 0

@@ -11,17 +11,18 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from pretrain.finetune.common import PRECISIONS, REPO_ROOT, add_config_arguments, flag
+from pretrain.finetune.common import EngineFlags, add_config_arguments, flag
 from pretrain.finetune.common import config_from_args as common_config_from_args
 from pretrain.finetune.squad.data import SquadFormatError
 
-DEFAULT_DS_CONFIG = REPO_ROOT / "ds_configs" / "deepspeed" / "squad_adamw_zero1.json"
-
 
 @dataclass(frozen=True)
-class FinetuneConfig:
-    """Every `finetune` flag, declared once: `add_arguments` builds the command line (names, types,
-    defaults, choices, help) from these fields, so the flags and their documentation cannot drift apart."""
+class FinetuneConfig(EngineFlags):
+    """Every `finetune` flag, declared once (the engine's, shared with GLUE, in EngineFlags): `add_arguments`
+    builds the command line (names, types, defaults, choices, help) from these fields, so the flags and their
+    documentation cannot drift apart."""
+
+    format_error = SquadFormatError
 
     model: Path = flag(None, "Hugging Face BERT folder (our export, MiniLM, ...): config.json + weights + "
                              "vocab.txt / tokenizer.json", required=True)
@@ -29,24 +30,11 @@ class FinetuneConfig:
     train: Path | None = flag(None, "SQuAD training JSON; omit to only evaluate")
     dev: Path | None = flag(None, "SQuAD dev JSON to predict and score")
     hf_dataset: str | None = flag(None, "load SQuAD (both splits) by name", choices=("squad", "squad_v2"))
-    ds_config: Path = flag(DEFAULT_DS_CONFIG, "DeepSpeed JSON of engine mechanics: optimizer type and its other "
-                                              "params, ZeRO, clipping (ds_configs/deepspeed/squad_*.json); it must "
-                                              "not set lr, batch sizes, bf16/fp16.enabled or a scheduler: the "
-                                              "flags here own them")
     version: int | None = flag(None, "SQuAD version (default: from the data: 2 when any question is "
                                      "unanswerable)", choices=(1, 2))
     epochs: float = flag(2.0, "passes over the training windows")
-    max_steps: int | None = flag(None, "optimizer steps (overrides --epochs)")
     lr: float = flag(3e-5, "peak learning rate, reached at the end of warmup (BERT's SQuAD value for AdamW; "
                            "our ExactLamb config starts from 2e-4)")
-    batch_size: int = flag(32, "global batch: training windows per optimizer step, all ranks together")
-    micro_batch_size: int | None = flag(None, "windows per rank per forward/backward; None: --batch-size / "
-                                              "(ranks x accumulation)")
-    gradient_accumulation_steps: int | None = flag(None, "micro-batches per rank per optimizer step; None: derived "
-                                                         "from --micro-batch-size, or 1 without it")
-    warmup_fraction: float = flag(0.1, "share of the steps with a linear warmup (then linear decay to 0)")
-    precision: str = flag("auto", "auto: fp32 on CPU, bf16 on a GPU that has it, else fp16 (dynamic loss scale)",
-                          choices=PRECISIONS)
     seed: int = flag(42, "seed of the head's initial weights, the data order and dropout")
     max_seq_length: int = flag(384, "tokens per window (question + context + 3 special tokens)")
     doc_stride: int = flag(128, "context tokens between the starts of two windows of one paragraph")
@@ -86,7 +74,7 @@ class FinetuneConfig:
         for name, value in positive.items():
             if value <= 0:
                 raise SquadFormatError(f"--{name.replace('_', '-')} must be > 0, got {value}")
-        for name in ("max_steps", "max_train_examples", "max_eval_examples"):
+        for name in ("max_train_examples", "max_eval_examples"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise SquadFormatError(f"--{name.replace('_', '-')} must be > 0, got {value}")
@@ -97,18 +85,11 @@ class FinetuneConfig:
             )
         if self.epochs <= 0:
             raise SquadFormatError(f"--epochs must be > 0, got {self.epochs}")
-        if not 0.0 <= self.warmup_fraction < 1.0:
-            raise SquadFormatError(f"--warmup-fraction must be in [0, 1), got {self.warmup_fraction}")
         if self.lr <= 0:
             raise SquadFormatError(f"--lr must be > 0, got {self.lr}")
-        for name in ("batch_size", "micro_batch_size", "gradient_accumulation_steps"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise SquadFormatError(f"--{name.replace('_', '-')} must be > 0, got {value}")
-        if self.precision not in PRECISIONS:
-            raise SquadFormatError(f"--precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.version not in (None, 1, 2):
             raise SquadFormatError(f"--version must be 1 or 2, got {self.version}")
+        self.check_engine_flags()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
