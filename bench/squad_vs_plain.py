@@ -111,6 +111,7 @@ def driver_loop(config: Any, data: Any, schedule: Any) -> Loop:
     import torch
 
     from pretrain.engine import build_engine, init_distributed
+    from pretrain.finetune.common import skip_lone_rank_allreduce
     from pretrain.finetune.squad.finetune import load_ds_config, training_steps
 
     dist_info = init_distributed()
@@ -118,7 +119,11 @@ def driver_loop(config: Any, data: Any, schedule: Any) -> Loop:
     rng = torch.get_rng_state()
     ds = load_ds_config(config, dist_info.world_size, dist_info.device.type, False)
     engine = build_engine(model, ds, lr_schedule=schedule)
+    skip_lone_rank_allreduce(engine, dist_info.world_size)  # as finetune() builds it
     engine.train()
+    print(f"driver: ZeRO stage {engine.zero_optimization_stage()}, {type(engine.optimizer).__name__} "
+          f"over {type(engine.basic_optimizer).__name__}, backward all-reduce {engine.enable_backward_allreduce}",
+          flush=True)
     steps = training_steps(engine, data, dist_info)
     return Loop("driver", lambda: next(steps), engine, rng)
 

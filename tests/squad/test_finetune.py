@@ -45,6 +45,8 @@ def test_two_rank_finetune_and_exactly_once_evaluation(work: Path, capsys: pytes
     trained = work / "out_train"
     results = json.loads((trained / "results.json").read_text())
     assert results["world_size"] == 2 and results["train_steps"] == 6 and results["train_batch_size"] == 8
+    # several ranks keep the JSON's ZeRO-1: each holds its partition of AdamW's state
+    assert (results["zero_stage"], results["optimizer_wrapper"]) == (1, "DeepSpeedZeroOptimizer")
     assert set(results["scores"]) == {"exact_match", "f1"} and 0 <= results["scores"]["f1"] <= 100
     predictions = json.loads((trained / "predictions.json").read_text())
     assert set(predictions) == _dev_ids(work)  # a prediction for every question
@@ -102,8 +104,9 @@ def test_single_process_finetune_with_exact_lamb(work: Path, capsys: pytest.Capt
     assert set(json.loads((out / "predictions.json").read_text())) == _dev_ids(work)
     assert "step 3/3" in printed
     assert (out / "model" / "config.json").is_file() and (out / "model" / "model.safetensors").is_file()
-    # our LAMB really ran (under ZeRO-1's wrapper), and it trained: the loss fell and every tensor moved
-    assert (results["optimizer"], results["optimizer_wrapper"]) == ("ExactLamb", "DeepSpeedZeroOptimizer")
+    # our LAMB really ran, stepped by the engine itself (one rank, fp32: the JSON's ZeRO-1 would partition
+    # nothing), and it trained: the loss fell and every tensor moved
+    assert (results["optimizer"], results["optimizer_wrapper"], results["zero_stage"]) == ("ExactLamb", "ExactLamb", 0)
     losses = [float(line.split(" loss ")[1].split()[0]) for line in printed.splitlines() if " loss " in line]
     assert len(losses) == 3 and losses[-1] < losses[0], losses
     from safetensors.torch import load_file
@@ -111,6 +114,32 @@ def test_single_process_finetune_with_exact_lamb(work: Path, capsys: pytest.Capt
     before, after = load_file(work / "qa" / "model.safetensors"), load_file(out / "model" / "model.safetensors")
     moved = [name for name in before if name in after and not torch.equal(before[name], after[name])]
     assert len(moved) >= 0.9 * len(before), f"{len(moved)} of {len(before)} tensors changed"
+
+
+def test_a_one_rank_fp32_finetune_builds_no_zero_partitioning(work: Path) -> None:
+    """The shipped JSON asks for ZeRO-1; on one rank in fp32 the real engine steps torch's fused AdamW on the
+    module's own parameters: no ZeRO wrapper, no flat partitions, no gradient all-reduce. Several ranks or
+    low precision keep the JSON's stage."""
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+    from transformers import BertForQuestionAnswering
+
+    from pretrain.engine import build_engine
+    from pretrain.finetune.common import skip_lone_rank_allreduce
+    from pretrain.finetune.squad.finetune import load_ds_config
+
+    shipped = REPO_ROOT / "ds_configs" / "deepspeed" / "squad_adamw_zero1.json"
+    ds = load_ds_config(_config(shipped, "--batch-size", "4"), 1, "cpu", False)
+    model = BertForQuestionAnswering.from_pretrained(str(work / "qa"))
+    engine = build_engine(model, ds)
+    skip_lone_rank_allreduce(engine, 1)
+    assert engine.zero_optimization_stage() == 0 and not engine.enable_backward_allreduce
+    assert engine.optimizer is engine.basic_optimizer and not isinstance(engine.optimizer, DeepSpeedZeroOptimizer)
+    assert isinstance(engine.optimizer, torch.optim.AdamW) and engine.optimizer.defaults["fused"]
+    stepped = {id(p) for group in engine.optimizer.param_groups for p in group["params"]}
+    assert stepped == {id(p) for p in model.parameters()}  # the module's own tensors, not flat copies
+    engine.destroy()
+    assert load_ds_config(_config(shipped), 2, "cpu", False)["zero_optimization"]["stage"] == 1
+    assert load_ds_config(_config(shipped), 1, "cuda", True)["zero_optimization"]["stage"] == 1  # bf16
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])

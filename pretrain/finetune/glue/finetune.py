@@ -39,6 +39,7 @@ from pretrain.finetune.common import (
     engine_ds_config,
     micro_batches,
     read_engine_json,
+    skip_lone_rank_allreduce,
 )
 from pretrain.finetune.glue.data import GlueFormatError, GlueSet, TaskData, load_task_data
 from pretrain.finetune.glue.finetune_args import GlueConfig
@@ -187,6 +188,7 @@ def run_seed(job: Job, seed: int) -> dict[str, Any] | None:
     writer = summary_writer(job.config.out / "tensorboard" / f"seed-{seed}") if job.dist_info.rank == 0 else None
     schedule = WarmupPolyDecay(job.total_steps, job.config.warmup_fraction, power=1.0)
     engine = build_engine(load_model(job), job.ds, lr_schedule=schedule)
+    skip_lone_rank_allreduce(engine, job.dist_info.world_size)
     result: dict[str, Any] = {"seed": seed, **train(engine, job, seed, writer), "scores": {}}
     engine.eval()
     folder = job.config.out / f"seed-{seed}"
@@ -230,6 +232,7 @@ def summarise(job: Job, runs: list[dict[str, Any]], data: TaskData) -> dict[str,
         "task": job.task.title, "model": str(job.config.model), "data": str(job.config.data),
         "world_size": job.dist_info.world_size, "precision": precision_of(job.ds),
         "optimizer": job.ds.get("optimizer", {}).get("type"), "lr": job.config.lr,
+        "zero_stage": job.ds.get("zero_optimization", {}).get("stage", 0),
         "train_batch_size": job.ds["train_batch_size"], "train_steps": job.total_steps,
         "train_examples": len(job.train), "train_rows_skipped": data.train.skipped,
         "dev_examples": {name: len(encoded) for name, encoded in job.dev.items()},

@@ -35,6 +35,7 @@ from pretrain.finetune.common import (  # noqa: F401 (FINETUNE_OWNERS re-exporte
     check_model_dir,
     engine_ds_config,
     micro_batches,
+    skip_lone_rank_allreduce,
 )
 from pretrain.finetune.common import read_engine_json as common_read_engine_json
 from pretrain.finetune.squad.data import SquadFormatError, SquadSet, load_hf_squad, load_squad
@@ -210,9 +211,11 @@ def finetune(config: FinetuneConfig) -> dict[str, Any] | None:
         total_steps = config.max_steps or max(1, math.ceil(config.epochs * len(train_features) / global_batch))
         schedule = WarmupPolyDecay(total_steps, config.warmup_fraction, power=1.0)
         engine = build_engine(model, ds, lr_schedule=schedule)
+        skip_lone_rank_allreduce(engine, dist_info.world_size)
         results.update(train_windows=len(train_features), train_examples=len(train_set.examples),
                        train_batch_size=global_batch, optimizer=type(engine.basic_optimizer).__name__,
-                       optimizer_wrapper=type(engine.optimizer).__name__)  # which DeepSpeed path really ran
+                       optimizer_wrapper=type(engine.optimizer).__name__,  # which DeepSpeed path really ran
+                       zero_stage=int(engine.zero_optimization_stage()))
         data = TrainData.of(train_features, ds, pad_id, config.seed)
         results.update(train(engine, data, total_steps, config, dist_info, writer))
         forward, module = engine, engine.module
