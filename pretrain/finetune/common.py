@@ -191,21 +191,31 @@ class EngineFlags:
     ``format_error``, one line naming the flag."""
 
     format_error: typing.ClassVar[type[FinetuneFormatError]] = FinetuneFormatError
+    # The words each command's help fills in (``flag_doc``), so both read as they did before the flags were shared.
+    items: typing.ClassVar[str] = "items"  # what a batch holds
+    steps_scope: typing.ClassVar[str] = ""
+    json_hint: typing.ClassVar[str] = ""
 
     ds_config: Path = flag(DEFAULT_DS_CONFIG, "DeepSpeed JSON of engine mechanics: optimizer type and its other "
-                                              "params, ZeRO, clipping (ds_configs/deepspeed/squad_*.json); it must "
-                                              "not set lr, batch sizes, bf16/fp16.enabled or a scheduler: the "
-                                              "flags here own them")
-    max_steps: int | None = flag(None, "optimizer steps (overrides --epochs; GLUE: per seed)")
-    batch_size: int = flag(32, "global batch: training items (SQuAD windows, GLUE examples) per optimizer step, "
-                               "all ranks together")
-    micro_batch_size: int | None = flag(None, "items per rank per forward/backward; None: --batch-size / "
+                                              "params, ZeRO, clipping{json_hint}; it must not set lr, batch sizes, "
+                                              "bf16/fp16.enabled or a scheduler: the flags here own them")
+    max_steps: int | None = flag(None, "optimizer steps{steps_scope} (overrides --epochs)")
+    batch_size: int = flag(32, "global batch: training {items} per optimizer step, all ranks together")
+    micro_batch_size: int | None = flag(None, "{items} per rank per forward/backward; None: --batch-size / "
                                               "(ranks x accumulation)")
     gradient_accumulation_steps: int | None = flag(None, "micro-batches per rank per optimizer step; None: derived "
                                                          "from --micro-batch-size, or 1 without it")
     warmup_fraction: float = flag(0.1, "share of the steps with a linear warmup (then linear decay to 0)")
     precision: str = flag("auto", "auto: fp32 on CPU, bf16 on a GPU that has it, else fp16 (dynamic loss scale)",
                           choices=PRECISIONS)
+
+    @classmethod
+    def flag_doc(cls, spec: dataclasses.Field) -> str:
+        """A field's help as this command prints it (a shared flag's doc with the command's words)."""
+        doc = spec.metadata["doc"]
+        if spec.name in {shared.name for shared in dataclasses.fields(EngineFlags)}:
+            return doc.format(items=cls.items, steps_scope=cls.steps_scope, json_hint=cls.json_hint)
+        return doc
 
     def check_engine_flags(self) -> None:
         """Each count > 0 when set, the warmup share in [0, 1), a known precision."""
@@ -228,7 +238,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_class: type) ->
     ordered = sorted(dataclasses.fields(config_class),
                      key=lambda spec: (not spec.metadata.get("required"), spec.name in shared))
     for spec in ordered:
-        option, doc = "--" + spec.name.replace("_", "-"), spec.metadata["doc"]
+        option = "--" + spec.name.replace("_", "-")
+        doc = config_class.flag_doc(spec) if issubclass(config_class, EngineFlags) else spec.metadata["doc"]
         kind = hints[spec.name]
         if kind is bool:
             parser.add_argument(option, action="store_true", help=doc)

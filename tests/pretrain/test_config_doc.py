@@ -138,7 +138,7 @@ def test_squad_finetune_help_lists_every_field_with_its_doc() -> None:
     text = " ".join(parser.format_help().split())
     for spec in dataclasses.fields(finetune_args.FinetuneConfig):
         option = "--" + spec.name.replace("_", "-")
-        doc = " ".join(spec.metadata["doc"].split())
+        doc = " ".join(finetune_args.FinetuneConfig.flag_doc(spec).split())  # shared flags: with SQuAD's words
         assert option in text and doc and doc[:40] in text, option
     args = parser.parse_args(["--model", "m", "--out", "o", "--dev", "d.json", "--precision", "bf16", "--save-model"])
     config = finetune_args.config_from_args(args)

@@ -42,7 +42,9 @@ def test_both_commands_accept_the_engine_flags_identically() -> None:
         assert {flag: getattr(defaults, flag) for flag in SHARED} == {
             spec.name: spec.default for spec in dataclasses.fields(EngineFlags)}
         helps = {action.dest: action.help for action in parser._actions if action.dest in SHARED}
-        parsed[name]["help"] = helps
+        config_class = FinetuneConfig if name == "squad" else GlueConfig
+        assert helps == {spec.name: config_class.flag_doc(spec) + " (default: %(default)s)"
+                         for spec in dataclasses.fields(EngineFlags)}  # one doc, each command's words
     assert parsed["squad"] == parsed["glue"]
     assert parsed["squad"]["batch_size"] == 12 and parsed["squad"]["precision"] == "bf16"
 

@@ -29,6 +29,8 @@ class GlueConfig(EngineFlags):
     line and its --help are built from these)."""
 
     format_error = GlueFormatError
+    items = "examples"
+    steps_scope = " per seed"
 
     task: str = flag(None, f"GLUE task: {TASK_NAMES} (or GLUE's spelling: CoLA, SST-2, STS-B, ...)", required=True)
     model: Path = flag(None, "Hugging Face BERT folder (our export, or any BERT): config.json + weights + "

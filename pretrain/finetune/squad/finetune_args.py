@@ -23,6 +23,8 @@ class FinetuneConfig(EngineFlags):
     documentation cannot drift apart."""
 
     format_error = SquadFormatError
+    items = "windows"
+    json_hint = " (ds_configs/deepspeed/squad_*.json)"
 
     model: Path = flag(None, "Hugging Face BERT folder (our export, MiniLM, ...): config.json + weights + "
                              "vocab.txt / tokenizer.json", required=True)
