@@ -1,4 +1,4 @@
-"""The encoder on the real tokens only: transformers' own BERT modules, run on flat [T, hidden] tokens.
+"""The encoder on the real tokens only: transformers' own BERT modules, run on the flat tokens [1, T, hidden].
 
 `unpadded_encode` embeds the flat tokens of an unpadded micro-batch (pretrain/model/unpadded_layout.py),
 runs every encoder layer on them and pools each instance's [CLS]. No padding token goes through a matmul
@@ -28,15 +28,18 @@ LAYER_FORWARD_ATTRIBUTE = "unpadded_layer_forward"  # a compiled `unpadded_layer
 
 
 def unpadded_layer(layer: BertLayer, hidden: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
-    """`BertLayer.forward` on [T, hidden] flat tokens, with variable-length self-attention."""
+    """`BertLayer.forward` on [1, T, hidden] flat tokens, with variable-length self-attention.
+
+    [1, T, hidden] rather than [T, hidden]: every layer then gets a tensor that is nobody's view (the
+    embeddings' output, the previous layer's), so the compiled layer's guards hold for all of them."""
     attention = layer.attention.self
-    tokens = hidden.size(0)
+    tokens = hidden.size(1)
     heads = (tokens, attention.num_attention_heads, attention.attention_head_size)
     q = attention.query(hidden).view(heads)
     k = attention.key(hidden).view(heads)
     v = attention.value(hidden).view(heads)
     dropout = attention.dropout.p if attention.training else 0.0  # as BertSelfAttention hands it to SDPA
-    context = varlen_attention(q, k, v, cu_seqlens, max_seqlen, dropout, attention.scaling).reshape(tokens, -1)
+    context = varlen_attention(q, k, v, cu_seqlens, max_seqlen, dropout, attention.scaling).reshape(1, tokens, -1)
     attention_output = layer.attention.output(context, hidden)
     return layer.output(layer.intermediate(attention_output), attention_output)
 
@@ -59,18 +62,18 @@ def unpadded_encode(
     recomputed in backward, as the padded path does; the RNG state is replayed, so dropout matches."""
     bert = model.bert
     hidden = bert.embeddings(input_ids=input_ids[None], token_type_ids=token_type_ids[None],
-                             position_ids=position_ids[None])[0]
+                             position_ids=position_ids[None])
     forward: LayerForward | None = getattr(model, LAYER_FORWARD_ATTRIBUTE, None)
     if forward is None:
         forward = unpadded_layer
     else:  # compiled: the token and segment counts vary from batch to batch; one graph serves them all
-        torch._dynamo.mark_dynamic(hidden, 0)
+        torch._dynamo.mark_dynamic(hidden, 1)
         torch._dynamo.mark_dynamic(cu_seqlens, 0)
     for layer in bert.encoder.layer:
         if layer.gradient_checkpointing and layer.training:
             hidden = checkpoint(forward, layer, hidden, cu_seqlens, max_seqlen, use_reentrant=False)
         else:
             hidden = forward(layer, hidden, cu_seqlens, max_seqlen)
-    cls_states = hidden.index_select(0, cu_seqlens[:-2].long())  # each instance's first token; not the tail
+    cls_states = hidden[0].index_select(0, cu_seqlens[:-2].long())  # each instance's first token; not the tail
     pooled = bert.pooler(cls_states[:, None, :]) if bert.pooler is not None else cls_states
-    return hidden[None], pooled
+    return hidden, pooled
