@@ -61,6 +61,16 @@ def test_runs_complete_with_checkpoints_of_both_phases(runs: Path) -> None:
 
 
 @pytest.mark.multirank
+def test_a_run_naming_neither_attention_key_runs_unpadded(runs: Path) -> None:
+    """model.attention defaults to unpadded: r1's micro-batches were the real tokens only (fewer device rows
+    than instances: its instances are seq/2 to seq long), laid out without packing, and eager on CPU."""
+    resolved = json.loads((runs / "r1" / "config.resolved.json").read_text())
+    assert resolved["model"]["attention"] == "unpadded" and resolved["model"]["compile"] is None
+    records = step_records(runs / "r1")
+    assert all(r["data/packing_factor"] > 1.1 and "compile/recompiles" not in r for r in records.values())
+
+
+@pytest.mark.multirank
 def test_plain_runs_load_no_codistillation_module(runs: Path) -> None:
     """Codistillation is a plug-in (pretrain/plugin.py): runs without a `codistill` section never import it."""
     assert json.loads((runs / "plugin_modules.json").read_text()) == {"first": [], "resume": []}
