@@ -62,12 +62,15 @@ def test_runs_complete_with_checkpoints_of_both_phases(runs: Path) -> None:
 
 @pytest.mark.multirank
 def test_a_run_naming_neither_attention_key_runs_unpadded(runs: Path) -> None:
-    """model.attention defaults to unpadded: r1's micro-batches were the real tokens only (fewer device rows
-    than instances: its instances are seq/2 to seq long), laid out without packing, and eager on CPU."""
+    """model.attention defaults to unpadded: r1's micro-batches were the real tokens (rounded up to a bucket), so
+    it ran fewer device rows than instances (its instances are seq/2 to seq long; padded rows are exactly one
+    per instance, packing is off), and eager on CPU (no compile/* numbers)."""
     resolved = json.loads((runs / "r1" / "config.resolved.json").read_text())
     assert resolved["model"]["attention"] == "unpadded" and resolved["model"]["compile"] is None
-    records = step_records(runs / "r1")
-    assert all(r["data/packing_factor"] > 1.1 and "compile/recompiles" not in r for r in records.values())
+    records = step_records(runs / "r1").values()
+    factors = [r["data/packing_factor"] for r in records]
+    assert min(factors) >= 1.0 and max(factors) > 1.1, factors
+    assert not any("compile/recompiles" in r for r in records)
 
 
 @pytest.mark.multirank
