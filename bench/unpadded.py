@@ -2,7 +2,7 @@
 
     python bench/unpadded.py [--preset bert-mini] [--phases p1,p2] [--batches 4] [--reps 3]
 
-The same micro-batches (the production collate, pretrain/data.py `Collator`, in both layouts from the
+The same micro-batches (the production collate, pretrain/data/batches.py `Collator`, in both layouts from the
 same rows and masks) go through forward + backward of the same model, one path after the other in each
 repetition; the median seconds per micro-batch gives real (non-padding) tokens/s and the ratios against
 padded eager. Compiling (pretrain/model/compiled.py) is timed apart: the first compiled micro-batches of a
@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pretrain.data import Collator, PhaseData, Vocab  # noqa: E402
+from pretrain.data.batches import Collator, PhaseData, Vocab  # noqa: E402
 from pretrain.model.bert import bert_config, build_model  # noqa: E402
 from pretrain.model.compiled import compile_layers, compile_seconds  # noqa: E402
 from pretrain.model.unpadded_layout import real_tokens  # noqa: E402

@@ -1,6 +1,6 @@
 """The rank-side set-up of the model's attention path and compilation, right after the model is built.
 
-The launch preflight already refused what it can see without torch (pretrain/attention_setup.py); each
+The launch preflight already refused what it can see without torch (pretrain/config/attention.py); each
 rank checks again (a run started without launch.sh is checked too) and adds what needs the device: the
 flash kernel in this torch build, the GPU's compute capability, the head size. A problem is a ConfigError:
 one line, exit 2, before the engine is built. Then the encoder layers are compiled where model.compile
@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from pretrain.attention_setup import PADDED_HINT, compile_enabled, setup_problem
-from pretrain.config_sections import ConfigError, RunConfig
-from pretrain.ds_config import precision_of
+from pretrain.config.attention import PADDED_HINT, compile_enabled, setup_problem
+from pretrain.config.deepspeed import precision_of
+from pretrain.config.sections import ConfigError, RunConfig
 from pretrain.model.bert import SparseBertForPreTraining
 from pretrain.model.compiled import compile_layers
 from pretrain.model.unpadded import check_layers_supported

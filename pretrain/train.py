@@ -44,7 +44,6 @@ from transformers import BertForPreTraining
 
 from data_prep.atomic_io import atomic_write_json
 from data_prep.shards import ShardFormatError
-from pretrain.attention_setup import packing_note
 from pretrain.checkpointing.checkpoint import (
     CheckpointManager,
     SaveError,
@@ -56,6 +55,7 @@ from pretrain.checkpointing.commit import agree_on_failures, first_line
 from pretrain.checkpointing.elastic import prepare_resume
 from pretrain.checkpointing.export import export_checkpoint, load_weights
 from pretrain.checkpointing.manifest import resolve_resume_tag
+from pretrain.config.attention import packing_note
 from pretrain.config.cli import parse_args
 from pretrain.config.deepspeed import precision_of
 from pretrain.config.load import load_config

@@ -21,8 +21,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench.gpu_check.plan import GroupSpec
 from bench.gpu_check.shards import ShardCache
-from pretrain.data import Collator, PhaseData, RankBatches, open_phase_data
-from pretrain.loader import model_inputs
+from pretrain.data.batches import Collator, PhaseData, RankBatches, open_phase_data
+from pretrain.data.loader import model_inputs
 
 AGREEMENT_RTOL = 2e-2
 ATTENTION_HEADER = ("| attention check | model | seq | micro | flash kernel on the device | loss padded | "

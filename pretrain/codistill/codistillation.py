@@ -53,8 +53,8 @@ from pretrain.codistill.teacher import (
     make_teacher,
     soft_targets,
 )
+from pretrain.data.loader import model_inputs
 from pretrain.dist import DistInfo
-from pretrain.loader import model_inputs
 from pretrain.model.bert import IGNORE_INDEX, masked_lm_loss_sum
 from pretrain.plugin import ExtraLoss, JobShare, PhaseView, StepAgreement, TrainingPlugin
 from pretrain.run_folder import CHECKPOINTS, EXCHANGE, export_dir

@@ -48,7 +48,7 @@ from pretrain.checkpointing.disk import (
     run_destinations,
     run_footprint,
 )
-from pretrain.attention_setup import setup_problem
+from pretrain.config.attention import setup_problem
 from pretrain.config.cli import parse_args
 from pretrain.config.deepspeed import phase_ds_config, phase_ds_json
 from pretrain.config.load import load_config

@@ -18,7 +18,7 @@ token reads it. The instance count of a micro-batch is fixed; rounding T makes t
 few distinct values, so a compiled layer sees few shapes (pretrain/model/compiled.py marks the
 token dimension dynamic besides).
 
-The instances, their masks and their order are those of the padded collate (pretrain/data.py masks
+The instances, their masks and their order are those of the padded collate (pretrain/data/batches.py masks
 them first, the same way for every layout); the MLM labels come out in the padded order too.
 """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pretrain.data import PhaseData
+from pretrain.data.batches import PhaseData
 from tests.support.model_fixtures import tiny_phase_data
 
 

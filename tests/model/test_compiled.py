@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import BertForPreTraining
 
-from pretrain.config_sections import RunConfig
-from pretrain.data import PhaseData
+from pretrain.config.sections import RunConfig
+from pretrain.data.batches import PhaseData
 from pretrain.model.compiled import compile_metrics, graph_breaks, has_compiled_layers, layer_graphs
 from pretrain.model_setup import prepare_model_path
 from tests.support.model_fixtures import both_layouts, forward_and_grads, no_dropout_model
@@ -69,7 +69,7 @@ def test_compiled_layers_under_activation_checkpointing_have_no_graph_break(data
     ("bf16", 3, "model.compile: compiled layers are not supported with ZeRO-3"),
 ])
 def test_setups_the_kernel_cannot_run_are_refused_in_one_line(precision: str, stage: int, expected: str) -> None:
-    from pretrain.attention_setup import setup_problem
+    from pretrain.config.attention import setup_problem
 
     config = RunConfig()
     ds = {"bf16": {"enabled": precision == "bf16"}, "fp16": {"enabled": False}, "zero_optimization": {"stage": stage}}

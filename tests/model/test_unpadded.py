@@ -1,6 +1,6 @@
 """The unpadded path against the padded reference: layout, forward, gradients, dropout, kernels (eager).
 
-Batches come from the production collate (pretrain/data.py `Collator`) over the tiny shards' vocab, in
+Batches come from the production collate (pretrain/data/batches.py `Collator`) over the tiny shards' vocab, in
 both layouts from the same rows and the same masking generators, so the instances and masks are the ones
 a run trains on. Compiled layers: tests/model/test_compiled.py.
 """
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from pretrain.data import PhaseData
+from pretrain.data.batches import PhaseData
 from pretrain.model.bert import IGNORE_INDEX, bert_config, build_model
 from pretrain.model.unpadded_layout import bucketed, device_rows, real_tokens, unpad_masked_instances
 from pretrain.model.varlen_attention import kernel_problem, reference_varlen_attention, segment_index

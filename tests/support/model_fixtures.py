@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pretrain.data import Collator, PhaseData, open_phase_data
+from pretrain.data.batches import Collator, PhaseData, open_phase_data
 from pretrain.model.bert import SparseBertForPreTraining, bert_config, build_model
 from tests.support.pretrain_fixtures import build_shards
 

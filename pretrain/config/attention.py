@@ -4,7 +4,7 @@
 run stops at launch, naming what is missing and that `model.attention=padded` runs there. Two layers of
 checks, with the same messages:
 
-- `setup_problem` needs no torch (the launch preflight, pretrain/preflight.py, and every rank run it):
+- `setup_problem` needs no torch (the launch preflight, pretrain/launch/preflight.py, and every rank run it):
   precision and ZeRO stage against the path, from the run config and a phase's DeepSpeed dict;
 - the ranks add what needs the device (pretrain/model/varlen_attention.py `kernel_problem`: the torch
   build, the GPU's compute capability, the head size), before the engine is built.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pretrain.config_sections import RunConfig
+from pretrain.config.sections import RunConfig
 
 PADDED_HINT = "model.attention=padded runs there"
 
