@@ -43,6 +43,7 @@ class GroupSpec:
     micro_batch: int
     tput_timer: bool
     rows: tuple[RowSpec, ...]
+    attention_check: bool = False  # check the kernel and padded == unpadded on this engine (a recipe's phase)
 
 
 def recipe_shape(recipe: Path, phase: str) -> tuple[str, int, int]:
@@ -94,7 +95,7 @@ def main_groups(args: argparse.Namespace, recipe: Path, prefix: str, full: bool)
                                 "varied", False, accumulation))
         rows.append(RowSpec(f"{prefix}{short}-opt", "one micro-batch per optimizer step: with the first row "
                             "it separates the optimizer boundary's time", profile, packing, 1, unpadded))
-        groups.append(GroupSpec(recipe, phase, preset, seq, micro, False, tuple(rows)))
+        groups.append(GroupSpec(recipe, phase, preset, seq, micro, False, tuple(rows), attention_check=unpadded))
     return groups
 
 

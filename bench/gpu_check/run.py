@@ -179,7 +179,8 @@ class Check:
 
     def attention(self, group: GroupSpec, built: Any) -> None:
         """Where the group runs unpadded: the kernel that runs and padded == unpadded (bench/gpu_check/attention.py)."""
-        if not any(row.unpadded for row in group.rows) or self.left() < self.args.reserve_s / 3:
+        if not group.attention_check or not any(row.unpadded for row in group.rows) or \
+                self.left() < self.args.reserve_s / 3:
             return
         key = {"name": f"{group.rows[0].name}-attention", "model": group.preset}
         record = measure(key, attention_row, built.engine.module, group, self.shards, self.device)

@@ -168,7 +168,8 @@ def test_failing_rows_are_reported_and_every_other_row_is_still_measured(tmp_pat
     # the estimate still comes, from what was measured: phase 1 without the boundary row, phase 2 none
     (estimated,) = [r for r in records if r["kind"] == "estimate"]
     by_phase = {(e["recipe"], e["phase"]): e for e in estimated["estimates"] if e["gpus"] == 8}
-    assert by_phase[("bert_large_64k", "phase1")]["source"] == "p1, boundary not separated (inside ms / micro)"
+    assert by_phase[("bert_large_64k", "phase1")]["source"] == ("p1, boundary not separated (inside ms / micro) "
+                                                                "(padded lengths, unpadded)")
     assert by_phase[("bert_large_64k", "phase2")]["status"] == "no unpadded row of tiny at seq 64 x micro 0"
     assert records[-1]["kind"] == "end" and records[-1]["failed"] == 2
     # the preflight named the wheels; what the run loaded later is torch's own (nothing else to carry)
@@ -207,7 +208,7 @@ def test_a_killed_run_keeps_the_rows_measured_before_the_kill(tmp_path: Path) ->
     records = read_records(out)
     saved = [r for r in records if r["kind"] == "train"]
     assert 1 <= len(saved) <= 2 and saved[0]["name"] == "p1" and saved[0]["status"] == "ok"
-    assert printed[0].startswith("| p1 | tiny | 32 | 4 x 2 | padded | off | BF16_Optimizer")
+    assert printed[0].startswith("| p1 | tiny | 32 | 4 x 2 | padded unpadded | off | BF16_Optimizer")
     # the estimate from the rows so far, then the end record saying why it stopped
     assert [r["kind"] for r in records[-2:]] == ["estimate", "end"]
     assert records[-1]["status"].startswith("killed by signal 15") and "Stopped at the time limit" in rest
