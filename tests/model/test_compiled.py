@@ -79,3 +79,17 @@ def test_setups_the_kernel_cannot_run_are_refused_in_one_line(precision: str, st
     assert setup_problem(config, "phase1", ds, "cuda") is None
 
 
+
+
+def test_the_cuda_flash_call_traces_in_one_graph_with_its_backward_on_meta_tensors() -> None:
+    """No GPU here: the CUDA branch (aten._flash_attention_forward with cu_seqlens, bf16, dropout 0.1) is traced
+    by dynamo in one graph (fullgraph) on meta tensors, with shapes, dtype and a backward as the kernel has them."""
+    from pretrain.model.varlen_attention import flash_varlen_attention
+
+    q, k, v = (torch.empty(96, 4, 64, device="meta", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    cu_seqlens = torch.empty(7, dtype=torch.int32, device="meta")
+    traced = torch.compile(flash_varlen_attention, backend="aot_eager", fullgraph=True)
+    out = traced(q, k, v, cu_seqlens, 128, 0.1, 0.125)
+    assert (out.shape, out.dtype) == ((96, 4, 64), torch.bfloat16)
+    out.float().sum().backward()
+    assert q.grad is not None and q.grad.shape == q.shape and k.grad is not None and v.grad is not None
