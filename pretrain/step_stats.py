@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from pretrain.model.bert import IGNORE_INDEX, PretrainingOutput
+from pretrain.model.unpadded_layout import device_rows, real_tokens
 
 # summed on the device, one slot each
 DEVICE_SUMS = ("mlm_loss_sum", "nsp_loss_sum", "mlm_correct", "nsp_correct", "nonfinite")
@@ -84,8 +85,8 @@ class StepSums:
         host = self.on_host
         host["mlm_labelled"] += labelled_slots(host_batch)
         host["instances"] += int((host_batch["next_sentence_label"] != IGNORE_INDEX).sum())
-        host["rows"] += host_batch["input_ids"].size(0)
-        host["real_tokens"] += int(host_batch["attention_mask"].sum())
+        host["rows"] += device_rows(host_batch)  # unpadded: its tokens / seq_len
+        host["real_tokens"] += real_tokens(host_batch)
         host["head_rows"] += host_batch["masked_labels"].numel()
         for key, value in extra.items():
             value = torch.as_tensor(value, dtype=torch.float64).to(self.device, non_blocking=True)

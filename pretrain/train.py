@@ -55,6 +55,7 @@ from pretrain.checkpointing.commit import agree_on_failures, first_line
 from pretrain.checkpointing.elastic import prepare_resume
 from pretrain.checkpointing.export import export_checkpoint, load_weights
 from pretrain.checkpointing.manifest import resolve_resume_tag
+from pretrain.config.attention import packing_note
 from pretrain.config.cli import parse_args
 from pretrain.config.deepspeed import precision_of
 from pretrain.config.load import load_config
@@ -66,6 +67,7 @@ from pretrain.errors import UserError
 from pretrain.launch.lifetime import release_run_folder
 from pretrain.metrics import MetricsWriter, Throughput, flops_per_sequence, peak_tflops
 from pretrain.model.bert import build_model, count_parameters
+from pretrain.model_setup import prepare_model_path
 from pretrain.optim.lamb import ExactLamb, bind_zero_layout
 from pretrain.plugin import PluginStack, TrainingPlugin, build_plugin
 from pretrain.report.quality import QualitySettings
@@ -121,6 +123,7 @@ def run_phase(plan: PhasePlan, job: TrainerJob, start: PhaseStart) -> tuple[str,
         load_initial_weights(model, start.init_weights, f"{name} initial weights", dist_info, plugin.first_rank,
                              plugin.replica_group)
     ds = plan.ds_config
+    prepare_model_path(model, config, name, ds, dist_info.device)  # refuses what cannot run; compiles
     counts = count_parameters(model)
     engine = build_engine(model, ds, lr_schedule=plan.schedule, mpu=plugin.mpu)
     state = PhaseState(phase=name, samples_seen=start.samples_seen)
@@ -130,10 +133,15 @@ def run_phase(plan: PhasePlan, job: TrainerJob, start: PhaseStart) -> tuple[str,
             bind_zero_layout(engine)
     micro = engine.train_micro_batch_size_per_gpu()
     data = plan.data
+    unpadded = config.model.attention == "unpadded"
+    if dist_info.rank == 0 and packing_note(config, name):
+        print(packing_note(config, name), flush=True)
     train_batches = RankBatches(data, "train", config.run.seed, dist_info.rank, dist_info.world_size, micro,
-                                packing=phase.packing, part=config.data.part, num_parts=config.data.num_parts)
+                                packing=phase.packing, part=config.data.part, num_parts=config.data.num_parts,
+                                unpadded=unpadded)
     try:
-        val_batches = RankBatches(data, "val", config.run.seed, dist_info.rank, dist_info.world_size, micro, shuffle=False)
+        val_batches = RankBatches(data, "val", config.run.seed, dist_info.rank, dist_info.world_size, micro,
+                                  shuffle=False, unpadded=unpadded)
     except (ShardFormatError, DataConfigError) as err:
         val_batches = None  # no held-out shards at this length (or too few for the ranks): no validation numbers
         if dist_info.rank == 0 and config.logging.val_every_steps > 0:

@@ -45,6 +45,7 @@ from pretrain.dist import DistInfo
 from pretrain.engine_parts import client_optimizer
 from pretrain.metrics import MetricsWriter, StepCounts, Throughput, memory_stats
 from pretrain.model.bert import PretrainingOutput
+from pretrain.model.compiled import compile_metrics
 from pretrain.optim.lamb import ExactLamb
 from pretrain.plugin import ExtraLoss, StepAgreement, TrainingPlugin
 from pretrain.step_stats import StepSums, host_values_to_device, labelled_slots
@@ -289,9 +290,8 @@ class PhaseTrainer:
         values["failures/nonfinite_steps"] = float(self.state.nonfinite_steps)
         values["failures/skipped_steps"] = float(self.engine.skipped_steps)
         values.update(self.throughput.step(result.counts))  # rows for device work, instances for useful work
-        values.update(memory_stats(self.dist_info.device))
-        values.update(result.counts.data_stats(self.throughput.seq_len))
-        return values
+        values.update(memory_stats(self.dist_info.device) | result.counts.data_stats(self.throughput.seq_len))
+        return values | compile_metrics(self.engine.module)  # compile/*: cumulative; none when eager
 
     def log_step(self, values: dict[str, float]) -> None:
         optimizer = client_optimizer(self.engine)

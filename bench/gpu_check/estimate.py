@@ -69,6 +69,20 @@ class PhaseRun:
     steps: int
     packing: bool
     grad_bytes: int  # bytes per gradient element in the all-reduce
+    unpadded: bool = False  # model.attention=unpadded (then packing changes nothing)
+
+    @property
+    def layout(self) -> str:
+        return layout_of(self.unpadded, self.packing)
+
+
+def layout_of(unpadded: bool, packing: bool) -> str:
+    """How a row's (or a recipe phase's) micro-batches are laid out: unpadded, packed or padded rows."""
+    return "unpadded" if unpadded else "packed" if packing else "padded"
+
+
+def row_layout(row: dict[str, Any]) -> str:
+    return layout_of(bool(row.get("unpadded", False)), bool(row["packing"]))
 
 
 @dataclass(frozen=True)
@@ -90,15 +104,17 @@ def step_times(rows: list[dict[str, Any]], run: PhaseRun) -> StepTimes | str:
     """The times for `run` from the measured rows (timer off, the run's model and shape), or why there are none."""
     train = [r for r in _ok_rows(rows, "train") if (r["model"], r["seq_len"], r["micro_batch"]) ==
              (run.model, run.seq_len, run.micro_batch) and not r["tput_timer"]]
-    main = [r for r in train if r["packing"] == run.packing and (run.packing or r["profile"] == "padded")
+    main = [r for r in train if row_layout(r) == run.layout and (run.layout != "padded" or r["profile"] == "padded")
             and r["accumulation"] > 1]
     if not main:
-        layout = "packed" if run.packing else "padded"
-        return f"no {layout} row of {run.model} at seq {run.seq_len} x micro {run.micro_batch}"
+        return f"no {run.layout} row of {run.model} at seq {run.seq_len} x micro {run.micro_batch}"
     row = main[0]
-    padded = [r for r in train if r["profile"] == "padded" and not r["packing"]]
-    one = [r for r in padded if r["accumulation"] == 1]
-    many = [r for r in padded if r["accumulation"] > 1]
+    # the boundary pair: the main row's layout and lengths at A and at 1 micro-batch per step, else padded rows
+    pair = [r for r in train if row_layout(r) == row_layout(row) and r["profile"] == row["profile"]]
+    if not any(r["accumulation"] == 1 for r in pair):
+        pair = [r for r in train if r["profile"] == "padded" and row_layout(r) == "padded"]
+    one = [r for r in pair if r["accumulation"] == 1]
+    many = [r for r in pair if r["accumulation"] > 1]
     source = row["name"]
     if one and many:
         big, single = many[0], one[0]
@@ -111,8 +127,8 @@ def step_times(rows: list[dict[str, Any]], run: PhaseRun) -> StepTimes | str:
             boundary, source = 0.0, source + f" (measured {boundary:.3f} s >= the row's step: not separated)"
     else:
         boundary, source = 0.0, source + ", boundary not separated (inside ms / micro)"
-    if row["packing"] or row["profile"] != "padded":
-        source += f" ({row['profile']} lengths{', packed' if row['packing'] else ''})"
+    if row_layout(row) != "padded" or row["profile"] != "padded":
+        source += f" ({row['profile']} lengths, {row_layout(row)})"
     micro = (row["step_s"] - boundary) / row["accumulation"]
     lamb = [r for r in _ok_rows(rows, "lamb") if r["model"] == run.model and r["variant"] == row["lamb_step"]]
     lamb_s = min(lamb[0]["step_ms"] / 1e3, boundary) if lamb else 0.0
@@ -185,15 +201,23 @@ def _named(rows: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
 def comparisons(rows: list[dict[str, Any]]) -> list[str]:
     """Ratios between rows measured in this process (present only where both rows are)."""
     pairs = [
+        ("p1", "p1-padded", "real_tokens_per_s", "phase 1 unpadded / padded rows, real tokens/s"),
+        ("p2", "p2-padded", "real_tokens_per_s", "phase 2 unpadded / padded rows, real tokens/s"),
+        ("p2", "p2-packed", "real_tokens_per_s", "phase 2 unpadded / packed rows, real tokens/s"),
         ("p1-timer-on", "p1", "step_s", "throughput timer on / off, time per optimizer step"),
         ("p1", "p1-full", "step_s", "10 % short rows (masked attention) / no padding, time per step"),
+        ("p1-padded", "p1-full", "step_s", "10 % short rows (masked attention) / no padding, time per step"),
         ("p2-packed", "p2-varied", "inst_per_s", "packed / unpacked on the same instances, instances/s"),
+        ("p2-packed", "p2-padded", "inst_per_s", "packed / unpacked on the same instances, instances/s"),
         ("p1-big", "p1", "seq_time_ms", "phase-1 big micro-batch / the recipe's, time per sequence"),
         ("p2-big", "p2", "seq_time_ms", "phase-2 big micro-batch / the recipe's, time per sequence"),
     ]
     out = []
     for first, second, field, label in pairs:
         a, b = _named(rows, first), _named(rows, second)
-        if a is not None and b is not None and b[field]:
-            out.append(f"{label}: {a[field] / b[field]:.3f} ({first} vs {second})")
+        if a is None or b is None or not b[field]:
+            continue
+        if "unpadded" not in label and row_layout(a) == "unpadded" != row_layout(b):
+            continue  # the padded comparisons, where the recipe's own rows are unpadded
+        out.append(f"{label}: {a[field] / b[field]:.3f} ({first} vs {second})")
     return out

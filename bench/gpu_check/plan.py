@@ -29,6 +29,7 @@ class RowSpec:
     profile: str  # synthetic length profile (bench/gpu_check/shards.py): padded, full, varied
     packing: bool  # the phase's `packing`: several instances per row
     accumulation: int  # micro-batches per optimizer step
+    unpadded: bool = False  # model.attention=unpadded's layout: the real tokens only (beats packing)
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class GroupSpec:
     micro_batch: int
     tput_timer: bool
     rows: tuple[RowSpec, ...]
+    attention_check: bool = False  # check the kernel and padded == unpadded on this engine (a recipe's phase)
 
 
 def recipe_shape(recipe: Path, phase: str) -> tuple[str, int, int]:
@@ -63,37 +65,48 @@ def shape_of(args: argparse.Namespace, recipe: Path, phase: str) -> tuple[str, i
 
 
 def main_groups(args: argparse.Namespace, recipe: Path, prefix: str, full: bool) -> list[GroupSpec]:
-    """Phase 1 and phase 2 of `recipe` as a run has them (padded data, A micro-batches per step, timer off;
-    packed where the recipe packs) and the optimizer-boundary rows; with `full`, also the unpadded and the
-    packed comparisons."""
+    """Phase 1 and phase 2 of `recipe` as a run has them (its attention path: unpadded, or padded rows, packed
+    where the recipe packs; 10 % short instances in phase 1, lengths uniform in [seq/4, seq] in phase 2 when
+    the layout removes padding; A micro-batches per step, timer off) and the optimizer-boundary rows in the
+    same layout; with `full`, also the padded reference path, the unpadded-attention-mask and the packed
+    comparisons."""
     groups = []
     config = load_config(recipe)
+    unpadded = config.model.attention == "unpadded"
     for phase, short in (("phase1", "p1"), ("phase2", "p2")):
         preset, seq, micro = shape_of(args, recipe, phase)
         accumulation = args.accum1 if phase == "phase1" else args.accum2
-        rows = [RowSpec(f"{prefix}{short}", f"{phase} as a run has it: the recipe's micro-batch, 10 % short "
-                        f"instances, {accumulation} micro-batches per optimizer step", "padded", False, accumulation)]
+        packing = config.phase(phase).packing and not unpadded
+        layout = "unpadded" if unpadded else "packed" if packing else "padded rows"
+        profile = "varied" if phase == "phase2" and (unpadded or packing) else "padded"
+        rows = [RowSpec(f"{prefix}{short}", f"{phase} as a run has it ({layout}): the recipe's micro-batch, "
+                        f"{accumulation} micro-batches per optimizer step", profile, packing, accumulation, unpadded)]
+        if full and unpadded:
+            rows.append(RowSpec(f"{prefix}{short}-padded", "the same instances in padded rows (model.attention="
+                                "padded, the reference path)", profile, False, accumulation))
         if full and phase == "phase1":
-            rows.append(RowSpec(f"{prefix}{short}-full", "the same without padding: no attention mask "
-                                "(the flash kernel may run)", "full", False, accumulation))
-        if full and phase == "phase2":
+            rows.append(RowSpec(f"{prefix}{short}-full", "padded rows without padding: no attention mask "
+                                "(SDPA may run flash)", "full", False, accumulation))
+        if full and phase == "phase2" and not packing:
+            rows.append(RowSpec(f"{prefix}{short}-packed", f"the same instances packed ({phase}.packing with "
+                                "model.attention=padded)", "varied", True, accumulation))
+        if full and phase == "phase2" and not unpadded:
             rows.append(RowSpec(f"{prefix}{short}-varied", "unpacked, lengths uniform in [seq/4, seq]",
                                 "varied", False, accumulation))
-        if (full and phase == "phase2") or config.phase(phase).packing:  # what a packing recipe runs
-            rows.append(RowSpec(f"{prefix}{short}-packed", f"the same instances packed ({phase}.packing)",
-                                "varied", True, accumulation))
         rows.append(RowSpec(f"{prefix}{short}-opt", "one micro-batch per optimizer step: with the first row "
-                            "it separates the optimizer boundary's time", "padded", False, 1))
-        groups.append(GroupSpec(recipe, phase, preset, seq, micro, False, tuple(rows)))
+                            "it separates the optimizer boundary's time", profile, packing, 1, unpadded))
+        groups.append(GroupSpec(recipe, phase, preset, seq, micro, False, tuple(rows), attention_check=unpadded))
     return groups
 
 
 def comparison_groups(args: argparse.Namespace, recipe: Path) -> list[GroupSpec]:
-    """The throughput timer on (DeepSpeed's default), and the previous check's larger micro-batches."""
+    """The throughput timer on (DeepSpeed's default), and the previous check's larger micro-batches (in the
+    recipe's attention path, as p1 / p2)."""
     preset, seq, micro = shape_of(args, recipe, "phase1")
+    unpadded = load_config(recipe).model.attention == "unpadded"
     groups = [GroupSpec(recipe, "phase1", preset, seq, micro, True, (
         RowSpec("p1-timer-on", "p1 with DeepSpeed's throughput timer on (its default)", "padded", False,
-                args.accum1),))]
+                args.accum1, unpadded),))]
     for phase, short, big, accumulation in (("phase1", "p1", args.big_phase1, args.accum1),
                                            ("phase2", "p2", args.big_phase2, args.accum2)):
         if big is None:
@@ -103,7 +116,7 @@ def comparison_groups(args: argparse.Namespace, recipe: Path) -> list[GroupSpec]
         steps_of = max(2, accumulation * recipe_micro // max(big_micro, 1))  # the same sequences per step
         groups.append(GroupSpec(recipe, phase, preset, big_seq, big_micro, False, (
             RowSpec(f"{short}-big", f"micro-batch {big_micro} (the previous check's shape)", "padded", False,
-                    steps_of),)))
+                    steps_of, unpadded),)))
     return groups
 
 

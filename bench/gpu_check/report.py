@@ -12,8 +12,8 @@ from pretrain.config.load import load_config
 
 TRAIN_HEADER = (
     "| row | model | seq | micro x A | data | timer | optimizer / LAMB step | step s | ms / micro | inst/s | "
-    "real tok/s | padding | inst/row | data wait ms | TFLOP/s | MFU | peak alloc / reserved GB | fits 80 GB |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "real tok/s | padding | inst/row | data wait ms | TFLOP/s | MFU | MFU real tokens | peak alloc / reserved GB | "
+    "fits 80 GB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 LAMB_HEADER = ("| LAMB step | params (M) | step ms | floor ms (40 B/param) | x floor | first step s |\n"
                "|---|---|---|---|---|---|")
@@ -28,7 +28,7 @@ def yes_no(value: bool | None) -> str:
 
 
 def train_markdown(r: dict[str, Any]) -> str:
-    data = f"{r['profile']}{' packed' if r['packing'] else ''}"
+    data = f"{r['profile']}{' packed' if r['packing'] else ''}{' unpadded' if r.get('unpadded') else ''}"
     key = (f"| {r['name']} | {r['model']} | {r['seq_len']} | {r['micro_batch']} x {r['accumulation']} | {data} | "
            f"{'on' if r['tput_timer'] else 'off'} |")
     if r["status"] != "ok":
@@ -36,7 +36,8 @@ def train_markdown(r: dict[str, Any]) -> str:
     memory = f"{fmt(r['peak_alloc_gb'], '.1f')} / {fmt(r['peak_reserved_gb'], '.1f')}"
     return (f"{key} {r['wrapper']} / {r['lamb_step']} | {r['step_s']:.3f} | {r['micro_ms']:.1f} | "
             f"{r['inst_per_s']:.1f} | {r['real_tokens_per_s']:.0f} | {r.get('data/padding_fraction', 0.0):.1%} | "
-            f"{r.get('data/packing_factor', 1.0):.2f} | {fmt(r['data_wait_ms'], '.1f')} | {r['tflops']:.2f} | {fmt(r['mfu'], '.1%')} | {memory} | "
+            f"{r.get('data/packing_factor', 1.0):.2f} | {fmt(r['data_wait_ms'], '.1f')} | {r['tflops']:.2f} | {fmt(r['mfu'], '.1%')} | "
+            f"{fmt(r.get('mfu_real'), '.1%')} | {memory} | "
             f"{yes_no(r['fits_80gb'])} |")
 
 
@@ -68,7 +69,7 @@ def estimate_runs(args: argparse.Namespace) -> tuple[list[PhaseRun], list[str]]:
                 model, seq, micro = shape_of(args, recipe, phase)
                 ds = read_ds_json(args.ds_config or section.ds_config, f"{phase}.ds_config")
                 runs.append(PhaseRun(recipe.stem, phase, model, seq, micro, section.batch_size, section.steps,
-                                     section.packing, grad_bytes(ds)))
+                                     section.packing, grad_bytes(ds), config.model.attention == "unpadded"))
         except (ValueError, OSError) as error:  # ConfigError is a ValueError
             problems.append(f"{recipe}: {error}".splitlines()[0])
     return runs, problems

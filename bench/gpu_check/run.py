@@ -58,6 +58,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from deepspeed.utils import logger as ds_logger  # noqa: E402
 
 from bench.gpu_check.args import parse_args  # noqa: E402
+from bench.gpu_check.attention import ATTENTION_HEADER, attention_markdown, attention_row  # noqa: E402
 from bench.gpu_check.estimate import comparisons, estimate, estimate_markdown  # noqa: E402
 from bench.gpu_check.plan import LAMB_STAGE, GroupSpec, build_plan  # noqa: E402
 from bench.gpu_check.preflight import loaded_distributions  # noqa: E402
@@ -95,9 +96,10 @@ class Recorder:
             out.flush()
             os.fsync(out.fileno())
         self.records.append(record)
-        if kind in ("train", "lamb"):
+        if kind in ("train", "lamb", "attention"):
             self.rows += 1
-            self.failed += record.get("status") == "failed"
+            # an attention check fails where no flash kernel ran on the GPU or the paths disagree
+            self.failed += record.get("status") == "failed" or False in (record.get("flash_ran"), record.get("agree"))
         if markdown is not None:
             print(markdown, flush=True)
 
@@ -169,10 +171,22 @@ class Check:
                     row = measure(key, train_row, built, group, row_spec, self.args, self.shards, self.dist_info)
                 release(self.device)
                 self.recorder.save("train", row, train_markdown(row))
+            self.attention(group, built)
         finally:
             built.engine.destroy()
             del built
             release(self.device)
+
+    def attention(self, group: GroupSpec, built: Any) -> None:
+        """Where the group runs unpadded: the kernel that runs and padded == unpadded (bench/gpu_check/attention.py)."""
+        if not group.attention_check or not any(row.unpadded for row in group.rows) or \
+                self.left() < self.args.reserve_s / 3:
+            return
+        key = {"name": f"{group.rows[0].name}-attention", "model": group.preset}
+        record = measure(key, attention_row, built.engine.module, group, self.shards, self.device)
+        release(self.device)
+        self.header(ATTENTION_HEADER)
+        self.recorder.save("attention", record, attention_markdown(record))
 
     def lamb(self) -> None:
         args = self.args

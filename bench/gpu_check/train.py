@@ -29,6 +29,8 @@ from pretrain.data.batches import PhaseData, RankBatches, open_phase_data
 from pretrain.engine import DistInfo, build_engine, client_optimizer
 from pretrain.metrics import MetricsWriter, StepCounts, Throughput, flops_per_sequence, peak_tflops
 from pretrain.model.bert import build_model, count_parameters
+from pretrain.model.compiled import compile_metrics
+from pretrain.model_setup import prepare_model_path
 from pretrain.schedule import WarmupPolyDecay
 from pretrain.train import RunPlan, bert_config_from_plan, plan_run
 from pretrain.trainer import PhaseState, PhaseTrainer, StepResult, StopRequest, TrainerJob
@@ -86,6 +88,8 @@ def build_group(group: GroupSpec, args: argparse.Namespace, shards: ShardCache, 
     torch.manual_seed(config.run.seed)
     started = time.perf_counter()
     model = build_model(bert_config_from_plan(plan), config.model.activation_checkpointing)
+    # as pretrain.train.run_phase: refuses what the unpadded kernel cannot run, compiles where model.compile says
+    prepare_model_path(model, config, group.phase, plan.ds_configs[group.phase], dist_info.device)
     counts = count_parameters(model)
     schedule = WarmupPolyDecay(phase.steps, phase.warmup_fraction, phase.decay_power)
     engine = build_engine(model, plan.ds_configs[group.phase], lr_schedule=schedule)
@@ -112,7 +116,8 @@ def make_trainer(built: GroupEngine, group: GroupSpec, row: RowSpec, data: Phase
     engine.set_train_batch_size(group.micro_batch * row.accumulation * dist_info.world_size)
     config = built.config
     batches = RankBatches(data, "train", config.run.seed, dist_info.rank, dist_info.world_size, group.micro_batch,
-                          packing=row.packing, part=config.data.part, num_parts=config.data.num_parts)
+                          packing=row.packing, part=config.data.part, num_parts=config.data.num_parts,
+                          unpadded=row.unpadded)
     model_config = bert_config_from_plan(built.plan)
     flops = flops_per_sequence(built.counts["encoder"], built.counts["mlm_head"], model_config.num_hidden_layers,
                                model_config.hidden_size, group.seq_len, data.max_predictions)
@@ -133,6 +138,14 @@ def loop_step(trainer: PhaseTrainer) -> StepResult:
     trainer.state.samples_seen += trainer.global_batch
     trainer.log_step(trainer.step_metrics(result))
     return result
+
+
+def real_token_mfu(mfu: float | None, counts: StepCounts, seq_len: int) -> float | None:
+    """MFU counted on the real tokens only: the trainer's MFU counts every token the device ran (padding
+    in padded rows; the < 64-token bucket tail of an unpadded micro-batch)."""
+    if mfu is None or not counts.rows:
+        return None
+    return mfu * counts.real_tokens / (counts.rows * seq_len)
 
 
 def total_counts(results: list[StepResult]) -> StepCounts:
@@ -195,6 +208,7 @@ def train_row(built: GroupEngine, group: GroupSpec, row: RowSpec, args: argparse
             "name": row.name, "what": row.what, "recipe": str(group.recipe), "phase": group.phase,
             "model": group.preset, "seq_len": group.seq_len, "micro_batch": group.micro_batch,
             "accumulation": trainer.accumulation, "profile": row.profile, "packing": row.packing,
+            "unpadded": row.unpadded, **compile_metrics(engine.module),
             "tput_timer": bool(engine.tput_timer.config.enabled),
             "shipped_tput_timer": shipped_timer(ds_config), "num_workers": trainer.config.data.num_workers,
             "precision": "bf16" if engine.bfloat16_enabled() else "fp16" if engine.fp16_enabled() else "fp32",
@@ -204,7 +218,8 @@ def train_row(built: GroupEngine, group: GroupSpec, row: RowSpec, args: argparse
             "micro_ms": step_s / trainer.accumulation * 1e3, "seq_time_ms": seconds / counts.instances * 1e3,
             "inst_per_s": rates["perf/instances_per_s"], "rows_per_step": counts.rows / steps,
             "real_tokens_per_s": rates["perf/real_tokens_per_s"], "tflops": rates["perf/tflops"],
-            "mfu": rates.get("perf/mfu"), **counts.data_stats(group.seq_len), **memory(device),
+            "mfu": rates.get("perf/mfu"), "mfu_real": real_token_mfu(rates.get("perf/mfu"), counts, group.seq_len),
+            **counts.data_stats(group.seq_len), **memory(device),
             "data_wait_ms": data_wait_ms(results),
             "loss": results[-1].values["loss/total"], "build_s": built.build_s, "first_step_s": first_step_s,
         }
@@ -215,5 +230,5 @@ def train_row(built: GroupEngine, group: GroupSpec, row: RowSpec, args: argparse
 def group_key(group: GroupSpec, row: RowSpec) -> dict[str, Any]:
     return {"name": row.name, "model": group.preset, "phase": group.phase, "seq_len": group.seq_len,
             "micro_batch": group.micro_batch, "accumulation": row.accumulation, "profile": row.profile,
-            "packing": row.packing, "tput_timer": group.tput_timer}
+            "packing": row.packing, "unpadded": row.unpadded, "tput_timer": group.tput_timer}
 

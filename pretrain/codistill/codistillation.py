@@ -53,6 +53,7 @@ from pretrain.codistill.teacher import (
     make_teacher,
     soft_targets,
 )
+from pretrain.data.loader import model_inputs
 from pretrain.dist import DistInfo
 from pretrain.model.bert import IGNORE_INDEX, masked_lm_loss_sum
 from pretrain.plugin import ExtraLoss, JobShare, PhaseView, StepAgreement, TrainingPlugin
@@ -299,7 +300,7 @@ class Codistillation(TrainingPlugin):
         # own nll, ensemble nll, teachers' nll, disagreements with the teachers, masked positions
         sums = torch.zeros(5, dtype=torch.float64, device=device)
         for batch in held_out:
-            batch = {key: value.to(device) for key, value in batch.items()}
+            batch = model_inputs(batch, device)  # tensors to the device; an unpadded max_seqlen stays
             own = engine(**batch)
             # every slot has logits; only labelled ones count (empty slots: IGNORE_INDEX, masked out)
             labels, labelled = own.mlm_labels, own.mlm_mask

@@ -169,6 +169,7 @@ def check_values(config: RunConfig, registry: PluginRegistry = INSTALLED) -> Non
         raise ConfigError(f"run.precision: {config.run.precision!r} is not one of auto, fp32, bf16, fp16")
     if not config.run.phases:
         raise ConfigError("run.phases: empty; name phase1 and/or phase2")
+    check_model_path(config)
     for name in config.run.phases:
         config.phase(name)
     if list(config.run.phases) != sorted(config.run.phases):
@@ -214,3 +215,17 @@ def check_values(config: RunConfig, registry: PluginRegistry = INSTALLED) -> Non
             registry.spec(name).check(section, config)
         except ValueError as err:
             raise ConfigError(str(err)) from err
+
+
+ATTENTION_CHOICES = ("unpadded", "padded")
+
+
+def check_model_path(config: RunConfig) -> None:
+    """model.attention is a known path; model.compile only where it applies (the unpadded layers)."""
+    attention = config.model.attention
+    if attention not in ATTENTION_CHOICES:
+        raise ConfigError(f"model.attention: {attention!r} is not one of {', '.join(ATTENTION_CHOICES)}")
+    if config.model.compile and attention != "unpadded":
+        raise ConfigError("model.compile: compiles the unpadded encoder layers; set model.attention=unpadded "
+                          "or model.compile=false")
+

@@ -108,6 +108,19 @@ class ModelSection:
         "recompute each encoder layer in backward: about 1/3 more compute for activation memory of "
         "O(layers) less",
     )
+    attention: str = setting(
+        "unpadded",
+        "unpadded | padded. unpadded: the encoder runs on the real tokens of each micro-batch only, attention "
+        "kept inside each instance by a variable-length kernel (CUDA: flash, bf16/fp16 on sm80+; elsewhere a "
+        "reference kernel); padded: transformers' SDPA on rows of seq_len, the reference (phaseN.packing "
+        "lays out its rows). Same instances, masks and losses (docs/performance.md)",
+    )
+    compile: bool | None = setting(
+        None,
+        "torch.compile each encoder layer (regional: one compile serves every layer; needs "
+        "model.attention=unpadded; not with ZeRO-3). null: on with CUDA, off on CPU, where compiling costs "
+        "more than it saves in short runs",
+    )
 
 
 @dataclass
@@ -198,7 +211,8 @@ class PhaseSection:
     packing: bool = setting(
         False,
         "several instances per row, attention kept per instance: less padding (pretrain/data/packing.py, "
-        "docs/performance.md)",
+        "docs/performance.md). A layout of model.attention=padded; unpadded has no rows and no padding "
+        "to pack, so there the key changes nothing (the run says so at start)",
     )
 
 

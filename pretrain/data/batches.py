@@ -37,6 +37,7 @@ from pretrain.data.packing import pack_masked_instances
 from pretrain.data.shard_checks import SPECIAL_TOKENS, PhaseShards, check_phase_shards
 from pretrain.errors import DataError
 from pretrain.model.bert import IGNORE_INDEX
+from pretrain.model.unpadded_layout import unpad_masked_instances
 
 VAL_SEED_SALT = 0x5EED_7A1  # validation masks: fixed, independent of the training seed's epochs
 PARTITION_SALT = 0xD15_70177  # the deal into disjoint parts: fixed, independent of every seed
@@ -163,9 +164,10 @@ class Collator:
     instance when given a list) either way, so both layouts of the same instances carry the same
     masks. Picklable, so DataLoader workers can run it."""
 
-    def __init__(self, data: PhaseData, packing: bool = False) -> None:
+    def __init__(self, data: PhaseData, packing: bool = False, unpadded: bool = False) -> None:
         self.data = data
         self.packing = packing
+        self.unpadded = unpadded  # flat real tokens (pretrain/model/unpadded_layout.py); beats packing
 
     def masked_instances(self, rows: list[dict[str, Any]], rng: Generators) -> list[dict[str, Any]]:
         """(ids with masks applied, a_len, masked positions, original ids there, nsp label) per instance."""
@@ -190,6 +192,8 @@ class Collator:
     def __call__(self, rows: list[dict[str, Any]], rng: Generators) -> dict[str, torch.Tensor]:
         instances = self.masked_instances(rows, rng)
         seq_len, predictions = self.data.seq_len, self.data.max_predictions
+        if self.unpadded:
+            return unpad_masked_instances(instances, seq_len, predictions, self.data.vocab.pad_id)
         if self.packing:
             return pack_masked_instances(instances, seq_len, predictions, self.data.vocab.pad_id)
         batch = len(rows)
@@ -224,10 +228,11 @@ class RankBatches(Dataset):
     def __init__(
         self, data: PhaseData, split: str, seed: int, rank: int, world_size: int, micro_batch: int,
         shuffle: bool = True, packing: bool = False, part: int = 0, num_parts: int = 1, phase_index: int = 0,
+        unpadded: bool = False,
     ) -> None:
         self.data = data
         self.reader = ShardReader(data.manifest, data.seq_len, split)
-        self.collate = Collator(data, packing=packing)  # packing changes the layout, never the instances
+        self.collate = Collator(data, packing=packing, unpadded=unpadded)  # layouts differ, never the instances
         self.seed, self.rank, self.world_size, self.micro_batch = seed, rank, world_size, micro_batch
         self.shuffle = shuffle
         self.phase_index = phase_index  # part of every mask's seed; the trainer sets it for its phase

@@ -64,9 +64,11 @@ def model_inputs(host_batch: dict[str, torch.Tensor], device: torch.device) -> d
     An all-ones attention mask becomes None here, where the batch is still on the host: given a mask,
     transformers checks `mask.all()` in a Python `if` (a device -> host sync in every forward) and SDPA
     cannot take the flash kernel. A padded batch keeps its mask (the model turns it into a 4D key mask,
-    which transformers passes on without looking at it)."""
-    unpadded = "attention_mask" in host_batch and bool(host_batch["attention_mask"].all())
+    which transformers passes on without looking at it). Python numbers (an unpadded batch's `max_seqlen`)
+    stay on the host."""
+    no_padding = "attention_mask" in host_batch and bool(host_batch["attention_mask"].all())
     return {
-        key: None if unpadded and key == "attention_mask" else value.to(device, non_blocking=True)
+        key: None if no_padding and key == "attention_mask"
+        else value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
         for key, value in host_batch.items()
     }

@@ -48,6 +48,7 @@ from pretrain.checkpointing.disk import (
     run_destinations,
     run_footprint,
 )
+from pretrain.config.attention import setup_problem
 from pretrain.config.cli import parse_args
 from pretrain.config.deepspeed import phase_ds_config, phase_ds_json
 from pretrain.config.load import load_config
@@ -114,6 +115,10 @@ def check_config(config: RunConfig, shape: LaunchShape) -> CheckedRun:
     else:
         ds_configs = {name: phase_ds_config(config, name, dp_size, shape.device_type, bf16_supported=True)
                       for name in config.run.phases}
+        for name, ds in ds_configs.items():
+            problem = setup_problem(config, name, ds, shape.device_type)
+            if problem is not None:
+                raise ConfigError(problem)
     shards = check_run_shards(config)
     first = shards[config.run.phases[0]]
     overrides, max_positions = model_overrides(config, first.vocab_size)

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from transformers import BertConfig, BertForPreTraining
 
 from pretrain.model.presets import PRESETS, unknown_preset
+from pretrain.model.unpadded import unpadded_encode
 
 IGNORE_INDEX = -100
 
@@ -93,21 +94,36 @@ class SparseBertForPreTraining(BertForPreTraining):
     one entry per slot with -100 for empty slots (ignored by the loss, as for MLM). Packed
     `masked_positions` are [instances, max_predictions] flat indices into the rows*seq tokens, so the
     MLM head runs on as many rows as unpacked.
+
+    Unpadded batches (pretrain/model/unpadded_layout.py) give flat [T] `input_ids`, `token_type_ids` and
+    `position_ids` with `cu_seqlens` and `max_seqlen`: the encoder runs on the real tokens alone
+    (pretrain/model/unpadded.py); MLM positions are flat indices into the T tokens, NSP has one label per
+    instance.
     """
 
     def forward(  # type: ignore[override]
         self,
         input_ids: torch.Tensor,
         token_type_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        masked_positions: torch.Tensor,
-        masked_labels: torch.Tensor,
-        next_sentence_label: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        masked_positions: torch.Tensor | None = None,
+        masked_labels: torch.Tensor | None = None,
+        next_sentence_label: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         cls_positions: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+        max_seqlen: int | None = None,
     ) -> PretrainingOutput:
-        if segment_ids is None:
+        if masked_positions is None or masked_labels is None or next_sentence_label is None:
+            raise ValueError("a pretraining batch needs masked_positions, masked_labels and next_sentence_label")
+        flat_positions = segment_ids is not None or cu_seqlens is not None
+        if cu_seqlens is not None:
+            if position_ids is None or max_seqlen is None:
+                raise ValueError("unpadded batches need cu_seqlens, max_seqlen and position_ids together")
+            sequence_output, pooled_output = unpadded_encode(self, input_ids, token_type_ids, position_ids,
+                                                             cu_seqlens, max_seqlen)
+        elif segment_ids is None:
             encoded = self.bert(input_ids=input_ids, attention_mask=key_padding_mask(attention_mask),
                                 token_type_ids=token_type_ids)
             sequence_output, pooled_output = encoded[0], encoded[1]
@@ -123,7 +139,7 @@ class SparseBertForPreTraining(BertForPreTraining):
             cls_states = torch.gather(sequence_output, 1, index).reshape(-1, 1, hidden)  # [rows*slots, 1, hidden]
             pooled_output = self.bert.pooler(cls_states)
         mlm_logits, labels = self.masked_lm_logits(sequence_output, masked_positions, masked_labels,
-                                                   flat_positions=segment_ids is not None)
+                                                   flat_positions=flat_positions)
         nsp_logits = self.cls.seq_relationship(pooled_output)
         mlm_loss_sum = masked_lm_loss_sum(mlm_logits, labels)
         mlm_loss = mlm_loss_sum / (labels != IGNORE_INDEX).sum().clamp_min(1)

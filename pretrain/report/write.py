@@ -127,6 +127,11 @@ def summary_lines(facts: RunFacts) -> list[str]:
              f"process(es): 1 start + {resumes} resume(s)) |"]
     if facts.price is not None and device_hours is not None:
         lines.append(f"| cost | {_num(device_hours * facts.price, 2)} USD at {facts.price:g} USD per device-hour |")
+    compiled = [r for r in facts.training if "compile/seconds" in r]
+    if compiled:  # cumulative per process: the last process's counts (model.compile, pretrain/model/compiled.py)
+        c = compiled[-1]
+        lines.append(f"| compiled layers | {_num(c['compile/seconds'], 1)} s compiling, {c['compile/graph_breaks']:.0f} "
+                     f"graph breaks, {c['compile/recompiles']:.0f} recompiles (the last process) |")
     val = facts.validations[-1] if facts.validations else None
     if val:
         lines.append(f"| last validation | step {val['step']}: val/mlm_loss {_num(val.get('val/mlm_loss'))}, "

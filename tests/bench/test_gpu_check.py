@@ -99,10 +99,14 @@ def test_gpu_check_smoke_runs_the_production_step_and_saves_every_row(
     records = read_records(out)
     assert code == 0, printed[-3000:]
     kinds = [r["kind"] for r in records]
-    assert kinds == ["run", *["train"] * 7, "lamb", "lamb", *["train"] * 3, "estimate"] + ["end"]
+    assert kinds == ["run", *["train"] * 4, "attention", *["train"] * 4, "attention", "lamb", "lamb",
+                     *["train"] * 3, "estimate", "end"]
     train = {r["name"]: r for r in records if r["kind"] == "train"}
-    assert list(train) == ["p1", "p1-full", "p1-opt", "p2", "p2-varied", "p2-packed", "p2-opt", "p1-timer-on",
-                           "p1-big", "p2-big"]
+    assert list(train) == ["p1", "p1-padded", "p1-full", "p1-opt", "p2", "p2-padded", "p2-packed", "p2-opt",
+                           "p1-timer-on", "p1-big", "p2-big"]
+    # the recipe's own rows run unpadded (its attention), the reference and packing comparisons padded rows
+    assert [name for name, r in train.items() if r["unpadded"]] == ["p1", "p1-opt", "p2", "p2-opt", "p1-timer-on",
+                                                                     "p1-big", "p2-big"]
     # every row ran warm-up + timed steps of the trainer, each with its own accumulation
     assert len(steps) == 2 * len(train)
     expected = [(r["micro_batch"], r["accumulation"], r["packing"]) for r in train.values() for _ in range(2)]
@@ -114,17 +118,23 @@ def test_gpu_check_smoke_runs_the_production_step_and_saves_every_row(
         assert r["ds_config"] == str(SHIPPED) and r["recipe"] == str(RECIPE) and r["num_workers"] == 1
         assert r["tput_timer"] == (name == "p1-timer-on")  # read back from the engine
         assert r["peak_alloc_gb"] is None and r["fits_80gb"] is None  # CPU: n/a
-        if not r["packing"]:  # the trainer's own counts: A micro-batches of `micro` rows per step
+        if not r["packing"] and not r["unpadded"]:  # the trainer's own counts: A micro-batches of `micro` rows
             assert r["rows_per_step"] == r["micro_batch"] * r["accumulation"]
+        if r["unpadded"]:  # the real tokens (rounded up to a bucket) in fewer device rows than instances
+            assert r["rows_per_step"] <= r["micro_batch"] * r["accumulation"] and r["mfu_real"] is None
         assert r["inst_per_s"] == pytest.approx(r["micro_batch"] * r["accumulation"] / r["step_s"])
-    assert train["p1"]["data/padding_fraction"] > 0 and train["p1-full"]["data/padding_fraction"] == 0
-    packed, unpacked = train["p2-packed"], train["p2-varied"]  # the same instances
+    assert train["p1-padded"]["data/padding_fraction"] > 0 and train["p1-full"]["data/padding_fraction"] == 0
+    assert train["p2"]["rows_per_step"] < train["p2-padded"]["rows_per_step"]  # the same instances, less padding
+    for check in (r for r in records if r["kind"] == "attention"):  # CPU: the reference kernel, the same loss
+        assert check["status"] == "ok" and check["flash_ran"] is None and check["agree"], check
+    packed, unpacked = train["p2-packed"], train["p2-padded"]  # the same instances
     assert packed["data/packing_factor"] > 1 and packed["rows_per_step"] < unpacked["rows_per_step"]
     assert packed["data/padding_fraction"] < unpacked["data/padding_fraction"]
     assert (train["p1"]["micro_batch"], train["p2"]["micro_batch"], train["p1-big"]["micro_batch"]) == (4, 4, 8)
     # printed as measured: headers first, one markdown row per saved row, the estimate labelled as one
-    assert printed.index("| row | model |") < printed.index("| p1 | tiny | 32 | 4 x 2 | padded | off |")
-    assert len(table_rows(printed, "p")) == len(train) and "| n/a / n/a | n/a |" in printed
+    assert printed.index("| row | model |") < printed.index("| p1 | tiny | 32 | 4 x 2 | padded unpadded | off |")
+    assert len(table_rows(printed, "p")) == len(train) + 2 and "| n/a / n/a | n/a |" in printed
+    assert "| p1-attention | tiny | 32 | 4 | n/a (CPU: reference kernel) |" in printed
     assert "### ESTIMATE (not measured)" in printed and "SMOKE RUN" in printed
     (estimated,) = [r for r in records if r["kind"] == "estimate"]
     table = estimated["estimates"]
@@ -146,9 +156,9 @@ def test_failing_rows_are_reported_and_every_other_row_is_still_measured(tmp_pat
     train = [r for r in records if r["kind"] == "train"]
     assert [(r["name"], r["status"]) for r in train] == [("p1", "ok"), ("p2", "failed")]
     assert "phase2.batch_size: must be a positive integer, got 0" in train[1]["reason"]
-    (ok_row,) = table_rows(done.stdout, "p1 | tiny | 32 | 4 x 2 | padded | off | BF16_Optimizer")
+    (ok_row,) = table_rows(done.stdout, "p1 | tiny | 32 | 4 x 2 | padded unpadded | off | BF16_Optimizer")
     assert ok_row.split("|")[8].strip() == f"{train[0]['step_s']:.3f}"
-    assert "| p2 | tiny | 64 | 0 x 2 | padded | off | failed: ConfigError:" in done.stdout
+    assert "| p2 | tiny | 64 | 0 x 2 | varied unpadded | off | failed: ConfigError:" in done.stdout
     # the reference LAMB step is measured; the fused one is one row saying why it failed
     reference, fused = (r for r in records if r["kind"] == "lamb")
     assert reference["status"] == "ok" and reference["step_ms"] > 0
@@ -158,8 +168,9 @@ def test_failing_rows_are_reported_and_every_other_row_is_still_measured(tmp_pat
     # the estimate still comes, from what was measured: phase 1 without the boundary row, phase 2 none
     (estimated,) = [r for r in records if r["kind"] == "estimate"]
     by_phase = {(e["recipe"], e["phase"]): e for e in estimated["estimates"] if e["gpus"] == 8}
-    assert by_phase[("bert_large_64k", "phase1")]["source"] == "p1, boundary not separated (inside ms / micro)"
-    assert by_phase[("bert_large_64k", "phase2")]["status"] == "no packed row of tiny at seq 64 x micro 0"
+    assert by_phase[("bert_large_64k", "phase1")]["source"] == ("p1, boundary not separated (inside ms / micro) "
+                                                                "(padded lengths, unpadded)")
+    assert by_phase[("bert_large_64k", "phase2")]["status"] == "no unpadded row of tiny at seq 64 x micro 0"
     assert records[-1]["kind"] == "end" and records[-1]["failed"] == 2
     # the preflight named the wheels; what the run loaded later is torch's own (nothing else to carry)
     from bench.gpu_check.preflight import requirement_closure
@@ -197,7 +208,7 @@ def test_a_killed_run_keeps_the_rows_measured_before_the_kill(tmp_path: Path) ->
     records = read_records(out)
     saved = [r for r in records if r["kind"] == "train"]
     assert 1 <= len(saved) <= 2 and saved[0]["name"] == "p1" and saved[0]["status"] == "ok"
-    assert printed[0].startswith("| p1 | tiny | 32 | 4 x 2 | padded | off | BF16_Optimizer")
+    assert printed[0].startswith("| p1 | tiny | 32 | 4 x 2 | padded unpadded | off | BF16_Optimizer")
     # the estimate from the rows so far, then the end record saying why it stopped
     assert [r["kind"] for r in records[-2:]] == ["estimate", "end"]
     assert records[-1]["status"].startswith("killed by signal 15") and "Stopped at the time limit" in rest

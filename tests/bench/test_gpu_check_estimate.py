@@ -67,6 +67,19 @@ def test_a_packed_recipe_uses_the_packed_row_with_the_padded_rows_boundary() -> 
     assert times.source == "p2-packed, boundary from p1 and p1-opt (varied lengths, packed)"
 
 
+def test_an_unpadded_recipe_uses_its_unpadded_rows_and_their_boundary() -> None:
+    """model.attention=unpadded: the unpadded rows (the layout the run has), the boundary from the unpadded pair
+    at A and at 1 micro-batch per step; padded rows never stand in (they would be a slower layout)."""
+    rows = [*ROWS, row("p2", 0.8, 32, profile="varied", unpadded=True),
+            row("p2-opt", 0.05, 1, profile="varied", unpadded=True)]
+    unpadded = PhaseRun("bert_large_64k", "phase2", "bert-large", 128, 64, 32768, 1563, True, 4, unpadded=True)
+    times = step_times(rows, unpadded)
+    boundary = (32 * 0.05 - 0.8) / 31
+    assert times.boundary_s == pytest.approx(boundary) and times.micro_s == pytest.approx((0.8 - boundary) / 32)
+    assert times.source == "p2, boundary from p2 and p2-opt (varied lengths, unpadded)"
+    assert step_times(ROWS, unpadded) == "no unpadded row of bert-large at seq 128 x micro 64"
+
+
 def test_what_cannot_be_estimated_says_why() -> None:
     missing = estimate([phase_run(micro=16, seq=512)], ROWS, [8], NET)
     assert missing == [{"recipe": "bert_large_64k", "phase": "phase1", "gpus": 8,
@@ -108,13 +121,16 @@ def test_rows_run_at_the_recipes_micro_batches_most_important_first() -> None:
                       ("p1-timer-on", "bert-large", 128, 64, True), ("p1-big", "bert-large", 128, 256, False),
                       ("p2-big", "bert-large", 512, 64, False), ("bert_base:p1", "bert-base", 128, 128, False),
                       ("bert_base:p2", "bert-base", 512, 32, False)]
-    assert row_names(stages)[:8] == ["p1", "p1-full", "p1-opt", "p2", "p2-varied", "p2-packed", "p2-opt", "lamb"]
+    assert row_names(stages)[:9] == ["p1", "p1-padded", "p1-full", "p1-opt", "p2", "p2-padded", "p2-packed", "p2-opt",
+                                     "lamb"]
+    assert [r.unpadded for g in groups[:2] for r in g.rows] == [True, False, False, True] * 2  # the recipe's own path
     for group in groups:  # the one-micro-batch row last: DeepSpeed's boundary count stays aligned
         assert 1 not in [r.accumulation for r in group.rows][:-1]
     assert {r.accumulation for g in groups[:2] for r in g.rows} == {32, 1}
     assert groups[3].rows[0].accumulation == 8  # 256 x 8 = the sequences of p1's 64 x 32
-    base = load_config(REPO_ROOT / "ds_configs" / "recipes" / "bert_base.json")  # its phase 2 packed where it packs
-    assert ("bert_base:p2-packed" in row_names(stages)) == base.phase2.packing
+    base = load_config(REPO_ROOT / "ds_configs" / "recipes" / "bert_base.json")  # its own path: unpadded
+    assert base.model.attention == "unpadded" and "bert_base:p2-packed" not in row_names(stages)
+    assert all(r.unpadded for g in groups[-2:] for r in g.rows)
 
 
 def test_rows_selects_and_refuses_unknown_names(capsys: pytest.CaptureFixture[str]) -> None:
@@ -129,12 +145,12 @@ def test_estimate_only_reads_saved_rows_with_other_assumptions(tmp_path: Path, c
     from bench.gpu_check import run as gpu_check
 
     saved = tmp_path / "rows.jsonl"
-    saved.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    saved.write_text("".join(json.dumps({**r, "unpadded": r["kind"] == "train"}) + "\n" for r in ROWS))
     recipe = REPO_ROOT / "ds_configs" / "recipes" / "bert_large_64k.json"
     assert gpu_check.main(["--estimate-only", str(saved), "--estimate-recipes", str(recipe),
                            "--estimate-gpus", "8", "--intra-node-busbw", "100"]) == 0
     printed = capsys.readouterr().out
     assert "100 GB/s within a node" in printed and f"From the rows of {saved}." in printed
     (phase1,) = [line for line in printed.splitlines() if line.startswith("| bert_large_64k | phase1 | 8 | 128 |")]
-    assert "| bert_large_64k | phase2 | 8 | no packed row of bert-large at seq 512 x micro 16 |" in printed
+    assert "| bert_large_64k | phase2 | 8 | no unpadded row of bert-large at seq 512 x micro 16 |" in printed
     assert gpu_check.main(["--estimate-only", str(tmp_path / "absent.jsonl")]) == 2

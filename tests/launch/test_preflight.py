@@ -202,3 +202,18 @@ def test_an_unwritable_run_folder_is_refused(job: dict[str, Path]) -> None:
         locked.mkdir(mode=0o500)
         with pytest.raises(ConfigError, match=r"^checkpoint.dir: .*locked is not writable"):
             check_command_line(["--config", str(job["run_json"]), f"--checkpoint.dir={locked}/c"], LaunchShape(1))
+
+
+def test_unpadded_attention_where_its_kernel_cannot_run_is_refused_at_launch(job: dict[str, Path]) -> None:
+    """fp32 on GPUs has no flash kernel, compiled layers do not run under ZeRO-3: one line before any rank,
+    naming what is missing and what runs there; the padded path is checked as before."""
+    args = ["--config", str(job["run_json"]), "--run.precision=fp32"]
+    with pytest.raises(ConfigError, match=r"^model.attention=unpadded: the flash kernel needs bf16 or fp16 on CUDA, "
+                                          r"phase1 computes in fp32 \(run.precision\); model.attention=padded runs there$"):
+        check_command_line(args, LaunchShape(2, "cuda"))
+    assert "checked" in check_command_line([*args, "--model.attention=padded"], LaunchShape(2, "cuda"))
+    assert "checked" in check_command_line(args, LaunchShape(2, "cpu"))  # the CPU runs the reference kernel
+    zero3 = ["--config", str(job["run_json"]), "--phase1.ds_overrides.zero_optimization.stage=3"]
+    with pytest.raises(ConfigError, match=r"^model.compile: compiled layers are not supported with ZeRO-3"):
+        check_command_line(zero3, LaunchShape(2, "cuda"))
+    assert "checked" in check_command_line([*zero3, "--model.compile=false"], LaunchShape(2, "cuda"))

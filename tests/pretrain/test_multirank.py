@@ -61,6 +61,19 @@ def test_runs_complete_with_checkpoints_of_both_phases(runs: Path) -> None:
 
 
 @pytest.mark.multirank
+def test_a_run_naming_neither_attention_key_runs_unpadded(runs: Path) -> None:
+    """model.attention defaults to unpadded: r1's micro-batches were the real tokens (rounded up to a bucket), so
+    it ran fewer device rows than instances (its instances are seq/2 to seq long; padded rows are exactly one
+    per instance, packing is off), and eager on CPU (no compile/* numbers)."""
+    resolved = json.loads((runs / "r1" / "config.resolved.json").read_text())
+    assert resolved["model"]["attention"] == "unpadded" and resolved["model"]["compile"] is None
+    records = step_records(runs / "r1").values()
+    factors = [r["data/packing_factor"] for r in records]
+    assert min(factors) >= 1.0 and max(factors) > 1.1, factors
+    assert not any("compile/recompiles" in r for r in records)
+
+
+@pytest.mark.multirank
 def test_plain_runs_load_no_codistillation_module(runs: Path) -> None:
     """Codistillation is a plug-in (pretrain/plugin.py): runs without a `codistill` section never import it."""
     assert json.loads((runs / "plugin_modules.json").read_text()) == {"first": [], "resume": []}

@@ -79,28 +79,32 @@ def test_stream_batches_prepare_each_epoch_before_the_workers_fork(tmp_path: Pat
     assert set(batches._slices) >= {0, 1}
     expected = [batches[k] for k in range(per_epoch + 3)]
     for got, want in zip(read, expected, strict=True):
-        assert got.keys() == want.keys() and all(torch.equal(got[key], want[key]) for key in got)
+        assert got.keys() == want.keys()
+        assert all(torch.equal(got[k], want[k]) if torch.is_tensor(want[k]) else got[k] == want[k] for k in got)
 
 
-def test_packed_steps_train_like_unpacked_ones(tmp_path: Path) -> None:
-    """The same instances and masks, packed into fewer rows: the same losses step after step, updates included
-    (why packing can be a recipe's default: it changes the device work, not the training)."""
+def test_packed_and_unpadded_steps_train_like_padded_ones(tmp_path: Path) -> None:
+    """The same instances and masks, padded, packed into fewer rows, or unpadded (real tokens only): the same
+    losses step after step, updates included (why packing and unpadded attention can be defaults: they change
+    the device work, not the training)."""
     shards = short_instances_at_64(build_shards(tmp_path / "short", seq_lens=(32,), train=48, val=8), tmp_path / "s64")
     no_dropout = ["--phase1.seq_len=64", "--model.overrides.hidden_dropout_prob=0.0",
                   "--model.overrides.attention_probs_dropout_prob=0.0"]
+    layouts = {"padded": ["--model.attention=padded"], "packed": ["--model.attention=padded", "--phase1.packing=true"],
+               "unpadded": ["--model.attention=unpadded"]}
     losses, factors = {}, {}
-    for packing in (False, True):
-        trainer = build_trainer(tmp_path / str(packing), [*no_dropout, f"--phase1.packing={str(packing).lower()}"],
-                                steps=3, shards=shards)
+    for layout, keys in layouts.items():
+        trainer = build_trainer(tmp_path / layout, [*no_dropout, *keys], steps=3, shards=shards)
         records = []
         for _ in range(3):
             records.append(trainer.step_metrics(trainer.train_step()))
             trainer.state.step += 1
-        losses[packing] = [r[key] for r in records for key in ("loss/mlm", "loss/nsp")]
-        factors[packing] = min(r["data/packing_factor"] for r in records)
-    assert factors[False] == 1.0 and factors[True] > 1.5
-    assert losses[True] == pytest.approx(losses[False], rel=1e-4)
-    assert losses[True][0] != losses[True][4]  # the weights moved in between
+        losses[layout] = [r[key] for r in records for key in ("loss/mlm", "loss/nsp")]
+        factors[layout] = min(r["data/packing_factor"] for r in records)
+    assert factors["padded"] == 1.0 and factors["packed"] > 1.5 and factors["unpadded"] >= factors["packed"]
+    assert losses["packed"] == pytest.approx(losses["padded"], rel=1e-4)
+    assert losses["unpadded"] == pytest.approx(losses["padded"], rel=1e-4)
+    assert losses["unpadded"][0] != losses["unpadded"][4]  # the weights moved in between
 
 
 def test_a_recipe_step_never_synchronizes_the_device(tmp_path: Path) -> None:

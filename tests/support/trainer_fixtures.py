@@ -18,6 +18,7 @@ from pretrain.data.batches import RankBatches
 from pretrain.engine import build_engine, init_distributed
 from pretrain.metrics import MetricsWriter, Throughput
 from pretrain.model.bert import build_model
+from pretrain.model_setup import prepare_model_path
 from pretrain.schedule import WarmupPolyDecay
 from pretrain.stop_request import StopRequest
 from pretrain.train import bert_config_from_plan, plan_run
@@ -41,12 +42,14 @@ def build_trainer(work: Path, overrides: list[str] = (), phase: str = "phase1", 
     settings = config.phase(phase)
     torch.manual_seed(config.run.seed)
     model = build_model(bert_config_from_plan(plan))
+    prepare_model_path(model, config, phase, plan.ds_configs[phase], dist_info.device)  # as run_phase: compiles
     schedule = WarmupPolyDecay(settings.steps, settings.warmup_fraction, settings.decay_power)
     engine = build_engine(model, plan.ds_configs[phase], lr_schedule=schedule)
     micro = engine.train_micro_batch_size_per_gpu()
     data = plan.data[phase]
-    train_batches = RankBatches(data, "train", config.run.seed, 0, 1, micro, packing=settings.packing)
-    val_batches = RankBatches(data, "val", config.run.seed, 0, 1, micro, shuffle=False)
+    unpadded = config.model.attention == "unpadded"  # the layout the driver's run_phase picks
+    train_batches = RankBatches(data, "train", config.run.seed, 0, 1, micro, packing=settings.packing, unpadded=unpadded)
+    val_batches = RankBatches(data, "val", config.run.seed, 0, 1, micro, shuffle=False, unpadded=unpadded)
     job = TrainerJob(config, plan.resolved, dist_info, CheckpointManager(work / "ckpt", 1, 0),
                      MetricsWriter(None, False), StopRequest())
     return PhaseTrainer(job, engine, train_batches, val_batches, Throughput(1.0, settings.seq_len, 1, None),
