@@ -145,7 +145,7 @@ class PhaseTrainer:
         train_batches.phase_index = PHASE_NAMES.index(state.phase)  # masks differ between phases
         if val_batches is not None:
             val_batches.phase_index = train_batches.phase_index
-        self.steps_this_process = 0
+        self.steps_this_process, self.watch = 0, job.watch  # the loop reads no job field
         self.cadence = CheckpointCadence(self.settings.checkpoint, started=time.monotonic())
         self._batches: Iterator[dict[str, torch.Tensor]] | None = None
         self._ahead: list[dict[str, torch.Tensor]] = []  # micro-batches of the next step, read during this one
@@ -357,7 +357,7 @@ class PhaseTrainer:
         self.throughput.restart()
         self.cadence.saved(time.monotonic())  # the minutes count from the phase's (re)start
         while self.state.step < self.phase.steps:
-            with self.job.watch.step(self.state.phase, self.state.step + 1):
+            with self.watch.step(self.state.phase, self.state.step + 1):
                 result = self.train_step()
             self.state.step += 1
             self.steps_this_process += 1

@@ -117,9 +117,16 @@ class HangWatch(FileTimerServer):
     def _reap_worker(self, worker_pid: int, signal: int) -> bool:
         if worker_pid == os.getpid():  # torch ends the agent too; we restart instead
             return True
-        state = hang_description(process_state(worker_pid))
-        self.hung.setdefault(worker_pid, f"made no progress in {self.timeout_s / 60:g} min ({state})")
+        self.hung.setdefault(worker_pid, self.no_progress(worker_pid))
+        # A rank frozen between two steps holds no timer; the peer waiting for it in a collective times out
+        # instead. Name the frozen one too (primary_failure puts a stopped rank first).
+        for pid in self.last_step:
+            if pid != worker_pid and process_state(pid) in ("T", "t"):
+                self.hung.setdefault(pid, self.no_progress(pid))
         return super()._reap_worker(worker_pid, signal)
+
+    def no_progress(self, pid: int) -> str:
+        return f"made no progress in {self.timeout_s / 60:g} min ({hang_description(process_state(pid))})"
 
 
 class HealingAgent(LocalElasticAgent):
@@ -165,8 +172,12 @@ class HealingAgent(LocalElasticAgent):
     def _failures(self, result: RunResult) -> list[RankFailure]:
         steps, hung = (self.watch.last_step, self.watch.hung) if self.watch else ({}, {})
         attempt = self._worker_group.spec.max_restarts - self._remaining_restarts
-        return [RankFailure(rank, self.host, failure.exitcode, steps.get(failure.pid), self.logs.path(attempt, rank),
-                            hung.get(failure.pid)) for rank, failure in result.failures.items()]
+        failed = [RankFailure(rank, self.host, failure.exitcode, steps.get(failure.pid), self.logs.path(attempt, rank),
+                              hung.get(failure.pid)) for rank, failure in result.failures.items()]
+        # A frozen rank named by the timers has not ended yet (the agent's stop kills it): it is a failure too.
+        return failed + [RankFailure(rank, self.host, -signal.SIGKILL, steps.get(pid), self.logs.path(attempt, rank),
+                                     hung[pid]) for rank, pid in self.pids.items()
+                         if pid in hung and rank not in result.failures]
 
     def _judge(self, result: RunResult) -> None:
         failures = self._failures(result)

@@ -98,3 +98,26 @@ def test_process_state_tells_a_stopped_process(tmp_path: Path) -> None:
         child.kill()
         child.wait()
     assert process_state(child.pid) == ""  # gone
+
+
+def test_the_hang_watch_names_a_frozen_peer_whose_timer_did_not_run_out(tmp_path: Path) -> None:
+    """A rank frozen between two steps holds no timer: its peer, waiting in a collective, times out first.
+    The agent's timer server kills the waiting peer and names the frozen one too."""
+    from pretrain.launch.agent import HangWatch  # imports torch's elastic agent: only this test needs it
+
+    frozen, waiting = (subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2))
+    try:
+        frozen.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while process_state(frozen.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        watch = HangWatch(str(tmp_path / "timers"), "run", timeout_s=6.0)
+        watch.last_step.update({frozen.pid: "phase1 step 7", waiting.pid: "phase1 step 8"})
+        assert watch._reap_worker(waiting.pid, signal.SIGKILL)
+        assert waiting.wait(timeout=10) == -signal.SIGKILL
+        assert watch.hung == {waiting.pid: "made no progress in 0.1 min (running but not progressing)",
+                              frozen.pid: "made no progress in 0.1 min (stopped by SIGSTOP)"}
+    finally:
+        for child in (frozen, waiting):
+            child.kill()
+            child.wait()
