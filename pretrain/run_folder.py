@@ -24,10 +24,13 @@ METRICS_FILE = "metrics.jsonl"  # one JSON line per logged step, inside TENSORBO
 EXCHANGE = "exchange"  # codistillation's filesystem exchange, unless codistill.exchange_dir says otherwise
 REPORT_MD = "report.md"  # `./launch.sh report RUN_DIR` (pretrain/report/write.py)
 REPORT_PNG = "report.png"
+LOGS = "logs"  # LOGS/<launch time>[-node]/attempt-K/rank-R.log and agent.log (pretrain/launch/agent.py)
+LAST_FAILURE = "last_failure.json"  # inside LOGS: the last fault's step and checkpoint (pretrain/launch/faults.py)
 
 # What docs/pretraining.md lists, as paths inside the run folder (a folder ends with "/").
 LISTED = (RESOLVED_CONFIG, CLOCK_FILE, JOB_LOCK, f"{CHECKPOINTS}/", f"{EXPORT}/", f"{EXPORT}/<phase>/{EXPORT_INFO}",
-          f"{TENSORBOARD}/", f"{TENSORBOARD}/{METRICS_FILE}", f"{EXCHANGE}/", REPORT_MD, REPORT_PNG)
+          f"{TENSORBOARD}/", f"{TENSORBOARD}/{METRICS_FILE}", f"{EXCHANGE}/", REPORT_MD, REPORT_PNG, f"{LOGS}/",
+          f"{LOGS}/{LAST_FAILURE}")
 
 
 def metrics_path(run_dir: Path) -> Path:
@@ -36,3 +39,14 @@ def metrics_path(run_dir: Path) -> Path:
 
 def export_dir(run_dir: Path, phase: str) -> Path:
     return Path(run_dir) / EXPORT / phase
+
+
+def launch_logs_dir(run_dir: Path, launch: str) -> Path:
+    """The folder of one launch's logs (`launch`: its start time, plus the node with a hostfile)."""
+    return Path(run_dir) / LOGS / launch
+
+
+def last_failure_path(run_dir: Path, node_mark: str = "") -> Path:
+    """Each node of a hostfile job keeps its own record (`node_mark` "-NODE"): they share the run folder."""
+    stem, _, suffix = LAST_FAILURE.rpartition(".")
+    return Path(run_dir) / LOGS / f"{stem}{node_mark}.{suffix}"

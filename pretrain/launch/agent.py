@@ -63,6 +63,7 @@ from pretrain.launch.faults import (
     worker_env_extras,
 )
 from pretrain.launch.nodes import node_range
+from pretrain.run_folder import last_failure_path, launch_logs_dir
 from pretrain.step_watch import HANG_TIMEOUT_ENV
 
 PREFIX = "launch.sh"
@@ -240,7 +241,7 @@ def build_agent(args: argparse.Namespace, module_args: list[str]) -> HealingAgen
     config = load_config(*parse_args(module_args))  # the ranks read it again; a UserError here is one line
     host = args.node or socket.gethostname()
     node_mark = f"-{args.node}" if args.node else ""  # the nodes of a hostfile job share the run folder
-    launch_dir = Path(config.run.dir) / "logs" / (time.strftime("%Y%m%d-%H%M%S") + node_mark)
+    launch_dir = launch_logs_dir(Path(config.run.dir), time.strftime("%Y%m%d-%H%M%S") + node_mark)
     quiet_torch_logs(launch_dir / "agent.log")
     os.environ["TORCHELASTIC_ENABLE_FILE_TIMER"] = "1"
     os.environ[HANG_TIMEOUT_ENV] = str(config.run.hang_timeout_minutes * 60)
@@ -262,7 +263,7 @@ def build_agent(args: argparse.Namespace, module_args: list[str]) -> HealingAgen
                       local_addr=args.node or args.master_addr)
     logging.getLogger("torch.distributed.elastic").info("ranks run: %r", [sys.executable, *spec.args])
     context = FaultContext(config.run.max_restarts, config.checkpoint_dir, args.resume_command)
-    record = FailureRecord(Path(config.run.dir) / "logs" / f"last_failure{node_mark}.json")
+    record = FailureRecord(last_failure_path(Path(config.run.dir), node_mark))
     grace = int(float(os.environ.get("BERT_DS_KILL_GRACE_SECONDS", "30")))
     return HealingAgent(spec, RankLogs(launch_dir), context, record, grace, host)
 

@@ -36,7 +36,6 @@ SAVE_FAILED_EXIT = 4  # pretrain.train: a phase-end or stop checkpoint could not
 NOT_RESTARTED = {USER_ERROR_EXIT: "a config, data or resume error", NONFINITE_EXIT: "NaN/inf losses",
                  SAVE_FAILED_EXIT: "a checkpoint that could not be written (free space, then rerun)"}
 ERROR_PREFIXES = ("config error: ", "data error: ", "resume error: ", "error: ")
-LAST_FAILURE = "last_failure.json"
 START_UP = "start-up"
 
 

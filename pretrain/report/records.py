@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pretrain.run_folder import CHECKPOINTS, EXPORT_INFO, TENSORBOARD, metrics_path
+from pretrain.run_folder import CHECKPOINTS, EXPORT_INFO, LOGS, TENSORBOARD, metrics_path
 
 SEARCH_DEPTH = 3  # folder levels below RUN_DIR and its parent searched for results and exports
-SKIPPED_FOLDERS = {CHECKPOINTS, TENSORBOARD, "logs", "data", "squad_data", ".git", "__pycache__"}
+SKIPPED_FOLDERS = {CHECKPOINTS, TENSORBOARD, LOGS, "data", "squad_data", ".git", "__pycache__"}
 GLUE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli", "ax")
 
 
