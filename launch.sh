@@ -234,6 +234,10 @@ launch_module() { # $1 = python module, $2 = pretrain|finetune, then the subcomm
                 --no_local_rank --module "$module" "${MODULE_ARGS[@]}"
             ;;
         slurm)
+            if [[ "$module" == pretrain.train ]]; then
+                run_nodes --slurm "$@"
+                return
+            fi
             export MASTER_ADDR=$CLUSTER_MASTER_ADDR MASTER_PORT=$CLUSTER_MASTER_PORT WORLD_SIZE=$CLUSTER_WORLD_SIZE
             show export "MASTER_ADDR=$MASTER_ADDR" "MASTER_PORT=$MASTER_PORT" "WORLD_SIZE=$WORLD_SIZE"
             # CLUSTER_LAUNCHER_ARGS: the job's --cpus-per-task, which srun no longer inherits (Slurm 22.05).
@@ -255,19 +259,32 @@ run_agent() { # the pretrain arguments as typed: the error line's resume command
         --master-port "$CLUSTER_MASTER_PORT" --resume-command "${resume#+ }" -- "${MODULE_ARGS[@]}"
 }
 
-# pretrain with a hostfile: the same agent on every node, started through pdsh + ssh by pretrain/launch/nodes.py,
-# which also tells a lost node (--nodes MIN:MAX: the job carries on without it) and passes signals to every node.
-run_nodes() {
-    local resume
+# pretrain on several nodes: the same agent on every node, started by pretrain/launch/nodes.py through pdsh + ssh
+# (a hostfile) or srun (one task per node of a SLURM allocation), which also tells a lost node (--nodes MIN:MAX: the
+# job carries on without it) and passes signals to every node.
+run_nodes() { # [--slurm] then the pretrain arguments as typed: the error line's resume command
+    local resume where=(--hostfile "$HOSTFILE") extra=()
+    if [[ "${1:-}" == --slurm ]]; then
+        shift
+        # every node of the allocation (or --nodes) runs an agent; a task asks for its ranks' CPUs and GPUs
+        where=(--slurm --nodes "${NODE_RANGE:-$CLUSTER_NODES}")
+        extra=(${CLUSTER_CPUS_PER_TASK:+--cpus-per-task "$CLUSTER_CPUS_PER_TASK"})
+        if [[ "${DS_ACCELERATOR:-}" != cpu ]]; then extra+=(--gpus); fi
+    else
+        where+=(${NODE_RANGE:+--nodes "$NODE_RANGE"} ${DS_ENV_FILE:+--env-file "$DS_ENV_FILE"})
+    fi
     resume=$(show ./launch.sh pretrain "$@")
     if ((CLUSTER_REMOTE_SHELL)); then
         echo "# hostfile: the module's arguments below are quoted once more for the remote shell (pdsh + ssh)"
+        extra+=(--args-quoted) # pdsh always runs a remote shell; with 2+ nodes launch/plan.py quoted them already
     fi
-    local quoted=() # pdsh always runs a remote shell; with 2+ nodes launch/plan.py quoted the arguments already
-    if ((CLUSTER_REMOTE_SHELL)); then quoted=(--args-quoted); fi
-    run "$PYTHON" -m pretrain.launch.nodes --hostfile "$HOSTFILE" ${NODE_RANGE:+--nodes "$NODE_RANGE"} "${quoted[@]}" \
-        --nproc-per-node "$CLUSTER_RANKS" --master-addr "$CLUSTER_MASTER_ADDR" --master-port "$CLUSTER_MASTER_PORT" \
-        ${DS_ENV_FILE:+--env-file "$DS_ENV_FILE"} --resume-command "${resume#+ }" -- "${MODULE_ARGS[@]}"
+    local nodes=(-m pretrain.launch.nodes "${where[@]}" ${extra[@]+"${extra[@]}"} --nproc-per-node "$CLUSTER_RANKS"
+        --master-addr "$CLUSTER_MASTER_ADDR" --master-port "$CLUSTER_MASTER_PORT" --resume-command "${resume#+ }")
+    run "$PYTHON" "${nodes[@]}" -- "${MODULE_ARGS[@]}"
+    if ((DRY_RUN)); then # what it would start on the nodes (pdsh or srun), as one line
+        echo "# which starts: $(PYTHONPATH=$(with_repo_on_path) "$(command -v "$PYTHON" || echo python3)" "${nodes[@]}" \
+            --python "$PYTHON" --show -- "${MODULE_ARGS[@]}")"
+    fi
 }
 
 # The pdsh launcher forwards few variables to the other nodes; the rest of RANK_ENV (and the lines

@@ -239,8 +239,9 @@ def quiet_torch_logs(path: Path) -> None:
 
 def build_agent(args: argparse.Namespace, module_args: list[str]) -> HealingAgent:
     config = load_config(*parse_args(module_args))  # the ranks read it again; a UserError here is one line
-    host = args.node or socket.gethostname()
-    node_mark = f"-{args.node}" if args.node else ""  # the nodes of a hostfile job share the run folder
+    node = os.environ.get("SLURMD_NODENAME", "") if args.slurm else args.node  # a name only on 2+ nodes
+    host = node or socket.gethostname()
+    node_mark = f"-{node}" if node else ""  # the nodes of a multi-node job share the run folder
     launch_dir = launch_logs_dir(Path(config.run.dir), time.strftime("%Y%m%d-%H%M%S") + node_mark)
     quiet_torch_logs(launch_dir / "agent.log")
     os.environ["TORCHELASTIC_ENABLE_FILE_TIMER"] = "1"
@@ -250,17 +251,21 @@ def build_agent(args: argparse.Namespace, module_args: list[str]) -> HealingAgen
     # store would keep the previous attempt's keys (a restarted gloo mesh then dials the dead ranks' ports).
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     low, high = node_range(args.nnodes) or (1, 1)
-    # The first host serves the rendezvous (on one machine: this one); a hostfile job's run id is its mark.
+    # The first node serves the rendezvous (on one machine: this one; SLURM: the step's node 0); a multi-node
+    # job's run id is its mark. Under SLURM the ranks' own store is on torch's choice of address (the fqdn).
+    is_host = os.environ.get("SLURM_NODEID", "0") == "0" if args.slurm else not args.node or args.node == args.master_addr
+    local_addr = None if args.slurm else args.node or args.master_addr
     parameters = RendezvousParameters(backend="c10d", endpoint=f"{args.master_addr}:{args.master_port}",
                                       run_id=args.job or f"bert-{uuid.uuid4().hex[:12]}", min_nodes=low,
-                                      max_nodes=high, local_addr=args.node or args.master_addr,
-                                      is_host=not args.node or args.node == args.master_addr,
+                                      max_nodes=high, local_addr=local_addr, is_host=is_host,
                                       last_call_timeout=LAST_CALL_SECONDS)
+    # SLURM gave the node's task all its ranks' CPUs: each rank takes its own share (pretrain/launch/pin.py), as
+    # SLURM's per-task binding did when every rank was a task.
+    rank = ("-u", "-m", "pretrain.train", *module_args)
     spec = WorkerSpec(role="rank", local_world_size=args.nproc_per_node, entrypoint=sys.executable,
-                      args=("-u", "-m", "pretrain.train", *module_args),
+                      args=("-u", "-m", "pretrain.launch.pin", "--", *rank) if args.slurm else rank,
                       rdzv_handler=rendezvous_registry.get_rendezvous_handler(parameters),
-                      max_restarts=config.run.max_restarts, monitor_interval=0.2,
-                      local_addr=args.node or args.master_addr)
+                      max_restarts=config.run.max_restarts, monitor_interval=0.2, local_addr=local_addr)
     logging.getLogger("torch.distributed.elastic").info("ranks run: %r", [sys.executable, *spec.args])
     context = FaultContext(config.run.max_restarts, config.checkpoint_dir, args.resume_command)
     record = FailureRecord(last_failure_path(Path(config.run.dir), node_mark))
@@ -276,9 +281,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master-addr", default="127.0.0.1")
     parser.add_argument("--master-port", type=int, default=29500)
     parser.add_argument("--resume-command", default="the same command again")
-    parser.add_argument("--nnodes", default="", help="hostfile jobs: N or MIN:MAX nodes (pretrain/launch/nodes.py)")
+    parser.add_argument("--nnodes", default="", help="multi-node jobs: N or MIN:MAX nodes (pretrain/launch/nodes.py)")
     parser.add_argument("--node", default="", help="hostfile jobs: this node's name in the hostfile")
-    parser.add_argument("--job", default="", help="hostfile jobs: the launch's mark (rendezvous id, signals)")
+    parser.add_argument("--job", default="", help="multi-node jobs: the launch's mark (rendezvous id, signals)")
+    parser.add_argument("--slurm", action="store_true",
+                        help="one task of a SLURM step (pretrain/launch/transports.py): node name from SLURMD_NODENAME,"
+                             " node 0 serves the rendezvous, each rank pinned to its share of the task's CPUs")
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     try:
         agent = build_agent(args, module_args)

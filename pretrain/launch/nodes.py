@@ -1,14 +1,15 @@
-"""`./launch.sh pretrain --hostfile`: our elastic agent on every node through pdsh + ssh, and lost nodes told.
+"""`./launch.sh pretrain` on several nodes: our elastic agent on every node, and lost nodes told.
 
-    python -m pretrain.launch.nodes --hostfile F [--nodes N|MIN:MAX] --nproc-per-node N --master-addr A
-        --master-port P [--env-file F] [--resume-command TEXT] -- ARGS (quoted for the remote shell)
+    python -m pretrain.launch.nodes (--hostfile F | --slurm) [--nodes N|MIN:MAX] --nproc-per-node N
+        --master-addr A --master-port P [--env-file F] [--cpus-per-task C] [--gpus] [--resume-command TEXT]
+        -- ARGS
 
-pdsh runs, on every host at once, `cd CHECKOUT; export ...; PYTHON -u -m pretrain.launch.agent --node %h ...`
-(pdsh puts each host's name for %h). The agents meet in torch's c10d rendezvous on A:P (the first host
+With a hostfile pdsh + ssh start the agents, inside a SLURM allocation srun does (one task per node);
+pretrain/launch/transports.py has both. The agents meet in torch's c10d rendezvous on A:P (the first node
 serves it) and each starts its node's ranks; a failure anywhere restarts every node's ranks from the newest
-checkpoint (pretrain/launch/agent.py). This process relays what the nodes print and watches pdsh for a node
-that is gone: its ssh session ends while its agent had not ended by itself (status >= 128: the agent or its
-machine was killed, or ssh lost the connection). Then:
+checkpoint (pretrain/launch/agent.py). This process relays what the nodes print and watches for a node that is
+gone: its session ends while its agent had not ended by itself (status >= 128: the agent or its machine was
+killed, or ssh lost the connection). Then:
 
 - with `--nodes MIN:MAX` and at least MIN nodes left: one line, and the job carries on without it; the
   survivors' ranks fail at their next collective, their agents meet again in a smaller world, and the run
@@ -17,8 +18,8 @@ machine was killed, or ssh lost the connection). Then:
 - otherwise: one error line naming the node, and the other nodes are stopped at once (their ranks would
   otherwise wait in the rendezvous, or in a collective until run.dist_timeout_minutes).
 
-Signals (launch.sh passes them here) reach every node's agent through `pdsh ... pkill -SIG -f JOB`, JOB being
-this launch's own mark on the agents' command lines; the agents pass them on to their ranks.
+Signals (launch.sh passes them here) reach every node's agent through the transport (pdsh + pkill of this
+launch's mark, or scancel of the agents' step); the agents pass them on to their ranks.
 
 Standard library only: launch/plan.py reads `node_range` from here with a bare python3.
 """
@@ -34,16 +35,16 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
-from pretrain.launch.cluster import ClusterError, pdsh_quote, read_hostfile
+from pretrain.launch.cluster import ClusterError, nodelist_hosts, pdsh_quote, read_hostfile
+from pretrain.launch.transports import Pdsh, Srun
 
 PREFIX = "launch.sh"
-LOST_STATUS = 128  # an agent ends by itself with 0-3 (pretrain/launch/agent.py); >= 128: it was killed
-_SSH_EXIT = re.compile(r"^pdsh@\S+: (\S+): ssh (?:exited with exit code (\d+)|killed by signal (\d+))")
+LOST_STATUS = 128  # an agent ends by itself with 0-4 (pretrain/launch/agent.py); >= 128: it was killed
 _RANGE = re.compile(r"([0-9]+)(?::([0-9]+))?", re.ASCII)
 
 
@@ -63,57 +64,54 @@ def node_range(value: str) -> tuple[int, int] | None:
     return low, high
 
 
-def remote_word(arg: str) -> str:
-    """One word of the remote command, already pdsh-quoted (pretrain/launch/cluster.py's pdsh_quote): wrapped in
-    "..." when it holds a space, as DeepSpeed's pdsh runner did, which pdsh_quote was written for."""
-    return '"{}"'.format(arg.replace('"', '\\"')) if " " in arg else arg
+class Transport(Protocol):
+    """What starts the agents (pretrain/launch/transports.py)."""
+
+    def command(self, hosts: Sequence[str], agent_args: Sequence[str], module_args: Sequence[str],
+                resume_command: str) -> list[str]: ...
+
+    def env(self) -> dict[str, str]: ...
+
+    def session_end(self, line: str) -> tuple[str, int] | None: ...
+
+    def quiet(self, line: str) -> bool: ...
+
+    def signal(self, signum: int, hosts: Sequence[str]) -> None: ...
 
 
 @dataclass
 class NodeJob:
-    """One hostfile launch: the hosts, how many may be lost, and the agents' command line."""
+    """One launch over several nodes: the hosts, how many may be lost, and the agents' command line."""
 
     hosts: list[str]
     min_nodes: int
-    agent_args: list[str]  # what every agent gets, before its --node
-    module_args: list[str]  # the driver's arguments, pdsh-quoted
-    exports: list[str] = field(default_factory=list)  # NAME=VALUE lines for every node
+    transport: Transport
+    agent_args: list[str]  # what every agent gets (its --node or --slurm comes from the transport)
+    module_args: list[str]  # the driver's arguments, as the transport wants them
     resume_command: str = ""
-    mark: str = field(default_factory=lambda: f"bert-job-{uuid.uuid4().hex[:12]}")
     lost: list[str] = field(default_factory=list)
     ended: dict[str, int] = field(default_factory=dict)  # host -> its session's status, when not 0
     stopping: bool = False  # a signal to pass on, or a lost node the job cannot do without
     failed: bool = False  # the latter
 
-    def remote_command(self) -> list[str]:
-        exports = "".join(f"export {line.partition('=')[0]}={pdsh_quote(line.partition('=')[2])}; "
-                          for line in self.exports)
-        agent = ["-u", "-m", "pretrain.launch.agent", *self.agent_args, "--job", self.mark, "--node", "%h",
-                 "--resume-command", pdsh_quote(self.resume_command), "--", *self.module_args]
-        return [exports + f"cd {pdsh_quote(os.getcwd())};", pdsh_quote(sys.executable),
-                *(remote_word(word) for word in agent)]
-
-    def pdsh(self, hosts: Sequence[str], command: Sequence[str]) -> list[str]:
-        return ["pdsh", "-S", "-f", "1024", "-w", ",".join(hosts), *command]
+    def command(self) -> list[str]:
+        return self.transport.command(self.hosts, self.agent_args, self.module_args, self.resume_command)
 
     def signal_agents(self, signum: int, hosts: Sequence[str] | None = None) -> None:
         """`signum` to the agents of this job on `hosts` (all), which pass it on to their ranks."""
         targets = [host for host in (hosts or self.hosts) if host not in self.lost]
         if targets:
-            # the agents alone: pdsh, ssh and the remote shell also carry the mark in their command lines
-            agents = shlex.quote(f"^[^ ]*python[^ ]* -u -m pretrain[.]launch[.]agent .*--job {self.mark} ")
-            subprocess.run(self.pdsh(targets, ["pkill", f"-{signal.Signals(signum).name[3:]}", "-f", agents]),
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=pdsh_env(), check=False)
+            self.transport.signal(signum, targets)
 
     def node_ended(self, host: str, status: int) -> list[str]:
-        """pdsh's word that `host`'s session ended with `status`: a lost node when the agent did not end it.
+        """The word that `host`'s session ended with `status`: a lost node when the agent did not end it.
         Returns the hosts whose agents must stop now (the job cannot do without the lost node)."""
         self.ended[host] = status
         if status < LOST_STATUS or self.stopping or host in self.lost:
             return []
         self.lost.append(host)
         left = len(self.hosts) - len(self.lost)
-        why = f"node {host} lost (its session ended with status {status}: the machine, its agent or ssh died)"
+        why = f"node {host} lost (its session ended with status {status}: the machine, its agent or its link died)"
         if left >= self.min_nodes and self.min_nodes < len(self.hosts):
             say(f"fault: {why}; carrying on with {left} node(s) (--nodes {self.min_nodes}:{len(self.hosts)})")
             return []
@@ -127,26 +125,76 @@ def say(line: str) -> None:
     print(f"{PREFIX}: {line}", file=sys.stderr, flush=True)
 
 
-def pdsh_env() -> dict[str, str]:
-    return {**os.environ, "PDSH_RCMD_TYPE": "ssh"}
+class FaultLines:
+    """One line per fault, not one per node: every node's agent reports the failure its own ranks saw (on the
+    node of the rank that died: "died of SIGKILL"; on the others: "exited with status 1", their ranks having
+    lost a peer in a collective). The lines of one restart (or of the final error) are held until every
+    running node has told its own, or `settle_s` passed, and the most telling is shown: a hang, then a
+    signal, then an exit status other than 1, then the first."""
+
+    def __init__(self, out: IO[str], nodes_running: Callable[[], int], settle_s: float = 10.0) -> None:
+        self.out, self.nodes_running, self.settle_s = out, nodes_running, settle_s
+        self.pending: dict[str, list[str]] = {}
+        self.lock = threading.Lock()
+
+    def offer(self, line: str) -> bool:
+        """Hold `line` when it is a node's word on a rank's failure (True), else leave it to the caller."""
+        found = _FAULT_LINE.search(line)
+        if not found:
+            return False
+        key = found[1] or "error"
+        with self.lock:
+            first = key not in self.pending
+            self.pending.setdefault(key, []).append(line)
+            complete = len(self.pending[key]) >= self.nodes_running()
+        if complete:
+            self.show(key)
+        elif first:
+            timer = threading.Timer(self.settle_s, self.show, args=(key,))
+            timer.daemon = True
+            timer.start()
+        return True
+
+    def show(self, key: str) -> None:
+        with self.lock:
+            lines = self.pending.pop(key, [])
+        if lines:
+            self.out.write(min(lines, key=_telling))
+            self.out.flush()
+
+    def show_all(self) -> None:
+        for key in list(self.pending):
+            self.show(key)
 
 
-def relay(stream: IO[str], out: IO[str], job: NodeJob) -> None:
-    """The nodes' lines as they come; pdsh's own 'ssh exited' lines become ours (node_ended)."""
+_FAULT_LINE = re.compile(r"launch\.sh: (?:fault|error): rank \d+ \(host .*?(?:\(restart (\d+) of \d+\)|$)")
+
+
+def _telling(line: str) -> int:
+    for rank, word in enumerate(("made no progress", "died of SIG")):
+        if word in line:
+            return rank
+    return 3 if "exited with status 1 " in line else 2
+
+
+def relay(stream: IO[str], out: IO[str], job: NodeJob, faults: FaultLines) -> None:
+    """The nodes' lines as they come; the transport's own 'session ended' lines become ours (node_ended), and
+    the nodes' lines on one failure become one (FaultLines)."""
     for line in stream:
-        ended = _SSH_EXIT.match(line)
-        if ended:  # the session's status, or the shell's 128 + signal when pdsh's ssh itself was killed
-            to_stop = job.node_ended(ended[1], int(ended[2]) if ended[2] else 128 + int(ended[3]))
+        ended = job.transport.session_end(line)
+        if ended:
+            to_stop = job.node_ended(*ended)
             if to_stop:
                 job.signal_agents(signal.SIGTERM, to_stop)
             continue
-        out.write(line)
-        out.flush()
+        if not job.transport.quiet(line) and not faults.offer(line):
+            out.write(line)
+            out.flush()
 
 
 def run(job: NodeJob) -> int:
-    proc = subprocess.Popen(job.pdsh(job.hosts, job.remote_command()), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=pdsh_env())
+    proc = subprocess.Popen(job.command(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            text=True, env=job.transport.env())
 
     def forward(signum: int, _frame: object) -> None:
         job.stopping = True
@@ -154,13 +202,15 @@ def run(job: NodeJob) -> int:
 
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
         signal.signal(signum, forward)
-    threads = [threading.Thread(target=relay, args=(proc.stdout, sys.stdout, job), daemon=True),
-               threading.Thread(target=relay, args=(proc.stderr, sys.stderr, job), daemon=True)]
+    faults = FaultLines(sys.stderr, lambda: len(job.hosts) - len(job.lost))
+    threads = [threading.Thread(target=relay, args=(proc.stdout, sys.stdout, job, faults), daemon=True),
+               threading.Thread(target=relay, args=(proc.stderr, sys.stderr, job, faults), daemon=True)]
     for thread in threads:
         thread.start()
     status = proc.wait()
     for thread in threads:
         thread.join(timeout=5)
+    faults.show_all()
     if job.failed:
         return 1
     if job.lost:  # carried on without them: the job's status is the survivors'
@@ -168,28 +218,70 @@ def run(job: NodeJob) -> int:
     return status
 
 
+def slurm_hosts(count: int) -> list[str]:
+    """The first `count` nodes of this SLURM allocation, as srun names them (scontrol expands the list)."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
+    if not nodelist:
+        raise ClusterError("--slurm: SLURM_JOB_NODELIST is unset (not inside an allocation)")
+    try:
+        hosts = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                               timeout=60).stdout.split()
+    except (OSError, subprocess.TimeoutExpired):
+        hosts = []
+    hosts = hosts or list(nodelist_hosts(nodelist))
+    if len(hosts) < count:
+        raise ClusterError(f"--nodes {count} but SLURM job {os.environ.get('SLURM_JOB_ID', '?')} has {len(hosts)}")
+    return hosts[:count]
+
+
+def build_job(args: argparse.Namespace, module_args: list[str]) -> NodeJob:
+    """The hosts and the transport: the hostfile's through pdsh, or the allocation's through srun."""
+    mark = f"bert-job-{uuid.uuid4().hex[:12]}"
+    if args.hostfile:
+        hosts = [host for host, _ in read_hostfile(args.hostfile)]
+        low, high = node_range(args.nodes) or (len(hosts), len(hosts))
+        exports = Path(args.env_file).read_text(encoding="utf-8").splitlines() if args.env_file else []
+        transport: Transport = Pdsh(mark, [line for line in exports if "=" in line], args.python)
+        if not args.args_quoted:
+            module_args = [pdsh_quote(arg) for arg in module_args]
+    else:
+        low, high = node_range(args.nodes) or (1, 1)
+        hosts = slurm_hosts(high)
+        transport = Srun(mark, os.environ.get("SLURM_JOB_ID", ""), int(args.nproc_per_node),
+                         int(args.cpus_per_task) if args.cpus_per_task else None, args.gpus, low < high, args.python)
+    agent_args = ["--nproc-per-node", args.nproc_per_node, "--nnodes", f"{low}:{high}",
+                  "--master-addr", args.master_addr, "--master-port", args.master_port]
+    return NodeJob(hosts[:high], low, transport, agent_args, module_args, args.resume_command)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     split = argv.index("--") if "--" in argv else len(argv)
     parser = argparse.ArgumentParser(prog="python -m pretrain.launch.nodes", description=__doc__.split("\n")[0])
-    parser.add_argument("--hostfile", required=True, help='lines "HOST slots=N" (pretrain/launch/cluster.py)')
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--hostfile", help='lines "HOST slots=N" (pretrain/launch/cluster.py): agents over pdsh + ssh')
+    where.add_argument("--slurm", action="store_true", help="the nodes of this SLURM allocation: agents through srun")
     parser.add_argument("--nodes", default="", help="N or MIN:MAX (default: every host, none may be lost)")
     parser.add_argument("--nproc-per-node", required=True)
     parser.add_argument("--master-addr", required=True)
     parser.add_argument("--master-port", required=True)
-    parser.add_argument("--env-file", help="NAME=VALUE lines exported on every node")
+    parser.add_argument("--env-file", help="hostfile: NAME=VALUE lines exported on every node")
+    parser.add_argument("--cpus-per-task", default="", help="SLURM: the job's CPUs per rank")
+    parser.add_argument("--gpus", action="store_true", help="SLURM: the ranks use GPUs (the task asks for them)")
     parser.add_argument("--resume-command", default="the same command again")
+    parser.add_argument("--python", default=sys.executable, help="the interpreter of the agents (default: this one)")
+    parser.add_argument("--show", action="store_true", help="print the command that starts the agents, and exit")
     parser.add_argument("--args-quoted", action="store_true",
-                        help="the driver's arguments are already pdsh-quoted (pretrain/launch/cluster.py, 2+ nodes)")
+                        help="hostfile: the driver's arguments are already pdsh-quoted (pretrain/launch/cluster.py)")
     args = parser.parse_args(argv[:split])
-    hosts = [host for host, _ in read_hostfile(args.hostfile)]
-    low, high = node_range(args.nodes) or (len(hosts), len(hosts))
-    exports = Path(args.env_file).read_text(encoding="utf-8").splitlines() if args.env_file else []
-    agent_args = ["--nproc-per-node", args.nproc_per_node, "--nnodes", f"{low}:{high}",
-                  "--master-addr", args.master_addr, "--master-port", args.master_port]
-    module_args = argv[split + 1:] if args.args_quoted else [pdsh_quote(arg) for arg in argv[split + 1:]]
-    job = NodeJob(hosts[:high], low, agent_args, module_args, [line for line in exports if "=" in line],
-                  args.resume_command)
+    try:
+        job = build_job(args, argv[split + 1:])
+    except ClusterError as err:
+        say(f"error: {err}")
+        return 2
+    if args.show:
+        print(shlex.join(job.command()))
+        return 0
     return run(job)
 
 

@@ -55,7 +55,7 @@ VALUE_OPTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "force one (default: auto, as above); none = one plain",
         "process without a launcher (single rank, e.g. a small SQuAD fine-tune on CPU)")),
     "--gpus": ("gpus", "--gpus N", ("ranks per node (default: SLURM's GPUs per node, else nvidia-smi's count)",)),
-    "--nodes": ("nodes", "--nodes N|MIN:MAX", ("the first N nodes of the hostfile / allocation; pretrain --hostfile:",
+    "--nodes": ("nodes", "--nodes N|MIN:MAX", ("the first N nodes of the hostfile / allocation; pretrain:",
                                              "MIN:MAX carries on while MIN nodes are left (docs/faults.md)")),
     "--master-addr": ("master_addr", "--master-addr A",
                       ("rendezvous host (default: 127.0.0.1 / first hostfile host / first SLURM node)",)),
@@ -155,8 +155,6 @@ def choose_launcher(options: LaunchOptions, env: Mapping[str, str]) -> str:
         raise ClusterError(f"--launcher none runs one process; drop --gpus {options.gpus} or pick another launcher")
     if launcher in ("local", "none") and nodes not in (None, 1):
         raise ClusterError(f"--nodes {options.nodes} needs --hostfile or a SLURM allocation")
-    if ":" in options.nodes and launcher != "hostfile":  # SLURM: the batch script requeues (docs/faults.md)
-        raise ClusterError(f"--nodes {options.nodes}: MIN:MAX needs --hostfile (pretrain under the elastic agent)")
     if options.cpu and gpus is None and launcher != "none":
         raise ClusterError("--cpu needs --gpus N (the number of CPU ranks per node)")
     return launcher

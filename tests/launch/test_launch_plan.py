@@ -87,7 +87,7 @@ def test_choose_launcher(args: list[str], env: dict[str, str], launcher: str) ->
         (["--nodes", "2", "--gpus", "1"], {}, "--nodes 2 needs --hostfile or a SLURM allocation"),
         (["--launcher", "none", "--nodes", "3"], {}, "--nodes 3 needs --hostfile"),
         (["--nodes", "3:2"], {"SLURM_JOB_ID": "7"}, "--nodes MIN:MAX needs 0 < MIN <= MAX, got '3:2'"),
-        (["--nodes", "1:2"], {"SLURM_JOB_ID": "7"}, "--nodes 1:2: MIN:MAX needs --hostfile"),
+        (["--nodes", "1:2"], {}, "--nodes 1:2 needs --hostfile or a SLURM allocation"),
         (["--cpu"], {}, "--cpu needs --gpus N (the number of CPU ranks per node)"),
         (["--cpu"], {"SLURM_JOB_ID": "7"}, "--cpu needs --gpus N"),
     ],

@@ -131,7 +131,15 @@ def slurm_env(nodelist: str, **extra: str) -> dict[str, str]:
     return {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": nodelist, "SLURM_JOB_NUM_NODES": "2", **extra}
 
 
+def which_starts(stdout: str) -> list[str]:
+    """The command nodes.py would start on the nodes (launch.sh prints it under --dry-run as '# which starts: ...')."""
+    line = next(line for line in stdout.splitlines() if line.startswith("# which starts: "))
+    return shlex.split(line.removeprefix("# which starts: "))
+
+
 def test_slurm_dry_run(tmp_path: Path, run_json: Path) -> None:
+    """pretrain: one srun task per node runs our elastic agent (pretrain/launch/nodes.py, transports.py), which
+    starts the node's ranks; the agents meet on the allocation's first node."""
     proc = launch(
         ["--dry-run", "pretrain", "--config", "run.json", "--phase2.steps=9"],
         tmp_path,
@@ -139,28 +147,53 @@ def test_slurm_dry_run(tmp_path: Path, run_json: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     commands = printed_commands(proc.stdout)
+    assert commands[-1][:11] == [
+        FAKE_PYTHON, "-m", "pretrain.launch.nodes", "--slurm", "--nodes", "2", "--gpus", "--nproc-per-node", "4",
+        "--master-addr", "gpu-007",
+    ]  # fmt: skip
+    assert commands[-1][11:13] == ["--master-port", "24242"]
+    assert commands[-1][-4:] == ["--", "--config", "run.json", "--phase2.steps=9"]
+    srun = which_starts(proc.stdout)
+    assert srun[:srun.index(FAKE_PYTHON)] == [
+        "srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", f"--job-name={srun[4].split('=')[1]}",
+        "--kill-on-bad-exit=0", "--export=ALL", "--gpus-per-node=4",
+    ]  # fmt: skip
+    agent = srun[srun.index(FAKE_PYTHON):]
+    assert agent[:6] == [FAKE_PYTHON, "-u", "-m", "pretrain.launch.agent", "--nproc-per-node", "4"]
+    assert "--slurm" in agent and agent[-4:] == ["--", "--config", "run.json", "--phase2.steps=9"]
+    # --nodes MIN:MAX: the step survives a node (--no-kill), the agents' rendezvous takes 1 to 2 nodes
+    proc = launch(["--dry-run", "pretrain", "--config", "run.json", "--nodes", "1:2"], tmp_path,
+                  **slurm_env("gpu-[007-008]", SLURM_GPUS_ON_NODE="4"))
+    srun = which_starts(proc.stdout)
+    assert "--no-kill" in srun and srun[srun.index("--nnodes") + 1] == "1:2"
+
+
+def test_slurm_finetune_runs_one_task_per_rank(tmp_path: Path) -> None:
+    proc = launch(["--dry-run", "squad", "finetune", "--model", "m", "--dev", "d", "--out", "o"], tmp_path,
+                  **slurm_env("gpu-[007-008]", SLURM_GPUS_ON_NODE="4"))
+    assert proc.returncode == 0, proc.stderr
+    commands = printed_commands(proc.stdout)
     env = exported(commands)
     assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["WORLD_SIZE"]) == ("gpu-007", "24242", "8")
     assert commands[-1] == [
         "srun", "--nodes=2", "--ntasks-per-node=4", "--ntasks=8", "--kill-on-bad-exit=1", "--export=ALL",
         "bash", str(REPO_ROOT / "launch" / "slurm_rank.sh"),
-        FAKE_PYTHON, "-u", "-m", "pretrain.train", "--config", "run.json", "--phase2.steps=9",
+        FAKE_PYTHON, "-u", "-m", "pretrain.finetune.squad", "finetune", "--model", "m", "--dev", "d", "--out", "o",
     ]  # fmt: skip
 
 
 def test_slurm_passes_cpus_per_task_to_srun_and_omp(tmp_path: Path, run_json: Path) -> None:
-    # Since Slurm 22.05 srun does not inherit the batch job's --cpus-per-task: launch.sh passes it on.
+    # Since Slurm 22.05 srun does not inherit the batch job's --cpus-per-task: launch.sh passes it on, for the
+    # node's one task as ranks x cpus-per-task (each rank then takes its share: pretrain/launch/pin.py).
     env = slurm_env("gpu-[007-008]", SLURM_GPUS_ON_NODE="4", SLURM_CPUS_PER_TASK="6")
     proc = launch(["--dry-run", "pretrain", "--config", "run.json"], tmp_path, **env)
     assert proc.returncode == 0, proc.stderr
     commands = printed_commands(proc.stdout)
-    assert commands[-1][:6] == [
-        "srun", "--nodes=2", "--ntasks-per-node=4", "--ntasks=8", "--cpus-per-task=6", "--kill-on-bad-exit=1",
-    ]  # fmt: skip
+    assert "--cpus-per-task=24" in which_starts(proc.stdout)
     assert exported(commands)["OMP_NUM_THREADS"] == "6"
     proc = launch(["--dry-run", "pretrain", "--config", "run.json"], tmp_path, OMP_NUM_THREADS="3", **env)
     commands = printed_commands(proc.stdout)
-    assert "--cpus-per-task=6" in commands[-1]
+    assert "--cpus-per-task=24" in which_starts(proc.stdout)
     assert exported(commands)["OMP_NUM_THREADS"] == "3"  # the user's own setting wins
 
 
@@ -178,9 +211,10 @@ def test_slurm_master_address_and_gpus(
 ) -> None:
     proc = launch(["--dry-run", "pretrain", "--config", "run.json"], tmp_path, **slurm_env(nodelist, **gpus_env))
     assert proc.returncode == 0, proc.stderr
-    commands = printed_commands(proc.stdout)
-    assert exported(commands)["MASTER_ADDR"] == master
-    assert f"--ntasks-per-node={per_node}" in commands[-1]
+    command = printed_commands(proc.stdout)[-1]
+    assert command[command.index("--master-addr") + 1] == master
+    assert command[command.index("--nproc-per-node") + 1] == per_node
+    assert f"--gpus-per-node={per_node}" in which_starts(proc.stdout)
 
 
 def test_slurm_rank_wrapper_maps_slurm_variables(tmp_path: Path) -> None:

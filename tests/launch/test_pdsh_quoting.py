@@ -1,6 +1,6 @@
 """launch.sh pretrain --hostfile quotes the module's arguments once more for the pdsh path; no daemons needed.
 
-pretrain/launch/nodes.py (as DeepSpeed's multi-node runner did) joins the remote command into one string that
+pretrain/launch/transports.py (as DeepSpeed's multi-node runner did) joins the remote command into one string that
 each node's login shell splits again, so an unquoted `--run.phases=["phase1"]` arrives as `[phase1]`.
 tests/launch/test_hostfile.py sends such values through real pdsh + ssh (where the machine allows it); this file
 checks, on any machine, the printed command (launch/plan.py quotes for 2+ nodes and says so; with one node
@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 from pretrain.launch.cluster import pdsh_quote
-from pretrain.launch.nodes import remote_word
+from pretrain.launch.transports import remote_word
 from tests.support.launching import clean_env
 from tests.support.paths import REPO_ROOT
 

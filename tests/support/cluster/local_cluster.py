@@ -15,8 +15,8 @@ ClusterUnavailable with the reason, which the tests turn into a skip.
 
 By hand (prints the environment to use, runs until Ctrl-C, then stops everything):
 
-    python -m tests.support.cluster.local_cluster slurm      # then: export SLURM_CONF=...; sbatch ...
-    python -m tests.support.cluster.local_cluster ssh        # then: export PATH=...; ./launch.sh ... --hostfile ...
+    python -m tests.support.cluster.local_cluster slurm [--nodes 2]   # then: export SLURM_CONF=...; sbatch ...
+    python -m tests.support.cluster.local_cluster ssh                 # then: export PATH=...; ./launch.sh ... --hostfile ...
 """
 
 from __future__ import annotations
@@ -81,16 +81,24 @@ class Daemons:
 
 
 class LocalSlurm(Daemons):
-    """munged + slurmctld + slurmd: a one-node SLURM cluster of this machine (root only)."""
+    """munged + slurmctld + slurmd: a SLURM cluster of this machine (root only).
+
+    One node by default. With `nodes=2` (or more) one slurmd per node, each started with `-N NAME` on its own
+    port, named NAME-1, NAME-2, ... (NAME: this host): SLURM then places a job on several "nodes" that are all
+    this machine, as the ssh "nodes" of LoopbackSsh are. They share its CPUs, so no task is pinned there
+    (task/none); each node reports an equal part of the CPUs.
+    """
 
     PROGRAMS = ("munged", "munge", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scontrol", "scancel",
                 "sinfo")
 
     REQUEUE_DELAY_S = 5
 
-    def __init__(self) -> None:
+    def __init__(self, nodes: int = 1) -> None:
         super().__init__(Path(tempfile.mkdtemp(prefix="bert-slurm-")))
         self.cpus = len(os.sched_getaffinity(0))
+        self.host = socket.gethostname().split(".")[0]
+        self.nodes = [self.host] if nodes == 1 else [f"{self.host}-{index}" for index in range(1, nodes + 1)]
         self.conf = self.root / "slurm.conf"
         self.munge_socket = self.root / "munge" / "munge.socket"
 
@@ -110,13 +118,14 @@ class LocalSlurm(Daemons):
             self._write_conf()
             env = {**os.environ, **self.env}
             self.spawn("slurmctld", [programs["slurmctld"], "-D", "-i"], env)
-            self.spawn("slurmd", [programs["slurmd"], "-D"], env)
+            for node in self.nodes:
+                self.spawn(f"slurmd-{node}", [programs["slurmd"], "-D", "-N", node], env)
             wait_until(lambda: self.any_exited() or self._node_state() == "idle", timeout=40)
             self.require_running("coming up", self.root / "slurmctld.log")
             if self._node_state() != "idle":
                 raise ClusterUnavailable(
                     f"the node did not become idle in 40 s (state {self._node_state()!r}):\n"
-                    f"{log_tail(self.root / 'slurmctld.log')}\n{log_tail(self.root / 'slurmd.log')}"
+                    f"{log_tail(self.root / 'slurmctld.log')}\n{log_tail(self.root / f'slurmd-{self.nodes[0]}.log')}"
                 )
         except BaseException:
             self.stop()
@@ -148,10 +157,10 @@ class LocalSlurm(Daemons):
                                      f"{log_tail(self.root / 'munged.out')}")
 
     def _write_conf(self) -> None:
-        host = socket.gethostname().split(".")[0]
-        root = self.root
-        for name in ("state", "spool"):
-            (root / name).mkdir()
+        host, root = self.host, self.root
+        (root / "state").mkdir()
+        for node in self.nodes:
+            (root / f"spool-{node}").mkdir()
         # A random first job id: launch.sh derives the rendezvous port from the job id (20000 + id % 20000),
         # so two of these clusters on one machine do not hand out the same ports.
         first_job_id = random.randrange(1000, 60000)
@@ -161,7 +170,7 @@ class LocalSlurm(Daemons):
             "SlurmUser=root",
             "SlurmdUser=root",
             f"SlurmctldPort={free_port()}",
-            f"SlurmdPort={free_port()}",
+
             # bind to the addresses above (loopback), not to every interface
             "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny",
             "AuthType=auth/munge",
@@ -169,14 +178,14 @@ class LocalSlurm(Daemons):
             # cred_expire is also how long a requeued job waits before it may start again (default 120 s)
             f"AuthInfo=socket={self.munge_socket},cred_expire={self.REQUEUE_DELAY_S}",
             f"StateSaveLocation={root / 'state'}",
-            f"SlurmdSpoolDir={root / 'spool'}",
+            f"SlurmdSpoolDir={root / 'spool-%n'}",
             f"SlurmctldPidFile={root / 'slurmctld.pid'}",
-            f"SlurmdPidFile={root / 'slurmd.pid'}",
+            f"SlurmdPidFile={root / 'slurmd-%n.pid'}",
             f"SlurmctldLogFile={root / 'slurmctld.log'}",
-            f"SlurmdLogFile={root / 'slurmd.log'}",
+            f"SlurmdLogFile={root / 'slurmd-%n.log'}",
             # no cgroups: processes tracked through /proc, tasks pinned with sched_setaffinity
             "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/affinity",
+            "TaskPlugin=task/affinity" if len(self.nodes) == 1 else "TaskPlugin=task/none",
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_CPU",
             "SchedulerType=sched/builtin",
@@ -189,7 +198,8 @@ class LocalSlurm(Daemons):
             "MailProg=/bin/true",
             f"FirstJobId={first_job_id}",
             "GresTypes=gpu",  # so that the batch file's --gpus-per-node can be overridden with 0
-            f"NodeName={host} NodeAddr=127.0.0.1 CPUs={self.cpus} State=UNKNOWN",
+            *(f"NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 Port={free_port()} "
+              f"CPUs={max(1, self.cpus // len(self.nodes))} State=UNKNOWN" for node in self.nodes),
             "PartitionName=local Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
         ]
         self.conf.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -204,7 +214,8 @@ class LocalSlurm(Daemons):
 
     def _node_state(self) -> str:
         try:
-            return self.command("sinfo", "-h", "-N", "-o", "%T", check=False).strip()
+            states = set(self.command("sinfo", "-h", "-N", "-o", "%T", check=False).split())
+            return ",".join(sorted(states))  # "idle" once every node is
         except (OSError, subprocess.TimeoutExpired):
             return ""
 
@@ -335,8 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.support.cluster.local_cluster", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["slurm", "ssh"])
+    parser.add_argument("--nodes", type=int, default=1, help="slurm: how many nodes (slurmd daemons) to run")
     args = parser.parse_args(argv)
-    cluster: LocalSlurm | LoopbackSsh = LocalSlurm() if args.what == "slurm" else LoopbackSsh()
+    cluster: LocalSlurm | LoopbackSsh = LocalSlurm(args.nodes) if args.what == "slurm" else LoopbackSsh()
     try:
         cluster.start()
     except ClusterUnavailable as err:

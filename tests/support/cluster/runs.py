@@ -68,7 +68,7 @@ class RankProbe:
 
     rank: int
     cpus: frozenset[int]
-    cpus_per_task: int | None
+    threads: int | None  # OMP_NUM_THREADS, which launch.sh sets from SLURM's cpus-per-task
 
 
 def rank_processes(marker: str) -> dict[int, int]:
@@ -89,8 +89,8 @@ def probe_ranks(marker: str) -> list[RankProbe]:
     probes = []
     for pid, rank in rank_processes(marker).items():
         try:
-            per_task = process_environ(pid).get("SLURM_CPUS_PER_TASK")
-            probes.append(RankProbe(rank, frozenset(os.sched_getaffinity(pid)), int(per_task) if per_task else None))
+            threads = process_environ(pid).get("OMP_NUM_THREADS")
+            probes.append(RankProbe(rank, frozenset(os.sched_getaffinity(pid)), int(threads) if threads else None))
         except OSError:
             continue
     return sorted(probes, key=lambda probe: probe.rank)

@@ -1,0 +1,163 @@
+"""How one launch's node agents are started, told apart when their session ends, and signalled: pdsh or srun.
+
+pretrain/launch/nodes.py runs `python -m pretrain.launch.agent` once per node and watches for a node that is
+gone. It needs three things from whatever starts the agents, and these two classes are the two ways:
+
+- Pdsh (`--hostfile`): pdsh + ssh run `cd CHECKOUT; export ...; PYTHON -u -m pretrain.launch.agent --node %h ...`
+  on every host at once; a session's end is pdsh's `ssh exited with exit code N` line; a signal reaches the
+  agents through `pdsh ... pkill -SIG -f MARK`.
+- Srun (inside a SLURM allocation): one job step of one task per node, each task an agent
+  (`--slurm`: its name from SLURMD_NODENAME, its ranks pinned to their share of the task's CPUs); a task's end
+  is srun's `srun: error: NODE: task K: Killed` / `Exited with exit code N` line; a signal reaches the agents
+  (and their ranks) through `scancel --signal=SIG JOB.STEP`. Not srun's own forwarding: a SIGTERM to srun
+  makes it abort the step (SIGKILL to every task, no checkpoint).
+
+Why agents per node under SLURM rather than one srun task per rank: torch's agent restarts the ranks
+inside the allocation with no requeue (seconds instead of a place in the queue), serves the hang timers and
+meets the other nodes in a rendezvous that can go on without a lost one (`--nodes MIN:MAX`).
+
+Standard library only, as nodes.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from pretrain.launch.cluster import pdsh_quote
+
+_PDSH_END = re.compile(r"^pdsh@\S+: (\S+): ssh (?:exited with exit code (\d+)|killed by signal (\d+))")
+_SRUN_END = re.compile(r"^srun: error: (\S+): tasks? [0-9,-]+: (.+?)\s*$")
+_STEP_CANCELLED = re.compile(r"^slurmstepd\S*: error: \*\*\* STEP \S+ ON \S+ CANCELLED AT ")
+_SIGNAL_WORDS = {signal.strsignal(number): number for number in signal.Signals if signal.strsignal(number)}
+SSH_KEEP_ALIVE = "-o ServerAliveInterval=15 -o ServerAliveCountMax=4"
+# What a task step must not inherit from a per-task batch request: one task per node has to see all its GPUs.
+_PER_TASK_REQUESTS = ("SLURM_GPUS_PER_TASK", "SLURM_TRES_PER_TASK", "SLURM_NTASKS_PER_GPU", "SLURM_GPU_BIND")
+
+
+def remote_word(arg: str) -> str:
+    """One word of the remote command, already pdsh-quoted (pretrain/launch/cluster.py's pdsh_quote): wrapped in
+    "..." when it holds a space, as DeepSpeed's pdsh runner did, which pdsh_quote was written for."""
+    return '"{}"'.format(arg.replace('"', '\\"')) if " " in arg else arg
+
+
+class Pdsh:
+    """The agents of a hostfile job, through pdsh + ssh; `module_args` arrive pdsh-quoted."""
+
+    def __init__(self, mark: str, exports: Sequence[str] = (), python: str = sys.executable) -> None:
+        self.mark, self.exports, self.python = mark, list(exports), python  # exports: NAME=VALUE lines for every node
+
+    def command(self, hosts: Sequence[str], agent_args: Sequence[str], module_args: Sequence[str],
+                resume_command: str) -> list[str]:
+        exports = "".join(f"export {line.partition('=')[0]}={pdsh_quote(line.partition('=')[2])}; "
+                          for line in self.exports)
+        agent = ["-u", "-m", "pretrain.launch.agent", *agent_args, "--job", self.mark, "--node", "%h",
+                 "--resume-command", pdsh_quote(resume_command), "--", *module_args]
+        return self._pdsh(hosts, [exports + f"cd {pdsh_quote(os.getcwd())};", pdsh_quote(self.python),
+                                  *(remote_word(word) for word in agent)])
+
+    def env(self) -> dict[str, str]:
+        # ssh's keep-alive: a machine that vanishes without closing its connections (power, network) ends its
+        # session within about a minute, so the node is told lost (unset, ssh would wait for ever).
+        alive = " ".join(filter(None, [os.environ.get("PDSH_SSH_ARGS_APPEND", ""), SSH_KEEP_ALIVE]))
+        return {**os.environ, "PDSH_RCMD_TYPE": "ssh", "PDSH_SSH_ARGS_APPEND": alive}
+
+    @staticmethod
+    def session_end(line: str) -> tuple[str, int] | None:
+        """(host, status) from pdsh's line; status 128 + N when pdsh's ssh itself was killed by signal N."""
+        ended = _PDSH_END.match(line)
+        if not ended:
+            return None
+        return ended[1], int(ended[2]) if ended[2] else 128 + int(ended[3])
+
+    @staticmethod
+    def quiet(line: str) -> bool:
+        del line
+        return False
+
+    def signal(self, signum: int, hosts: Sequence[str]) -> None:
+        # the agents alone: pdsh, ssh and the remote shell also carry the mark in their command lines
+        agents = shlex.quote(f"^[^ ]*python[^ ]* -u -m pretrain[.]launch[.]agent .*--job {self.mark} ")
+        subprocess.run(self._pdsh(hosts, ["pkill", f"-{signal.Signals(signum).name[3:]}", "-f", agents]),
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env(), check=False)
+
+    @staticmethod
+    def _pdsh(hosts: Sequence[str], command: Sequence[str]) -> list[str]:
+        return ["pdsh", "-S", "-f", "1024", "-w", ",".join(hosts), *command]
+
+
+class Srun:
+    """The agents of a SLURM job: one step, one task per node; `module_args` arrive as typed.
+
+    cpus_per_task: the job's cpus-per-task (one rank's share), so the agent's task asks for ranks x that;
+    gpus: the ranks use GPUs, so the task asks for `ranks` GPUs of its node.
+    """
+
+    def __init__(self, mark: str, job_id: str, ranks_per_node: int, cpus_per_task: int | None = None,
+                 gpus: bool = False, may_lose_nodes: bool = False, python: str = sys.executable) -> None:
+        self.mark, self.job_id, self.ranks, self.python = mark, job_id, ranks_per_node, python
+        self.cpus_per_task, self.gpus, self.may_lose_nodes = cpus_per_task, gpus, may_lose_nodes
+        self.step = ""
+        self.signalled = False
+
+    def command(self, hosts: Sequence[str], agent_args: Sequence[str], module_args: Sequence[str],
+                resume_command: str) -> list[str]:
+        # --kill-on-bad-exit=0: a task that ends does not end the others (nodes.py decides: carry on, or stop
+        # them with one line); --no-kill: neither does a node SLURM sees fail, with --nodes MIN:MAX.
+        srun = ["srun", f"--nodes={len(hosts)}", f"--ntasks={len(hosts)}", "--ntasks-per-node=1",
+                f"--job-name={self.mark}", "--kill-on-bad-exit=0", "--export=ALL"]
+        if self.cpus_per_task:
+            srun.append(f"--cpus-per-task={self.cpus_per_task * self.ranks}")
+        if self.gpus:
+            srun.append(f"--gpus-per-node={self.ranks}")
+        if self.may_lose_nodes:
+            srun.append("--no-kill")
+        return [*srun, self.python, "-u", "-m", "pretrain.launch.agent", *agent_args, "--job", self.mark,
+                "--slurm", "--resume-command", resume_command, "--", *module_args]
+
+    def env(self) -> dict[str, str]:
+        return {key: value for key, value in os.environ.items() if key not in _PER_TASK_REQUESTS}
+
+    @staticmethod
+    def session_end(line: str) -> tuple[str, int] | None:
+        """(node, status) from srun's line for a task that ended badly; status 128 + N for a signal N."""
+        ended = _SRUN_END.match(line)
+        if not ended:
+            return None
+        how = ended[2]
+        if how.startswith("Exited with exit code "):
+            return ended[1], int(how.rsplit(" ", 1)[1])
+        return ended[1], 128 + _SIGNAL_WORDS.get(how, 0)
+
+    def quiet(self, line: str) -> bool:
+        """srun's closing word after a task it lost (the lost-node line has said it), and slurmstepd's "STEP ...
+        CANCELLED" after a SIGTERM of ours (scancel --signal only signals: the agents stop their ranks)."""
+        return line.startswith("srun: Force Terminated ") or (self.signalled and _STEP_CANCELLED.match(line) is not None)
+
+    def signal(self, signum: int, hosts: Sequence[str]) -> None:
+        """`signum` to every process of the agents' step (agents and ranks alike; both handle it)."""
+        del hosts  # a step is signalled whole; a lost node's part of it is gone already
+        step = self._step_id()
+        if step:
+            self.signalled = True
+            subprocess.run(["scancel", f"--signal={signal.Signals(signum).name[3:]}", step],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+
+    def _step_id(self, wait_s: float = 30.0) -> str:
+        """JOB.STEP of the agents' step, found by its name (the mark); waits while srun is still starting it."""
+        deadline = time.monotonic() + wait_s
+        while not self.step:
+            listed = subprocess.run(["squeue", "-h", "-s", "-j", self.job_id, "-o", "%i %j"], capture_output=True,
+                                    text=True, check=False).stdout
+            self.step = next((line.split()[0] for line in listed.splitlines()
+                              if line.split()[1:] == [self.mark]), "")
+            if self.step or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        return self.step

@@ -1,0 +1,169 @@
+"""Runs that heal themselves under SLURM, for real: a two-node SLURM cluster on this machine (two slurmd daemons,
+tests/support/cluster/local_cluster.py), one CPU rank per node, submitted with the repository's batch file.
+
+Inside the allocation each node's elastic agent is one task of one srun step (pretrain/launch/nodes.py,
+transports.py). One job, with `--nodes 1:2` (and sbatch's `--no-kill`, as docs/faults.md says):
+
+1. kill -9 of rank 1 after the first checkpoint: both nodes' ranks restart inside the allocation, no requeue;
+2. then the loss of node 2 (its agent and its rank killed, as a dying machine takes both): the job carries on
+   with one node and resumes on one rank;
+
+and the job completes, its export equal to an uninterrupted 2-rank run's to float rounding (the world size
+changed: dropout off). Each fault is one line, no traceback. A second job without `--nodes MIN:MAX` loses its
+node 2: one error line naming it, the job fails, nothing of it left running.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from tests.launch.test_slurm import SlurmJobRecord, SlurmJobs
+from tests.support.cluster.local_cluster import LocalSlurm
+from tests.support.cluster.processes import ClusterUnavailable, processes_mentioning
+from tests.support.cluster.runs import (
+    kill_leftovers,
+    latest_checkpoint,
+    rank_processes,
+    run_config,
+    step_records,
+    tail,
+    wait_for,
+)
+from tests.support.launching import REPO_ROOT, child_env, free_port
+from tests.support.pretrain_fixtures import build_shards
+
+pytestmark = pytest.mark.cluster
+
+NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}  # masks depend on the split
+SHAPE = ["--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1", "--gpus-per-node=0", "--time=60",
+         "--job-name=bert-slurm-faults"]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    root = tmp_path_factory.mktemp("slurm_faults")
+    build_shards(root / "shards")
+    yield root
+    kill_leftovers(str(root))
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[LocalSlurm]:
+    try:
+        cluster = LocalSlurm(nodes=2).start()
+    except ClusterUnavailable as err:
+        pytest.skip(f"no local two-node SLURM: {err}")
+    yield cluster
+    cluster.stop()
+
+
+def node_processes(marker: str, node: str) -> list[int]:
+    """The agent of SLURM node `node` (an srun task: SLURMD_NODENAME in its environment) and its ranks."""
+    agents = []
+    for pid in processes_mentioning(marker):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"pretrain.launch.agent" in argv and b"python" in argv[0] and f"SLURMD_NODENAME={node}".encode() in environ:
+            agents.append(pid)
+    return agents + [pid for pid in rank_processes(marker) if parent(pid) in agents]
+
+
+def parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def faults(output: str) -> list[str]:
+    return re.findall(r"^launch\.sh: (?:fault|error): .*$", output, re.MULTILINE)
+
+
+@dataclass
+class SlurmFaultRecord:
+    healed: SlurmJobRecord
+    healed_dir: Path
+    reference_dir: Path
+    strict: SlurmJobRecord
+    strict_leftovers: list[int]
+    node: str
+
+
+@pytest.fixture(scope="module")
+def slurm_faults(slurm: LocalSlurm, workdir: Path) -> SlurmFaultRecord:
+    jobs = SlurmJobs(slurm, workdir)
+    config = run_config(workdir / "elastic.json", workdir / "shards", workdir / "unused", run={"phases": ["phase1"]},
+                        phase1={"batch_size": 16, "gradient_accumulation_steps": None},
+                        model={"overrides": NO_DROPOUT})
+    reference = workdir / "reference"
+    done = subprocess.run(["bash", str(REPO_ROOT / "launch.sh"), "pretrain", "--cpu", "--gpus", "2", "--master-port",
+                           str(free_port()), "--config", str(config), f"--run.dir={reference}"],
+                          cwd=REPO_ROOT, env={**child_env(), "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # The nodes' names resolve nowhere: the agents meet on 127.0.0.1 (on a cluster, the first node's name).
+    common = [str(config), "--cpu", "--gpus", "1", "--master-addr", "127.0.0.1"]
+    second = slurm.nodes[1]
+
+    healed_dir = workdir / "healed"
+    job = jobs.submit([*SHAPE, "--no-kill"], [*common, "--nodes", "1:2", f"--run.dir={healed_dir}"])
+    output = jobs.output_file(job)
+    wait_for(lambda: latest_checkpoint(healed_dir) is not None, 480, "the first checkpoint", lambda: tail(output))
+    os.kill(next(pid for pid, rank in rank_processes(str(healed_dir)).items() if rank == 1), signal.SIGKILL)
+    wait_for(lambda: "restart 1 of 3" in output.read_text() and len(step_records(healed_dir)) > 0
+             and (latest_checkpoint(healed_dir) or ("", {}))[1].get("step", 0) >= 20, 480,
+             "the restarted ranks to pass their next checkpoint", lambda: tail(output))
+    assert node_processes(str(healed_dir), second), f"node {second} not running:\n{tail(output)}"
+    for pid in node_processes(str(healed_dir), second):
+        os.kill(pid, signal.SIGKILL)
+    healed = jobs.wait_final(job, 600)
+
+    strict_dir = workdir / "strict"
+    job = jobs.submit(SHAPE, [*common, f"--run.dir={strict_dir}"])
+    output = jobs.output_file(job)
+    wait_for(lambda: len(step_records(strict_dir)) >= 2, 480, "two steps", lambda: tail(output))
+    for pid in node_processes(str(strict_dir), second):
+        os.kill(pid, signal.SIGKILL)
+    strict = jobs.wait_final(job, 300)
+    return SlurmFaultRecord(healed, healed_dir, reference, strict, sorted(rank_processes(str(strict_dir))), second)
+
+
+def test_a_killed_rank_and_a_lost_node_heal_inside_the_allocation(slurm_faults: SlurmFaultRecord) -> None:
+    job = slurm_faults.healed
+    assert job.final["JobState"] == "COMPLETED" and job.final["Restarts"] == "0", (job.final, job.output[-6000:])
+    lines = faults(job.output)
+    # one line per fault: the rank that died, not also its peer that lost it; then the lost node
+    assert len(lines) == 3, job.output[-6000:]
+    assert re.match(r"launch\.sh: fault: rank 1 \(host \S+\) died of SIGKILL at phase1 step \d+; restarting from "
+                    r"checkpoint phase1-step\d+ \(restart 1 of 3\)", lines[0]), lines
+    assert lines[1].startswith(f"launch.sh: fault: node {slurm_faults.node} lost ") and (
+        "carrying on with 1 node(s) (--nodes 1:2)" in lines[1]), lines
+    assert "(restart 2 of 3)" in lines[2], lines
+    assert "this job has 1" in job.output  # resumed on one rank
+    assert "Traceback" not in job.output and "Force Terminated" not in job.output
+    healed = load_file(str(slurm_faults.healed_dir / "export" / "phase1" / "model.safetensors"))
+    reference = load_file(str(slurm_faults.reference_dir / "export" / "phase1" / "model.safetensors"))
+    assert healed.keys() == reference.keys()
+    worst = max(float((healed[k] - reference[k]).abs().max()) for k in reference)
+    assert worst < 1e-4, f"largest weight difference to the uninterrupted run: {worst}"
+
+
+def test_a_lost_node_without_nodes_min_max_is_one_line_and_ends_the_job(slurm_faults: SlurmFaultRecord) -> None:
+    job = slurm_faults.strict
+    assert job.final["JobState"] == "FAILED" and job.final["ExitCode"] == "1:0", (job.final, job.output[-6000:])
+    (line,) = faults(job.output)
+    assert line.startswith(f"launch.sh: error: node {slurm_faults.node} lost ") and "resume with: ./launch.sh" in line
+    assert slurm_faults.strict_leftovers == [] and "Traceback" not in job.output
