@@ -31,6 +31,7 @@ if __name__ == "__main__" and {"-h", "--help"} & set(sys.argv[1:]):
 import functools
 import gc
 import json
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +74,7 @@ from pretrain.plugin import PluginStack, TrainingPlugin, build_plugin
 from pretrain.report.quality import QualitySettings
 from pretrain.run_folder import EXPORT_INFO, RESOLVED_CONFIG, TENSORBOARD, export_dir
 from pretrain.run_plan import PhasePlan, RunPlan, bert_config_from_plan, plan_on_rank0, plan_run
+from pretrain.step_watch import StepWatch
 from pretrain.stop_request import StopRequest
 from pretrain.trainer import NonFiniteLossError, PhaseState, PhaseTrainer, TrainerJob
 
@@ -252,8 +254,10 @@ def _train(config: RunConfig, extensions: Sequence[TrainingPlugin], stop: StopRe
     plan = plan_on_rank0(config, dist_info)
     run_dir = Path(config.run.dir)
     # the plug-in's state (codistillation's teachers) saved and loaded with every checkpoint, in its own file
+    # the elastic agent's hang timer (off without the agent); each checkpoint file written is progress
+    watch = StepWatch.from_env()
     checkpoints = CheckpointManager(config.checkpoint_dir, config.checkpoint.keep_last, dist_info.rank,
-                                    extra_state=plugin)
+                                    extra_state=plugin, progress=watch.progress)
     if dist_info.rank == 0:
         atomic_write_json(run_dir / RESOLVED_CONFIG, plan.resolved)
     # The newest checkpoint, verified against its manifest (a damaged one is set aside for the newest intact one),
@@ -268,7 +272,7 @@ def _train(config: RunConfig, extensions: Sequence[TrainingPlugin], stop: StopRe
     quality = QualitySettings(run_dir, tuple(config.logging.quality_targets), dist_info.world_size)  # run_clock.json
     metrics = MetricsWriter(run_dir / TENSORBOARD, enabled=dist_info.rank == 0 and config.logging.tensorboard,
                             quality=quality)
-    job = TrainerJob(config, plan.resolved, dist_info, checkpoints, metrics, stop, plugin)
+    job = TrainerJob(config, plan.resolved, dist_info, checkpoints, metrics, stop, plugin, watch=watch)
     samples_seen = saved["samples_seen"] if saved else 0
     steps_done = 0
     try:
@@ -296,10 +300,12 @@ def _train(config: RunConfig, extensions: Sequence[TrainingPlugin], stop: StopRe
                     print(f"stopped ({outcome}) at {name} step {trainer.state.step}; checkpoint "
                           f"{checkpoints.latest_tag()} written. Rerun the same command to resume.", flush=True)
                 return outcome
+            watch.progress()  # the export (rank 0) and the wait for it (the others) get a whole limit
             if config.checkpoint.export_at_phase_end:
                 export_phase(plugin, name, checkpoints.root, export_dir(run_dir, name), dist_info.rank)
             if dist.is_initialized():
                 dist.barrier()
+            watch.end()  # the next phase's engine is built untimed
             saved, latest = trainer.state.state_dict(), checkpoints.latest_tag()
             trainer.engine.destroy()
             del trainer
@@ -338,5 +344,18 @@ def main(argv: list[str] | None = None, extensions: Sequence[TrainingPlugin] = (
     return 0
 
 
+def exit_now(status: int) -> None:
+    """End the process with `status`. A failed run ends without the interpreter's teardown: with the process
+    group still up, a C++ thread torch left joinable is destroyed at exit and aborts the process ("terminate
+    called without an active exception", SIGABRT, seen in about one start-up error in four), which turned a
+    config error (2, never restarted) into a crash (restarted by the agent). The run's files are closed by
+    then (train()'s finally); only the streams need a flush."""
+    if status == 0:
+        sys.exit(0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -110,7 +110,7 @@ class TrainerJob:
     metrics: MetricsWriter
     stop: StopRequest
     plugin: TrainingPlugin = field(default_factory=TrainingPlugin)
-    watch: StepWatch = field(default_factory=StepWatch.from_env)  # steps timed by the elastic agent: hangs
+    watch: StepWatch = field(default_factory=StepWatch.from_env)  # progress timed by the elastic agent: hangs
 
 
 def step_seed(*parts: int) -> int:
@@ -357,8 +357,8 @@ class PhaseTrainer:
         self.throughput.restart()
         self.cadence.saved(time.monotonic())  # the minutes count from the phase's (re)start
         while self.state.step < self.phase.steps:
-            with self.watch.step(self.state.phase, self.state.step + 1):
-                result = self.train_step()
+            self.watch.begin(self.state.phase, self.state.step + 1)  # held until the next step: see step_watch.py
+            result = self.train_step()
             self.state.step += 1
             self.steps_this_process += 1
             self.state.samples_seen += self.global_batch

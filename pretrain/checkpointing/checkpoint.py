@@ -36,6 +36,7 @@ import os
 import pickle
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -81,10 +82,12 @@ class SavedState(Protocol):
 
 
 class CheckpointManager:
-    def __init__(self, root: Path, keep_last: int, rank: int, extra_state: SavedState | None = None) -> None:
+    def __init__(self, root: Path, keep_last: int, rank: int, extra_state: SavedState | None = None,
+                 progress: Callable[[], None] = lambda: None) -> None:
         """`rank`: this process's rank in its job (its model's ranks); `extra_state`: saved in its `state_file`
-        of every tag (a plug-in's state), read back on load."""
-        self.root, self.keep_last, self.rank = Path(root), keep_last, rank
+        of every tag (a plug-in's state), read back on load; `progress`: told after each file a save writes (the
+        hang timer's clock: pretrain/step_watch.py)."""
+        self.root, self.keep_last, self.rank, self.progress = Path(root), keep_last, rank, progress
         self.extra_state = extra_state if extra_state is not None and extra_state.state_file else None
         self.hash_seconds = 0.0  # this rank's sha256 time at the last save (the manifest's cost)
 
@@ -109,7 +112,7 @@ class CheckpointManager:
         `may_fail` (a routine step checkpoint) returns None and training goes on; otherwise SaveError.
         """
         folder = self.root / tag
-        attempt = SaveAttempt(self.rank)
+        attempt = SaveAttempt(self.rank, self.progress)
         if self.rank == 0:  # a tag saved again (after a manual rollback) must not keep an older conversion
             attempt.write(CONSOLIDATED, lambda: (folder / CONSOLIDATED).unlink(missing_ok=True))
             attempt.write("plug-in state", lambda: self._write_extra_state(folder))  # `latest` never lacks it

@@ -69,8 +69,8 @@ class SaveAttempt:
     """One rank's writes of one tag: `write` runs each, keeps the first failure (naming the file) and skips
     every later write, so the rank goes on to the save's collectives instead of leaving them."""
 
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
+    def __init__(self, rank: int, progress: Callable[[], None] = lambda: None) -> None:
+        self.rank, self.progress = rank, progress  # progress: told after each write (the hang timer's clock)
         self.failure: str | None = None
 
     def write(self, name: str, action: Callable[[], object]) -> None:
@@ -80,6 +80,8 @@ class SaveAttempt:
             action()
         except WRITE_ERRORS as err:
             self.fail(name, err)
+        else:
+            self.progress()
 
     def fail(self, name: str, err: BaseException) -> None:
         self.failure = self.failure or f"rank {self.rank}: {name}: {first_line(err)}"

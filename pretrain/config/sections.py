@@ -85,8 +85,9 @@ class RunSection:
     )
     hang_timeout_minutes: float = setting(
         10.0,
-        "a rank whose optimizer step (after the first of each launch) takes longer is named and the job is "
-        "restarted; checkpoint saves, exports and start-up are not timed (docs/faults.md)",
+        "a rank that makes no progress for this long is named and the job is restarted: timed from one optimizer "
+        "step to the next (the step, validation, checkpoint; each checkpoint file written is progress), after "
+        "the first step of each launch; start-up is not timed (docs/faults.md)",
     )
 
 
