@@ -141,6 +141,7 @@ class HealingAgent(LocalElasticAgent):
         self.stop_signal: int | None = None
         self.watch: HangWatch | None = None
         self.pids: dict[int, int] = {}  # global rank -> pid of the running group
+        self.failure_restart = False  # the coming restart is for a failure of this node's ranks (torch counts it)
 
     # ------------------------------------------------------------------ what torch calls
     def _set_local_rank_env(self, worker_env: dict[str, str | None], local_rank: int, spec: WorkerSpec) -> None:
@@ -167,7 +168,17 @@ class HealingAgent(LocalElasticAgent):
         result = super()._monitor_workers(worker_group)
         if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
             self._judge(result)
+            self.failure_restart = True
         return result
+
+    def _restart_workers(self, worker_group: Any) -> None:
+        # torch restarts a healthy group without counting it when another node waits in the rendezvous: that
+        # node's ranks failed (it counted it). Counted here too, every node spends the job's restarts alike and
+        # "restart k of N" means the same k on every node.
+        if not self.failure_restart and self._remaining_restarts > 0:
+            self._remaining_restarts -= 1
+        self.failure_restart = False
+        super()._restart_workers(worker_group)
 
     # ------------------------------------------------------------------ ours
     def _failures(self, result: RunResult) -> list[RankFailure]:

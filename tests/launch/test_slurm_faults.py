@@ -18,15 +18,13 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file
 
+from tests.launch.conftest import ElasticReference
 from tests.launch.test_slurm import SlurmJobRecord, SlurmJobs
 from tests.support.cluster.local_cluster import LocalSlurm
 from tests.support.cluster.processes import ClusterUnavailable, processes_mentioning
@@ -34,17 +32,13 @@ from tests.support.cluster.runs import (
     kill_leftovers,
     latest_checkpoint,
     rank_processes,
-    run_config,
     step_records,
     tail,
     wait_for,
 )
-from tests.support.launching import REPO_ROOT, child_env, free_port
-from tests.support.pretrain_fixtures import build_shards
 
 pytestmark = pytest.mark.cluster
 
-NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}  # masks depend on the split
 SHAPE = ["--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1", "--gpus-per-node=0", "--time=60",
          "--job-name=bert-slurm-faults"]
 
@@ -52,7 +46,6 @@ SHAPE = ["--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1", "--gpus-per-no
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("slurm_faults")
-    build_shards(root / "shards")
     yield root
     kill_leftovers(str(root))
 
@@ -96,24 +89,16 @@ def faults(output: str) -> list[str]:
 class SlurmFaultRecord:
     healed: SlurmJobRecord
     healed_dir: Path
-    reference_dir: Path
+    reference: ElasticReference
     strict: SlurmJobRecord
     strict_leftovers: list[int]
     node: str
 
 
 @pytest.fixture(scope="module")
-def slurm_faults(slurm: LocalSlurm, workdir: Path) -> SlurmFaultRecord:
+def slurm_faults(slurm: LocalSlurm, workdir: Path, elastic_reference: ElasticReference) -> SlurmFaultRecord:
     jobs = SlurmJobs(slurm, workdir)
-    config = run_config(workdir / "elastic.json", workdir / "shards", workdir / "unused", run={"phases": ["phase1"]},
-                        phase1={"batch_size": 16, "gradient_accumulation_steps": None},
-                        model={"overrides": NO_DROPOUT})
-    reference = workdir / "reference"
-    done = subprocess.run(["bash", str(REPO_ROOT / "launch.sh"), "pretrain", "--cpu", "--gpus", "2", "--master-port",
-                           str(free_port()), "--config", str(config), f"--run.dir={reference}"],
-                          cwd=REPO_ROOT, env={**child_env(), "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"},
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    config = elastic_reference.config  # the steps are the same on 1 or 2 ranks (tests/launch/conftest.py)
     # The nodes' names resolve nowhere: the agents meet on 127.0.0.1 (on a cluster, the first node's name).
     common = [str(config), "--cpu", "--gpus", "1", "--master-addr", "127.0.0.1"]
     second = slurm.nodes[1]
@@ -138,7 +123,8 @@ def slurm_faults(slurm: LocalSlurm, workdir: Path) -> SlurmFaultRecord:
     for pid in node_processes(str(strict_dir), second):
         os.kill(pid, signal.SIGKILL)
     strict = jobs.wait_final(job, 300)
-    return SlurmFaultRecord(healed, healed_dir, reference, strict, sorted(rank_processes(str(strict_dir))), second)
+    return SlurmFaultRecord(healed, healed_dir, elastic_reference, strict,
+                            sorted(rank_processes(str(strict_dir))), second)
 
 
 def test_a_killed_rank_and_a_lost_node_heal_inside_the_allocation(slurm_faults: SlurmFaultRecord) -> None:
@@ -154,10 +140,7 @@ def test_a_killed_rank_and_a_lost_node_heal_inside_the_allocation(slurm_faults: 
     assert "(restart 2 of 3)" in lines[2], lines
     assert "this job has 1" in job.output  # resumed on one rank
     assert "Traceback" not in job.output and "Force Terminated" not in job.output
-    healed = load_file(str(slurm_faults.healed_dir / "export" / "phase1" / "model.safetensors"))
-    reference = load_file(str(slurm_faults.reference_dir / "export" / "phase1" / "model.safetensors"))
-    assert healed.keys() == reference.keys()
-    worst = max(float((healed[k] - reference[k]).abs().max()) for k in reference)
+    worst = slurm_faults.reference.largest_difference(slurm_faults.healed_dir)
     assert worst < 1e-4, f"largest weight difference to the uninterrupted run: {worst}"
 
 
