@@ -95,7 +95,7 @@ class Pdsh:
 class Srun:
     """The agents of a SLURM job: one step, one task per node; `module_args` arrive as typed.
 
-    cpus_per_task: the job's cpus-per-task (one rank's share), so the agent's task asks for ranks x that;
+    cpus_per_task: the job's cpus-per-task (one rank's share; unset: 1), so the agent's task asks for ranks x that;
     gpus: the ranks use GPUs, so the task asks for `ranks` GPUs of its node.
     """
 
@@ -112,8 +112,8 @@ class Srun:
         # them with one line); --no-kill: neither does a node SLURM sees fail, with --nodes MIN:MAX.
         srun = ["srun", f"--nodes={len(hosts)}", f"--ntasks={len(hosts)}", "--ntasks-per-node=1",
                 f"--job-name={self.mark}", "--kill-on-bad-exit=0", "--export=ALL"]
-        if self.cpus_per_task:
-            srun.append(f"--cpus-per-task={self.cpus_per_task * self.ranks}")
+        # each rank's CPUs, as when every rank was a task: the job's cpus-per-task, else SLURM's default of one
+        srun.append(f"--cpus-per-task={(self.cpus_per_task or 1) * self.ranks}")
         if self.gpus:
             srun.append(f"--gpus-per-node={self.ranks}")
         if self.may_lose_nodes:

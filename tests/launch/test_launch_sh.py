@@ -156,7 +156,7 @@ def test_slurm_dry_run(tmp_path: Path, run_json: Path) -> None:
     srun = which_starts(proc.stdout)
     assert srun[:srun.index(FAKE_PYTHON)] == [
         "srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", f"--job-name={srun[4].split('=')[1]}",
-        "--kill-on-bad-exit=0", "--export=ALL", "--gpus-per-node=4",
+        "--kill-on-bad-exit=0", "--export=ALL", "--cpus-per-task=4", "--gpus-per-node=4",
     ]  # fmt: skip
     agent = srun[srun.index(FAKE_PYTHON):]
     assert agent[:6] == [FAKE_PYTHON, "-u", "-m", "pretrain.launch.agent", "--nproc-per-node", "4"]

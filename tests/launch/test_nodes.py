@@ -61,6 +61,8 @@ def test_under_slurm_one_task_per_node_asks_for_its_ranks_cpus_and_gpus() -> Non
         "/py", "-u", "-m", "pretrain.launch.agent", "--nproc-per-node", "4", "--job", "bert-job-2", "--slurm",
         "--resume-command", "./launch.sh pretrain", "--", "--run.dir=a b"]  # fmt: skip  (no shell: as typed)
     # --nodes MIN:MAX: SLURM must not end the step (nor the job) when a node fails
+    # no cpus-per-task in the job: one CPU per rank, SLURM's default for the task each rank used to be
+    assert "--cpus-per-task=8" in Srun("m", "77", 8).command(["a"], [], [], "")
     assert "--no-kill" in Srun("m", "77", 1, may_lose_nodes=True).command(["a", "b"], [], [], "")
     assert "--no-kill" not in srun.command(["a", "b"], [], [], "")
     # a per-task GPU request of the batch job would leave each node's one task with one GPU
