@@ -1,9 +1,11 @@
-"""The ranks of `./launch.sh pretrain` on one machine, under torch's elastic agent: restarts, hangs, one line each.
+"""The ranks of `./launch.sh pretrain` on one node, under torch's elastic agent: restarts, hangs, one line each.
 
     python -m pretrain.launch.agent --nproc-per-node N --master-addr A --master-port P
-        [--resume-command TEXT] -- --config RUN.json [--section.key=value ...]
+        [--nnodes N|MIN:MAX --job MARK (--node HOST | --slurm)] [--resume-command TEXT]
+        -- --config RUN.json [--section.key=value ...]
 
-launch.sh runs this instead of a bare launcher. It reads the run config (run.max_restarts,
+launch.sh runs this instead of a bare launcher: itself on one machine; on several nodes pretrain/launch/nodes.py
+runs one per node (over pdsh with --node, or as the node's srun task with --slurm). It reads the run config (run.max_restarts,
 run.hang_timeout_minutes, run.dir) and hands the ranks (`python -m pretrain.train ARGS`) to torch's
 `LocalElasticAgent`, which starts them, watches them, and restarts the whole group from the newest
 checkpoint when one dies. What is ours on top (HealingAgent):
