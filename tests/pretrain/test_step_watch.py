@@ -47,7 +47,7 @@ class Served:
 
     def held(self) -> dict[str, float]:
         """scope -> expiration of this process's timers, once the server has read the pipe."""
-        time.sleep(0.3)
+        time.sleep(0.3)  # the server reads its pipe every 0.05 s
         return dict(self.server.timers)
 
     def stop(self) -> None:
@@ -70,9 +70,9 @@ def test_a_rank_holds_one_timer_from_a_step_to_the_next(served: Served) -> None:
     held = served.held()
     assert held.keys() == {"phase1 step 6"} and held["phase1 step 6"] < time.time() + 61
     first = held["phase1 step 6"]
-    time.sleep(1.0)
+    time.sleep(0.5)
     watch.progress()  # a checkpoint file written: the clock starts again
-    assert served.held()["phase1 step 6"] >= first + 1.0
+    assert served.held()["phase1 step 6"] >= first + 0.5
     watch.end()  # the phase's export is done: nothing timed while the next engine is built
     assert served.held() == {} and watch.scope is None
     watch.progress()  # nothing held: nothing to renew
@@ -80,15 +80,15 @@ def test_a_rank_holds_one_timer_from_a_step_to_the_next(served: Served) -> None:
 
 
 def test_a_rank_that_stops_writing_during_a_save_runs_out_and_one_that_writes_does_not(served: Served) -> None:
-    watch = StepWatch(served.client, timeout_s=1.0, timed_steps=1)
+    watch = StepWatch(served.client, timeout_s=0.6, timed_steps=1)
     watch.begin("phase1", 9)
     attempt = SaveAttempt(0, watch.progress)
-    for _ in range(4):  # a save whose files keep coming, 0.5 s apart, for longer than the limit
-        time.sleep(0.5)
+    for _ in range(5):  # a save whose files keep coming, 0.25 s apart, for twice the limit
+        time.sleep(0.25)
         attempt.write("mp_rank_00_model_states.pt", lambda: None)
     assert served.server.reaped == []
     attempt.write("zero_pp_rank_0_optim_states.pt", lambda: (_ for _ in ()).throw(OSError(28, "No space left")))
-    time.sleep(1.5)  # a failed write is no progress, and nothing written since: the limit passes
+    time.sleep(1.0)  # a failed write is no progress, and nothing written since: the limit passes
     assert served.server.reaped[:1] == ["phase1 step 9"]
     assert attempt.failure and "No space left" in attempt.failure
 
