@@ -4,9 +4,9 @@
         [--nnodes N|MIN:MAX --job MARK (--node HOST | --slurm)] [--resume-command TEXT]
         -- --config RUN.json [--section.key=value ...]
 
-launch.sh runs this instead of a bare launcher: itself on one machine; on several nodes pretrain/launch/nodes.py
-runs one per node (over pdsh with --node, or as the node's srun task with --slurm). It reads the run config (run.max_restarts,
-run.hang_timeout_minutes, run.dir) and hands the ranks (`python -m pretrain.train ARGS`) to torch's
+launch.sh runs this instead of a bare launcher: itself on one machine; on several nodes
+pretrain/launch/nodes.py runs one per node (over pdsh with --node, or as the node's srun task with --slurm). It
+reads the run config (run.max_restarts, run.hang_timeout_minutes, run.dir) and hands the ranks (`python -m pretrain.train ARGS`) to torch's
 `LocalElasticAgent`, which starts them, watches them, and restarts the whole group from the newest
 checkpoint when one dies. What is ours on top (HealingAgent):
 
@@ -143,7 +143,6 @@ class HealingAgent(LocalElasticAgent):
         self.stop_signal: int | None = None
         self.watch: HangWatch | None = None
         self.pids: dict[int, int] = {}  # global rank -> pid of the running group
-        self.failure_restart = False  # the coming restart is for a failure of this node's ranks (torch counts it)
 
     # ------------------------------------------------------------------ what torch calls
     def _set_local_rank_env(self, worker_env: dict[str, str | None], local_rank: int, spec: WorkerSpec) -> None:
@@ -170,16 +169,14 @@ class HealingAgent(LocalElasticAgent):
         result = super()._monitor_workers(worker_group)
         if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
             self._judge(result)
-            self.failure_restart = True
         return result
 
     def _restart_workers(self, worker_group: Any) -> None:
         # torch restarts a healthy group without counting it when another node waits in the rendezvous: that
-        # node's ranks failed (it counted it). Counted here too, every node spends the job's restarts alike and
-        # "restart k of N" means the same k on every node.
-        if not self.failure_restart and self._remaining_restarts > 0:
+        # node's ranks failed (it counted it). A failed group was counted by torch before this call. Counted here
+        # too, every node spends the job's restarts alike and "restart k of N" means the same k on every node.
+        if worker_group.state == WorkerState.HEALTHY and self._remaining_restarts > 0:
             self._remaining_restarts -= 1
-        self.failure_restart = False
         super()._restart_workers(worker_group)
 
     # ------------------------------------------------------------------ ours

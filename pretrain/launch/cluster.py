@@ -31,7 +31,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 __all__ = [
-    "ClusterError", "default_master_addr", "default_master_port", "device_index", "first_host",
+    "ClusterError", "allocation_hosts", "default_master_addr", "default_master_port", "device_index", "first_host",
     "gpus_per_node", "local_gpu_count", "nodelist_hosts", "pdsh_quote", "per_node_counts", "plan",
     "read_hostfile", "shell_assignments", "slurm_task_env", "visible_devices",
 ]
@@ -78,8 +78,8 @@ def _expand_group(group: str, nodelist: str) -> list[str]:
     return values
 
 
-def first_host(nodelist: str, scontrol: bool = False) -> str:
-    """The first host of a SLURM node list: where srun starts task 0, so the rendezvous host.
+def allocation_hosts(nodelist: str, scontrol: bool = False) -> list[str]:
+    """Every host of a SLURM node list, in order: where srun starts its tasks.
 
     With `scontrol`, `scontrol show hostnames` answers where it works (it knows every syntax a site's
     SLURM version accepts); the built-in parser answers otherwise. Per-task callers pass False: no
@@ -92,8 +92,13 @@ def first_host(nodelist: str, scontrol: bool = False) -> str:
         except (OSError, subprocess.TimeoutExpired):
             shown = []
         if shown:
-            return shown[0]
-    return next(nodelist_hosts(nodelist))
+            return shown
+    return list(nodelist_hosts(nodelist))
+
+
+def first_host(nodelist: str, scontrol: bool = False) -> str:
+    """The first host of a SLURM node list: where srun starts task 0, so the rendezvous host."""
+    return allocation_hosts(nodelist, scontrol)[0]
 
 
 def per_node_counts(spec: str) -> list[int]:

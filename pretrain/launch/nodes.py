@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
 
-from pretrain.launch.cluster import ClusterError, nodelist_hosts, pdsh_quote, read_hostfile
+from pretrain.launch.cluster import ClusterError, allocation_hosts, pdsh_quote, read_hostfile
 from pretrain.launch.transports import Pdsh, Srun
 
 PREFIX = "launch.sh"
@@ -94,6 +94,10 @@ class NodeJob:
     stopping: bool = False  # a signal to pass on, or a lost node the job cannot do without
     failed: bool = False  # the latter
 
+    @property
+    def nodes_left(self) -> int:
+        return len(self.hosts) - len(self.lost)
+
     def command(self) -> list[str]:
         return self.transport.command(self.hosts, self.agent_args, self.module_args, self.resume_command)
 
@@ -110,7 +114,7 @@ class NodeJob:
         if status < LOST_STATUS or self.stopping or host in self.lost:
             return []
         self.lost.append(host)
-        left = len(self.hosts) - len(self.lost)
+        left = self.nodes_left
         why = f"node {host} lost (its session ended with status {status}: the machine, its agent or its link died)"
         if left >= self.min_nodes and self.min_nodes < len(self.hosts):
             say(f"fault: {why}; carrying on with {left} node(s) (--nodes {self.min_nodes}:{len(self.hosts)})")
@@ -171,9 +175,10 @@ _FAULT_LINE = re.compile(r"launch\.sh: (?:fault|error): rank \d+ \(host .*?(?:\(
 
 
 def _telling(line: str) -> int:
-    for rank, word in enumerate(("made no progress", "died of SIG")):
+    """A fault line's order of preference: a hang, a signal, an exit status other than 1, exit status 1."""
+    for order, word in enumerate(("made no progress", "died of SIG")):
         if word in line:
-            return rank
+            return order
     return 3 if "exited with status 1 " in line else 2
 
 
@@ -202,7 +207,7 @@ def run(job: NodeJob) -> int:
 
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
         signal.signal(signum, forward)
-    faults = FaultLines(sys.stderr, lambda: len(job.hosts) - len(job.lost))
+    faults = FaultLines(sys.stderr, lambda: job.nodes_left)
     threads = [threading.Thread(target=relay, args=(proc.stdout, sys.stdout, job, faults), daemon=True),
                threading.Thread(target=relay, args=(proc.stderr, sys.stderr, job, faults), daemon=True)]
     for thread in threads:
@@ -223,12 +228,7 @@ def slurm_hosts(count: int) -> list[str]:
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
     if not nodelist:
         raise ClusterError("--slurm: SLURM_JOB_NODELIST is unset (not inside an allocation)")
-    try:
-        hosts = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                               timeout=60).stdout.split()
-    except (OSError, subprocess.TimeoutExpired):
-        hosts = []
-    hosts = hosts or list(nodelist_hosts(nodelist))
+    hosts = allocation_hosts(nodelist, scontrol=True)
     if len(hosts) < count:
         raise ClusterError(f"--nodes {count} but SLURM job {os.environ.get('SLURM_JOB_ID', '?')} has {len(hosts)}")
     return hosts[:count]

@@ -29,7 +29,7 @@ import pytest
 
 from tests.launch.conftest import ElasticReference
 from tests.support.cluster.local_cluster import LoopbackSsh
-from tests.support.cluster.processes import ClusterUnavailable, free_port, processes_mentioning
+from tests.support.cluster.processes import ClusterUnavailable, free_port, parent, processes_mentioning
 from tests.support.cluster.runs import (
     PHASE1_STEPS,
     PHASE2_STEPS,
@@ -211,13 +211,6 @@ def kill_node(marker: str, node: str) -> list[int]:
     for pid in [*agents, *ranks]:
         os.kill(pid, signal.SIGKILL)
     return [*agents, *ranks]
-
-
-def parent(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
 
 
 @dataclass

@@ -27,7 +27,7 @@ import pytest
 from tests.launch.conftest import ElasticReference
 from tests.launch.test_slurm import SlurmJobRecord, SlurmJobs
 from tests.support.cluster.local_cluster import LocalSlurm
-from tests.support.cluster.processes import ClusterUnavailable, processes_mentioning
+from tests.support.cluster.processes import ClusterUnavailable, parent, processes_mentioning
 from tests.support.cluster.runs import (
     kill_leftovers,
     latest_checkpoint,
@@ -72,13 +72,6 @@ def node_processes(marker: str, node: str) -> list[int]:
         if b"pretrain.launch.agent" in argv and b"python" in argv[0] and f"SLURMD_NODENAME={node}".encode() in environ:
             agents.append(pid)
     return agents + [pid for pid in rank_processes(marker) if parent(pid) in agents]
-
-
-def parent(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
 
 
 def faults(output: str) -> list[str]:

@@ -75,3 +75,11 @@ def process_environ(pid: int) -> dict[str, str]:
     raw = Path(f"/proc/{pid}/environ").read_bytes()
     pairs = (item.decode("utf-8", "replace").split("=", 1) for item in raw.split(b"\0") if b"=" in item)
     return dict(pairs)
+
+
+def parent(pid: int) -> int:
+    """The parent pid of `pid` (/proc/PID/stat), 0 when it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
