@@ -8,7 +8,7 @@
 # interpreter is $PYTHON (see default_python), and cluster knobs come from the environment
 # (NCCL_*, OMP_NUM_THREADS), which launch.sh only fills in when they are unset. What is logic
 # rather than launching (the launch options, what the cluster says, the ranks' environment, the
-# --help text) is Python with unit tests: pretrain/launch/plan.py and pretrain/launch/cluster.py.
+# --help text) is Python with unit tests: pretrain/launch/plan.py and pretrain/distributed/cluster.py.
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -59,7 +59,7 @@ run() {
 # export, ...) to its whole group, as a terminal would. A rank still starting (no handler yet: it would
 # print a KeyboardInterrupt traceback) gets SIGTERM for SIGINT: it has nothing to save.
 # launch.sh may also die without a word (SIGKILL of it or of its group): a watchdog in a group of its own
-# (pretrain/launch/lifetime.py) then stops the command's group, SIGTERM and SIGKILL 30 s later
+# (pretrain/launch/watchdog.py) then stops the command's group, SIGTERM and SIGKILL 30 s later
 # (BERT_DS_KILL_GRACE_SECONDS), so nothing of the job outlives launch.sh.
 CHILD_PID="" PENDING_SIGNAL="" LAUNCHER="" WATCHDOG_PID="" INTERRUPTED=0 AGENT=0
 
@@ -120,7 +120,7 @@ on_signal() {
 # The watchdog: in a group of its own, so that a SIGKILL of launch.sh's group spares it.
 start_watchdog() {
     set -m
-    PYTHONPATH=$(with_repo_on_path) "$PYTHON" -m pretrain.launch.lifetime watch $$ "$CHILD_PID" \
+    PYTHONPATH=$(with_repo_on_path) "$PYTHON" -m pretrain.launch.watchdog $$ "$CHILD_PID" \
         --grace "${BERT_DS_KILL_GRACE_SECONDS:-30}" </dev/null &
     WATCHDOG_PID=$!
     set +m
@@ -225,7 +225,7 @@ launch_module() { # $1 = python module, $2 = pretrain|finetune, then the subcomm
                 return
             fi
             # On 2+ nodes DeepSpeed starts the ranks through pdsh + ssh, a remote shell (pdsh_quote in
-            # pretrain/launch/cluster.py); with one node it runs them locally, and the arguments go as typed.
+            # pretrain/distributed/cluster.py); with one node it runs them locally, and the arguments go as typed.
             if ((CLUSTER_REMOTE_SHELL)); then
                 echo "# hostfile: the module's arguments below are quoted once more for the remote shell (pdsh + ssh)"
             fi

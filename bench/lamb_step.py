@@ -156,7 +156,7 @@ def bench_model(model_name: str, args: argparse.Namespace, device: torch.device)
 def bench_zero(model_name: str, args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
-    from pretrain.engine import init_distributed
+    from pretrain.distributed.process_group import init_distributed
 
     info = init_distributed()
     rank, world, device = info.rank, info.world_size, info.device

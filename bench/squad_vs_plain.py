@@ -110,7 +110,8 @@ def fresh_model(config: Any) -> Any:
 def driver_loop(config: Any, data: Any, schedule: Any) -> Loop:
     import torch
 
-    from pretrain.engine import build_engine, init_distributed
+    from pretrain.distributed.process_group import init_distributed
+    from pretrain.engine import build_engine
     from pretrain.finetune.common import skip_lone_rank_allreduce
     from pretrain.finetune.squad.finetune import load_ds_config, training_steps
 
@@ -132,9 +133,9 @@ def plain_loop(config: Any, data: Any, schedule: Any) -> Loop:
     """The loop one writes without DeepSpeed, with the shipped JSON's optimizer settings."""
     import torch
 
-    from pretrain.engine import weight_decay_param_groups
     from pretrain.finetune.squad.features import pad_batch
     from pretrain.finetune.squad.finetune import as_tensors, micro_batches, read_engine_json
+    from pretrain.optim.lamb import weight_decay_param_groups
 
     ds = read_engine_json(config)
     params = ds["optimizer"]["params"]

@@ -38,13 +38,15 @@ from data_prep.atomic_io import atomic_write_json, sha256_file  # noqa: E402
 from data_prep.shards import FORMAT_NAME, FORMAT_VERSION, write_shard  # noqa: E402
 from pretrain.checkpointing.checkpoint import CheckpointManager  # noqa: E402
 from pretrain.config.load import load_config  # noqa: E402
-from pretrain.engine import build_engine, init_distributed  # noqa: E402
-from pretrain.metrics import MetricsWriter, Throughput  # noqa: E402
+from pretrain.distributed.process_group import init_distributed  # noqa: E402
+from pretrain.distributed.stop_request import StopRequest  # noqa: E402
+from pretrain.engine import build_engine  # noqa: E402
+from pretrain.metrics.throughput import Throughput  # noqa: E402
+from pretrain.metrics.writer import MetricsWriter  # noqa: E402
 from pretrain.model.bert import build_model  # noqa: E402
 from pretrain.optim.lamb import ExactLamb, weight_decay_param_groups  # noqa: E402
+from pretrain.run_plan import plan_run  # noqa: E402
 from pretrain.schedule import WarmupPolyDecay  # noqa: E402
-from pretrain.stop_request import StopRequest  # noqa: E402
-from pretrain.train import bert_config_from_plan, plan_run  # noqa: E402
 from pretrain.trainer import PhaseState, PhaseTrainer, TrainerJob  # noqa: E402
 
 
@@ -122,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     config = load_config(None, overrides)
     plan = plan_run(config, dist_info, verify_checksums=False)
-    model_config = bert_config_from_plan(plan)
+    phase = plan.phases["phase1"]
+    model_config = phase.model_config
 
     # --- the driver: engine + trainer exactly as pretrain.train builds them
     def engine_like_the_driver() -> object:
@@ -133,10 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     from pretrain.data.batches import RankBatches
     from pretrain.data.loader import model_inputs
 
-    batches = RankBatches(plan.data["phase1"], "train", 0, 0, 1, args.micro_batch)
-    job = TrainerJob(config, plan.resolved, dist_info, CheckpointManager(work / "ckpt", 1, 0),
+    batches = RankBatches(phase.data, "train", 0, 0, 1, args.micro_batch)
+    job = TrainerJob(work / "run", plan.resolved, dist_info, CheckpointManager(work / "ckpt", 1, 0),
                      MetricsWriter(None, False), StopRequest())
-    trainer = PhaseTrainer(job, engine_like_the_driver(), batches, None, Throughput(1.0, args.seq_len, 1, None),
+    trainer = PhaseTrainer(job, phase.trainer, engine_like_the_driver(), batches, None, Throughput(1.0, args.seq_len, 1, None),
                            PhaseState("phase1"))
 
     # --- baseline 1: a bare loop on an identical engine over the same micro-batches, already on the device

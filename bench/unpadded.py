@@ -31,9 +31,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pretrain.data.batches import Collator, PhaseData, Vocab  # noqa: E402
+from pretrain.data.unpadded import real_tokens  # noqa: E402
 from pretrain.model.bert import bert_config, build_model  # noqa: E402
 from pretrain.model.compiled import compile_layers, compile_seconds  # noqa: E402
-from pretrain.model.unpadded_layout import real_tokens  # noqa: E402
 
 VOCAB_SIZE = 30522
 PROFILES = {"p1": (128, 32), "p2": (512, 8)}  # seq_len, instances per micro-batch

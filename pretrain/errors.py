@@ -10,11 +10,23 @@ point prints it in one line with its kind's prefix and exits 2, without a traceb
     FinetuneFormatError  "error: "   a fine-tune's input file, model folder or flag (SquadFormatError and
                                      GlueFormatError are its kinds; pretrain/finetune/common.py prints it)
 
-Standard library only, so the typed config sections, the checkpoint code, the plug-ins and the fine-tunes'
-torch-free scorers can all use it.
+The exit statuses of the driver (`python -m pretrain.train`) are declared here too, once: the driver returns
+them and the elastic agent (pretrain/launch/faults.py) reads them back, with the prefixes of the lines the
+driver prints for a user error.
+
+Standard library only, so the typed config sections, the checkpoint code, the plug-ins, the launcher and the
+fine-tunes' torch-free scorers can all use it.
 """
 
 from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+# The driver's exit statuses besides 0; none of them is restarted by the elastic agent.
+USER_ERROR_EXIT = 2  # a config, data or resume error (UserError): one line with its kind's prefix
+NONFINITE_EXIT = 3  # too many NaN/inf steps in a row (a checkpoint was written first)
+SAVE_FAILED_EXIT = 4  # a phase-end or stop checkpoint (or an export) could not be written; its line is out
 
 
 class UserError(ValueError):
@@ -48,3 +60,20 @@ class ResumeError(UserError):
 class FinetuneFormatError(UserError):
     """A fine-tune's input file, model folder or flag that cannot be used as it is (SquadFormatError and
     GlueFormatError are its kinds, one per task's files)."""
+
+
+# The prefixes a user error's line starts with (UserError.line), the most specific first.
+ERROR_PREFIXES = tuple(kind.prefix for kind in (ConfigError, DataError, ResumeError, UserError))
+
+
+def exit_on_error(run: Callable[[], object], errors: type[Exception] | tuple[type[Exception], ...],
+                  prefix: str = "") -> int:
+    """A command line's tail: `run()`, then exit status 0; one of `errors` is one line on stderr (`prefix` + its
+    message, or a UserError's own line without a prefix) and USER_ERROR_EXIT, with no traceback."""
+    try:
+        run()
+    except errors as err:
+        line = err.line() if isinstance(err, UserError) and not prefix else f"{prefix}{err}"
+        print(line, file=sys.stderr, flush=True)
+        return USER_ERROR_EXIT
+    return 0

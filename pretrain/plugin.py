@@ -35,8 +35,8 @@ from pretrain.config.plugins import INSTALLED, PluginRegistry
 if TYPE_CHECKING:  # types of the floors below this one only (tests/pretrain/test_import_layers.py)
     import torch
 
-    from pretrain.config.sections import PhaseSection, RunConfig
-    from pretrain.dist import DistInfo
+    from pretrain.config.sections import RunConfig
+    from pretrain.distributed.info import DistInfo
 
 # (output, batch, state) -> (extra loss term, numbers to log as the mean over micro-batches and ranks); `output`
 # is pretrain.model.bert.PretrainingOutput, `state` the trainer's PhaseState.
@@ -87,12 +87,12 @@ class PhaseView(Protocol):
     """What `start_phase` and `after_step` may read of the phase being trained (pretrain.trainer.PhaseTrainer
     is one). A hook reads it; the trainer's own work is not changed through it."""
 
-    config: RunConfig  # the job's run config (a JobShare applied: the job's seed, run.dir, data part)
-    phase: PhaseSection  # this phase's section: steps, seq_len, ...
+    settings: Any  # the phase's pretrain.trainer.TrainerSettings: phase, steps, seq_len, seed, ... (from its plan)
+    run_dir: Path  # the job's run folder (a JobShare applied: <run.dir>/<subfolder>)
     state: Any  # the trainer's PhaseState: phase, step (optimizer steps done), samples_seen, ...
     engine: Any  # the DeepSpeed engine; engine.module is the model, engine.module.config its BertConfig
     dist_info: DistInfo  # this process's rank and world size in its job, its device
-    metrics: Any  # pretrain.metrics.MetricsWriter: a hook may log scalars at `global_step`
+    metrics: Any  # pretrain.metrics.writer.MetricsWriter: a hook may log scalars at `global_step`
 
     @property
     def global_step(self) -> int:
@@ -110,18 +110,26 @@ class TrainingPlugin:
     calls every hook unconditionally and a plug-in overrides only what it changes. Every hook takes or
     returns data (numbers, paths, tensors, process groups); none hands back a core object.
 
-    The hooks in the order pretrain/train.py and pretrain/trainer.py call them (docs/architecture.md lists
-    them too):
+    The hooks, written once as the loop they sit in (pretrain/train.py drives it, pretrain/trainer.py runs each
+    phase; docs/architecture.md says when each is called):
 
-    1. `PluginSpec.build` once per process after the world's process group exists (collective)
-    2. `job_share`: this job's share of the world (config and rank the rest of the run sees)
-    3. `first_rank` / `replica_group`: the resume check and conversion (before any phase)
-    4. `export_targets` for a phase whose end checkpoint exists but whose export a crash cut short
-    5. per phase: `first_rank` / `replica_group` (initial weights), `mpu` (engine), `load_state_dict`
-       (after a checkpoint is loaded), `replica_group` and `loss_term` (the trainer is built),
-       `start_phase(view)` (the trainer's first act), then each step: `loss_term`'s function per
-       micro-batch, `agree_on_step`, `after_step(view)`; with every checkpoint `state_dict`; at the
-       phase end `export_targets`
+        plugin = PluginSpec.build(config, world)          # once, after the process group exists (collective)
+        share = plugin.job_share()                        # the job's config and ranks (None: the whole world)
+        plan = plan_on_rank0(config, world, share)        # the job's folders, seed and data part applied
+        resume check and conversion:                        plugin.first_rank, plugin.replica_group
+        for phase in plan.phases:
+            if its end checkpoint exists:                   plugin.export_targets(...)  (only a missing export)
+                continue
+            initial weights:                                plugin.first_rank, plugin.replica_group
+            engine = build_engine(..., mpu=plugin.mpu);     after a checkpoint load: plugin.load_state_dict(state)
+            trainer: statistics over plugin.replica_group;  extra = plugin.loss_term()
+            plugin.start_phase(view)
+            for step in phase:
+                for micro_batch in step:  loss = task_loss + extra(output, batch, state)[0]
+                agreed, abort_elsewhere = plugin.agree_on_step(step_flags, device)
+                log the step;  plugin.after_step(view)
+                with every checkpoint:                      plugin.state_dict()  (saved as plugin.state_file)
+            phase end: checkpoint, then                     plugin.export_targets(phase, source, out, rank)
 
     A caller's extensions (PluginStack) take part in `start_phase`, `loss_term` and `after_step` only.
     """

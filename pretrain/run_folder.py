@@ -14,12 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 
 RESOLVED_CONFIG = "config.resolved.json"  # the config after overrides + what was derived (pretrain/train.py)
-CLOCK_FILE = "run_clock.json"  # wall-clock, device-hours and stops across resumes (pretrain/report/clock.py)
-JOB_LOCK = ".job.lock"  # held by rank 0 for the job's life (pretrain/launch/lifetime.py)
+CLOCK_FILE = "run_clock.json"  # wall-clock, device-hours and stops across resumes (pretrain/metrics/clock.py)
+JOB_LOCK = ".job.lock"  # held by rank 0 for the job's life (pretrain/distributed/lifetime.py)
 CHECKPOINTS = "checkpoints"  # the checkpoint folder unless checkpoint.dir says otherwise
 EXPORT = "export"  # EXPORT/<phase>: a Hugging Face folder per phase end (pretrain/checkpointing/export.py)
 EXPORT_INFO = "export_info.json"  # inside each export folder: where it came from (pretrain/checkpointing/export.py)
-TENSORBOARD = "tensorboard"  # event files and METRICS_FILE (pretrain/metrics.py)
+TENSORBOARD = "tensorboard"  # event files and METRICS_FILE (pretrain/metrics/writer.py)
 METRICS_FILE = "metrics.jsonl"  # one JSON line per logged step, inside TENSORBOARD
 EXCHANGE = "exchange"  # codistillation's filesystem exchange, unless codistill.exchange_dir says otherwise
 REPORT_MD = "report.md"  # `./launch.sh report RUN_DIR` (pretrain/report/write.py)

@@ -1,48 +1,86 @@
-"""The run's plan, made before any model or engine exists: every check that needs files, then one
-`PhasePlan` per phase (model config, DeepSpeed dict, schedule, data), built once and handed to
-`pretrain.train.run_phase`.
+"""The run's plan: the one place a RunConfig becomes what the phases run, made before any model or engine exists.
+
+    config ─┬─ the plug-in's JobShare (its seed, folders, data part) ─► the job's config
+            └─ every check that needs files (shards, checksums, vocab, each phase's DeepSpeed dict)
+                 ─► RunPlan: JobSettings (folders, checkpoints, metrics) + one PhasePlan per phase
+
+A `PhasePlan` carries everything its phase reads: the model config, the DeepSpeed dict, the schedule, the
+data, the trainer's settings, how the instances become this rank's micro-batches, the inputs of the FLOP
+model, and the attention path. The driver (pretrain/train.py) and the trainer read their plan and nothing of
+the config, so the config is read here, going one way down; `RunConfig.phase` is called in config/ and here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from transformers import BertConfig
 
 from data_prep.shards import ShardFormatError
+from pretrain.config.attention import AttentionPlan, attention_plan
 from pretrain.config.deepspeed import phase_ds_config, precision_of
 from pretrain.config.sections import ConfigError, RunConfig
-from pretrain.data.batches import DataConfigError, PhaseData, phase_data
+from pretrain.data.batches import DataConfigError, PhaseData, StreamSettings, phase_data
 from pretrain.data.shard_checks import check_run_shards, model_overrides
-from pretrain.dist import DistInfo
+from pretrain.distributed.info import DistInfo
+from pretrain.distributed.lifetime import RunFolderBusyError, hold_run_folder
 from pretrain.engine import check_ds_config
-from pretrain.launch.lifetime import RunFolderBusyError, hold_run_folder
+from pretrain.metrics.quality import QualitySettings
+from pretrain.metrics.throughput import ThroughputSettings, peak_tflops
 from pretrain.model.bert import bert_config
+from pretrain.model.presets import flop_parameter_counts
 from pretrain.schedule import WarmupPolyDecay
+from pretrain.trainer import TrainerSettings
+
+if TYPE_CHECKING:
+    from pretrain.plugin import JobShare
 
 
-@dataclass
+@dataclass(frozen=True)
 class PhasePlan:
-    """One phase, built once by `plan_run`: what its model, engine and data are made of."""
+    """One phase, built once by `plan_run`: everything the phase's model, engine, data and trainer are made of."""
 
     name: str
     model_config: BertConfig
     ds_config: dict[str, Any]
+    precision: str  # bf16 | fp16 | fp32: what ds_config computes in (precision_of)
     schedule: WarmupPolyDecay
     data: PhaseData
+    trainer: TrainerSettings
+    stream: StreamSettings  # how the phase's instances become this rank's micro-batches
+    throughput: ThroughputSettings  # the FLOP model's inputs and the device's peak
+    attention: AttentionPlan  # the attention path and whether the layers are compiled
+    seed: int  # run.seed: the same initial weights on every rank
+    activation_checkpointing: bool
+    init_from: str | None  # phaseN.init_from: initial weights (None: the previous phase's end, or fresh)
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """What the whole job (all its phases) reads: its folders, checkpoints and metrics."""
+
+    run_dir: Path
+    checkpoint_dir: Path
+    keep_last: int
+    export_at_phase_end: bool
+    tensorboard: bool
+    quality: QualitySettings
+    vocab_sha256: str
 
 
 @dataclass
 class RunPlan:
-    data: dict[str, PhaseData]
-    ds_configs: dict[str, dict[str, Any]]
+    job: JobSettings
+    phases: dict[str, PhasePlan]  # in run.phases order
     resolved: dict[str, Any]  # the run config + what was derived from files (written everywhere)
-    model_config: BertConfig
-    phases: dict[str, PhasePlan]
+
+    @property
+    def ds_configs(self) -> dict[str, dict[str, Any]]:
+        return {name: phase.ds_config for name, phase in self.phases.items()}
 
 
 def plan_run(config: RunConfig, dist_info: DistInfo, verify_checksums: bool) -> RunPlan:
@@ -51,6 +89,7 @@ def plan_run(config: RunConfig, dist_info: DistInfo, verify_checksums: bool) -> 
     The launch-time check's shard checks (pretrain/data/shard_checks.py: the same messages as `./launch.sh`
     gives before any rank starts; each folder's manifest read once), then what only a rank does: hash the
     shards (with `verify_checksums`), build the model config, check each DeepSpeed dict as build_engine will.
+    `config` is the job's (a plug-in's share applied: `job_config`).
     """
     shards = check_run_shards(config, verify_checksums and config.data.verify_checksums)
     overrides, max_positions = model_overrides(config, shards[config.run.phases[0]].vocab_size)
@@ -62,15 +101,22 @@ def plan_run(config: RunConfig, dist_info: DistInfo, verify_checksums: bool) -> 
         raise ConfigError(str(err)) from err
     device = dist_info.device
     bf16_ok = device.type == "cuda" and torch.cuda.is_bf16_supported()
-    ds_configs = {
-        name: phase_ds_config(config, name, dist_info.world_size, device.type, bf16_ok) for name in config.run.phases
-    }
-    for name, ds in ds_configs.items():  # what build_engine would refuse, refused now for every phase
-        try:
+    phases = {}
+    for name in config.run.phases:
+        ds = phase_ds_config(config, name, dist_info.world_size, device.type, bf16_ok)
+        try:  # what build_engine would refuse, refused now for every phase
             check_ds_config(ds)
         except ValueError as err:
             raise ConfigError(f"{name}.ds_config ({config.phase(name).ds_config}, run.precision={config.run.precision} "
                               f"-> {precision_of(ds)}): {err}") from err
+        phases[name] = phase_plan(config, name, model_config, ds, data[name], device)
+    run_dir = Path(config.run.dir)
+    job = JobSettings(
+        run_dir=run_dir, checkpoint_dir=config.checkpoint_dir, keep_last=config.checkpoint.keep_last,
+        export_at_phase_end=config.checkpoint.export_at_phase_end, tensorboard=config.logging.tensorboard,
+        quality=QualitySettings(run_dir, tuple(config.logging.quality_targets), dist_info.world_size),
+        vocab_sha256=first.vocab.sha256,
+    )
     resolved = {
         **config.to_dict(),
         "resolved": {
@@ -78,26 +124,55 @@ def plan_run(config: RunConfig, dist_info: DistInfo, verify_checksums: bool) -> 
             "vocab_file": str(first.manifest.vocab_path.resolve()),
             "vocab_sha256": first.vocab.sha256,
             "lowercase": bool(first.manifest.data["vocab"].get("lowercase", True)),
-            "ds_configs": ds_configs,
+            "ds_configs": {name: phase.ds_config for name, phase in phases.items()},
             "world_size": dist_info.world_size,
             "max_predictions": {name: d.max_predictions for name, d in data.items()},
         },
     }
-    phases = {
-        name: PhasePlan(name, model_config, ds_configs[name], WarmupPolyDecay(
-            config.phase(name).steps, config.phase(name).warmup_fraction, config.phase(name).decay_power),
-            data[name])
-        for name in config.run.phases
-    }
-    return RunPlan(data=data, ds_configs=ds_configs, resolved=resolved, model_config=model_config, phases=phases)
+    return RunPlan(job=job, phases=phases, resolved=resolved)
 
 
-def plan_on_rank0(config: RunConfig, dist_info: DistInfo) -> RunPlan:
+def phase_plan(config: RunConfig, name: str, model_config: BertConfig, ds: dict[str, Any], data: PhaseData,
+               device: torch.device) -> PhasePlan:
+    """Phase `name` of the job's config: its section read once, into the settings each part of the phase takes."""
+    phase, precision = config.phase(name), precision_of(ds)
+    encoder, head = flop_parameter_counts(model_config.to_dict())
+    attention = attention_plan(config, name, ds, device.type)  # ConfigError: what this device cannot run
+    return PhasePlan(
+        name=name, model_config=model_config, ds_config=ds, precision=precision,
+        schedule=WarmupPolyDecay(phase.steps, phase.warmup_fraction, phase.decay_power), data=data,
+        trainer=TrainerSettings(
+            phase=name, steps=phase.steps, seq_len=phase.seq_len, seed=config.run.seed,
+            num_workers=config.data.num_workers, val_every_steps=config.logging.val_every_steps,
+            val_instances=config.logging.val_instances, val_batches=config.logging.val_batches,
+            checkpoint=config.checkpoint, max_consecutive_nonfinite=config.failures.max_consecutive_nonfinite,
+            stop_after_steps=config.run.stop_after_steps,
+            step_offset=config.phase1.steps if name == "phase2" else 0, progress_bar=config.logging.progress_bar,
+        ),
+        stream=StreamSettings(seed=config.run.seed, packing=phase.packing, part=config.data.part,
+                              num_parts=config.data.num_parts, unpadded=attention.unpadded),
+        throughput=ThroughputSettings(
+            encoder_params=encoder, head_params=head, layers=model_config.num_hidden_layers,
+            hidden=model_config.hidden_size, seq_len=phase.seq_len, predictions=data.max_predictions,
+            peak_tflops=peak_tflops(device, precision, config.logging.peak_tflops)),
+        attention=attention, seed=config.run.seed,
+        activation_checkpointing=config.model.activation_checkpointing, init_from=phase.init_from,
+    )
+
+
+def job_config(config: RunConfig, share: JobShare | None) -> RunConfig:
+    """The config this job trains with: the run config, with a plug-in's share of the world applied."""
+    return config if share is None else share.config_for(config)
+
+
+def plan_on_rank0(config: RunConfig, dist_info: DistInfo, share: JobShare | None = None) -> RunPlan:
     """Rank 0 plans (with checksums) and broadcasts the verdict: all ranks fail together, none hangs; every
-    rank plans once, so each shard folder's manifest is read once per rank.
+    rank plans once, so each shard folder's manifest is read once per rank. `share`: a plug-in's share of the
+    world (`dist_info` is then the job's), applied to `config` here.
 
     Rank 0 also takes the run folder's lock for the job's life: a second job on the same folder (a rerun
     beside ranks that outlived their launcher) stops here instead of writing checkpoints beside them."""
+    config = job_config(config, share)
     error: list[Any] = [None]
     plan = None
     if dist_info.rank == 0:
@@ -112,8 +187,3 @@ def plan_on_rank0(config: RunConfig, dist_info: DistInfo) -> RunPlan:
         raise ConfigError(error[0])
     # rank 0 keeps the plan it checked; the others plan once the verdict is in (no hashing: rank 0 did it)
     return plan if plan is not None else plan_run(config, dist_info, verify_checksums=False)
-
-
-def bert_config_from_plan(plan: RunPlan) -> BertConfig:
-    """The model config `plan_run` built (kept for callers that build a trainer themselves)."""
-    return plan.model_config

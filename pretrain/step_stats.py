@@ -1,4 +1,5 @@
-"""The statistics of one optimizer step, by name, and the one all-reduce that sums them over the model's ranks.
+"""The statistics of one optimizer step, by name, and the one all-reduce that sums them over the model's ranks;
+what a step processed (StepCounts) and what it gave the loop (StepResult): every Step* type of the trainer.
 
 What a micro-batch adds falls in two kinds. Numbers only the device knows (loss sums, correct predictions,
 whether the loss was finite) stay device tensors: reading them on the host would stall the GPU queue
@@ -16,8 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pretrain.data.unpadded import device_rows, real_tokens
 from pretrain.model.bert import IGNORE_INDEX, PretrainingOutput
-from pretrain.model.unpadded_layout import device_rows, real_tokens
 
 # summed on the device, one slot each
 DEVICE_SUMS = ("mlm_loss_sum", "nsp_loss_sum", "mlm_correct", "nsp_correct", "nonfinite")
@@ -40,6 +41,25 @@ def host_values_to_device(values: list[float], device: torch.device) -> torch.Te
 def labelled_slots(host_batch: dict[str, torch.Tensor]) -> int:
     """Labelled MLM slots of a collated micro-batch, counted on its host copy."""
     return int((host_batch["masked_labels"] != IGNORE_INDEX).sum())
+
+
+@dataclass(frozen=True)
+class StepCounts:
+    """What one optimizer step processed, summed over micro-batches and the model's ranks."""
+
+    rows: float  # rows of seq_len tokens the devices ran (padding included)
+    instances: float  # training instances (== rows unpacked; several per packed row)
+    real_tokens: float  # non-padding tokens
+    predictions: float  # MLM head rows computed (slots of masked_positions, labelled or not)
+
+    def data_stats(self, seq_len: int) -> dict[str, float]:
+        """Instances per row and padding share of the step's rows (all ranks), logged as data/*."""
+        if not self.rows:
+            return {}
+        return {
+            "data/packing_factor": self.instances / self.rows,
+            "data/padding_fraction": 1.0 - self.real_tokens / (self.rows * seq_len),
+        }
 
 
 @dataclass
@@ -104,3 +124,14 @@ class StepSums:
         names = DEVICE_SUMS + HOST_COUNTS
         return StepTotals(sums=dict(zip(names, reduced, strict=False)),
                           extras=dict(zip(self.extras, reduced[len(names):], strict=True)))
+
+
+@dataclass
+class StepResult:
+    applied: bool
+    nonfinite: bool
+    values: dict[str, float]
+    counts: StepCounts  # rows, instances, real tokens, MLM predictions of the step over the model's ranks
+    stop_requested: bool = False  # some rank received a stop signal before this step's all-reduce
+    save_due: bool = False  # some rank's clock says checkpoint.every_minutes have passed (agreed over the job)
+    abort_elsewhere: str | None = None  # why another part of the job aborts at this step (plugin.agree_on_step)

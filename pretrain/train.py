@@ -56,29 +56,27 @@ from pretrain.checkpointing.commit import agree_on_failures, first_line
 from pretrain.checkpointing.elastic import prepare_resume
 from pretrain.checkpointing.export import export_checkpoint, load_weights
 from pretrain.checkpointing.manifest import resolve_resume_tag
-from pretrain.config.attention import packing_note
 from pretrain.config.cli import parse_args
-from pretrain.config.deepspeed import precision_of
 from pretrain.config.load import load_config
 from pretrain.config.sections import ConfigError, RunConfig
-from pretrain.data.batches import DataConfigError, RankBatches
-from pretrain.dist import DistInfo
-from pretrain.engine import build_engine, client_optimizer, init_distributed
-from pretrain.errors import UserError
-from pretrain.launch.lifetime import release_run_folder
-from pretrain.metrics import MetricsWriter, Throughput, flops_per_sequence, peak_tflops
-from pretrain.model.bert import build_model, count_parameters
-from pretrain.model_setup import prepare_model_path
-from pretrain.optim.lamb import ExactLamb, bind_zero_layout
+from pretrain.data.batches import DataConfigError
+from pretrain.distributed.info import DistInfo
+from pretrain.distributed.lifetime import release_run_folder
+from pretrain.distributed.process_group import init_distributed
+from pretrain.distributed.step_watch import StepWatch
+from pretrain.distributed.stop_request import StopRequest
+from pretrain.engine import build_engine, rebind_optimizer
+from pretrain.errors import NONFINITE_EXIT, SAVE_FAILED_EXIT, USER_ERROR_EXIT, UserError
+from pretrain.metrics.throughput import Throughput
+from pretrain.metrics.writer import MetricsWriter
+from pretrain.model.bert import build_model
+from pretrain.model.setup import prepare_model_path
 from pretrain.plugin import PluginStack, TrainingPlugin, build_plugin
-from pretrain.report.quality import QualitySettings
 from pretrain.run_folder import EXPORT_INFO, RESOLVED_CONFIG, TENSORBOARD, export_dir
-from pretrain.run_plan import PhasePlan, RunPlan, bert_config_from_plan, plan_on_rank0, plan_run
-from pretrain.step_watch import StepWatch
-from pretrain.stop_request import StopRequest
+from pretrain.run_plan import PhasePlan, RunPlan, plan_on_rank0
 from pretrain.trainer import NonFiniteLossError, PhaseState, PhaseTrainer, TrainerJob
 
-__all__ = ["PhasePlan", "PhaseStart", "RunPlan", "bert_config_from_plan", "main", "plan_run", "run_phase", "train"]
+__all__ = ["PhaseStart", "build_phase", "main", "run_phase", "train"]
 WeightReader = Callable[[], dict[str, torch.Tensor]]  # reads a phase's initial fp32 weights from disk
 
 
@@ -113,55 +111,45 @@ def initial_weights(path: str, expected_vocab_sha: str, key: str) -> dict[str, t
     return consolidated_state_dict(root, tag)
 
 
-def run_phase(plan: PhasePlan, job: TrainerJob, start: PhaseStart) -> tuple[str, PhaseTrainer]:
-    """Build the phase's model, weights, engine, data and trainer from its plan, then train it (the trainer
-    calls the plug-in's `start_phase` first)."""
-    name, config, dist_info, plugin = plan.name, job.config, job.dist_info, job.plugin
-    phase = config.phase(name)
-    torch.manual_seed(config.run.seed)  # the same initial weights on every rank
-    model_config = plan.model_config
-    model = build_model(model_config, config.model.activation_checkpointing)
+def build_phase(plan: PhasePlan, job: TrainerJob, start: PhaseStart) -> PhaseTrainer:
+    """The phase's model, weights, engine, data and trainer, from its plan and nothing else (a benchmark or a test
+    builds a trainer the same way)."""
+    dist_info, plugin = job.dist_info, job.plugin
+    torch.manual_seed(plan.seed)  # the same initial weights on every rank
+    model = build_model(plan.model_config, plan.activation_checkpointing)
     if start.init_weights is not None:
-        load_initial_weights(model, start.init_weights, f"{name} initial weights", dist_info, plugin.first_rank,
+        load_initial_weights(model, start.init_weights, f"{plan.name} initial weights", dist_info, plugin.first_rank,
                              plugin.replica_group)
-    ds = plan.ds_config
-    prepare_model_path(model, config, name, ds, dist_info.device)  # refuses what cannot run; compiles
-    counts = count_parameters(model)
-    engine = build_engine(model, ds, lr_schedule=plan.schedule, mpu=plugin.mpu)
-    state = PhaseState(phase=name, samples_seen=start.samples_seen)
+    prepare_model_path(model, plan.attention, plan.precision, dist_info.device)  # refuses what cannot run; compiles
+    engine = build_engine(model, plan.ds_config, lr_schedule=plan.schedule, mpu=plugin.mpu)
+    state = PhaseState(phase=plan.name, samples_seen=start.samples_seen)
     if start.resume_tag is not None:
         state = PhaseState.from_dict(job.checkpoints.load(engine, start.resume_tag))
-        if isinstance(client_optimizer(engine), ExactLamb):
-            bind_zero_layout(engine)
+        rebind_optimizer(engine)  # the load re-created ZeRO's partitions
     micro = engine.train_micro_batch_size_per_gpu()
-    data = plan.data
-    unpadded = config.model.attention == "unpadded"
-    if dist_info.rank == 0 and packing_note(config, name):
-        print(packing_note(config, name), flush=True)
-    train_batches = RankBatches(data, "train", config.run.seed, dist_info.rank, dist_info.world_size, micro,
-                                packing=phase.packing, part=config.data.part, num_parts=config.data.num_parts,
-                                unpadded=unpadded)
+    if dist_info.rank == 0 and plan.attention.note:
+        print(plan.attention.note, flush=True)
+    train_batches = plan.stream.batches(plan.data, "train", dist_info.rank, dist_info.world_size, micro)
     try:
-        val_batches = RankBatches(data, "val", config.run.seed, dist_info.rank, dist_info.world_size, micro,
-                                  shuffle=False, unpadded=unpadded)
+        val_batches = plan.stream.batches(plan.data, "val", dist_info.rank, dist_info.world_size, micro)
     except (ShardFormatError, DataConfigError) as err:
         val_batches = None  # no held-out shards at this length (or too few for the ranks): no validation numbers
-        if dist_info.rank == 0 and config.logging.val_every_steps > 0:
-            print(f"note: {name}: no validation this phase: {err} (data_prep --val-fraction sets the held-out "
+        if dist_info.rank == 0 and plan.trainer.val_every_steps > 0:
+            print(f"note: {plan.name}: no validation this phase: {err} (data_prep --val-fraction sets the held-out "
                   "share)", flush=True)
-    precision = precision_of(ds)
-    flops = flops_per_sequence(
-        counts["encoder"], counts["mlm_head"], model_config.num_hidden_layers, model_config.hidden_size,
-        phase.seq_len, data.max_predictions,
-    )
-    throughput = Throughput(flops, phase.seq_len, dist_info.world_size,
-                            peak_tflops(dist_info.device, precision, config.logging.peak_tflops),
-                            head_flops_per_prediction=6.0 * counts["mlm_head"], predictions_per_seq=data.max_predictions)
-    trainer = PhaseTrainer(job, engine, train_batches, val_batches, throughput, state)
+    throughput = Throughput.of(plan.throughput, dist_info.world_size)
+    trainer = PhaseTrainer(job, plan.trainer, engine, train_batches, val_batches, throughput, state)
     trainer.steps_this_process = start.steps_done_in_process
+    return trainer
+
+
+def run_phase(plan: PhasePlan, job: TrainerJob, start: PhaseStart) -> tuple[str, PhaseTrainer]:
+    """Build the phase from its plan, then train it (the trainer calls the plug-in's `start_phase` first)."""
+    trainer = build_phase(plan, job, start)
     progress = None
-    if dist_info.rank == 0 and config.logging.progress_bar:
-        progress = tqdm(total=phase.steps, initial=state.step, desc=name, unit="step", dynamic_ncols=True)
+    if job.dist_info.rank == 0 and plan.trainer.progress_bar:
+        progress = tqdm(total=plan.trainer.steps, initial=trainer.state.step, desc=plan.name, unit="step",
+                        dynamic_ncols=True)
     try:
         outcome = trainer.train(progress)
     finally:
@@ -241,6 +229,7 @@ def train(config: RunConfig, extensions: Sequence[TrainingPlugin] = (), stop: St
 
 
 def _train(config: RunConfig, extensions: Sequence[TrainingPlugin], stop: StopRequest) -> str:
+    """Join the job, plan it (the last read of the config), then train the plan."""
     dist_info = init_distributed(config.run.dist_timeout_minutes)
     try:
         configured = build_plugin(config, dist_info)  # collective; the plain run's hooks when no plug-in is on
@@ -250,16 +239,47 @@ def _train(config: RunConfig, extensions: Sequence[TrainingPlugin], stop: StopRe
     # The rest runs as a job of the plug-in's share of the world (a codistillation group: its seed, folders, ranks).
     share = plugin.job_share()
     if share is not None:
-        config, dist_info = share.config_for(config), share.dist_info_for(dist_info)
-    plan = plan_on_rank0(config, dist_info)
-    run_dir = Path(config.run.dir)
-    # the plug-in's state (codistillation's teachers) saved and loaded with every checkpoint, in its own file
-    # the elastic agent's hang timer (off without the agent); each checkpoint file written is progress
+        dist_info = share.dist_info_for(dist_info)
+    plan = plan_on_rank0(config, dist_info, share)
+    return train_plan(plan, dist_info, plugin, stop)
+
+
+@dataclass
+class RunProgress:
+    """Where the job stands between phases: the newest checkpoint and its trainer state (None: none yet), the
+    run's sequences so far and this process's steps (the step budget of run.stop_after_steps counts them)."""
+
+    latest: str | None
+    saved: dict[str, Any] | None
+    samples_seen: int = 0
+    steps_done: int = 0
+
+    def start(self, phase: PhasePlan, checkpoints: CheckpointManager, vocab_sha256: str) -> PhaseStart | None:
+        """How `phase` starts, or None when the newest checkpoint is already past it."""
+        saved, resume_tag, init = self.saved, None, None
+        if saved is not None and saved["phase"] == phase.name:
+            if saved["complete"]:
+                return None
+            resume_tag = self.latest
+        elif saved is not None and saved["phase"] > phase.name:
+            return None
+        elif phase.init_from:
+            init = functools.partial(initial_weights, phase.init_from, vocab_sha256, f"{phase.name}.init_from")
+        elif saved is not None:  # the previous phase's end checkpoint
+            init = functools.partial(consolidated_state_dict, checkpoints.root, self.latest)
+        return PhaseStart(resume_tag, init, self.samples_seen, self.steps_done)
+
+
+def train_plan(plan: RunPlan, dist_info: DistInfo, plugin: TrainingPlugin, stop: StopRequest) -> str:
+    """Run (or resume) the planned phases in order (see `train`)."""
+    settings = plan.job
+    # the elastic agent's hang timer (off without the agent); each checkpoint file written is progress. The plug-in's
+    # state (codistillation's teachers) is saved and loaded with every checkpoint, in its own file.
     watch = StepWatch.from_env()
-    checkpoints = CheckpointManager(config.checkpoint_dir, config.checkpoint.keep_last, dist_info.rank,
+    checkpoints = CheckpointManager(settings.checkpoint_dir, settings.keep_last, dist_info.rank,
                                     extra_state=plugin, progress=watch.progress)
     if dist_info.rank == 0:
-        atomic_write_json(run_dir / RESOLVED_CONFIG, plan.resolved)
+        atomic_write_json(settings.run_dir / RESOLVED_CONFIG, plan.resolved)
     # The newest checkpoint, verified against its manifest (a damaged one is set aside for the newest intact one),
     # then, if this job has another number of ranks than the one that wrote it, converted once for them.
     latest = resolve_resume_tag(checkpoints.root, checkpoints.rank)
@@ -267,55 +287,55 @@ def _train(config: RunConfig, extensions: Sequence[TrainingPlugin], stop: StopRe
     if latest is not None:
         prepare_resume(checkpoints.root, latest, plan.ds_configs, dist_info.rank, dist_info.world_size,
                        plugin.first_rank, plugin.replica_group)
-    if saved is None and config.run.phases[0] == "phase2" and not config.phase2.init_from:
+    first = next(iter(plan.phases.values()))
+    if saved is None and first.name == "phase2" and not first.init_from:
         raise ConfigError("phase2.init_from: required when phase 2 runs without a phase-1 checkpoint in checkpoint.dir")
-    quality = QualitySettings(run_dir, tuple(config.logging.quality_targets), dist_info.world_size)  # run_clock.json
-    metrics = MetricsWriter(run_dir / TENSORBOARD, enabled=dist_info.rank == 0 and config.logging.tensorboard,
-                            quality=quality)
-    job = TrainerJob(config, plan.resolved, dist_info, checkpoints, metrics, stop, plugin, watch=watch)
-    samples_seen = saved["samples_seen"] if saved else 0
-    steps_done = 0
+    metrics = MetricsWriter(settings.run_dir / TENSORBOARD, enabled=dist_info.rank == 0 and settings.tensorboard,
+                            quality=settings.quality)  # and the run's clock, run_clock.json
+    job = TrainerJob(settings.run_dir, plan.resolved, dist_info, checkpoints, metrics, stop, plugin, watch=watch)
+    progress = RunProgress(latest, saved, saved["samples_seen"] if saved else 0)
     try:
-        for name in config.run.phases:
-            resume_tag, init = None, None
-            if saved is not None and saved["phase"] == name:
-                if saved["complete"]:
-                    if config.checkpoint.export_at_phase_end:  # a crash between checkpoint and export: redo it
-                        export_phase(plugin, name, checkpoints.root / latest, export_dir(run_dir, name),
-                                     dist_info.rank, only_missing=True)
-                    continue
-                resume_tag = latest
-            elif saved is not None and saved["phase"] > name:
-                continue  # this run is already past this phase
-            elif config.phase(name).init_from:
-                init = functools.partial(initial_weights, config.phase(name).init_from,
-                                         plan.resolved["resolved"]["vocab_sha256"], f"{name}.init_from")
-            elif saved is not None:  # the previous phase's end checkpoint
-                init = functools.partial(consolidated_state_dict, checkpoints.root, latest)
-            outcome, trainer = run_phase(plan.phases[name], job, PhaseStart(resume_tag, init, samples_seen, steps_done))
-            steps_done = trainer.steps_this_process
-            samples_seen = trainer.state.samples_seen
+        for phase in plan.phases.values():
+            outcome = train_phase(phase, job, progress, settings.export_at_phase_end)
             if outcome != "complete":
-                if dist_info.rank == 0:
-                    print(f"stopped ({outcome}) at {name} step {trainer.state.step}; checkpoint "
-                          f"{checkpoints.latest_tag()} written. Rerun the same command to resume.", flush=True)
                 return outcome
-            watch.progress()  # the export (rank 0) and the wait for it (the others) get a whole limit
-            if config.checkpoint.export_at_phase_end:
-                export_phase(plugin, name, checkpoints.root, export_dir(run_dir, name), dist_info.rank)
-            if dist.is_initialized():
-                dist.barrier()
-            watch.end()  # the next phase's engine is built untimed
-            saved, latest = trainer.state.state_dict(), checkpoints.latest_tag()
-            trainer.engine.destroy()
-            del trainer
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
         return "complete"
     finally:
         metrics.close()
-        release_run_folder(run_dir)
+        release_run_folder(settings.run_dir)
+
+
+def train_phase(phase: PhasePlan, job: TrainerJob, progress: RunProgress, export_at_end: bool) -> str:
+    """One phase of the run: skipped when done (its export redone if a crash cut it short), else trained and
+    exported (`export_at_end`); `progress` moves on to its end checkpoint."""
+    dist_info, checkpoints = job.dist_info, job.checkpoints
+    out = export_dir(job.run_dir, phase.name)
+    start = progress.start(phase, checkpoints, job.resolved_config["resolved"]["vocab_sha256"])
+    if start is None:
+        if export_at_end and progress.saved is not None and progress.saved["phase"] == phase.name:
+            export_phase(job.plugin, phase.name, checkpoints.root / progress.latest, out, dist_info.rank,
+                         only_missing=True)  # a crash between the phase-end checkpoint and its export: redo it
+        return "complete"
+    outcome, trainer = run_phase(phase, job, start)
+    progress.steps_done, progress.samples_seen = trainer.steps_this_process, trainer.state.samples_seen
+    if outcome != "complete":
+        if dist_info.rank == 0:
+            print(f"stopped ({outcome}) at {phase.name} step {trainer.state.step}; checkpoint "
+                  f"{checkpoints.latest_tag()} written. Rerun the same command to resume.", flush=True)
+        return outcome
+    job.watch.progress()  # the export (rank 0) and the wait for it (the others) get a whole limit
+    if export_at_end:
+        export_phase(job.plugin, phase.name, checkpoints.root, out, dist_info.rank)
+    if dist.is_initialized():
+        dist.barrier()
+    job.watch.end()  # the next phase's engine is built untimed
+    progress.saved, progress.latest = trainer.state.state_dict(), checkpoints.latest_tag()
+    trainer.engine.destroy()
+    del trainer
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return "complete"
 
 
 def main(argv: list[str] | None = None, extensions: Sequence[TrainingPlugin] = ()) -> int:
@@ -331,13 +351,13 @@ def main(argv: list[str] | None = None, extensions: Sequence[TrainingPlugin] = (
         config = load_config(config_path, overrides)
         outcome = train(config, extensions, stop)
     except SaveError:  # rank 0 printed its one line where the save failed (pretrain/checkpointing/commit.py)
-        return 4
+        return SAVE_FAILED_EXIT
     except UserError as err:  # config, data or resume error: one line with its kind's prefix
         print(err.line(), file=sys.stderr, flush=True)
-        return 2
+        return USER_ERROR_EXIT
     except NonFiniteLossError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
-        return 3
+        return NONFINITE_EXIT
     finally:
         stop.uninstall()
     print(f"done: {outcome}", flush=True)

@@ -17,12 +17,9 @@ before the first backward (all micro-batches of the step are read first). The NS
 per micro-batch: every micro-batch holds the same number of instances, so the mean of the means is
 the mean over the global batch.
 
-Extension points: one, the job's `TrainingPlugin` (pretrain/plugin.py; the driver's is a `PluginStack` of
-the config's plug-in and a caller's extensions): `start_phase(self)` is `train`'s first act; its `loss_term`
-is added to every micro-batch's task loss (its numbers logged under their own tags); statistics are
-averaged over its `replica_group`; `agree_on_step` makes stops and aborts common to the whole job;
-`after_step(self)` follows each step's logging. The trainer knows no plug-in by name and reads of the run
-config only its `TrainerSettings` (pretrain/trainer_settings.py).
+Extension points: one, the job's `TrainingPlugin`, whose hooks pretrain/plugin.py writes out as the loop
+they sit in. The trainer knows no plug-in by name and never sees the run config: it reads its
+`TrainerSettings` (below), which the run plan (pretrain/run_plan.py) builds per phase.
 """
 
 from __future__ import annotations
@@ -30,6 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,26 +36,45 @@ import torch.distributed as dist
 
 from pretrain.checkpointing.cadence import CheckpointCadence
 from pretrain.checkpointing.layout import make_tag
-from pretrain.config.sections import PHASE_NAMES, RunConfig
+from pretrain.config.sections import PHASE_NAMES, CheckpointSection
 from pretrain.data.batches import RankBatches, ValidationBatches
 from pretrain.data.loader import model_inputs, stream_batches
-from pretrain.dist import DistInfo
-from pretrain.engine_parts import client_optimizer
-from pretrain.metrics import MetricsWriter, StepCounts, Throughput, memory_stats
+from pretrain.distributed.info import DistInfo
+from pretrain.distributed.step_watch import StepWatch
+from pretrain.distributed.stop_request import StopRequest
+from pretrain.metrics.throughput import Throughput, memory_stats
+from pretrain.metrics.writer import MetricsWriter
 from pretrain.model.bert import PretrainingOutput
 from pretrain.model.compiled import compile_metrics
-from pretrain.optim.lamb import ExactLamb
+from pretrain.optim.unwrap import optimizer_metrics, unwrapped_grad_norm
 from pretrain.plugin import ExtraLoss, StepAgreement, TrainingPlugin
-from pretrain.step_stats import StepSums, host_values_to_device, labelled_slots
-from pretrain.step_watch import StepWatch
-from pretrain.stop_request import StopRequest
-from pretrain.trainer_settings import TrainerSettings
+from pretrain.step_stats import StepCounts, StepResult, StepSums, host_values_to_device, labelled_slots
 
 if TYPE_CHECKING:  # a type only: importing the checkpoint module would load DeepSpeed
     from pretrain.checkpointing.checkpoint import CheckpointManager
 
-__all__ = ["NonFiniteLossError", "PhaseState", "PhaseTrainer", "StepResult", "StopRequest", "TrainerJob",
-           "TrainerSettings"]
+__all__ = ["NonFiniteLossError", "PhaseState", "PhaseTrainer", "TrainerJob", "TrainerSettings"]
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    """What one phase's trainer reads, and nothing else of the run config: the run plan builds it per phase
+    (pretrain/run_plan.py), so what a phase's loop depends on is listed here and a test or benchmark can
+    make one without a whole config."""
+
+    phase: str  # phase1 | phase2
+    steps: int  # phaseN.steps: optimizer steps of the phase
+    seq_len: int  # phaseN.seq_len
+    seed: int  # run.seed: the dropout reseed before every micro-batch
+    num_workers: int = 0  # data.num_workers: DataLoader worker processes of the training stream
+    val_every_steps: int = 0  # logging.val_every_steps: steps between evaluations (0: never)
+    val_instances: int | None = None  # logging.val_instances: held-out instances per evaluation (None: val_batches)
+    val_batches: int = 1  # logging.val_batches: micro-batches per rank per evaluation when val_instances is None
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)  # when step checkpoints are due
+    max_consecutive_nonfinite: int = 5  # failures.max_consecutive_nonfinite: NaN/inf steps in a row before the abort
+    stop_after_steps: int | None = None  # run.stop_after_steps: this process's step budget (None: to the end)
+    step_offset: int = 0  # global step of the phase's step 0 on the TensorBoard axis (phase 2: phase 1's steps)
+    progress_bar: bool = False  # logging.progress_bar: rank 0's bar with ETA
 
 
 class NonFiniteLossError(RuntimeError):
@@ -86,24 +103,13 @@ class PhaseState:
 
 
 @dataclass
-class StepResult:
-    applied: bool
-    nonfinite: bool
-    values: dict[str, float]
-    counts: StepCounts  # rows, instances, real tokens, MLM predictions of the step over the model's ranks
-    stop_requested: bool = False  # some rank received a stop signal before this step's all-reduce
-    save_due: bool = False  # some rank's clock says checkpoint.every_minutes have passed (agreed over the job)
-    abort_elsewhere: str | None = None  # why another part of the job aborts at this step (plugin.agree_on_step)
-
-
-@dataclass
 class TrainerJob:
     """What every phase of one job shares, built once by the driver (pretrain/train.py) and handed to each
-    phase's trainer: the run config (each phase's trainer takes its TrainerSettings from it), this process's
-    place in the job, where checkpoints and metrics go, the stop request, and the job's plug-in (the
-    driver's: a PluginStack of the config's plug-in and a caller's extensions)."""
+    phase's trainer: this process's place in the job, the run folder, where checkpoints and metrics go, the
+    stop request, and the job's plug-in (the driver's: a PluginStack of the config's plug-in and a caller's
+    extensions). Each phase's own settings come from its plan."""
 
-    config: RunConfig
+    run_dir: Path  # the job's run folder (a plug-in's share applied)
     resolved_config: dict[str, Any]  # the run config + what was derived from files, written with every checkpoint
     dist_info: DistInfo
     checkpoints: CheckpointManager
@@ -121,6 +127,7 @@ class PhaseTrainer:
     def __init__(
         self,
         job: TrainerJob,
+        settings: TrainerSettings,
         engine: Any,
         train_batches: RankBatches,
         val_batches: RankBatches | None,
@@ -128,17 +135,15 @@ class PhaseTrainer:
         state: PhaseState,
     ) -> None:
         self.job = job
-        # The one read of the run config: everything the loop uses of it. `config` stays for hooks (PhaseView).
-        self.settings = TrainerSettings.from_config(job.config, state.phase)
-        self.config = job.config
-        self.resolved_config, self.dist_info = job.resolved_config, job.dist_info
-        self.phase = self.settings.phase
+        self.settings = settings  # everything the loop uses of the run config, from the phase's plan
+        self.resolved_config, self.dist_info, self.run_dir = job.resolved_config, job.dist_info, job.run_dir
         self.engine, self.train_batches, self.val_batches = engine, train_batches, val_batches
         self.checkpoints, self.metrics, self.throughput = job.checkpoints, job.metrics, throughput
         self.state, self.stop, self.plugin = state, job.stop, job.plugin
         self.loss_term: ExtraLoss | None = self.plugin.loss_term()  # added to every micro-batch's task loss
         # The ranks holding this model's replicas, over which statistics are averaged (None: the world).
         self.replica_group = self.plugin.replica_group
+        self.optimizer_metrics = optimizer_metrics(engine)
         self.accumulation = engine.gradient_accumulation_steps()
         self.global_batch = engine.train_batch_size()
         self.micro_batches_per_step = self.global_batch // engine.train_micro_batch_size_per_gpu()
@@ -180,7 +185,7 @@ class PhaseTrainer:
 
     def _read_ahead(self) -> None:
         """Read one micro-batch of the next step (called after each micro-batch's work is queued)."""
-        if self.state.step + 1 < self.phase.steps and len(self._ahead) < self.accumulation:
+        if self.state.step + 1 < self.settings.steps and len(self._ahead) < self.accumulation:
             self._ahead.append(self._next_batch())
 
     def loss(
@@ -201,17 +206,6 @@ class PhaseTrainer:
         if dist.is_initialized() and self.dist_info.world_size > 1:
             dist.all_reduce(labelled, group=self.replica_group)
         return self.micro_batches_per_step / labelled[0].clamp_min(1)
-
-    def _unwrapped_grad_norm(self) -> torch.Tensor | None:
-        """The global gradient norm (before clipping) where DeepSpeed reports none: an engine without an
-        optimizer wrapper (ZeRO-0 in fp32). Called after the boundary backward (gradients averaged over the
-        ranks) and before `engine.step()`; stays on the device until the step's host read."""
-        if self.engine.optimizer is not client_optimizer(self.engine):
-            return None
-        grads = [p.grad.detach() for p in self.engine.module.parameters() if p.grad is not None]
-        if not grads:
-            return None
-        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
 
     def train_step(self) -> StepResult:
         """Accumulate `gradient_accumulation_steps` micro-batches, then one optimizer step.
@@ -239,7 +233,7 @@ class PhaseTrainer:
             if micro == self.accumulation - 1:
                 # the lr this update uses: DeepSpeed steps its scheduler inside the boundary engine.step()
                 lr = float(self.engine.get_lr()[0])
-                grad_norm = self._unwrapped_grad_norm()
+                grad_norm = unwrapped_grad_norm(self.engine)
             self.engine.step()
             sums.add(output, batch, host_batch, loss, extra)
             self._read_ahead()
@@ -294,13 +288,10 @@ class PhaseTrainer:
         return values | compile_metrics(self.engine.module)  # compile/*: cumulative; none when eager
 
     def log_step(self, values: dict[str, float]) -> None:
-        optimizer = client_optimizer(self.engine)
-        if isinstance(optimizer, ExactLamb):
-            for name, value in optimizer.trust_ratio_stats().items():
-                values[f"lamb/trust_ratio_{name}"] = value
-            ratios = optimizer.last_trust_ratios(adapted_only=True)
-            if ratios is not None:
-                self.metrics.histogram(self.global_step, "lamb/trust_ratio", ratios)
+        reported = self.optimizer_metrics()  # the optimizer's own numbers (ExactLamb: trust ratios)
+        values.update(reported.scalars)
+        for tag, tensor in reported.histograms.items():
+            self.metrics.histogram(self.global_step, tag, tensor)
         self.metrics.scalars(self.global_step, values, extra={"phase": self.state.phase, "phase_step": self.state.step,
                                                               "samples": self.state.samples_seen})
 
@@ -356,7 +347,7 @@ class PhaseTrainer:
         self.plugin.start_phase(self)  # after any resume, before the clocks start: its work is not training time
         self.throughput.restart()
         self.cadence.saved(time.monotonic())  # the minutes count from the phase's (re)start
-        while self.state.step < self.phase.steps:
+        while self.state.step < self.settings.steps:
             self.watch.begin(self.state.phase, self.state.step + 1)  # held until the next step: see step_watch.py
             result = self.train_step()
             self.state.step += 1
@@ -383,7 +374,7 @@ class PhaseTrainer:
                     f"({self.state.phase} step {self.state.step}); checkpoint written, stopping "
                     f"(failures.max_consecutive_nonfinite={self.settings.max_consecutive_nonfinite})"
                 )
-            if self.state.step >= self.phase.steps:
+            if self.state.step >= self.settings.steps:
                 break
             reason = self._stop_requested(result)
             if reason is not None:

@@ -72,7 +72,8 @@ from bench.gpu_check.report import (  # noqa: E402
 from bench.gpu_check.rows import lamb_floor_ms, lamb_row, lamb_shapes  # noqa: E402
 from bench.gpu_check.shards import ShardCache  # noqa: E402
 from bench.gpu_check.train import build_group, group_key, train_row  # noqa: E402
-from pretrain.engine import DistInfo, init_distributed  # noqa: E402
+from pretrain.distributed.info import DistInfo  # noqa: E402
+from pretrain.distributed.process_group import init_distributed  # noqa: E402
 
 
 def one_line(error: BaseException) -> str:

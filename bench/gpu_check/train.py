@@ -13,6 +13,7 @@ TensorBoard off). The step ends in a host read of the statistics, so wall time p
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,17 +24,21 @@ import torch
 from bench.gpu_check.plan import GroupSpec, RowSpec
 from bench.gpu_check.shards import ShardCache
 from pretrain.checkpointing.checkpoint import CheckpointManager
-from pretrain.config.deepspeed import precision_of, read_ds_json
+from pretrain.config.deepspeed import read_ds_json
 from pretrain.config.load import RunConfig, load_config
-from pretrain.data.batches import PhaseData, RankBatches, open_phase_data
-from pretrain.engine import DistInfo, build_engine, client_optimizer
-from pretrain.metrics import MetricsWriter, StepCounts, Throughput, flops_per_sequence, peak_tflops
+from pretrain.data.batches import PhaseData, open_phase_data
+from pretrain.distributed.info import DistInfo
+from pretrain.distributed.stop_request import StopRequest
+from pretrain.engine import build_engine
+from pretrain.metrics.throughput import Throughput, peak_tflops
+from pretrain.metrics.writer import MetricsWriter
 from pretrain.model.bert import build_model, count_parameters
 from pretrain.model.compiled import compile_metrics
-from pretrain.model_setup import prepare_model_path
-from pretrain.schedule import WarmupPolyDecay
-from pretrain.train import RunPlan, bert_config_from_plan, plan_run
-from pretrain.trainer import PhaseState, PhaseTrainer, StepResult, StopRequest, TrainerJob
+from pretrain.model.setup import prepare_model_path
+from pretrain.optim.unwrap import client_optimizer
+from pretrain.run_plan import RunPlan, plan_run
+from pretrain.step_stats import StepCounts, StepResult
+from pretrain.trainer import PhaseState, PhaseTrainer, TrainerJob
 
 # An 80 GB H100 shows 81,559 MiB (79.6 GiB); the CUDA context takes ~1 GiB outside PyTorch's allocator (est.).
 GPU_80GB_GIB, CUDA_CONTEXT_GIB = 79.6, 1.0
@@ -84,15 +89,14 @@ def build_group(group: GroupSpec, args: argparse.Namespace, shards: ShardCache, 
     config = load_config(group.recipe, group_overrides(group, args, folder, first.accumulation,
                                                        dist_info.world_size))
     plan = plan_run(config, dist_info, verify_checksums=False)
-    phase = config.phase(group.phase)
-    torch.manual_seed(config.run.seed)
+    phase = plan.phases[group.phase]
+    torch.manual_seed(phase.seed)
     started = time.perf_counter()
-    model = build_model(bert_config_from_plan(plan), config.model.activation_checkpointing)
-    # as pretrain.train.run_phase: refuses what the unpadded kernel cannot run, compiles where model.compile says
-    prepare_model_path(model, config, group.phase, plan.ds_configs[group.phase], dist_info.device)
+    model = build_model(phase.model_config, phase.activation_checkpointing)
+    # as pretrain.train.build_phase: refuses what the unpadded kernel cannot run, compiles where the plan says
+    prepare_model_path(model, phase.attention, phase.precision, dist_info.device)
     counts = count_parameters(model)
-    schedule = WarmupPolyDecay(phase.steps, phase.warmup_fraction, phase.decay_power)
-    engine = build_engine(model, plan.ds_configs[group.phase], lr_schedule=schedule)
+    engine = build_engine(model, phase.ds_config, lr_schedule=phase.schedule)
     sync(dist_info.device)
     return GroupEngine(config, plan, engine, counts, time.perf_counter() - started)
 
@@ -108,26 +112,23 @@ def lamb_step_kind(engine: Any) -> str:
 
 def make_trainer(built: GroupEngine, group: GroupSpec, row: RowSpec, data: PhaseData, args: argparse.Namespace,
                  dist_info: DistInfo) -> PhaseTrainer:
-    """A PhaseTrainer as `pretrain.train.run_phase` builds it (no validation, no checkpoint is written)."""
+    """A PhaseTrainer as `pretrain.train.build_phase` builds it, for this row's layout (no validation, no
+    checkpoint is written)."""
     engine = built.engine
     if engine.micro_steps % engine.gradient_accumulation_steps():
         raise RuntimeError(f"engine at micro-step {engine.micro_steps}, not at an accumulation boundary "
                            f"(a previous row of the group stopped mid-step)")
     engine.set_train_batch_size(group.micro_batch * row.accumulation * dist_info.world_size)
-    config = built.config
-    batches = RankBatches(data, "train", config.run.seed, dist_info.rank, dist_info.world_size, group.micro_batch,
-                          packing=row.packing, part=config.data.part, num_parts=config.data.num_parts,
-                          unpadded=row.unpadded)
-    model_config = bert_config_from_plan(built.plan)
-    flops = flops_per_sequence(built.counts["encoder"], built.counts["mlm_head"], model_config.num_hidden_layers,
-                               model_config.hidden_size, group.seq_len, data.max_predictions)
-    peak = peak_tflops(dist_info.device, precision_of(built.plan.ds_configs[group.phase]), args.peak_tflops)
-    throughput = Throughput(flops, group.seq_len, dist_info.world_size, peak,
-                            head_flops_per_prediction=6.0 * built.counts["mlm_head"],
-                            predictions_per_seq=data.max_predictions)
-    job = TrainerJob(config, built.plan.resolved, dist_info, CheckpointManager(args.work_dir / "ckpt", 1, dist_info.rank),
-                     MetricsWriter(None, False), StopRequest())
-    return PhaseTrainer(job, engine, batches, None, throughput, PhaseState(group.phase))
+    phase = built.plan.phases[group.phase]
+    stream = dataclasses.replace(phase.stream, packing=row.packing, unpadded=row.unpadded)
+    batches = stream.batches(data, "train", dist_info.rank, dist_info.world_size, group.micro_batch)
+    peak = peak_tflops(dist_info.device, phase.precision, args.peak_tflops)
+    throughput = Throughput.of(dataclasses.replace(phase.throughput, predictions=data.max_predictions,
+                                                   peak_tflops=peak), dist_info.world_size)
+    job = TrainerJob(Path(built.config.run.dir), built.plan.resolved, dist_info,
+                     CheckpointManager(args.work_dir / "ckpt", 1, dist_info.rank), MetricsWriter(None, False),
+                     StopRequest())
+    return PhaseTrainer(job, phase.trainer, engine, batches, None, throughput, PhaseState(group.phase))
 
 
 def loop_step(trainer: PhaseTrainer) -> StepResult:
@@ -199,7 +200,7 @@ def train_row(built: GroupEngine, group: GroupSpec, row: RowSpec, args: argparse
             times.append(time.perf_counter() - started)
         sync(device)
         engine = trainer.engine
-        ds_config = str(Path(trainer.config.phase(group.phase).ds_config).resolve())
+        ds_config = str(Path(built.config.phase(group.phase).ds_config).resolve())
         counts = total_counts(results)
         seconds = sum(times)
         rates = trainer.throughput.rates(counts, seconds)
@@ -210,7 +211,7 @@ def train_row(built: GroupEngine, group: GroupSpec, row: RowSpec, args: argparse
             "accumulation": trainer.accumulation, "profile": row.profile, "packing": row.packing,
             "unpadded": row.unpadded, **compile_metrics(engine.module),
             "tput_timer": bool(engine.tput_timer.config.enabled),
-            "shipped_tput_timer": shipped_timer(ds_config), "num_workers": trainer.config.data.num_workers,
+            "shipped_tput_timer": shipped_timer(ds_config), "num_workers": trainer.settings.num_workers,
             "precision": "bf16" if engine.bfloat16_enabled() else "fp16" if engine.fp16_enabled() else "fp32",
             "wrapper": type(engine.optimizer).__name__, "lamb_step": lamb_step_kind(engine),
             "params": built.counts["total"], "ds_config": ds_config,

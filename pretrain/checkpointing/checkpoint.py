@@ -86,7 +86,7 @@ class CheckpointManager:
                  progress: Callable[[], None] = lambda: None) -> None:
         """`rank`: this process's rank in its job (its model's ranks); `extra_state`: saved in its `state_file`
         of every tag (a plug-in's state), read back on load; `progress`: told after each file a save writes (the
-        hang timer's clock: pretrain/step_watch.py)."""
+        hang timer's clock: pretrain/distributed/step_watch.py)."""
         self.root, self.keep_last, self.rank, self.progress = Path(root), keep_last, rank, progress
         self.extra_state = extra_state if extra_state is not None and extra_state.state_file else None
         self.hash_seconds = 0.0  # this rank's sha256 time at the last save (the manifest's cost)

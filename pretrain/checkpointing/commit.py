@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from data_prep.atomic_io import atomic_write_bytes, atomic_write_stream, fsync_folder
-from pretrain.checkpointing.disk import CheckpointShape, checkpoint_bytes, free_bytes, human
+from pretrain.checkpointing.footprint import CheckpointShape, checkpoint_bytes, free_bytes, human
 from pretrain.checkpointing.layout import LATEST, PRUNED_PREFIX
 from pretrain.checkpointing.manifest import manifest_bytes
 from pretrain.errors import UserError

@@ -54,7 +54,7 @@ from pretrain.codistill.teacher import (
     soft_targets,
 )
 from pretrain.data.loader import model_inputs
-from pretrain.dist import DistInfo
+from pretrain.distributed.info import DistInfo
 from pretrain.model.bert import IGNORE_INDEX, masked_lm_loss_sum
 from pretrain.plugin import ExtraLoss, JobShare, PhaseView, StepAgreement, TrainingPlugin
 from pretrain.run_folder import CHECKPOINTS, EXCHANGE, export_dir
@@ -273,9 +273,9 @@ class Codistillation(TrainingPlugin):
     def after_step(self, trainer: PhaseView) -> None:
         state = trainer.state
         step = self.global_step(state.phase, state.step)
-        if state.step < trainer.phase.steps and self.is_refresh_step(step):
+        if state.step < trainer.settings.steps and self.is_refresh_step(step):
             self.refresh(step)
-        if state.step == trainer.phase.steps and state.phase == self.base_config.run.phases[-1]:
+        if state.step == trainer.settings.steps and state.phase == self.base_config.run.phases[-1]:
             self.final_evaluation(trainer, step)
 
     @torch.no_grad()

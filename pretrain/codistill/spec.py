@@ -16,7 +16,7 @@ from pretrain.plugin import TrainingPlugin
 
 if TYPE_CHECKING:
     from pretrain.config.sections import RunConfig
-    from pretrain.dist import DistInfo
+    from pretrain.distributed.info import DistInfo
 
 NAME = "codistill"
 

@@ -12,11 +12,32 @@ checks, with the same messages:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from pretrain.config.sections import RunConfig
+from pretrain.config.deepspeed import precision_of
+from pretrain.config.sections import ConfigError, RunConfig
 
 PADDED_HINT = "model.attention=padded runs there"
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """A phase's attention path, as the run plan decided it (pretrain/run_plan.py): what the collator lays out,
+    what the model runs and whether its layers are compiled. `note`: a line rank 0 says at the phase's start."""
+
+    unpadded: bool
+    compile: bool
+    note: str | None = None
+
+
+def attention_plan(config: RunConfig, phase: str, ds_config: dict[str, Any], device_type: str) -> AttentionPlan:
+    """Phase `phase`'s attention path on `device_type`; ConfigError: the setup cannot run there (one line)."""
+    problem = setup_problem(config, phase, ds_config, device_type)
+    if problem is not None:
+        raise ConfigError(problem)
+    return AttentionPlan(unpadded=config.model.attention == "unpadded",
+                         compile=compile_enabled(config, device_type), note=packing_note(config, phase))
 
 
 def compile_enabled(config: RunConfig, device_type: str) -> bool:
@@ -26,16 +47,11 @@ def compile_enabled(config: RunConfig, device_type: str) -> bool:
     return bool(config.model.compile) if config.model.compile is not None else device_type == "cuda"
 
 
-def half_precision(ds_config: dict[str, Any]) -> bool:
-    """bf16 or fp16 compute in a phase's final DeepSpeed dict (run.precision resolved into it)."""
-    return any(bool(ds_config.get(key, {}).get("enabled")) for key in ("bf16", "fp16"))
-
-
 def setup_problem(config: RunConfig, phase: str, ds_config: dict[str, Any], device_type: str) -> str | None:
     """One line saying why this phase's attention / compile setup cannot run (None: it can)."""
     if config.model.attention != "unpadded":
         return None
-    if device_type == "cuda" and not half_precision(ds_config):
+    if device_type == "cuda" and precision_of(ds_config) == "fp32":
         return (f"model.attention=unpadded: the flash kernel needs bf16 or fp16 on CUDA, {phase} computes in fp32 "
                 f"(run.precision); {PADDED_HINT}")
     stage = int(ds_config.get("zero_optimization", {}).get("stage", 0))

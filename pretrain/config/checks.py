@@ -1,6 +1,6 @@
 """The range checks of config values whose meaning lives in a module above the config: the schedule
 (pretrain/schedule.py), the checkpoint cadence (pretrain/checkpointing/cadence.py) and the quality marks
-(pretrain/report/quality.py). Each is declared here, once, and both the config check (load.py, before any
+(pretrain/metrics/quality.py). Each is declared here, once, and both the config check (load.py, before any
 process starts) and the module that uses the values call it, so the config floor imports nothing above it.
 They take plain values, not sections: this module sits on the first floor, with the errors alone below it.
 """

@@ -144,8 +144,9 @@ def effective_precision(precision: str, device_type: str, bf16_supported: bool) 
 
 
 def precision_of(ds: Mapping[str, Any]) -> str:
-    """The precision a resolved DeepSpeed dict (resolve_precision's output) runs at: bf16, fp16 or fp32."""
-    return "bf16" if ds["bf16"]["enabled"] else "fp16" if ds["fp16"]["enabled"] else "fp32"
+    """The precision a DeepSpeed dict runs at: bf16, fp16 or fp32 (a block that is absent is off). The one place
+    it is read off a dict: the driver, the launch-time check, the footprint estimate and the model card use it."""
+    return next((key for key in ("bf16", "fp16") if (ds.get(key) or {}).get("enabled")), "fp32")
 
 
 def resolve_precision(ds: dict[str, Any], precision: str, device_type: str, bf16_supported: bool) -> dict[str, Any]:

@@ -4,7 +4,7 @@ A key is declared as ``name: type = setting(default, "what it does")`` (pretrain
 The text rides in the dataclass field's ``metadata``, so everything that shows it (``python -m
 pretrain.train --help``, the configuration table of docs/pretraining.md) reads it back with
 ``dataclasses.fields``: no source parsing (works from .pyc files and zipped installs), no second list of
-keys to keep in step, and a key added without a text fails tests/pretrain/test_config_doc.py. The
+keys to keep in step, and a key added without a text fails tests/config/test_config_doc.py. The
 installed plug-ins' sections are listed after the core ones, from the plug-in registry
 (pretrain/plugin.py): listing them is no run, so loading their light declarations here is fine.
 

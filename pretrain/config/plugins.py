@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # types of the ground floor only (tests/pretrain/test_import_layers.py)
     from pretrain.config.sections import RunConfig
-    from pretrain.dist import DistInfo
+    from pretrain.distributed.info import DistInfo
 
 ENTRY_POINT_GROUP = "bert_ds.plugins"
 

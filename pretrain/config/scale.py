@@ -37,6 +37,7 @@ from typing import Any
 
 from pretrain.config.deepspeed import phase_ds_config
 from pretrain.config.load import PHASE_NAMES, ConfigError, RunConfig, load_config
+from pretrain.errors import exit_on_error
 
 # What the shipped micro batches are taken to be sized for (not yet measured on a GPU: bench/gpu_check/gpu_check.sh).
 REFERENCE_GPU_MEMORY_GB = 80.0
@@ -297,12 +298,7 @@ def run(args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        print(run(args))
-    except ConfigError as err:
-        print(f"scale: error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return exit_on_error(lambda: print(run(args)), ConfigError, prefix="scale: error: ")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ def setting(default: Any, doc: str) -> Any:
     list/dict default is copied for every instance, as `field(default_factory=...)` would do.
 
     The text rides in the field's metadata, so `--help` and the docs table (pretrain/config/doc.py) read
-    it back with `dataclasses.fields`, and a key added without a text fails tests/pretrain/test_config_doc.py.
+    it back with `dataclasses.fields`, and a key added without a text fails tests/config/test_config_doc.py.
     """
     if isinstance(default, list | dict | set):
         return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata={DOC: doc})
@@ -265,7 +265,7 @@ class LoggingSection:
     quality_targets: list[float] = setting(
         [0.3, 0.5, 0.65, 0.72],
         "val/mlm_acc marks whose wall-clock, device-hours and samples are logged the first time a validation "
-        "reaches them (target/* tags; 0.72 is MLPerf's BERT target); [] logs none (pretrain/report/quality.py)",
+        "reaches them (target/* tags; 0.72 is MLPerf's BERT target); [] logs none (pretrain/metrics/quality.py)",
     )
 
 
@@ -300,6 +300,10 @@ class RunConfig:
         if name not in PHASE_NAMES:
             raise ConfigError(f"run.phases: unknown phase {name!r}; expected names from {list(PHASE_NAMES)}")
         return getattr(self, name)
+
+    def phases(self) -> list[tuple[str, PhaseSection]]:
+        """run.phases with their sections, in run order: what a check of every phase walks."""
+        return [(name, self.phase(name)) for name in self.run.phases]
 
     @property
     def checkpoint_dir(self) -> Path:

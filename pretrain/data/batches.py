@@ -35,9 +35,9 @@ from data_prep.shards import Manifest, ShardReader
 from pretrain.config.sections import ConfigError
 from pretrain.data.packing import pack_masked_instances
 from pretrain.data.shard_checks import SPECIAL_TOKENS, PhaseShards, check_phase_shards
+from pretrain.data.unpadded import unpad_masked_instances
 from pretrain.errors import DataError
 from pretrain.model.bert import IGNORE_INDEX
-from pretrain.model.unpadded_layout import unpad_masked_instances
 
 VAL_SEED_SALT = 0x5EED_7A1  # validation masks: fixed, independent of the training seed's epochs
 PARTITION_SALT = 0xD15_70177  # the deal into disjoint parts: fixed, independent of every seed
@@ -167,7 +167,7 @@ class Collator:
     def __init__(self, data: PhaseData, packing: bool = False, unpadded: bool = False) -> None:
         self.data = data
         self.packing = packing
-        self.unpadded = unpadded  # flat real tokens (pretrain/model/unpadded_layout.py); beats packing
+        self.unpadded = unpadded  # flat real tokens (pretrain/data/unpadded.py); beats packing
 
     def masked_instances(self, rows: list[dict[str, Any]], rng: Generators) -> list[dict[str, Any]]:
         """(ids with masks applied, a_len, masked positions, original ids there, nsp label) per instance."""
@@ -220,6 +220,27 @@ class Collator:
             "masked_labels": torch.from_numpy(labels),
             "next_sentence_label": torch.from_numpy(nsp),
         }
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    """How a phase's instances become this rank's micro-batches, besides the data and the job's shape: built by
+    the run plan (pretrain/run_plan.py) from run.seed, phaseN.packing, data.part / data.num_parts and the
+    attention path (unpadded: the flat layout of pretrain/data/unpadded.py)."""
+
+    seed: int
+    packing: bool = False
+    part: int = 0
+    num_parts: int = 1
+    unpadded: bool = False
+
+    def batches(self, data: PhaseData, split: str, rank: int, world_size: int, micro_batch: int) -> RankBatches:
+        """This rank's stream of `split` ("train": shuffled, this run's part; "val": in order, every instance)."""
+        if split == "train":
+            return RankBatches(data, split, self.seed, rank, world_size, micro_batch, packing=self.packing,
+                               part=self.part, num_parts=self.num_parts, unpadded=self.unpadded)
+        return RankBatches(data, split, self.seed, rank, world_size, micro_batch, shuffle=False,
+                           unpadded=self.unpadded)
 
 
 class RankBatches(Dataset):

@@ -23,7 +23,7 @@ empty, i.e. up to K times the head rows of the unpacked layout. Per instance, th
 instances*max_predictions rows in both layouts, and the labels come out in the unpacked order.
 
 MLM loss is the mean over all labelled tokens and NSP loss the mean over all instances of the
-micro-batch, in both layouts; tests/pretrain/test_packing.py checks packed == unpacked within fp32 rounding.
+micro-batch, in both layouts; tests/data/test_packing.py checks packed == unpacked within fp32 rounding.
 """
 
 from __future__ import annotations

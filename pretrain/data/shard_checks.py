@@ -86,8 +86,7 @@ def check_run_shards(config: RunConfig, verify_checksums: bool = False) -> dict[
     found: dict[str, PhaseShards] = {}
     manifests: dict[Path, Manifest] = {}
     vocab_sha = None
-    for name in config.run.phases:
-        phase = config.phase(name)
+    for name, phase in config.phases():
         key = f"{name}.shards" if phase.shards else "data.shards"
         folder = phase.shards or config.data.shards
         same = Path(folder).resolve()  # the cache key; messages name the folder as the user spelled it
@@ -108,7 +107,7 @@ def model_overrides(config: RunConfig, vocab_size: int) -> tuple[dict[str, Any],
             f"model.overrides.vocab_size: {overrides['vocab_size']} differs from the shards' vocab size {vocab_size}"
         )
     overrides.pop("vocab_size", None)
-    max_len = max(config.phase(name).seq_len for name in config.run.phases)
+    max_len = max(phase.seq_len for _, phase in config.phases())
     max_positions = overrides.pop("max_position_embeddings", max(512, max_len))
     if max_positions < max_len:
         raise ConfigError(f"model.overrides.max_position_embeddings: {max_positions} < seq_len {max_len}")

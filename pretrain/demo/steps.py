@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pretrain.launch.lifetime import die_with_parent
+from pretrain.distributed.lifetime import die_with_parent
 
 # The signal that stops the demo (None: none yet), and the steps running now.
 received: dict[str, int | None] = {"signal": None}

@@ -16,7 +16,7 @@ checkpoint when one dies. What is ours on top (HealingAgent):
   printed once, exit 2, never restarted. The rank's stderr (tracebacks, warnings, a C++ `terminate
   called`) goes to RUN/logs/<launch>/attempt-K/rank-R.log, named in that line; stdout stays on the
   terminal. torch's own log lines go to RUN/logs/<launch>/agent.log.
-- hangs: each step after a launch's first runs under torch's expiration timer (pretrain/step_watch.py,
+- hangs: each step after a launch's first runs under torch's expiration timer (pretrain/distributed/step_watch.py,
   `TORCHELASTIC_TIMER_FILE`); the timer server lives here, outside the ranks, so a rank frozen by SIGSTOP or
   stuck in a collective is found. torch's server kills a rank whose timer ran out and then its own
   process (the agent); ours (HangWatch) kills the rank only, and remembers which step each rank was in.
@@ -51,9 +51,9 @@ from torch.distributed.elastic.timer import FileTimerServer
 
 from pretrain.config.cli import parse_args
 from pretrain.config.load import load_config
-from pretrain.errors import UserError
+from pretrain.distributed.step_watch import HANG_TIMEOUT_ENV
+from pretrain.errors import USER_ERROR_EXIT, UserError
 from pretrain.launch.faults import (
-    USER_ERROR_EXIT,
     FailureRecord,
     FaultContext,
     RankFailure,
@@ -66,7 +66,6 @@ from pretrain.launch.faults import (
 )
 from pretrain.launch.nodes import node_range
 from pretrain.run_folder import last_failure_path, launch_logs_dir
-from pretrain.step_watch import HANG_TIMEOUT_ENV
 
 PREFIX = "launch.sh"
 LAST_CALL_SECONDS = 10  # with --nodes MIN:MAX: how long a rendezvous that has MIN nodes waits for more

@@ -18,7 +18,7 @@ error the ranks found: its line is shown once, and the job exits 2), 3 (NaN/inf 
 checkpoint) and 4 (a checkpoint save that failed: a full disk would fail again). A failure at the same step as the last one on record, with no newer checkpoint since, is a
 bug rather than a fault: restarting would fail there again, so restarts stop (RUN/logs/last_failure.json).
 
-Standard library only.
+Standard library only (and pretrain/errors.py, the driver's exit statuses and error prefixes).
 """
 
 from __future__ import annotations
@@ -30,12 +30,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-USER_ERROR_EXIT = 2  # pretrain.train: a config / data / resume error, one line
-NONFINITE_EXIT = 3  # pretrain.train: too many NaN/inf steps in a row (checkpoint written)
-SAVE_FAILED_EXIT = 4  # pretrain.train: a phase-end or stop checkpoint could not be written (full disk, EIO)
+from pretrain.errors import ERROR_PREFIXES, NONFINITE_EXIT, SAVE_FAILED_EXIT, USER_ERROR_EXIT
+
 NOT_RESTARTED = {USER_ERROR_EXIT: "a config, data or resume error", NONFINITE_EXIT: "NaN/inf losses",
                  SAVE_FAILED_EXIT: "a checkpoint that could not be written (free space, then rerun)"}
-ERROR_PREFIXES = ("config error: ", "data error: ", "resume error: ", "error: ")
 START_UP = "start-up"
 
 

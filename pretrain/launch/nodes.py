@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
 
-from pretrain.launch.cluster import ClusterError, allocation_hosts, pdsh_quote, read_hostfile
+from pretrain.distributed.cluster import ClusterError, allocation_hosts, pdsh_quote, read_hostfile
 from pretrain.launch.transports import Pdsh, Srun
 
 PREFIX = "launch.sh"
@@ -259,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     split = argv.index("--") if "--" in argv else len(argv)
     parser = argparse.ArgumentParser(prog="python -m pretrain.launch.nodes", description=__doc__.split("\n")[0])
     where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--hostfile", help='lines "HOST slots=N" (pretrain/launch/cluster.py): agents over pdsh + ssh')
+    where.add_argument("--hostfile", help='lines "HOST slots=N" (pretrain/distributed/cluster.py): agents over pdsh + ssh')
     where.add_argument("--slurm", action="store_true", help="the nodes of this SLURM allocation: agents through srun")
     parser.add_argument("--nodes", default="", help="N or MIN:MAX (default: every host, none may be lost)")
     parser.add_argument("--nproc-per-node", required=True)
@@ -272,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--python", default=sys.executable, help="the interpreter of the agents (default: this one)")
     parser.add_argument("--show", action="store_true", help="print the command that starts the agents, and exit")
     parser.add_argument("--args-quoted", action="store_true",
-                        help="hostfile: the driver's arguments are already pdsh-quoted (pretrain/launch/cluster.py)")
+                        help="hostfile: the driver's arguments are already pdsh-quoted (pretrain/distributed/cluster.py)")
     args = parser.parse_args(argv[:split])
     try:
         job = build_job(args, argv[split + 1:])

@@ -7,7 +7,7 @@
 
 `launch` parses and checks the LAUNCH OPTIONS (and for pretrain --config and the --section.key=value
 form of overrides), chooses the launcher (--hostfile, else a SLURM allocation, else this machine), asks
-pretrain/launch/cluster.py what the cluster says (`cluster.plan`), and prints what launch.sh needs as shell
+pretrain/distributed/cluster.py what the cluster says (`cluster.plan`), and prints what launch.sh needs as shell
 assignments to eval: LAUNCHER, HOSTFILE, NODE_RANGE, MODULE_ARGS, the CLUSTER_* values, RANK_ENV (the NAME=VALUE
 defaults every rank gets) and, for a hostfile, DS_ENV (every node's env lines). Bad input is one "PROG: error:
 ..." line and exit status 2, before anything starts. launch.sh keeps running, printing, exporting, signals.
@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pretrain.launch.cluster import ClusterError, plan, shell_assignments
+from pretrain.distributed.cluster import ClusterError, plan, shell_assignments
 from pretrain.launch.nodes import node_range
 
 __all__ = [

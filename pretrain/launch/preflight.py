@@ -18,7 +18,7 @@ exit status 2 before any rank or node is touched:
 - the run folder and the checkpoint folder can be created and written, and their file systems hold the
   run's checkpoints and exports at their fullest (`checkpoint.keep_last` + 1 checkpoints, earlier phases'
   ends, the exports), estimated from the model, precision, ZeRO stage and ranks
-  (pretrain/checkpointing/disk.py; the line and `--dry-run` print the estimate).
+  (pretrain/checkpointing/footprint.py; the line and `--dry-run` print the estimate).
 
 Light on purpose: the standard library, numpy and pyarrow (the manifest reader); never torch or
 DeepSpeed (tests/launch/test_preflight.py checks `sys.modules` in a fresh interpreter). The ranks run
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pretrain.checkpointing.disk import (
+from pretrain.checkpointing.footprint import (
     JobSizing,
     RunFootprint,
     check_free_space,
@@ -55,6 +55,7 @@ from pretrain.config.load import load_config
 from pretrain.config.plugins import plugin_spec
 from pretrain.config.sections import ConfigError, RunConfig
 from pretrain.data.shard_checks import PhaseShards, check_run_shards, model_overrides
+from pretrain.errors import exit_on_error
 
 
 @dataclass(frozen=True)
@@ -140,8 +141,8 @@ def check_command_line(module_args: Sequence[str], shape: LaunchShape) -> str:
     config = load_config(config_path, overrides)
     checked = check_config(config, shape)
     parts = []
-    for name in config.run.phases:
-        text = f"{name} seq {config.phase(name).seq_len}"
+    for name, phase in config.phases():
+        text = f"{name} seq {phase.seq_len}"
         if checked.ds_configs is not None:
             ds = checked.ds_configs[name]
             text += (f", batch {ds['train_batch_size']} = {ds['train_micro_batch_size_per_gpu']} x "
@@ -162,12 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, module_args = parser.parse_known_args(argv)
     if args.world_size < 1:
         parser.error(f"--world-size must be >= 1, got {args.world_size}")
-    try:
-        print(check_command_line(module_args, LaunchShape(args.world_size, "cpu" if args.cpu else "cuda")))
-    except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    shape = LaunchShape(args.world_size, "cpu" if args.cpu else "cuda")
+    return exit_on_error(lambda: print(check_command_line(module_args, shape)), ConfigError, prefix="config error: ")
 
 
 if __name__ == "__main__":

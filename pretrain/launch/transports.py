@@ -30,7 +30,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from pretrain.launch.cluster import pdsh_quote
+from pretrain.distributed.cluster import pdsh_quote
 
 _PDSH_END = re.compile(r"^pdsh@\S+: (\S+): ssh (?:exited with exit code (\d+)|killed by signal (\d+))")
 _SRUN_END = re.compile(r"^srun: error: (\S+): tasks? [0-9,-]+: (.+?)\s*$")
@@ -42,7 +42,7 @@ _PER_TASK_REQUESTS = ("SLURM_GPUS_PER_TASK", "SLURM_TRES_PER_TASK", "SLURM_NTASK
 
 
 def remote_word(arg: str) -> str:
-    """One word of the remote command, already pdsh-quoted (pretrain/launch/cluster.py's pdsh_quote): wrapped in
+    """One word of the remote command, already pdsh-quoted (pretrain/distributed/cluster.py's pdsh_quote): wrapped in
     "..." when it holds a space, as DeepSpeed's pdsh runner did, which pdsh_quote was written for."""
     return '"{}"'.format(arg.replace('"', '\\"')) if " " in arg else arg
 

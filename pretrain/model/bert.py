@@ -95,7 +95,7 @@ class SparseBertForPreTraining(BertForPreTraining):
     `masked_positions` are [instances, max_predictions] flat indices into the rows*seq tokens, so the
     MLM head runs on as many rows as unpacked.
 
-    Unpadded batches (pretrain/model/unpadded_layout.py) give flat [T] `input_ids`, `token_type_ids` and
+    Unpadded batches (pretrain/data/unpadded.py) give flat [T] `input_ids`, `token_type_ids` and
     `position_ids` with `cu_seqlens` and `max_seqlen`: the encoder runs on the real tokens alone
     (pretrain/model/unpadded.py); MLM positions are flat indices into the T tokens, NSP has one label per
     instance.

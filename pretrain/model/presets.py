@@ -1,7 +1,7 @@
 """The architecture presets `model.preset` names, without torch or transformers.
 
 bert.py builds a `BertConfig` from them; the launch-time check (pretrain/launch/preflight.py) reads them
-to size a run's checkpoints (pretrain/checkpointing/disk.py) in a process that must not import torch.
+to size a run's checkpoints (pretrain/checkpointing/footprint.py) in a process that must not import torch.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def bert_parameter_count(fields: dict[str, Any]) -> int:
     num_hidden_layers, intermediate_size, vocab_size, max_position_embeddings; type_vocab_size optional).
 
     Counted once each, as the optimizer and a checkpoint hold them: the MLM decoder's weight is the word
-    embedding matrix and its bias is `cls.predictions.bias` (tied). tests/checkpointing/test_disk.py
+    embedding matrix and its bias is `cls.predictions.bias` (tied). tests/checkpointing/test_footprint.py
     compares this with a built model.
     """
     d, layers, inner = fields["hidden_size"], fields["num_hidden_layers"], fields["intermediate_size"]
@@ -39,3 +39,16 @@ def bert_parameter_count(fields: dict[str, Any]) -> int:
     pooler = d * d + d
     head = (d * d + d) + 2 * d + vocab + (2 * d + 2)  # transform + LN + decoder bias; NSP classifier
     return embeddings + layers * layer + pooler + head
+
+
+def flop_parameter_counts(fields: dict[str, Any]) -> tuple[int, int]:
+    """(N_enc, N_head) of the FLOP model (pretrain/metrics/throughput.py) with these BertConfig fields: the encoder
+    layers and pooler, and the MLM head with its vocab x d decoder counted (it computes, tied or not). The run plan
+    sizes throughput from them before any model exists; tests/metrics/ compares them with a built model's
+    `count_parameters`."""
+    d, layers, inner, vocab = (fields["hidden_size"], fields["num_hidden_layers"], fields["intermediate_size"],
+                               fields["vocab_size"])
+    layer = 4 * (d * d + d) + 2 * d + (d * inner + inner) + (inner * d + d) + 2 * d
+    encoder = layers * layer + d * d + d  # + pooler
+    head = (d * d + d) + 2 * d + vocab * d + vocab  # transform, LayerNorm, decoder weight and bias
+    return encoder, head

@@ -1,6 +1,6 @@
 """The encoder on the real tokens only: transformers' own BERT modules, run on the flat tokens [1, T, hidden].
 
-`unpadded_encode` embeds the flat tokens of an unpadded micro-batch (pretrain/model/unpadded_layout.py),
+`unpadded_encode` embeds the flat tokens of an unpadded micro-batch (pretrain/data/unpadded.py),
 runs every encoder layer on them and pools each instance's [CLS]. No padding token goes through a matmul
 (only the bucket tail of < 64 tokens), and attention is confined to each instance by a variable-length
 kernel (pretrain/model/varlen_attention.py), so no seq x seq mask exists.

@@ -1,6 +1,6 @@
 """Variable-length attention over flat tokens: the CUDA flash kernel, the CPU reference, and what each needs.
 
-Both take q, k, v as [T, heads, head_dim] (the flat tokens of pretrain/model/unpadded_layout.py), the
+Both take q, k, v as [T, heads, head_dim] (the flat tokens of pretrain/data/unpadded.py), the
 segment bounds `cu_seqlens` [segments + 1] int32 and an upper bound `max_seqlen` of a segment's length,
 and return [T, heads, head_dim]: each token attends to the keys of its own segment only.
 

@@ -34,6 +34,7 @@ from torch import nn
 
 from pretrain.optim.fused_lamb import FusedKernels, fused_available, fused_flat_step
 from pretrain.optim.lamb_math import adapts, apply_update, lamb_direction, squared_norms, trust_ratios
+from pretrain.optim.unwrap import OptimizerMetrics
 from pretrain.optim.zero_layout import (
     FlatPartition,
     UnboundZeroLayoutError,
@@ -199,6 +200,15 @@ class ExactLamb(torch.optim.Optimizer):
             return {}
         low, mean, high = torch.stack([ratios.min(), ratios.mean(), ratios.max()]).tolist()
         return {"min": low, "mean": mean, "max": high}
+
+    def step_metrics(self) -> OptimizerMetrics:
+        """What the trainer logs of the last step (pretrain/optim/unwrap.py): min / mean / max of the adapted
+        tensors' trust ratios as lamb/trust_ratio_*, and all of them as the lamb/trust_ratio histogram."""
+        ratios = self.last_trust_ratios(adapted_only=True)
+        if ratios is None:
+            return OptimizerMetrics()
+        scalars = {f"lamb/trust_ratio_{name}": value for name, value in self.trust_ratio_stats().items()}
+        return OptimizerMetrics(scalars, {"lamb/trust_ratio": ratios})
 
     # ------------------------------------------------------------------ step
     @torch.no_grad()

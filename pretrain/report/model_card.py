@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pretrain.config.deepspeed import precision_of
 from pretrain.report.records import FinetuneResult, global_step, last_validation, read_json, read_rows
 from pretrain.run_folder import CLOCK_FILE, TENSORBOARD
 
@@ -151,7 +152,7 @@ def _body(facts: dict[str, Any], name: str, folder_text: str, finetune: Sequence
               "|---|---|---|---|---|---|---|---|"]
     for phase in config.get("run", {}).get("phases", []):
         section, ds = config.get(phase, {}), resolved.get("ds_configs", {}).get(phase, {})
-        precision = "bf16" if ds.get("bf16", {}).get("enabled") else "fp16" if ds.get("fp16", {}).get("enabled") else "fp32"
+        precision = precision_of(ds)
         lines.append(f"| {phase} | {section.get('seq_len')} | {ds.get('train_batch_size', section.get('batch_size'))} | "
                      f"{section.get('steps')} | {section.get('lr')} | {section.get('warmup_fraction')} | "
                      f"{ds.get('optimizer', {}).get('type', '?')} | {precision} |")

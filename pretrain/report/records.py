@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pretrain.finetune.layout import RESULTS, RESULTS_GLOB
 from pretrain.run_folder import CHECKPOINTS, EXPORT_INFO, LOGS, TENSORBOARD, metrics_path
 
 SEARCH_DEPTH = 3  # folder levels below RUN_DIR and its parent searched for results and exports
@@ -164,7 +165,7 @@ def parse_result(path: Path, data: Any) -> tuple[str, str, dict[str, float], lis
                 return "GLUE", task, metrics, notes
         return None
     scores = _numbers(data.get("scores"))
-    if path.name == "results.json" and {"exact_match", "f1"} <= set(scores):
+    if path.name == RESULTS and {"exact_match", "f1"} <= set(scores):
         notes = ["fine-tuned from random weights (baseline)"] if data.get("init") == "random" else []
         return f"SQuAD v{'2.0' if data.get('version') == 2 else '1.1'}", "squad", scores, notes
     return None
@@ -175,7 +176,7 @@ def finetune_results(run_dir: Path) -> list[FinetuneResult]:
     run_dir = Path(run_dir)
     found: list[FinetuneResult] = []
     for folder in walk_beside(run_dir):
-        for path in sorted(folder.glob("*results.json")):
+        for path in sorted(folder.glob(RESULTS_GLOB)):
             data = read_json(path)
             parsed = parse_result(path, data)
             if parsed is None:

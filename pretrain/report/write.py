@@ -4,7 +4,7 @@
 
 Writes RUN_DIR/report.md and RUN_DIR/report.png from what the run left on disk: metrics.jsonl (losses,
 accuracy, throughput, MFU, the run's clock on every row), run_clock.json (its processes: stops and
-resumes; pretrain/report/clock.py), config.resolved.json (the config that produced it), and the SQuAD /
+resumes; pretrain/metrics/clock.py), config.resolved.json (the config that produced it), and the SQuAD /
 GLUE results found beside it (pretrain/report/records.py). The time-to-target table answers "when did this
 run reach masked-LM accuracy X, and what did it cost": wall-clock, device-hours and samples at the first
 validation that reached each mark of logging.quality_targets (and the price, given one). The model cards
@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pretrain.metrics.quality import DEFAULT_QUALITY_TARGETS
 from pretrain.report.model_card import regenerate
 from pretrain.report.plot import draw_report
-from pretrain.report.quality import DEFAULT_QUALITY_TARGETS
 from pretrain.report.records import (
     RunFacts,
     TargetRow,

@@ -18,7 +18,7 @@ def group_timeout(group: dist.ProcessGroup) -> timedelta:
 
 
 def test_every_group_gets_the_run_timeout() -> None:
-    from pretrain.engine import init_distributed
+    from pretrain.distributed.process_group import init_distributed
 
     init_distributed()  # idempotent: a world of one over gloo (DS_ACCELERATOR=cpu), shared with other tests
     layout = GroupLayout(world_size=1, groups=1, rank=0)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.launch.cluster import ClusterError, pdsh_quote
+from pretrain.distributed.cluster import ClusterError, pdsh_quote
 from pretrain.launch.plan import (
     VALUE_OPTIONS,
     LaunchOptions,

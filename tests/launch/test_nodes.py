@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from pretrain.launch.cluster import ClusterError
+from pretrain.distributed.cluster import ClusterError
 from pretrain.launch.nodes import FaultLines, NodeJob, node_range
 from pretrain.launch.pin import share
 from pretrain.launch.transports import SSH_KEEP_ALIVE, Pdsh, Srun

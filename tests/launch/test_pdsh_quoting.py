@@ -14,7 +14,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from pretrain.launch.cluster import pdsh_quote
+from pretrain.distributed.cluster import pdsh_quote
 from pretrain.launch.transports import remote_word
 from tests.support.launching import clean_env
 from tests.support.paths import REPO_ROOT

@@ -122,7 +122,7 @@ def test_a_good_run_is_checked_and_summarised_and_a_dry_run_only_notes_problems(
     assert proc.stderr.strip() == (
         f"launch.sh: checked {job['run_json']} for 2 rank(s): phase1 seq 32, batch 16 = 4 x 2 accumulation x 2 "
         "ranks; phase2 seq 64, batch 16 = 4 x 2 accumulation x 2 ranks; disk at most 4 checkpoints x 1.8 MiB + "
-        "2 exports x 500.8 KiB")  # keep_last 2 + 1 being written + phase 1's end; the estimate: pretrain/checkpointing/disk.py
+        "2 exports x 500.8 KiB")  # keep_last 2 + 1 being written + phase 1's end; the estimate: pretrain/checkpointing/footprint.py
     proc = subprocess.run([*base, "--data.shards=later"], cwd=job["cwd"], env=launch_env(job), capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0 and "-m pretrain.launch.agent" in proc.stdout  # printed, as a dry run does

@@ -179,7 +179,7 @@ def test_signals_stop_with_a_checkpoint_and_leave_no_process_behind(run_config: 
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert wait_for_no_process_of(run_dir) == []
-    watchdogs = [line for line in processes_mentioning("pretrain.launch.lifetime") if f" watch {proc.pid} " in line]
+    watchdogs = [line for line in processes_mentioning("pretrain.distributed.lifetime") if f" watch {proc.pid} " in line]
     assert wait_for_no_process_of(run_dir) == [] and all(wait_for_no_process_of(w.split(":")[0]) == []
                                                          for w in watchdogs)  # the watchdog ended too
 

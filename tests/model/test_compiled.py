@@ -11,10 +11,11 @@ import pytest
 import torch
 from transformers import BertForPreTraining
 
+from pretrain.config.attention import attention_plan
 from pretrain.config.sections import RunConfig
 from pretrain.data.batches import PhaseData
 from pretrain.model.compiled import compile_metrics, graph_breaks, has_compiled_layers, layer_graphs
-from pretrain.model_setup import prepare_model_path
+from pretrain.model.setup import prepare_model_path
 from tests.support.model_fixtures import both_layouts, forward_and_grads, no_dropout_model
 
 CPU_FP32 = {"bf16": {"enabled": False}, "fp16": {"enabled": False}, "zero_optimization": {"stage": 2}}
@@ -26,7 +27,8 @@ def compiled_model(vocab_size: int, activation_checkpointing: bool = False) -> t
     model = no_dropout_model(vocab_size)
     if activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    prepare_model_path(model, config, "phase1", CPU_FP32, torch.device("cpu"))
+    # the phase's attention plan as the run plan makes it, then the driver's rank-side set-up
+    prepare_model_path(model, attention_plan(config, "phase1", CPU_FP32, "cpu"), "fp32", torch.device("cpu"))
     assert has_compiled_layers(model)
     return model
 

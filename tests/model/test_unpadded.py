@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from pretrain.data.batches import PhaseData
+from pretrain.data.unpadded import bucketed, device_rows, real_tokens, unpad_masked_instances
 from pretrain.model.bert import IGNORE_INDEX, bert_config, build_model
-from pretrain.model.unpadded_layout import bucketed, device_rows, real_tokens, unpad_masked_instances
 from pretrain.model.varlen_attention import kernel_problem, reference_varlen_attention, segment_index
 from tests.support.model_fixtures import SEQ, both_layouts, forward_and_grads, no_dropout_model
 

@@ -13,15 +13,12 @@ import pytest
 import torch
 from torch import nn
 
-from pretrain.engine import (
-    DistInfo,
-    build_engine,
-    client_optimizer,
-    device_index,
-    init_distributed,
-    process_group_backend,
-)
+from pretrain.distributed.cluster import device_index
+from pretrain.distributed.info import DistInfo
+from pretrain.distributed.process_group import init_distributed, process_group_backend
+from pretrain.engine import build_engine
 from pretrain.optim.lamb import ExactLamb, UnboundZeroLayoutError, bind_zero_layout
+from pretrain.optim.unwrap import client_optimizer
 from pretrain.optim.zero_layout import ZeroLayout
 from tests.support.launching import deepspeed_cpu_env, free_port
 from tests.support.paths import SCRIPTS
@@ -157,7 +154,7 @@ def test_init_distributed_from_slurm_environment() -> None:
     env.update(SLURM_PROCID="0", SLURM_NTASKS="1", SLURM_LOCALID="0", SLURM_JOB_ID="4321")
     env["SLURM_LAUNCH_NODE_IPADDR"] = "127.0.0.1"
     code = (
-        "import os; from pretrain.engine import init_distributed; info = init_distributed(); "
+        "import os; from pretrain.distributed.process_group import init_distributed; info = init_distributed(); "
         "print(info.rank, info.world_size, info.local_rank, os.environ['MASTER_PORT'])"
     )
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)

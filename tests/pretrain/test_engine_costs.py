@@ -26,7 +26,8 @@ from deepspeed.accelerator import get_accelerator
 
 from pretrain.config.deepspeed import phase_ds_config
 from pretrain.config.load import load_config
-from pretrain.engine import build_engine, init_distributed
+from pretrain.distributed.process_group import init_distributed
+from pretrain.engine import build_engine
 from pretrain.model.bert import bert_config, build_model
 from pretrain.schedule import WarmupPolyDecay
 from tests.support.paths import REPO_ROOT

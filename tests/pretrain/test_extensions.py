@@ -19,7 +19,6 @@ import torch
 
 from pretrain.plugin import CONFIG_PLUGIN_ONLY, JobShare, PluginStack, StepAgreement, TrainingPlugin
 from pretrain.trainer import PhaseTrainer
-from pretrain.trainer_settings import TrainerSettings
 from tests.support.extensions import AddedLoss, AfterEachStep
 from tests.support.paths import REPO_ROOT
 from tests.support.trainer_fixtures import build_trainer
@@ -112,7 +111,7 @@ def test_loss_terms_are_summed_in_order_and_their_numbers_merged() -> None:
 def test_the_trainer_calls_start_phase_first_then_after_step_and_adds_every_loss_term(tmp_path: Path) -> None:
     """A real phase of 3 steps: start_phase once, before any step and on the config's plug-in first; after_step
     after every step, in stack order; both added terms reach every micro-batch (their numbers are logged);
-    and the loop runs with the run config taken away (it reads its TrainerSettings only)."""
+    and the loop runs with its job taken away (it reads its TrainerSettings, built by the run plan)."""
     built = build_trainer(tmp_path, steps=3)
     calls: list[tuple[str, str, int]] = []
     views: list[Any] = []
@@ -132,13 +131,15 @@ def test_the_trainer_calls_start_phase_first_then_after_step_and_adds_every_loss
     stack = PluginStack(Recorder("config", calls), [Recorder("probe", calls), PhaseStartView(), after,
                                                    AddedLoss(term("a", 1.0)), AddedLoss(term("b", 2.0))])
     job = dataclasses.replace(built.job, plugin=stack)
-    trainer = PhaseTrainer(job, built.engine, built.train_batches, built.val_batches, built.throughput, built.state)
-    assert trainer.settings == TrainerSettings.from_config(built.config, "phase1")
+    trainer = PhaseTrainer(job, built.settings, built.engine, built.train_batches, built.val_batches,
+                           built.throughput, built.state)
+    assert trainer.settings is built.settings  # the plan's, handed in whole
+    assert (trainer.settings.phase, trainer.settings.steps, trainer.settings.seq_len) == ("phase1", 3, 32)
     values = trainer.train_step()
     assert (values.values["probe/a"], values.values["probe/b"]) == (1.0, 2.0)
     trainer.state.step += 1  # as the loop does
 
-    trainer.config = trainer.job = None  # type: ignore[assignment]  # the loop must not need them
+    trainer.job = None  # type: ignore[assignment]  # the loop must not need it (and the trainer has no config)
     assert trainer.train() == "complete"
     assert calls == [("config", "start_phase", 1), ("probe", "start_phase", 1),
                      ("config", "after_step", 2), ("probe", "after_step", 2), ("function", "after_step", 2),

@@ -18,7 +18,7 @@ from tests.support.paths import REPO_ROOT
 PACKAGES = ("pretrain", "data_prep")
 # modules every floor may use: they import nothing of the project but each other (plugin.py: the registry
 # and types, from these)
-GROUND = ("pretrain.errors", "pretrain.dist", "pretrain.checkpointing.layout", "pretrain.run_folder",
+GROUND = ("pretrain.errors", "pretrain.distributed.info", "pretrain.checkpointing.layout", "pretrain.run_folder",
           "pretrain.config.plugins", "pretrain.config.sections")
 
 
@@ -199,3 +199,33 @@ def test_the_documented_floors_are_the_scanned_ones() -> None:
     height = floors({n: t for n, t in graph.items()})
     wrong = {name: (floor, height[name]) for name, floor in documented.items() if height[name] != floor}
     assert not wrong, f"docs/architecture.md floors (documented, scanned): {wrong}"
+
+
+def test_the_launcher_is_imported_by_nothing_else_of_pretrain() -> None:
+    """pretrain/launch/ holds the launcher's processes; a rank's own place in the job is pretrain/distributed/."""
+    graph = import_graph()
+    upward = {m: sorted(t for t in targets if t.startswith("pretrain.launch."))
+              for m, targets in graph.items() if m.startswith("pretrain.") and not m.startswith("pretrain.launch")}
+    assert not any(upward.values()), {m: t for m, t in upward.items() if t}
+    assert "pretrain.distributed.process_group" in graph["pretrain.engine"] or \
+        "pretrain.distributed.process_group" in graph["pretrain.train"]
+
+
+def phase_lookups(source: str) -> list[int]:
+    """Lines that call `<something>.phase(...)`, RunConfig's lookup of a phase's section."""
+    return [node.lineno for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute) and node.func.attr == "phase"]
+
+
+def test_the_config_is_read_going_down_once_into_the_plan() -> None:
+    """RunConfig.phase is called in config/ and in the run plan only; the trainer and the driver's phase loop read
+    their plan (the trainer module does not even name RunConfig)."""
+    allowed = ("pretrain/config/", "pretrain/run_plan.py")
+    found = {rel: lines for path in (REPO_ROOT / "pretrain").rglob("*.py")
+             if not (rel := str(path.relative_to(REPO_ROOT))).startswith(allowed)
+             if (lines := phase_lookups(path.read_text(encoding="utf-8")))}
+    assert not found, f"RunConfig.phase outside config/ and run_plan.py: {found}"
+    assert phase_lookups("config.phase('phase1')\n") == [1]
+    trainer = (REPO_ROOT / "pretrain" / "trainer.py").read_text(encoding="utf-8")
+    assert "RunConfig" not in trainer
+    assert "isinstance" not in trainer.split("def train(")[1]  # the loop asks no type (monitors report themselves)

@@ -101,7 +101,7 @@ def test_a_run_folder_held_by_a_live_job_is_refused(
 
     run_dir = tmp_path / "run"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from pretrain.launch.lifetime import "
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from pretrain.distributed.lifetime import "
          "hold_run_folder; hold_run_folder(Path(sys.argv[1])); print('held', flush=True); time.sleep(120)",
          str(run_dir)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
     try:

@@ -127,7 +127,7 @@ def test_precision_bf16_or_fp16_on_gpu_fp32_on_cpu() -> None:
 
 
 def test_plan_errors_name_the_key(tmp_path: Path, run_json: Path, shards: Path) -> None:
-    from pretrain.engine import DistInfo
+    from pretrain.distributed.info import DistInfo
     from pretrain.train import plan_run
 
     two_ranks = DistInfo(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"))
@@ -180,8 +180,8 @@ def manifest_reads(work: Callable[[], object]) -> int:
 def test_each_rank_reads_each_shard_folder_once(run_json: Path) -> None:
     """Rank 0 plans once (with checksums) and keeps that plan; another rank plans once after the verdict.
     Both phases read one folder here: before, rank 0 opened its manifest 8 times and the others 4."""
-    from pretrain.engine import DistInfo
-    from pretrain.launch.lifetime import release_run_folder
+    from pretrain.distributed.info import DistInfo
+    from pretrain.distributed.lifetime import release_run_folder
     from pretrain.run_plan import plan_on_rank0
 
     config = load_config(run_json)

@@ -1,4 +1,4 @@
-"""Launched on 2 CPU ranks by tests/checkpointing/test_disk.py: failed writes during a collective save.
+"""Launched on 2 CPU ranks by tests/checkpointing/test_footprint.py: failed writes during a collective save.
 
     python checkpoint_fault_ranks.py WORK
 
@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 
 from pretrain.checkpointing.checkpoint import CheckpointManager, SaveError
-from pretrain.engine import build_engine, init_distributed
+from pretrain.distributed.process_group import init_distributed
+from pretrain.engine import build_engine
 from pretrain.model.bert import bert_config, build_model
 from tests.support.paths import REPO_ROOT
 

@@ -47,7 +47,7 @@ def recorder(out: Path, group_size: int):
         own = flat_weights(trainer.engine).clone()  # collective inside the group under ZeRO-3
         if group_rank == 0:
             torch.save(own, out / f"own_g{group}_s{step}.pt")
-        if trainer.state.phase == "phase1" and trainer.state.step == trainer.phase.steps:
+        if trainer.state.phase == "phase1" and trainer.state.step == trainer.settings.steps:
             # every training instance this rank read in phase 1 (the test checks the groups' are disjoint)
             batches = trainer.train_batches
             read = {index for k in range(trainer.state.step * trainer.accumulation)
@@ -59,7 +59,7 @@ def recorder(out: Path, group_size: int):
                 seen["refreshes"] = len(codistill.refresh_log)
                 name = f"teacher_g{group}r{group_rank}_at{codistill.refresh_log[-1]}.pt"
                 torch.save(codistill.state_dict(), out / name)
-            if trainer.state.step == trainer.phase.steps and trainer.state.phase == trainer.config.run.phases[-1]:
+            if trainer.state.step == trainer.settings.steps:  # each phase end; the last one writes it whole
                 (out / f"refresh_log_g{group}r{group_rank}.json").write_text(json.dumps(codistill.refresh_log))
 
     return callback

@@ -65,7 +65,7 @@ class Snapshots(TrainingPlugin):
     def _save(self, trainer: PhaseTrainer, label: str) -> None:
         taken = snapshot(trainer)
         if trainer.dist_info.rank == 0:
-            torch.save(taken, Path(trainer.config.run.dir) / f"snapshot_{label}.pt")
+            torch.save(taken, trainer.run_dir / f"snapshot_{label}.pt")
 
     def start_phase(self, trainer: PhaseTrainer) -> None:
         if self.at_start:

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from pretrain.config.load import ConfigError
-from pretrain.engine import init_distributed
+from pretrain.distributed.process_group import init_distributed
 from pretrain.model.bert import bert_config, build_model
 from pretrain.train import load_initial_weights
 

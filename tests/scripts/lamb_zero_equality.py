@@ -22,9 +22,11 @@ import torch.distributed as dist
 from deepspeed.utils import safe_get_full_fp32_param
 from torch import nn
 
-from pretrain.engine import build_engine, client_optimizer, init_distributed
+from pretrain.distributed.process_group import init_distributed
+from pretrain.engine import build_engine
 from pretrain.optim.lamb import ExactLamb, UnboundZeroLayoutError, weight_decay_param_groups
 from pretrain.optim.lamb_reference import NaiveLamb
+from pretrain.optim.unwrap import client_optimizer
 
 VOCAB, WIDTH, HIDDEN, SEQ = 37, 15, 33, 6  # odd sizes: padding everywhere, params straddle partitions
 LAMB_PARAMS = {"lr": 6e-3, "betas": [0.9, 0.999], "eps": 1e-6, "weight_decay": 0.01, "adapt_all": True}

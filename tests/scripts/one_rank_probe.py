@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from pretrain.engine import cpu_shm_segment
+from pretrain.distributed.process_group import cpu_shm_segment
 from pretrain.train import main
 from pretrain.trainer import PhaseTrainer
 from tests.support.extensions import AfterEachStep

@@ -32,7 +32,7 @@ from tests.support.extensions import AddedLoss, after_each_step
 
 def save_engine_logits(out: Path):
     def callback(trainer: PhaseTrainer) -> None:
-        if trainer.state.phase != "phase2" or trainer.state.step != trainer.phase.steps:
+        if trainer.state.phase != "phase2" or trainer.state.step != trainer.settings.steps:
             return
         module = trainer.engine.module
         batch = verification_batch(module.config)

@@ -1,6 +1,6 @@
-"""Launched on 2 CPU ranks by tests/pretrain/test_recipes.py: a shipped recipe, shrunk, run as a user runs it.
+"""Launched on 2 CPU ranks by tests/config/test_recipes.py: a shipped recipe, shrunk, run as a user runs it.
 
-    [pretrain WORK ...] [squad WORK]    each in turn, in this one launch (tests/pretrain/test_recipes.py)
+    [pretrain WORK ...] [squad WORK]    each in turn, in this one launch (tests/config/test_recipes.py)
 
     pretrain WORK    WORK/run.json (pretrain.config.rehearsal's shrink of a shipped RUN.json):
                      A: both phases, SIGTERM to rank 1 after phase-2 step 1 (the ranks agree at step 2, checkpoint, stop),
@@ -55,12 +55,12 @@ def record_paths(out: Path):
 
 def save_masters(trainer: PhaseTrainer) -> None:
     """At a phase's last step: the fp32 masters behind the engine (collective within the model's ranks)."""
-    if trainer.state.step != trainer.phase.steps:
+    if trainer.state.step != trainer.settings.steps:
         return
     masters = {name: safe_get_full_fp32_param(param).detach().cpu().clone()
                for name, param in trainer.engine.module.named_parameters()}
     if trainer.dist_info.rank == 0:
-        torch.save(masters, Path(trainer.config.run.dir) / f"masters_{trainer.state.phase}.pt")
+        torch.save(masters, trainer.run_dir / f"masters_{trainer.state.phase}.pt")
 
 
 def pretrain(work: Path) -> None:

@@ -1,4 +1,4 @@
-"""Launched on 2 CPU ranks by tests/squad/test_finetune.py: one short fine-tune, then one evaluation.
+"""Launched on 2 CPU ranks by tests/finetune/squad/test_finetune.py: one short fine-tune, then one evaluation.
 
 Usage: torchrun --nproc-per-node 2 squad_finetune_ranks.py WORK_DIR
 WORK_DIR holds export/ (a tiny BertForPreTraining, our export's layout), qa/ (a tiny

@@ -24,10 +24,10 @@ from typing import Any
 import torch
 
 from pretrain.config.load import load_config
-from pretrain.engine import DistInfo
-from pretrain.metrics import MetricsWriter
+from pretrain.distributed.info import DistInfo
+from pretrain.metrics.quality import QualitySettings
+from pretrain.metrics.writer import MetricsWriter
 from pretrain.report.model_card import card_facts, write_model_card
-from pretrain.report.quality import QualitySettings
 from tests.support.pretrain_fixtures import build_shards, tiny_run_config
 
 RANKS = 2

@@ -46,6 +46,7 @@ from pretrain.finetune.glue.finetune_args import GlueConfig
 from pretrain.finetune.glue.metric import score
 from pretrain.finetune.glue.submission import write_predictions
 from pretrain.finetune.glue.tasks import Task
+from pretrain.finetune.layout import RESULTS, SUBMISSION, seed_dir, seed_tensorboard
 from pretrain.schedule import WarmupPolyDecay
 
 
@@ -185,13 +186,13 @@ def run_seed(job: Job, seed: int) -> dict[str, Any] | None:
     from pretrain.engine import build_engine  # DeepSpeed: only once the inputs are known to be good (run)
 
     torch.manual_seed(seed)
-    writer = summary_writer(job.config.out / "tensorboard" / f"seed-{seed}") if job.dist_info.rank == 0 else None
+    writer = summary_writer(seed_tensorboard(job.config.out, seed)) if job.dist_info.rank == 0 else None
     schedule = WarmupPolyDecay(job.total_steps, job.config.warmup_fraction, power=1.0)
     engine = build_engine(load_model(job), job.ds, lr_schedule=schedule)
     skip_lone_rank_allreduce(engine, job.dist_info.world_size)
     result: dict[str, Any] = {"seed": seed, **train(engine, job, seed, writer), "scores": {}}
     engine.eval()
-    folder = job.config.out / f"seed-{seed}"
+    folder = seed_dir(job.config.out, seed)
     for eval_set in job.task.evals:
         for kind, sets in (("dev", job.dev), ("test", job.test)):
             if eval_set.name not in sets:
@@ -213,7 +214,7 @@ def run_seed(job: Job, seed: int) -> dict[str, Any] | None:
     if writer is None:
         return None
     writer.close()
-    atomic_write_json(folder / "results.json", result)
+    atomic_write_json(folder / RESULTS, result)
     print(json.dumps({"seed": seed, **result["scores"]}), flush=True)
     return result
 
@@ -224,10 +225,10 @@ def summarise(job: Job, runs: list[dict[str, Any]], data: TaskData) -> dict[str,
     median = {name: {metric: statistics.median(run["scores"][name][metric] for run in runs)
                      for metric in runs[0]["scores"][name]} for name in sets}
     best = max(runs, key=lambda run: statistics.fmean(run["scores"][name]["score"] for name in sets))
-    submission = job.config.out / "submission"
+    submission = job.config.out / SUBMISSION
     if job.test:
         shutil.rmtree(submission, ignore_errors=True)
-        shutil.copytree(job.config.out / f"seed-{best['seed']}" / "test", submission)
+        shutil.copytree(seed_dir(job.config.out, best["seed"]) / "test", submission)
     return {
         "task": job.task.title, "model": str(job.config.model), "data": str(job.config.data),
         "world_size": job.dist_info.world_size, "precision": precision_of(job.ds),
@@ -276,7 +277,7 @@ def finetune(config: GlueConfig) -> dict[str, Any] | None:
     data = check_inputs(config)
     from transformers import AutoTokenizer  # heavy imports only once the inputs are known to be good
 
-    from pretrain.engine import init_distributed
+    from pretrain.distributed.process_group import init_distributed
 
     dist_info = init_distributed()
     bf16_supported = dist_info.device.type == "cuda" and torch.cuda.is_bf16_supported()
@@ -295,7 +296,7 @@ def finetune(config: GlueConfig) -> dict[str, Any] | None:
     if dist_info.rank != 0:
         return None
     results = summarise(job, [run for run in runs if run is not None], data)
-    atomic_write_json(config.out / "results.json", results)
+    atomic_write_json(config.out / RESULTS, results)
     print(json.dumps({"task": job.task.title, "seeds": results["seeds"], "median": results["median"]}), flush=True)
     return results
 

@@ -15,7 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pretrain.config.sections import ConfigError
-from pretrain.finetune.common import EngineFlags, add_config_arguments, check_positive, flag
+from pretrain.finetune.common import (
+    EngineFlags,
+    add_config_arguments,
+    check_positive,
+    flag,
+)
 from pretrain.finetune.common import config_from_args as common_config_from_args
 from pretrain.finetune.glue.data import GlueFormatError
 from pretrain.finetune.glue.tasks import TASKS, Task, task_named

@@ -8,7 +8,7 @@
 * SST-2, MNLI (matched and mismatched, scored separately), QNLI, RTE, WNLI: accuracy.
 
 Values are in percent, as the GLUE leaderboard prints them; ``score`` is the mean of a task's metrics
-(the one number per task the GLUE average is taken over). tests/glue/test_metric.py checks each
+(the one number per task the GLUE average is taken over). tests/finetune/glue/test_metric.py checks each
 against scikit-learn and SciPy on the same predictions.
 """
 

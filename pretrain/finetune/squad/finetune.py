@@ -38,6 +38,7 @@ from pretrain.finetune.common import (  # noqa: F401 (FINETUNE_OWNERS re-exporte
     skip_lone_rank_allreduce,
 )
 from pretrain.finetune.common import read_engine_json as common_read_engine_json
+from pretrain.finetune.layout import NBEST_PREDICTIONS, NULL_ODDS, PREDICTIONS, RESULTS, TENSORBOARD
 from pretrain.finetune.squad.data import SquadFormatError, SquadSet, load_hf_squad, load_squad
 from pretrain.finetune.squad.features import FeatureConfig, Features, build_features, pad_batch
 from pretrain.finetune.squad.finetune_args import FinetuneConfig
@@ -182,7 +183,8 @@ def finetune(config: FinetuneConfig) -> dict[str, Any] | None:
     # Heavy imports only now that the inputs are known to be good.
     from transformers import AutoTokenizer, BertConfig, BertForQuestionAnswering
 
-    from pretrain.engine import build_engine, init_distributed
+    from pretrain.distributed.process_group import init_distributed
+    from pretrain.engine import build_engine
 
     dist_info = init_distributed()
     bf16_supported = dist_info.device.type == "cuda" and torch.cuda.is_bf16_supported()
@@ -201,7 +203,7 @@ def finetune(config: FinetuneConfig) -> dict[str, Any] | None:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     dev_examples = dev_set.examples
 
-    writer = _summary_writer(config.out / "tensorboard") if dist_info.rank == 0 else None
+    writer = _summary_writer(config.out / TENSORBOARD) if dist_info.rank == 0 else None
     results: dict[str, Any] = {"model": str(config.model), "world_size": dist_info.world_size,
                                "precision": precision_of(ds),
                                "init": "random" if config.random_init else "model"}
@@ -222,8 +224,9 @@ def finetune(config: FinetuneConfig) -> dict[str, Any] | None:
         engine.eval()
     else:
         module = model.to(dist_info.device)
-        if ds["bf16"]["enabled"] or ds["fp16"]["enabled"]:
-            module = module.to(torch.bfloat16 if ds["bf16"]["enabled"] else torch.float16)
+        precision = precision_of(ds)
+        if precision != "fp32":
+            module = module.to(torch.bfloat16 if precision == "bf16" else torch.float16)
         module.eval()
         forward = module
 
@@ -238,14 +241,14 @@ def finetune(config: FinetuneConfig) -> dict[str, Any] | None:
 
     post = PostprocessConfig(config.n_best, config.max_answer_length, version == 2, config.null_score_diff_threshold)
     predictions = postprocess(dev_examples, dev_features, gathered[0], gathered[1], post)
-    atomic_write_json(config.out / "predictions.json", predictions.answers)
-    atomic_write_json(config.out / "nbest_predictions.json", predictions.nbest)
+    atomic_write_json(config.out / PREDICTIONS, predictions.answers)
+    atomic_write_json(config.out / NBEST_PREDICTIONS, predictions.nbest)
     if version == 2:
-        atomic_write_json(config.out / "null_odds.json", predictions.null_odds)
+        atomic_write_json(config.out / NULL_ODDS, predictions.null_odds)
     scores = score(dev_set, predictions.answers, predictions.null_odds, version)
     results.update(scores=scores, version=version, dev=dev_set.source, dev_examples=len(dev_examples),
                    dev_windows=len(dev_features))
-    atomic_write_json(config.out / "results.json", results)
+    atomic_write_json(config.out / RESULTS, results)
     for key, value in scores.items():
         if isinstance(value, float):
             writer.add_scalar(f"squad/{key}", value, results.get("train_steps", 0))

@@ -11,7 +11,11 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from pretrain.finetune.common import EngineFlags, add_config_arguments, flag
+from pretrain.finetune.common import (
+    EngineFlags,
+    add_config_arguments,
+    flag,
+)
 from pretrain.finetune.common import config_from_args as common_config_from_args
 from pretrain.finetune.squad.data import SquadFormatError
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pretrain.checkpointing.checkpoint import CheckpointManager, SaveError
-from pretrain.checkpointing.disk import (
+from pretrain.checkpointing.footprint import (
     CheckpointShape,
     Destination,
     check_free_space,
@@ -23,7 +23,7 @@ from pretrain.checkpointing.disk import (
 from pretrain.checkpointing.layout import LATEST, MANIFEST
 from pretrain.checkpointing.manifest import manifest_bytes, resolve_resume_tag
 from pretrain.config.sections import ConfigError
-from pretrain.metrics import MetricsWriter
+from pretrain.metrics.writer import MetricsWriter
 from pretrain.model.bert import bert_config, build_model
 from pretrain.model.presets import bert_parameter_count
 from pretrain.plugin import TrainingPlugin

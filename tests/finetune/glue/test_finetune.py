@@ -13,8 +13,8 @@ import pytest
 
 from pretrain.finetune.glue.__main__ import main
 from pretrain.finetune.glue.tasks import task_named
-from tests.glue.glue_files import TITLES, write_task
-from tests.glue.test_data import _hf_dataset_dict
+from tests.finetune.glue.glue_files import TITLES, write_task
+from tests.finetune.glue.test_data import _hf_dataset_dict
 from tests.support.launching import REPO_ROOT, child_env
 
 # Tiny and quick: the shipped DeepSpeed JSON (squad_adamw_zero1.json, the default) with small flags.

@@ -1,5 +1,5 @@
-"""The run's clock across a stop and a resume, and the quality targets logged once (pretrain/report/clock.py,
-pretrain/report/quality.py, pretrain/metrics.py's MetricsWriter): two writer objects play the two
+"""The run's clock across a stop and a resume, and the quality targets logged once (pretrain/metrics/clock.py,
+pretrain/metrics/quality.py, pretrain/metrics/writer.py's MetricsWriter): two writer objects play the two
 processes, as a preempted job and its requeued successor would."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from pretrain.config.load import ConfigError, load_config
-from pretrain.metrics import MetricsWriter
-from pretrain.report.clock import RunClock
-from pretrain.report.quality import QualitySettings, TimeToQuality
+from pretrain.metrics.clock import RunClock
+from pretrain.metrics.quality import QualitySettings, TimeToQuality
+from pretrain.metrics.writer import MetricsWriter
 from pretrain.run_folder import CLOCK_FILE
 from tests.support.pretrain_fixtures import REPO_ROOT
 

@@ -1,4 +1,4 @@
-"""pretrain/step_watch.py against torch's own timer server: what a rank holds from one step to the next, what
+"""pretrain/distributed/step_watch.py against torch's own timer server: what a rank holds from one step to the next, what
 counts as progress (each checkpoint file written), and that a rank which stops making progress is found by the
 server while one that writes is not. The end-to-end hang (a rank frozen by SIGSTOP under the agent) is
 tests/launch/test_faults.py."""
@@ -13,7 +13,7 @@ import pytest
 from torch.distributed.elastic.timer import FileTimerClient, FileTimerServer
 
 from pretrain.checkpointing.commit import SaveAttempt
-from pretrain.step_watch import NEVER_S, StepWatch
+from pretrain.distributed.step_watch import NEVER_S, StepWatch
 
 
 class Recording(FileTimerServer):

@@ -20,9 +20,9 @@ What can be lost: the seconds since the file's last write when a process dies wi
 `finally` (kill -9, a node failure). The file is written at every validation, at the end of the process,
 and at least once a minute while steps are logged (`SAVE_EVERY_S`), so at most about a minute.
 
-The quality targets reached (pretrain/report/quality.py) are kept here too, so each is logged once over
+The quality targets reached (pretrain/metrics/quality.py) are kept here too, so each is logged once over
 the run. A resumed process starts logging at the step after its checkpoint, S: what the earlier process
-logged from S on is dropped from metrics.jsonl and TensorBoard (pretrain/metrics.py), and so are the
+logged from S on is dropped from metrics.jsonl and TensorBoard (pretrain/metrics/writer.py), and so are the
 targets it reached from S on (`begin`), which the resumed run then reaches again.
 
 Standard library only: the report (pretrain/report/write.py) reads the file without torch.

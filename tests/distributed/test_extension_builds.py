@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.launch import extension_builds
+from pretrain.distributed import extension_builds
 from tests.support.launching import copy_machine_op_build, deepspeed_cpu_env
 from tests.support.paths import REPO_ROOT
 
 LOAD = """
 import json, shutil
-from pretrain.engine import init_distributed
+from pretrain.distributed.process_group import init_distributed
 init_distributed()
 print(json.dumps({"ninja": shutil.which("ninja")}))
 """

@@ -14,7 +14,7 @@ from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
 from pretrain.finetune.glue import metric
 from pretrain.finetune.glue.__main__ import main
-from tests.glue.glue_files import TITLES, write_task
+from tests.finetune.glue.glue_files import TITLES, write_task
 from tests.support.launching import REPO_ROOT, child_env
 
 GOLD_FILE = {"MNLI": "dev_matched.tsv"}

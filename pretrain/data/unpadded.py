@@ -100,7 +100,7 @@ def real_tokens(host_batch: dict[str, Any]) -> int:
 
 def device_rows(host_batch: dict[str, Any]) -> float:
     """Rows of seq_len the device runs: padded/packed rows, or the unpadded tokens T_b / seq_len (a
-    fraction): what throughput, FLOPs and the padding share count (pretrain/metrics.py)."""
+    fraction): what throughput, FLOPs and the padding share count (pretrain/metrics/writer.py)."""
     if is_unpadded(host_batch):
         return host_batch["input_ids"].numel() / host_batch["max_seqlen"]
     return float(host_batch["input_ids"].size(0))

@@ -9,7 +9,7 @@ import pytest
 from pretrain.finetune.glue.__main__ import main
 from pretrain.finetune.glue.data import load_task_data
 from pretrain.finetune.glue.tasks import TASKS, task_named
-from tests.glue.glue_files import TITLES, write_task
+from tests.finetune.glue.glue_files import TITLES, write_task
 
 
 @pytest.mark.parametrize("title", TITLES)

@@ -1,4 +1,4 @@
-"""pretrain/launch/cluster.py, table-driven: node lists, GPU specs, hostfiles, pdsh quoting, the rendezvous and
+"""pretrain/distributed/cluster.py, table-driven: node lists, GPU specs, hostfiles, pdsh quoting, the rendezvous and
 device-index rules, the launch plan and the shell assignments launch.sh and slurm_rank.sh eval.
 
 No SLURM, GPU or DeepSpeed needed: scontrol and nvidia-smi are stand-in scripts on PATH where a test
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pretrain.launch.cluster import (
+from pretrain.distributed.cluster import (
     ClusterError,
     default_master_addr,
     default_master_port,

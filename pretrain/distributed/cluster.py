@@ -2,10 +2,10 @@
 
 launch.sh (through pretrain/launch/plan.py), launch/slurm_rank.sh and pretrain/engine.py need the same
 answers (the first node of a SLURM allocation, GPUs per node, the rendezvous host and port, which device
-a task opens). Written once, as functions with unit tests (tests/cluster/test_cluster_units.py), they
+a task opens). Written once, as functions with unit tests (tests/distributed/test_cluster.py), they
 cannot drift apart. launch_plan.py calls `plan` for launch.sh; slurm_rank.sh calls this module's CLI:
 
-    python -m pretrain.launch.cluster [--prog NAME] slurm-task                    (slurm_rank.sh, once per task)
+    python -m pretrain.distributed.cluster [--prog NAME] slurm-task                    (slurm_rank.sh, once per task)
 
 It prints `export NAME=value` lines that the caller `eval`s, or "NAME: error: ..." on stderr and exit
 status 2. One call that prints every value, rather than one query per value: one interpreter start per
@@ -29,6 +29,8 @@ import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+
+from pretrain.errors import exit_on_error
 
 __all__ = [
     "ClusterError", "allocation_hosts", "default_master_addr", "default_master_port", "device_index", "first_host",
@@ -365,17 +367,13 @@ def shell_assignments(values: Mapping[str, str | Sequence[str]], export: bool = 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The CLI of the module docstring; exit status 2 with "PROG: error: ..." on a ClusterError."""
-    parser = argparse.ArgumentParser(prog="python -m pretrain.launch.cluster", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prog", default="pretrain.launch.cluster", help="name to prefix errors with (the caller)")
+    parser = argparse.ArgumentParser(prog="python -m pretrain.distributed.cluster", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prog", default="pretrain.distributed.cluster", help="name to prefix errors with (the caller)")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("slurm-task", help="one srun task's RANK, LOCAL_RANK, ... as export lines")
     args = parser.parse_args(argv)
-    try:
-        sys.stdout.write(shell_assignments(slurm_task_env(dict(os.environ)), export=True))
-    except ClusterError as err:
-        print(f"{args.prog}: error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return exit_on_error(lambda: sys.stdout.write(shell_assignments(slurm_task_env(dict(os.environ)), export=True)),
+                         ClusterError, prefix=f"{args.prog}: error: ")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ with MLPerf's only as far as the data and masking agree.
 
 Tags (TensorBoard and metrics.jsonl, rank 0), on the rows that carry val/mlm_acc:
 
-    time/wall_s, time/device_hours, time/samples       every validation (pretrain/report/clock.py says what
+    time/wall_s, time/device_hours, time/samples       every validation (pretrain/metrics/clock.py says what
                                                        the clock counts, across resumes)
     target/mlm_acc_<mark>/wall_s, .../device_hours, .../samples
                                                        once, at the first validation with val/mlm_acc >= mark
@@ -26,7 +26,7 @@ from typing import Any
 
 from pretrain.config.checks import check_targets, target_key
 from pretrain.config.sections import LoggingSection
-from pretrain.report.clock import RunClock
+from pretrain.metrics.clock import RunClock
 
 # MLPerf's BERT quality target (masked-LM accuracy 0.720) and lower marks that a short or small run reaches
 # (declared with the key, logging.quality_targets).

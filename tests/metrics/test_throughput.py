@@ -9,8 +9,9 @@ import torch
 from transformers import BertForPreTraining
 
 from pretrain.data.packing import pack_masked_instances
-from pretrain.metrics import StepCounts, Throughput, flops_per_sequence
+from pretrain.metrics.throughput import Throughput, flops_per_sequence
 from pretrain.model.bert import bert_config, build_model, count_parameters
+from pretrain.step_stats import StepCounts
 
 
 def test_sparse_head_equals_hf_pretraining_loss_and_names() -> None:

@@ -2,7 +2,7 @@
 there is. Standard library only: the launch-time check (pretrain/launch/preflight.py) runs it without torch.
 
 What one checkpoint holds (DeepSpeed 0.19.8 with our files; measured on the tiny model, see
-tests/checkpointing/test_disk.py, which compares this estimate with checkpoints the tests write):
+tests/checkpointing/test_footprint.py, which compares this estimate with checkpoints the tests write):
 
     model states      rank 0: the module in the compute precision (2 bytes a parameter in bf16/fp16,
                       4 in fp32); ZeRO-3: every rank a small file of placeholders instead
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pretrain.config.deepspeed import precision_of
 from pretrain.config.sections import RunConfig
 from pretrain.errors import ConfigError
 from pretrain.model.presets import PRESETS, bert_parameter_count, unknown_preset
@@ -185,8 +186,7 @@ def run_footprint(config: RunConfig, sizing: JobSizing) -> RunFootprint:
     sizes = []
     for name in config.run.phases:
         ds = sizing.ds_configs[name]
-        precision = "bf16" if ds.get("bf16", {}).get("enabled") else "fp16" if ds.get("fp16", {}).get("enabled") \
-            else "fp32"
+        precision = precision_of(ds)
         stage = int(ds.get("zero_optimization", {}).get("stage", 0))
         sizes.append(checkpoint_bytes(CheckpointShape(parameters, parameter_tensors(sizing.model_fields), precision,
                                                       stage, sizing.dp_size, sizing.models)))

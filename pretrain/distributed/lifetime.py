@@ -1,0 +1,90 @@
+"""A rank's life bound to its job: it dies with the process that started it, and one job at a time writes a
+run folder.
+
+Standard library only. Two pieces (launch.sh's own watchdog, which stops a job whose launch.sh vanished, is
+pretrain/launch/watchdog.py):
+
+- `die_with_parent`: PR_SET_PDEATHSIG (Linux prctl), so a rank or a demo child gets SIGTERM when the
+  process that started it dies, even of SIGKILL. The kernel sends it when the parent *thread* exits,
+  so children are started from a thread that lives as long as they do (the main thread here).
+- `hold_run_folder`: an exclusive flock on RUN_DIR/.job.lock held by the job's rank 0 for the
+  process's life, so a second job refuses a run folder a live job still writes into. The kernel
+  drops a flock when its holder dies, so the lock is never stale.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from pretrain.run_folder import JOB_LOCK
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(signum: int = signal.SIGTERM) -> bool:
+    """Ask the kernel to send `signum` to this process when its parent dies. False where unsupported.
+
+    Also survives exec, so `preexec_fn=die_with_parent` gives a child (a shell script included) the same.
+    If the parent is already gone when this runs (we were reparented), the signal is sent at once.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() != parent:  # it died between the two reads
+        os.kill(os.getpid(), signum)
+    return True
+
+
+# ---------------------------------------------------------------------- run folder lock
+class RunFolderBusyError(RuntimeError):
+    """Another live process holds the run folder's lock."""
+
+
+_held: dict[Path, int] = {}  # run folder -> the descriptor holding its flock in this process
+
+
+def hold_run_folder(run_dir: Path) -> None:
+    """Take RUN_DIR/.job.lock for this process's life (again in the same process: a no-op).
+
+    Raises RunFolderBusyError naming the holder. On a file system without flock (some Lustre
+    mounts) it returns without a lock: the lock is a second protection, the watchdog the first.
+    """
+    run_dir = Path(run_dir).resolve()
+    if run_dir in _held:
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / JOB_LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise RunFolderBusyError(
+            f"run.dir {run_dir} is in use by a live job ({holder}; lock {path}): stop that job, or use another "
+            "run.dir") from None
+    except OSError:  # no flock on this file system
+        os.close(fd)
+        return
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    _held[run_dir] = fd
+
+
+def release_run_folder(run_dir: Path) -> None:
+    """Drop this process's lock on `run_dir` (in-process callers that train the same folder again)."""
+    fd = _held.pop(Path(run_dir).resolve(), None)
+    if fd is not None:
+        os.close(fd)
