@@ -12,6 +12,7 @@ import pytest
 import torch
 from deepspeed.accelerator import get_accelerator
 
+from pretrain.config.load import load_config
 from pretrain.data.batches import RankBatches
 from pretrain.data.loader import stream_batches
 from pretrain.schedule import WarmupPolyDecay
@@ -47,7 +48,7 @@ def test_the_next_steps_batches_are_read_while_this_steps_work_is_queued(tmp_pat
 def test_the_logged_lr_is_the_lr_each_step_trained_with(tmp_path: Path) -> None:
     steps = 4
     trainer = build_trainer(tmp_path, steps=steps)
-    phase = trainer.phase
+    phase = load_config(str(tmp_path / "run.json")).phase1  # what the fixture's run config asks for
     schedule = WarmupPolyDecay(phase.steps, phase.warmup_fraction, phase.decay_power)
     logged = []
     for _ in range(steps):

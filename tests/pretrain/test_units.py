@@ -128,7 +128,7 @@ def test_precision_bf16_or_fp16_on_gpu_fp32_on_cpu() -> None:
 
 def test_plan_errors_name_the_key(tmp_path: Path, run_json: Path, shards: Path) -> None:
     from pretrain.distributed.info import DistInfo
-    from pretrain.train import plan_run
+    from pretrain.run_plan import plan_run
 
     two_ranks = DistInfo(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"))
     ok = plan_run(load_config(run_json), two_ranks, verify_checksums=True)

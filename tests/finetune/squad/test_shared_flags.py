@@ -7,10 +7,9 @@ import dataclasses
 
 import pytest
 
+from pretrain.finetune.commands import GLUE, SQUAD
 from pretrain.finetune.common import EngineFlags
-from pretrain.finetune.glue.__main__ import COMMAND as GLUE
 from pretrain.finetune.glue.finetune_args import GlueConfig
-from pretrain.finetune.squad.__main__ import COMMAND as SQUAD
 from pretrain.finetune.squad.finetune_args import FinetuneConfig
 
 SHARED = [spec.name for spec in dataclasses.fields(EngineFlags)]
