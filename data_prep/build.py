@@ -62,8 +62,10 @@ def claim_output_folder(cfg: BuildConfig) -> None:
         if previous == identity and cfg.num_nodes == 1:
             remove_stale_temp_files(out)
         if previous != identity:
-            changed = sorted(k for k in set(previous) | set(identity) if previous.get(k) != identity.get(k))
-            details = ", ".join(f"{k}: {previous.get(k)!r} -> {identity.get(k)!r}" for k in changed)
+            # An identity without `segments` is nsp (config.identity): name it so, not None.
+            before, after = {"segments": NSP, **previous}, {"segments": NSP, **identity}
+            changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+            details = ", ".join(f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in changed)
             raise BuildError(
                 f"--out {out}: holds shards of a different config ({details}); "
                 "use another --out, or delete the folder to rebuild"
