@@ -8,7 +8,7 @@ byte. Random "next" segments come from any document of the same split, across th
 the packing starts afresh at every chunk, so a chunk never waits for the one before it and the
 output stays independent of how chunks are spread over workers and nodes. The cost is one instance
 per chunk and split that may end short (one per `--docs-per-chunk` documents, 256 by default);
-RoBERTa's own packing also restarted at each of its data shards.
+fairseq, which RoBERTa trained with, likewise packs each data shard on its own.
 """
 
 from __future__ import annotations
