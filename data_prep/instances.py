@@ -8,9 +8,9 @@ segments A and B are built from consecutive sentences of one document up to a ta
 (`short_seq_prob` of the time a random shorter target); B is, half of the time and always when
 only one segment is left, a span from a *different* random document (and the unused sentences
 are put back); the pair is truncated to `seq_len - 3` by trimming the longer side at a random
-end; the instance is `[CLS] A [SEP] B [SEP]`. Masking picks ~15% of non-special positions
-(whole words optionally), at most `max_predictions`, and replaces 80% with [MASK], 10% with a
-random token, 10% unchanged.
+end; the instance is `[CLS] A [SEP] B [SEP]`. Masking (any mode) picks `mask_prob` (BERT: 15%) of
+the positions among the non-special ones (whole words optionally), at most `max_predictions`, and
+replaces 80% with [MASK], 10% with a random token, 10% unchanged.
 
 Packed semantics follow RoBERTa (Liu et al. 2019, section 4.2) and fairseq's `complete` /
 `complete_doc` block modes, re-stated at `packed_instances`.
