@@ -121,6 +121,19 @@ def test_full_sentences_one_and_two_workers_give_identical_bytes(corpus: Path, t
     assert len(one) == 2 * (3 + 1) + 2 and one == two  # per length 3 train + 1 val shard; vocab, manifest
 
 
+def test_full_sentences_node_builds_then_merge_equal_single_node(corpus: Path, tmp_path: Path) -> None:
+    """merge rebuilds the config from build_config.json: the mode must travel with it."""
+    flags = ["--segments", "full-sentences", "--seq-lens", "48", "--num-shards", "2", "--docs-per-chunk", "6",
+             "--workers", "1"]
+    assert build(corpus, tmp_path / "single", *flags) == 0
+    shared = tmp_path / "multi"
+    for rank in (1, 0):
+        assert build(corpus, shared, *flags, "--num-nodes", "2", "--node-rank", str(rank)) == 0
+    assert main(["merge", "--out", str(shared), "--workers", "1"]) == 0
+    assert Manifest.load(shared).segments == "full-sentences"
+    assert tree_digest(shared) == tree_digest(tmp_path / "single")
+
+
 def test_mode_is_part_of_the_folder_identity_and_old_folders_resume(corpus: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "out"
     flags = ["--seq-lens", "64", "--num-shards", "2", "--workers", "1"]
