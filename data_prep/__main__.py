@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from data_prep.config import BuildConfig, ConfigError, default_workers
+from data_prep.config import NSP, SEGMENT_MODES, BuildConfig, ConfigError, default_workers
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -46,12 +46,20 @@ def build_parser() -> argparse.ArgumentParser:
     voc.add_argument("--cased", action="store_true", help="with --vocab-size: keep case and accents")
     inst = build.add_argument_group("instances")
     inst.add_argument("--seq-lens", type=_int_list, default=(128, 512), help="comma-separated sequence lengths")
+    # No argparse `choices`: a bad value is then one `error: --segments ...` line, not a usage dump.
+    inst.add_argument("--segments", default=NSP, metavar="|".join(SEGMENT_MODES),
+                      help="nsp: BERT's sentence pairs + next-sentence labels; full-sentences: RoBERTa's whole "
+                           "sentences packed up to the length across documents ([SEP] between documents), "
+                           "MLM only; doc-sentences: the same within one document")
     inst.add_argument("--masking", choices=("dynamic", "static"), default="dynamic",
                       help="dynamic: stored unmasked, masked at load time; static: masked here")
     inst.add_argument("--dupe-factor", type=int, default=1, help="passes over the corpus with different draws")
-    inst.add_argument("--mask-prob", type=float, default=0.15, help="fraction of tokens to predict")
+    inst.add_argument("--mask-prob", type=float, default=0.15,
+                      help="fraction of tokens to predict (80%% [MASK], 10%% random, 10%% kept); the cap per "
+                           "instance follows it: 20 at 128 for 0.15, 40 for 0.30")
     inst.add_argument("--whole-word", action="store_true", help="static masking: mask whole words")
-    inst.add_argument("--short-seq-prob", type=float, default=0.1, help="probability of a shorter target length")
+    inst.add_argument("--short-seq-prob", type=float, default=0.1,
+                      help="nsp: probability of a shorter target length (the packed modes do not use it)")
     inst.add_argument("--min-doc-chars", type=int, default=100, help="drop (and count) shorter documents")
     out = build.add_argument_group("output")
     out.add_argument("--out", required=True, metavar="DIR", help="output folder (new, or one this config started)")
@@ -84,7 +92,8 @@ def config_from_args(args: argparse.Namespace) -> BuildConfig:
         hf_text_field=args.hf_text_field, hf_rows_per_doc=args.hf_rows_per_doc,
         skip_bad_files=args.skip_bad_files,
         vocab=args.vocab, vocab_size=args.vocab_size, lowercase=not args.cased,
-        seq_lens=args.seq_lens, masking=args.masking, dupe_factor=args.dupe_factor, mask_prob=args.mask_prob,
+        seq_lens=args.seq_lens, masking=args.masking, segments=args.segments, dupe_factor=args.dupe_factor,
+        mask_prob=args.mask_prob,
         whole_word=args.whole_word, short_seq_prob=args.short_seq_prob, val_fraction=args.val_fraction,
         num_shards=args.num_shards, num_val_shards=args.num_val_shards, seed=args.seed,
         min_doc_chars=args.min_doc_chars, docs_per_chunk=args.docs_per_chunk,

@@ -15,7 +15,7 @@ from typing import Any
 
 from data_prep import __version__
 from data_prep.atomic_io import atomic_write_json, sha256_file
-from data_prep.config import BuildConfig
+from data_prep.config import NSP, BuildConfig
 from data_prep.corpus_stage import VOCAB_NAME, clean_all, corpus_stats, prepare_vocab, tokenize_all
 from data_prep.instance_stage import InstanceTask, instance_chunk_done, make_instances, validation_documents
 from data_prep.parallel import Workers
@@ -62,8 +62,10 @@ def claim_output_folder(cfg: BuildConfig) -> None:
         if previous == identity and cfg.num_nodes == 1:
             remove_stale_temp_files(out)
         if previous != identity:
-            changed = sorted(k for k in set(previous) | set(identity) if previous.get(k) != identity.get(k))
-            details = ", ".join(f"{k}: {previous.get(k)!r} -> {identity.get(k)!r}" for k in changed)
+            # An identity without `segments` is nsp (config.identity): name it so, not None.
+            before, after = {"segments": NSP, **previous}, {"segments": NSP, **identity}
+            changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+            details = ", ".join(f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in changed)
             raise BuildError(
                 f"--out {out}: holds shards of a different config ({details}); "
                 "use another --out, or delete the folder to rebuild"
@@ -147,6 +149,7 @@ def merge(cfg: BuildConfig, workers: Workers) -> dict[str, Any]:
             "dupe_factor": cfg.dupe_factor,
             "max_predictions": cfg.max_predictions(),
         },
+        "segments": cfg.segments,
         "seed": cfg.seed,
         "config": cfg.identity(),
         "totals": totals,
@@ -163,7 +166,7 @@ def make_all_instances(cfg: BuildConfig, num_chunks: int, workers: Workers) -> N
     tasks = [
         InstanceTask(
             out, num_chunks, c, seq_len, cfg.seed, cfg.short_seq_prob, cfg.val_fraction, cfg.dupe_factor,
-            cfg.static_masking, cfg.mask_prob, cfg.max_predictions()[str(seq_len)], cfg.whole_word,
+            cfg.static_masking, cfg.mask_prob, cfg.max_predictions()[str(seq_len)], cfg.whole_word, cfg.segments,
         )
         for c in range(num_chunks)
         for seq_len in cfg.seq_lens
@@ -197,7 +200,7 @@ def make_shards(cfg: BuildConfig, seq_len: int, num_chunks: int, workers: Worker
         )))
         entry[split] = {
             "num_instances": count,
-            "nsp_random_fraction": round(random_next / count, 6),
+            "nsp_random_fraction": round(random_next / count, 6) if cfg.segments == NSP else None,
             "shards": shards,
         }
     print(f"stage shards seq {seq_len}: {time.perf_counter() - started:.1f}s", flush=True)

@@ -13,6 +13,13 @@ from pathlib import Path
 from typing import Any
 
 MASKING_MODES = ("dynamic", "static")
+# How an instance's tokens are chosen (data_prep/instances.py). Declared here, the floor every other
+# data_prep module (and the format's reader, data_prep/shards.py) may import without pulling in pyarrow.
+NSP = "nsp"  # BERT's sentence pairs with a next-sentence label
+FULL_SENTENCES = "full-sentences"  # RoBERTa: packed whole sentences, across documents, MLM only
+DOC_SENTENCES = "doc-sentences"  # RoBERTa: packed whole sentences, within one document, MLM only
+SEGMENT_MODES = (NSP, FULL_SENTENCES, DOC_SENTENCES)
+BERT_MASK_PROB = 0.15  # the rate BERT's 20 predictions at 128 were sized for
 
 
 class ConfigError(ValueError):
@@ -26,9 +33,11 @@ def default_workers() -> int:
         return os.cpu_count() or 1
 
 
-def max_predictions_for(seq_len: int) -> int:
-    """BERT's 20 predictions at 128 and 80 at 512, proportional for other lengths."""
-    return max(1, round(seq_len * 20 / 128))
+def max_predictions_for(seq_len: int, mask_prob: float = BERT_MASK_PROB) -> int:
+    """Prediction slots per instance: BERT's 20 at 128 and 80 at 512 for its 15 % rate, proportional to
+    the length and to the rate (40 and 160 at 30 %), so the cap never keeps a higher rate from being
+    reached. 0.15 / 0.15 is exactly 1.0, so the default gives today's numbers to the unit."""
+    return max(1, round(seq_len * 20 / 128 * (mask_prob / BERT_MASK_PROB)))
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,7 @@ class BuildConfig:
     lowercase: bool = True  # only for a trained vocab; a given vocab decides for itself
     seq_lens: tuple[int, ...] = (128, 512)
     masking: str = "dynamic"
+    segments: str = NSP
     dupe_factor: int = 1
     mask_prob: float = 0.15
     whole_word: bool = False
@@ -77,6 +87,8 @@ class BuildConfig:
             raise ConfigError(f"--seq-lens {self.seq_lens}: repeated value")
         if self.masking not in MASKING_MODES:
             raise ConfigError(f"--masking {self.masking!r}: expected one of {MASKING_MODES}")
+        if self.segments not in SEGMENT_MODES:
+            raise ConfigError(f"--segments {self.segments!r}: expected one of {', '.join(SEGMENT_MODES)}")
         checks = [
             ("--dupe-factor", self.dupe_factor >= 1, self.dupe_factor),
             ("--mask-prob", 0 < self.mask_prob < 1, self.mask_prob),
@@ -109,13 +121,18 @@ class BuildConfig:
         return self.masking == "static"
 
     def max_predictions(self) -> dict[str, int]:
-        return {str(s): max_predictions_for(s) for s in self.seq_lens}
+        return {str(s): max_predictions_for(s, self.mask_prob) for s in self.seq_lens}
 
     def identity(self) -> dict[str, Any]:
-        """Everything that decides the output bytes (paths made absolute)."""
+        """Everything that decides the output bytes (paths made absolute).
+
+        `segments` only when it is not the default: a folder started before segment modes existed
+        recorded no such key, and must still be resumed, and its manifest's `config` stay as it was."""
         data = asdict(self)
         for key in ("out", "workers", "num_nodes", "node_rank"):
             data.pop(key)
+        if data["segments"] == NSP:
+            data.pop("segments")
         for key in ("wiki_dumps", "wikiextractor", "books", "texts"):
             data[key] = [str(Path(p).resolve()) for p in data[key]]
         data["hf_datasets"] = list(data["hf_datasets"])

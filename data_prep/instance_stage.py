@@ -3,21 +3,36 @@
 Each chunk's instances are a pure function of (seed, sequence length, chunk index, corpus):
 its rng is seeded from those alone, so neither the worker count nor the node count changes a
 byte. Random "next" segments come from any document of the same split, across the whole corpus.
+
+`full-sentences` packs across documents, but only across the documents of one chunk and split:
+the packing starts afresh at every chunk, so a chunk never waits for the one before it and the
+output stays independent of how chunks are spread over workers and nodes. The cost is one instance
+per chunk and split that may end short (one per `--docs-per-chunk` documents, 256 by default);
+fairseq, which RoBERTa trained with, likewise packs each data shard on its own.
 """
 
 from __future__ import annotations
 
 import functools
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
+from data_prep.config import FULL_SENTENCES, NSP
 from data_prep.corpus import TokenCorpus, token_part_path
-from data_prep.instances import Instance, MaskedInstance, SpecialIds, instances_from_document, mask_instance
-from data_prep.shards import SPLITS, id_type, shard_schema, write_shard_table
+from data_prep.instances import (
+    Instance,
+    MaskedInstance,
+    SpecialIds,
+    instances_from_document,
+    mask_instance,
+    packed_instances,
+)
+from data_prep.shards import NO_NEXT_SENTENCE_LABEL, SPLITS, id_type, shard_schema, write_shard_table
 from data_prep.vocab import load_vocab
 
 
@@ -50,6 +65,7 @@ class InstanceTask:
     mask_prob: float
     max_predictions: int
     whole_word: bool
+    segments: str
 
 
 @functools.lru_cache(maxsize=1)
@@ -61,6 +77,13 @@ def _corpus(out: Path, num_chunks: int) -> TokenCorpus:
 def _splits(num_documents: int, val_fraction: float, seed: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     held_out = validation_documents(num_documents, val_fraction, seed)
     return held_out, {"train": np.flatnonzero(~held_out), "val": np.flatnonzero(held_out)}
+
+
+def next_sentence_label(inst: Instance) -> int:
+    """The shard's `next_sentence_label`: 1 random next, 0 is next, NO_NEXT_SENTENCE_LABEL none."""
+    if inst.is_random_next is None:
+        return NO_NEXT_SENTENCE_LABEL
+    return 1 if inst.is_random_next else 0
 
 
 def _columns(rows: list[Instance | tuple[Instance, MaskedInstance]], vocab_size: int, static: bool) -> pa.Table:
@@ -76,7 +99,7 @@ def _columns(rows: list[Instance | tuple[Instance, MaskedInstance]], vocab_size:
     columns = [
         pa.array(input_ids, type=pa.list_(ids_type)),
         pa.array([inst.a_len for inst in plain], type=pa.uint16()),
-        pa.array([1 if inst.is_random_next else 0 for inst in plain], type=pa.int8()),
+        pa.array([next_sentence_label(inst) for inst in plain], type=pa.int8()),
     ]
     if static:
         columns.append(pa.array([m.masked_positions for m in masked], type=pa.list_(pa.uint16())))
@@ -85,7 +108,7 @@ def _columns(rows: list[Instance | tuple[Instance, MaskedInstance]], vocab_size:
 
 
 def make_instances(task: InstanceTask) -> dict[str, int]:
-    """All instances whose segment A comes from this chunk's documents, split by document."""
+    """All instances whose first tokens come from this chunk's documents, split by document."""
     vocab = load_vocab(task.out / "vocab.txt")
     ids = vocab.special_ids
     special = SpecialIds(ids["[CLS]"], ids["[SEP]"], ids["[MASK]"], ids["[PAD]"], ids["[UNK]"])
@@ -94,6 +117,33 @@ def make_instances(task: InstanceTask) -> dict[str, int]:
     held_out, split_docs = _splits(len(corpus), task.val_fraction, task.seed)
     rng = random.Random(f"instances:{task.seed}:{task.seq_len}:{task.chunk}")
     rows: dict[str, list] = {split: [] for split in SPLITS}
+    if task.segments == NSP:
+        made = _nsp_instances(task, corpus, held_out, split_docs, special, rng)
+    else:
+        made = _packed_instances(task, corpus, held_out, special)
+    # Each instance is masked as soon as it is made, so the rng serves both in one fixed order.
+    for split, inst in made:
+        if task.static_masking:
+            masked = mask_instance(
+                inst.input_ids, task.mask_prob, task.max_predictions, special, vocab.size, rng, continuation
+            )
+            rows[split].append((inst, masked))
+        else:
+            rows[split].append(inst)
+    stats: dict[str, int] = {}
+    # val first, train last: the train file's presence marks the chunk as done.
+    for split in ("val", "train"):
+        table = _columns(rows[split], vocab.size, task.static_masking)
+        write_shard_table(instance_part_path(task.out, task.seq_len, task.chunk, split), table)
+        stats[f"{split}_instances"] = table.num_rows
+    return stats
+
+
+def _nsp_instances(
+    task: InstanceTask, corpus: TokenCorpus, held_out: np.ndarray, split_docs: dict[str, np.ndarray],
+    special: SpecialIds, rng: random.Random,
+) -> Iterator[tuple[str, Instance]]:
+    """BERT's pairs, document by document, `dupe_factor` rounds; random next from the same split."""
     for _round in range(task.dupe_factor):
         for doc in corpus.part_range(task.chunk):
             split = "val" if held_out[doc] else "train"
@@ -108,20 +158,27 @@ def make_instances(task: InstanceTask) -> dict[str, int]:
                 rng,
             )
             for inst in created:
-                if task.static_masking:
-                    masked = mask_instance(
-                        inst.input_ids, task.mask_prob, task.max_predictions, special, vocab.size, rng, continuation
-                    )
-                    rows[split].append((inst, masked))
-                else:
-                    rows[split].append(inst)
-    stats: dict[str, int] = {}
-    # val first, train last: the train file's presence marks the chunk as done.
-    for split in ("val", "train"):
-        table = _columns(rows[split], vocab.size, task.static_masking)
-        write_shard_table(instance_part_path(task.out, task.seq_len, task.chunk, split), table)
-        stats[f"{split}_instances"] = table.num_rows
-    return stats
+                yield split, inst
+
+
+def _packed_instances(
+    task: InstanceTask, corpus: TokenCorpus, held_out: np.ndarray, special: SpecialIds
+) -> Iterator[tuple[str, Instance]]:
+    """The chunk's documents of each split packed in order. The packing draws nothing, so the
+    `dupe_factor` rounds repeat the same instances: only static masking differs between them."""
+    packed = {
+        split: packed_instances(
+            (corpus.document(doc) for doc in corpus.part_range(task.chunk) if held_out[doc] == (split == "val")),
+            task.seq_len,
+            task.segments == FULL_SENTENCES,
+            special,
+        )
+        for split in SPLITS
+    }
+    for _round in range(task.dupe_factor):
+        for split in SPLITS:
+            for inst in packed[split]:
+                yield split, inst
 
 
 def instance_chunk_done(out: Path, seq_len: int, chunk: int) -> bool:

@@ -1,19 +1,25 @@
-"""BERT pretraining instances as pure functions of (documents, explicit rng).
+"""Pretraining instances as pure functions of (documents, explicit rng).
 
-Semantics follow google-research/bert `create_pretraining_data.py` (re-written here):
+Three ways to build them (`--segments`): BERT's sentence pairs (`instances_from_document`), and
+RoBERTa's FULL-SENTENCES and DOC-SENTENCES packing (`packed_instances`), which draws nothing.
+
+NSP semantics follow google-research/bert `create_pretraining_data.py` (re-written here):
 segments A and B are built from consecutive sentences of one document up to a target length
 (`short_seq_prob` of the time a random shorter target); B is, half of the time and always when
 only one segment is left, a span from a *different* random document (and the unused sentences
 are put back); the pair is truncated to `seq_len - 3` by trimming the longer side at a random
-end; the instance is `[CLS] A [SEP] B [SEP]`. Masking picks ~15% of non-special positions
-(whole words optionally), at most `max_predictions`, and replaces 80% with [MASK], 10% with a
-random token, 10% unchanged.
+end; the instance is `[CLS] A [SEP] B [SEP]`. Masking (any mode) picks `mask_prob` (BERT: 15%) of
+the positions among the non-special ones (whole words optionally), at most `max_predictions`, and
+replaces 80% with [MASK], 10% with a random token, 10% unchanged.
+
+Packed semantics follow RoBERTa (Liu et al. 2019, section 4.2) and fairseq's `complete` /
+`complete_doc` block modes, re-stated at `packed_instances`.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,8 +40,8 @@ class SpecialIds:
 @dataclass(frozen=True)
 class Instance:
     input_ids: list[int]
-    a_len: int  # tokens of [CLS] A [SEP]
-    is_random_next: bool
+    a_len: int  # tokens of [CLS] A [SEP]; the whole instance when it has one segment (packed modes)
+    is_random_next: bool | None  # None: no next-sentence label (packed modes, MLM only)
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,59 @@ def instances_from_document(
                 instances.append(Instance(ids, len(tokens_a) + 2, is_random_next))
             chunk, chunk_len = [], 0
         i += 1
+    return instances
+
+
+def packed_instances(
+    documents: Iterable[Document], seq_len: int, cross_documents: bool, special: SpecialIds
+) -> list[Instance]:
+    """RoBERTa's inputs without NSP: `[CLS] whole sentences [SEP]`, one segment, packed greedily.
+
+    Sentences are taken in order and added to the instance being filled while its content stays
+    within `seq_len - 2` tokens; the first sentence that does not fit starts the next instance.
+    `cross_documents` (FULL-SENTENCES): the filling goes on into the next document, with one [SEP]
+    between the last sentence of a document and the first of the next when both are in the same
+    instance (never at an instance's start or end; it counts against the budget). Otherwise
+    (DOC-SENTENCES) every document ends its last instance, which may be short.
+
+    A sentence longer than the budget is never packed with others: fairseq's `complete` modes give
+    it a block of its own, longer than the model takes, which fairseq's training iterator then
+    skips. Here its block is cut into consecutive pieces of the budget (the last one shorter), each
+    an instance of its own, so no text is lost and no instance is longer than `seq_len`.
+
+    Deterministic: no rng (RoBERTa's packing draws nothing; BERT's `short_seq_prob` does not apply).
+    """
+    budget = seq_len - 2
+    instances: list[Instance] = []
+    content: list[int] = []
+
+    def close() -> None:
+        if content:
+            ids = [special.cls, *content, special.sep]
+            instances.append(Instance(ids, len(ids), None))
+            content.clear()
+
+    for document in documents:
+        if not cross_documents:
+            close()
+        first = True
+        for sentence in document:
+            if not sentence:  # the tokenized corpus has none; nothing to pack, no separator to place
+                continue
+            separator = [special.sep] if first and content else []
+            first = False
+            if len(sentence) > budget:
+                close()
+                for start in range(0, len(sentence), budget):
+                    content.extend(sentence[start : start + budget])
+                    close()
+                continue
+            if len(content) + len(separator) + len(sentence) > budget:
+                close()
+                separator = []
+            content.extend(separator)
+            content.extend(sentence)
+    close()
     return instances
 
 

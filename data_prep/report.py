@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from data_prep.config import NSP
 from data_prep.shards import Manifest, ShardReader
 from data_prep.vocab import load_vocab
 
@@ -25,7 +26,8 @@ def summary_text(manifest: dict[str, Any], seconds: float | None = None) -> str:
         "corpus: " + ", ".join(f"{k}={v:,}" for k, v in totals.items()),
         f"vocab: {manifest['vocab']['size']:,} tokens, lowercase={manifest['vocab']['lowercase']}, "
         f"sha256 {manifest['vocab']['sha256'][:12]}",
-        f"masking: {manifest['masking']['mode']}, seed {manifest['seed']}",
+        f"segments: {manifest.get('segments', NSP)}, masking: {manifest['masking']['mode']} "
+        f"(mask_prob {manifest['masking']['mask_prob']}), seed {manifest['seed']}",
     ]
     rows = []
     for seq_len, by_split in sorted(manifest["seq_lens"].items(), key=lambda kv: int(kv[0])):
@@ -73,7 +75,11 @@ def inspect_text(out: Path, num_examples: int = 3, seed: int = 0) -> str:
             masked = None
             if "masked_positions" in row:
                 masked = dict(zip(row["masked_positions"].tolist(), row["masked_label_ids"].tolist(), strict=True))
-            label = "random next" if row["next_sentence_label"] else "is next"
-            lines.append(f"\n[seq {seq_len} #{index}] {len(row['input_ids'])} tokens, A={row['a_len']}, {label}")
+            if manifest.next_sentence_labels:
+                label = "random next" if row["next_sentence_label"] else "is next"
+                shape = f"A={row['a_len']}, {label}"
+            else:
+                shape = "one segment, no NSP label"
+            lines.append(f"\n[seq {seq_len} #{index}] {len(row['input_ids'])} tokens, {shape}")
             lines.append(decode(vocab.tokens, row["input_ids"].tolist(), masked))
     return "\n".join(lines)

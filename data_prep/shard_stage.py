@@ -54,7 +54,8 @@ def write_one_shard(task: ShardTask) -> dict[str, object]:
 
 
 def count_instances(out: Path, seq_len: int, split: str, num_chunks: int) -> tuple[int, int]:
-    """(instances, of which random-next) of one (seq_len, split), read from the instance parts."""
+    """(instances, of which random-next) of one (seq_len, split), read from the instance parts.
+    Counted as labels equal to 1, so MLM-only instances (NO_NEXT_SENTENCE_LABEL) count as none."""
     table = _all_instances(out, seq_len, split, num_chunks)
-    random_next = pc.sum(table.column("next_sentence_label")).as_py() or 0
+    random_next = pc.sum(pc.equal(table.column("next_sentence_label"), 1)).as_py() or 0
     return table.num_rows, int(random_next)

@@ -11,12 +11,18 @@ Layout of an output folder ``OUT``::
 Columns of every shard (readable with plain ``pyarrow.ipc.open_file``):
 
     input_ids            list<uint16>  (list<uint32> when the vocab has >= 65536 entries)
-                         ``[CLS] A [SEP] B [SEP]``, unpadded. With static masking the masked
-                         tokens are already replaced ([MASK] / random / kept).
+                         ``[CLS] A [SEP] B [SEP]``, unpadded; ``[CLS] sentences [SEP]`` in the
+                         packed modes (a [SEP] also between two documents' sentences in
+                         ``full-sentences``). With static masking the masked tokens are already
+                         replaced ([MASK] / random / kept).
     a_len                uint16        tokens of ``[CLS] A [SEP]``; token_type_ids are
-                         ``[0] * a_len + [1] * (len(input_ids) - a_len)``
+                         ``[0] * a_len + [1] * (len(input_ids) - a_len)``. Packed modes: the
+                         whole instance (``len(input_ids)``), so the token types are all 0.
     next_sentence_label  int8          0 = B really follows A, 1 = B is a random segment
-                                       (the ``BertForPreTraining`` convention)
+                                       (the ``BertForPreTraining`` convention);
+                                       NO_NEXT_SENTENCE_LABEL (-1) = none: the packed modes
+                                       (MLM only). The column is always there, so one schema
+                                       and one reader serve every mode.
     masked_positions     list<uint16>  static masking only: positions that carry an MLM label
     masked_label_ids     list<uint16|uint32>  static masking only: the original ids there
 
@@ -26,6 +32,7 @@ The manifest (``manifest.json``)::
      "vocab": {"file": "vocab.txt", "sha256": "...", "size": 30522, "lowercase": true},
      "masking": {"mode": "dynamic"|"static", "mask_prob": 0.15, "whole_word": false,
                  "dupe_factor": 1, "max_predictions": {"128": 20, "512": 80}},
+     "segments": "nsp"|"full-sentences"|"doc-sentences",
      "seed": 12345, "config": {... the full build config ...},
      "totals": {"documents": ..., "sentences": ..., "tokens": ..., ...},
      "seq_lens": {"128": {"train": {"num_instances": N, "nsp_random_fraction": 0.5,
@@ -33,6 +40,10 @@ The manifest (``manifest.json``)::
                                                 "num_instances": n, "sha256": "..."}]},
                           "val": {...}},
                   "512": {...}}}
+
+``segments`` says how instances were built (data_prep/instances.py): ``nsp`` = BERT's pairs, trained
+with MLM + NSP; ``full-sentences`` / ``doc-sentences`` = RoBERTa's packed single segments, MLM only,
+``nsp_random_fraction`` null. A manifest without the key predates the packed modes and is ``nsp``.
 """
 
 from __future__ import annotations
@@ -49,11 +60,13 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from data_prep.atomic_io import atomic_write_bytes, sha256_file
+from data_prep.config import NSP, SEGMENT_MODES
 
 FORMAT_NAME = "bert-ds-shards"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 SPLITS = ("train", "val")
+NO_NEXT_SENTENCE_LABEL = -1  # `next_sentence_label` of an instance that has none (packed modes)
 
 
 class ShardFormatError(ValueError):
@@ -147,6 +160,8 @@ class Manifest:
         for key in ("vocab", "masking", "seq_lens"):
             if key not in data:
                 raise ShardFormatError(f"{path}: missing field {key!r}")
+        if data.get("segments", NSP) not in SEGMENT_MODES:
+            raise ShardFormatError(f"{path}: segments {data['segments']!r}, expected one of {', '.join(SEGMENT_MODES)}")
         return cls(root=root, data=data)
 
     @property
@@ -164,6 +179,17 @@ class Manifest:
     @property
     def static_masking(self) -> bool:
         return self.data["masking"]["mode"] == "static"
+
+    @property
+    def segments(self) -> str:
+        """How the instances were built: "nsp" (also for manifests older than the key), or an MLM-only
+        packed mode, "full-sentences" or "doc-sentences"."""
+        return str(self.data.get("segments", NSP))
+
+    @property
+    def next_sentence_labels(self) -> bool:
+        """Whether the shards' instances carry a next-sentence label (0/1) to train NSP on."""
+        return self.segments == NSP
 
     @property
     def seq_lens(self) -> list[int]:

@@ -202,7 +202,7 @@ def test_help_explains_every_flag() -> None:
     result = subprocess.run([sys.executable, "-m", "data_prep", "build", "--help"], cwd=REPO_ROOT,
                             capture_output=True, text=True, check=True)
     for flag in ("--wiki-dump", "--wikiextractor", "--books", "--text", "--hf-dataset", "--vocab", "--vocab-size",
-                 "--seq-lens", "--masking", "--dupe-factor", "--val-fraction", "--num-shards", "--out", "--seed",
+                 "--seq-lens", "--segments", "--masking", "--mask-prob", "--dupe-factor", "--val-fraction", "--num-shards", "--out", "--seed",
                  "--workers", "--num-nodes", "--node-rank"):
         assert flag in result.stdout
 
