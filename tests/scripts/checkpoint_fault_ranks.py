@@ -26,6 +26,7 @@ from pretrain.checkpointing.checkpoint import CheckpointManager, SaveError
 from pretrain.distributed.process_group import init_distributed
 from pretrain.engine import build_engine
 from pretrain.model.bert import bert_config, build_model
+from tests.support.launching import leave_without_teardown
 from tests.support.paths import REPO_ROOT
 
 
@@ -71,3 +72,4 @@ def run(work: Path) -> None:
 
 if __name__ == "__main__":
     run(Path(sys.argv[1]))
+    leave_without_teardown()

@@ -25,6 +25,7 @@ from pretrain.codistill.teacher import flat_weights
 from pretrain.train import main
 from pretrain.trainer import PhaseTrainer
 from tests.support.extensions import AddedLoss, AfterEachStep
+from tests.support.launching import leave_without_teardown
 from tests.support.pretrain_fixtures import tiny_run_config
 
 BASE_SEED = 7
@@ -184,3 +185,4 @@ SCENARIOS = {"solo1": scenario_solo1, "two": scenario_two, "four": scenario_four
 if __name__ == "__main__":
     scenario, workdir = sys.argv[1:]
     SCENARIOS[scenario](Path(workdir))
+    leave_without_teardown()

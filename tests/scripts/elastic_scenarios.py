@@ -27,6 +27,7 @@ from pretrain.engine import full_parameters
 from pretrain.plugin import TrainingPlugin
 from pretrain.train import main
 from pretrain.trainer import PhaseTrainer
+from tests.support.launching import leave_without_teardown
 
 
 def snapshot(trainer: PhaseTrainer) -> dict[str, Any]:
@@ -90,3 +91,4 @@ def run(plan_path: Path) -> None:
 
 if __name__ == "__main__":
     run(Path(sys.argv[1]))
+    leave_without_teardown()

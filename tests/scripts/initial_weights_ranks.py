@@ -20,6 +20,7 @@ from pretrain.config.load import ConfigError
 from pretrain.distributed.process_group import init_distributed
 from pretrain.model.bert import bert_config, build_model
 from pretrain.train import load_initial_weights
+from tests.support.launching import leave_without_teardown
 
 
 def run(work: Path) -> None:
@@ -54,3 +55,4 @@ def run(work: Path) -> None:
 
 if __name__ == "__main__":
     run(Path(sys.argv[1]))
+    leave_without_teardown()

@@ -11,7 +11,6 @@ import argparse
 import json
 import math
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from pretrain.engine import build_engine
 from pretrain.optim.lamb import ExactLamb, UnboundZeroLayoutError, weight_decay_param_groups
 from pretrain.optim.lamb_reference import NaiveLamb
 from pretrain.optim.unwrap import client_optimizer
+from tests.support.launching import leave_without_teardown
 
 VOCAB, WIDTH, HIDDEN, SEQ = 37, 15, 33, 6  # odd sizes: padding everywhere, params straddle partitions
 LAMB_PARAMS = {"lr": 6e-3, "betas": [0.9, 0.999], "eps": 1e-6, "weight_decay": 0.01, "adapt_all": True}
@@ -280,4 +280,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave_without_teardown(main())

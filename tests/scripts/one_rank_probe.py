@@ -22,6 +22,7 @@ from pretrain.distributed.process_group import cpu_shm_segment
 from pretrain.train import main
 from pretrain.trainer import PhaseTrainer
 from tests.support.extensions import AfterEachStep
+from tests.support.launching import leave_without_teardown
 
 
 def probe(out: Path):
@@ -46,4 +47,4 @@ def probe(out: Path):
 
 if __name__ == "__main__":
     target = Path(sys.argv[1])
-    sys.exit(main(sys.argv[2:], extensions=[AfterEachStep(probe(target))]))
+    leave_without_teardown(main(sys.argv[2:], extensions=[AfterEachStep(probe(target))]))

@@ -28,6 +28,7 @@ from pretrain.checkpointing.export import verification_batch
 from pretrain.train import main
 from pretrain.trainer import PhaseTrainer
 from tests.support.extensions import AddedLoss, after_each_step
+from tests.support.launching import leave_without_teardown
 
 
 def save_engine_logits(out: Path):
@@ -128,3 +129,4 @@ def run(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     run(sys.argv[1:])
+    leave_without_teardown()

@@ -28,6 +28,7 @@ from pretrain.train import main
 from pretrain.trainer import PhaseTrainer
 from tests.scripts.pretrain_scenarios import record, sigterm_rank1_after
 from tests.support.extensions import after_each_step
+from tests.support.launching import leave_without_teardown
 
 SHORT_WINDOWS = ["--max-seq-length", "48", "--doc-stride", "20", "--max-query-length", "16"]
 
@@ -110,3 +111,4 @@ def run(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     run(sys.argv[1:])
+    leave_without_teardown()

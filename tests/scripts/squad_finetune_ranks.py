@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from pretrain.finetune.squad.__main__ import main
+from tests.support.launching import leave_without_teardown
 from tests.support.squad_fixtures import SHORT_WINDOWS
 
 
@@ -31,3 +32,4 @@ def run(work: Path) -> None:
 
 if __name__ == "__main__":
     run(Path(sys.argv[1]))
+    leave_without_teardown()

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from pretrain.train import main
+from tests.support.launching import leave_without_teardown
 
 PADDED = ["--model.attention=padded"]
 COMPILED = ["--model.compile=true"]
@@ -39,3 +40,4 @@ def run(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     run(sys.argv[1:])
+    leave_without_teardown()

@@ -117,3 +117,13 @@ def copy_machine_op_build(root: Path, name: str = "deepspeed_shm_comm") -> Path:
         shutil.copytree(built[0], root / name, ignore=shutil.ignore_patterns("lock"))
     (root / name).mkdir(parents=True, exist_ok=True)
     return root / name
+
+
+def leave_without_teardown(status: int = 0) -> None:
+    """End a rank script run by the tests with `status`, its streams flushed, without the interpreter's teardown:
+    with the process group still up, a C++ thread torch left joinable can abort the process at exit ("terminate
+    called without an active exception", SIGABRT), which the driver avoids the same way (pretrain.train.exit_now).
+    A script that fails raises before this, with its traceback and a non-zero status."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
