@@ -31,7 +31,7 @@ from pretrain.distributed.lifetime import RunFolderBusyError, hold_run_folder
 from pretrain.engine import check_ds_config
 from pretrain.metrics.quality import QualitySettings
 from pretrain.metrics.throughput import ThroughputSettings, peak_tflops
-from pretrain.model.bert import bert_config
+from pretrain.model.bert import OBJECTIVES, bert_config
 from pretrain.model.presets import flop_parameter_counts
 from pretrain.schedule import WarmupPolyDecay
 from pretrain.trainer import TrainerSettings
@@ -96,7 +96,9 @@ def plan_run(config: RunConfig, dist_info: DistInfo, verify_checksums: bool) -> 
     data = {name: phase_data(shards[name], config.phase(name).seq_len) for name in config.run.phases}
     first = data[config.run.phases[0]]
     try:
-        model_config = bert_config(config.model.preset, first.vocab.size, max_positions, **overrides)
+        # the objective follows the shards (one for the whole run: check_run_shards refuses a mix)
+        model_config = bert_config(config.model.preset, first.vocab.size, max_positions,
+                                   next_sentence_prediction=first.trains_nsp, **overrides)
     except ValueError as err:
         raise ConfigError(str(err)) from err
     device = dist_info.device
@@ -127,6 +129,9 @@ def plan_run(config: RunConfig, dist_info: DistInfo, verify_checksums: bool) -> 
             "ds_configs": {name: phase.ds_config for name, phase in phases.items()},
             "world_size": dist_info.world_size,
             "max_predictions": {name: d.max_predictions for name, d in data.items()},
+            "mask_probability": {name: d.mask_prob for name, d in data.items()},
+            "objective": OBJECTIVES[first.trains_nsp],
+            "segments": first.manifest.segments,
         },
     }
     return RunPlan(job=job, phases=phases, resolved=resolved)
@@ -148,6 +153,7 @@ def phase_plan(config: RunConfig, name: str, model_config: BertConfig, ds: dict[
             checkpoint=config.checkpoint, max_consecutive_nonfinite=config.failures.max_consecutive_nonfinite,
             stop_after_steps=config.run.stop_after_steps,
             step_offset=config.phase1.steps if name == "phase2" else 0, progress_bar=config.logging.progress_bar,
+            nsp=data.trains_nsp,
         ),
         stream=StreamSettings(seed=config.run.seed, packing=phase.packing, part=config.data.part,
                               num_parts=config.data.num_parts, unpadded=attention.unpadded),

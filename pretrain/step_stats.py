@@ -99,7 +99,7 @@ class StepSums:
             torch.where(finite > 0, output.mlm_loss_sum.detach().double(), zero),
             torch.where(finite > 0, output.nsp_loss.detach().double(), zero),
             mlm_correct.double(),
-            (output.nsp_logits.argmax(-1) == batch["next_sentence_label"]).sum().double(),
+            zero if output.nsp_logits is None else (output.nsp_logits.argmax(-1) == batch["next_sentence_label"]).sum().double(),
             1.0 - finite,
         ])
         host = self.on_host

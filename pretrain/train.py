@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from safetensors import SafetensorError
 from tqdm import tqdm
-from transformers import BertForPreTraining
+from transformers import BertConfig
 
 from data_prep.atomic_io import atomic_write_json
 from data_prep.shards import ShardFormatError
@@ -54,7 +54,7 @@ from pretrain.checkpointing.checkpoint import (
 )
 from pretrain.checkpointing.commit import agree_on_failures, first_line
 from pretrain.checkpointing.elastic import prepare_resume
-from pretrain.checkpointing.export import export_checkpoint, load_weights
+from pretrain.checkpointing.export import export_checkpoint, folder_class, load_weights
 from pretrain.checkpointing.manifest import resolve_resume_tag
 from pretrain.config.cli import parse_args
 from pretrain.config.load import load_config
@@ -100,7 +100,9 @@ def initial_weights(path: str, expected_vocab_sha: str, key: str) -> dict[str, t
             sha = json.loads(info.read_text(encoding="utf-8")).get("vocab_sha256")
             if sha and sha != expected_vocab_sha:
                 raise ConfigError(f"{key}: {path} was trained with another vocab (sha256 {sha[:12]})")
-        return BertForPreTraining.from_pretrained(str(folder), local_files_only=True).state_dict()
+        # the class it was saved as: an MLM-only export has no NSP head to load (load_weights says so if one is needed)
+        saved_as = folder_class(BertConfig.from_pretrained(str(folder), local_files_only=True))
+        return saved_as.from_pretrained(str(folder), local_files_only=True).state_dict()
     try:
         root, tag = split_checkpoint_path(folder)
     except FileNotFoundError as err:

@@ -75,6 +75,7 @@ class TrainerSettings:
     stop_after_steps: int | None = None  # run.stop_after_steps: this process's step budget (None: to the end)
     step_offset: int = 0  # global step of the phase's step 0 on the TensorBoard axis (phase 2: phase 1's steps)
     progress_bar: bool = False  # logging.progress_bar: rank 0's bar with ETA
+    nsp: bool = True  # the shards' objective: MLM + NSP (sentence pairs), else MLM alone (no NSP numbers logged)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -258,11 +259,12 @@ class PhaseTrainer:
         labelled = max(totals["mlm_labelled"], 1)
         values = {
             "loss/mlm": totals["mlm_loss_sum"] / labelled,  # over every labelled token of the step (NaN ones: 0)
-            "loss/nsp": totals["nsp_loss_sum"] / max(finite_micro, 1),
             "acc/mlm": totals["mlm_correct"] / labelled,
-            "acc/nsp": totals["nsp_correct"] / max(totals["instances"], 1),
         }
-        values["loss/total"] = values["loss/mlm"] + values["loss/nsp"]
+        if self.settings.nsp:
+            values["loss/nsp"] = totals["nsp_loss_sum"] / max(finite_micro, 1)
+            values["acc/nsp"] = totals["nsp_correct"] / max(totals["instances"], 1)
+        values["loss/total"] = values["loss/mlm"] + values.get("loss/nsp", 0.0)
         divisor = self.accumulation * self.dist_info.world_size
         values.update({key: total / divisor for key, total in totals.extras.items()})
         values["lr"] = lr

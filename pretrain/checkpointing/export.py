@@ -4,10 +4,11 @@
 
 CHECKPOINT is a checkpoint folder (its `latest` is used) or one tag folder. The fp32 weights are
 consolidated from the ZeRO partitions of every rank (stages 0-3), loaded into a plain
-`BertForPreTraining`, and written with `save_pretrained` (safetensors) plus the vocab/tokenizer
-the shards were built with. The folder is then re-loaded with `AutoModelForPreTraining` (offline, the
-way a user will) and its MLM logits compared with the training model's on one batch; a mismatch is
-an error, not a warning. The folder appears under its final name only once complete.
+`BertForPreTraining` (a run that trained MLM + NSP) or `BertForMaskedLM` (MLM alone: no NSP head is
+shipped untrained), and written with `save_pretrained` (safetensors) plus the vocab/tokenizer the shards
+were built with. The folder is then re-loaded with `AutoModelForPreTraining` / `AutoModelForMaskedLM`
+(offline, the way a user will) and its MLM logits compared with the training model's on one batch; a
+mismatch is an error, not a warning. The folder appears under its final name only once complete.
 """
 
 # ruff: noqa: E402
@@ -35,11 +36,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForPreTraining, BertConfig, BertForPreTraining, BertTokenizerFast
+from transformers import (
+    AutoModelForMaskedLM,
+    AutoModelForPreTraining,
+    BertConfig,
+    BertForMaskedLM,
+    BertForPreTraining,
+    BertTokenizerFast,
+    PreTrainedModel,
+)
 
 from data_prep.atomic_io import atomic_write_json
 from pretrain.checkpointing.checkpoint import consolidated_state_dict, read_run_config, split_checkpoint_path
-from pretrain.model.bert import SparseBertForPreTraining
+from pretrain.model.bert import SparseBertForPreTraining, trains_nsp
 from pretrain.report.model_card import card_facts, write_model_card
 from pretrain.run_folder import EXPORT_INFO
 
@@ -47,12 +56,36 @@ from pretrain.run_folder import EXPORT_INFO
 _OPTIONAL_KEYS = ("bert.embeddings.position_ids", "bert.embeddings.token_type_ids")
 
 
+NSP_PREFIXES = ("bert.pooler.", "cls.seq_relationship.")  # what only a model that trains NSP has
+
+
 def load_weights(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], source: str) -> None:
+    """`state_dict` into `model`, every weight accounted for. A model that trains MLM alone takes a BERT's weights
+    without their pooler and NSP head (they are not part of it); the other way round is refused: weights
+    trained without NSP have no NSP head to start an MLM + NSP run from."""
+    if not trains_nsp(model.config):
+        state_dict = {key: value for key, value in state_dict.items() if not key.startswith(NSP_PREFIXES)}
     missing, unexpected = model.load_state_dict(state_dict, strict=False)
     missing = [key for key in missing if key not in _OPTIONAL_KEYS and key != "cls.predictions.decoder.weight"]
     if missing or unexpected:
-        raise ValueError(f"{source}: weights do not fit BertForPreTraining: missing {missing}, unexpected {unexpected}")
+        kind = "BertForPreTraining (MLM + NSP)" if trains_nsp(model.config) else "BertForMaskedLM (MLM alone)"
+        hint = ("; they were trained without NSP: start an MLM + NSP run from a BertForPreTraining"
+                if missing and all(key.startswith(NSP_PREFIXES) for key in missing) else "")
+        raise ValueError(f"{source}: weights do not fit {kind}: missing {missing}, unexpected {unexpected}{hint}")
     model.tie_weights()
+
+
+def export_class(config: BertConfig) -> type[PreTrainedModel]:
+    """The Hugging Face class an export of this model loads as: what it was trained for, and nothing more."""
+    return BertForPreTraining if trains_nsp(config) else BertForMaskedLM
+
+
+def folder_class(config: BertConfig) -> type[PreTrainedModel]:
+    """The class a Hugging Face BERT folder's weights were saved from: ours say it in their config, others in
+    `architectures` (a BertForMaskedLM has no NSP head to load)."""
+    if not trains_nsp(config) or (config.architectures or []) == ["BertForMaskedLM"]:
+        return BertForMaskedLM
+    return BertForPreTraining
 
 
 def verification_batch(config: BertConfig, seed: int = 0, batch: int = 2, seq_len: int = 32) -> dict[str, torch.Tensor]:
@@ -67,9 +100,11 @@ def verification_batch(config: BertConfig, seed: int = 0, batch: int = 2, seq_le
 @torch.no_grad()
 def max_logit_difference(exported: Path, reference: SparseBertForPreTraining) -> float:
     """Largest |difference| of MLM logits between the exported folder and the reference model."""
-    loaded = AutoModelForPreTraining.from_pretrained(str(exported), local_files_only=True).eval()
+    auto = AutoModelForPreTraining if trains_nsp(reference.config) else AutoModelForMaskedLM
+    loaded = auto.from_pretrained(str(exported), local_files_only=True).eval()
     batch = verification_batch(reference.config)
-    theirs = loaded(**batch).prediction_logits
+    output = loaded(**batch)
+    theirs = output.prediction_logits if trains_nsp(reference.config) else output.logits
     ours = reference.eval().dense_mlm_logits(**batch)
     return float((theirs - ours).abs().max())
 
@@ -83,7 +118,7 @@ def export_state_dict(
     config = BertConfig.from_dict(resolved["model_config"])
     reference = SparseBertForPreTraining(config)
     load_weights(reference, state_dict, source)
-    plain = BertForPreTraining(config)
+    plain = export_class(config)(config)
     load_weights(plain, state_dict, source)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -55,7 +55,8 @@ from pretrain.codistill.teacher import (
 )
 from pretrain.data.loader import model_inputs
 from pretrain.distributed.info import DistInfo
-from pretrain.model.bert import IGNORE_INDEX, masked_lm_loss_sum
+from pretrain.errors import ConfigError
+from pretrain.model.bert import IGNORE_INDEX, masked_lm_loss_sum, trains_nsp
 from pretrain.plugin import ExtraLoss, JobShare, PhaseView, StepAgreement, TrainingPlugin
 from pretrain.run_folder import CHECKPOINTS, EXCHANGE, export_dir
 from pretrain.step_stats import host_values_to_device
@@ -162,6 +163,9 @@ class Codistillation(TrainingPlugin):
         """After the engine exists (and a resume loaded): build teachers, refresh when a phase starts."""
         engine, state = phase.engine, phase.state
         self._engine = engine
+        if "nsp" in self.section.targets and not trains_nsp(engine.module.config):
+            raise ConfigError("codistill.targets: 'nsp' needs shards of sentence pairs (data_prep --segments "
+                              "nsp); these train MLM alone: distill 'mlm' only")
         if not self.teachers:
             dtype, model_config = engine_dtype(engine), engine.module.config  # the BertConfig the model was built from
             self.teachers = {h: make_teacher(model_config, self.world.device, dtype) for h in self.layout.other_groups}

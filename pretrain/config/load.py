@@ -30,7 +30,7 @@ from typing import Any
 
 from pretrain.config.checks import ScheduleError, check_cadence, check_schedule, check_targets
 from pretrain.config.plugins import INSTALLED, PluginRegistry
-from pretrain.config.sections import PHASE_NAMES, PLUGINS_FIELD, ConfigError, RunConfig
+from pretrain.config.sections import PHASE_NAMES, PLUGINS_FIELD, ConfigError, DataSection, RunConfig
 
 # The schedule's names for a phase's keys: its own check (pretrain/schedule.py) reports in its names.
 SCHEDULE_KEYS = {"total_steps": "steps", "warmup_fraction": "warmup_fraction", "power": "decay_power"}
@@ -163,6 +163,19 @@ def load_config(
     return config
 
 
+def check_data_values(data: DataSection) -> None:
+    """The data section's choices and ranges: the objective, the masking rate, the parts of the training data."""
+    if data.objective not in (None, "mlm", "mlm+nsp"):
+        raise ConfigError(f"data.objective: {data.objective!r} is not one of mlm, mlm+nsp (or null: the shards decide)")
+    rate = data.mask_probability
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate < 1):
+        raise ConfigError(f"data.mask_probability: must be in (0, 1) or null, got {rate!r}")
+    if data.num_parts < 1:
+        raise ConfigError(f"data.num_parts: must be >= 1, got {data.num_parts}")
+    if not 0 <= data.part < data.num_parts:
+        raise ConfigError(f"data.part: must be in [0, data.num_parts={data.num_parts}), got {data.part}")
+
+
 def check_values(config: RunConfig, registry: PluginRegistry = INSTALLED) -> None:
     """Checks that need no files or processes: ranges and choices."""
     if config.run.precision not in ("auto", "fp32", "bf16", "fp16"):
@@ -206,10 +219,7 @@ def check_values(config: RunConfig, registry: PluginRegistry = INSTALLED) -> Non
         raise ConfigError("failures.max_consecutive_nonfinite: must be >= 1")
     if config.data.num_workers < 0:
         raise ConfigError(f"data.num_workers: must be >= 0, got {config.data.num_workers}")
-    if config.data.num_parts < 1:
-        raise ConfigError(f"data.num_parts: must be >= 1, got {config.data.num_parts}")
-    if not 0 <= config.data.part < config.data.num_parts:
-        raise ConfigError(f"data.part: must be in [0, data.num_parts={config.data.num_parts}), got {config.data.part}")
+    check_data_values(config.data)
     for name, section in config.plugins.items():  # each plug-in's own checks, cross-section ones included
         try:
             registry.spec(name).check(section, config)

@@ -133,6 +133,19 @@ class DataSection:
         "a data_prep output folder (with manifest.json); a phase may name its own (phaseN.shards)",
     )
     num_workers: int = setting(2, "DataLoader worker processes per rank")
+    objective: str | None = setting(
+        None,
+        "mlm+nsp | mlm: what the run must train. The shards decide (data_prep --segments): sentence pairs (nsp) "
+        "train MLM + NSP, packed sentences (full-sentences, doc-sentences) MLM alone, exported as "
+        "BertForMaskedLM; set this to have shards of the other kind refused at launch. null: what the shards are",
+    )
+    mask_probability: float | None = setting(
+        None,
+        "share of each instance's tokens masked for MLM (BERT: 0.15; MosaicBERT and the budget recipe: 0.30), "
+        "80% [MASK], 10% a random token, 10% unchanged; the prediction slots grow to fit. Dynamic shards are "
+        "masked at this rate as they are read; static shards hold masks made at their build's --mask-prob and "
+        "refuse another rate. null: the shards' own rate",
+    )
     verify_checksums: bool = setting(
         True,
         "rank 0 checks the sha256 of every shard before training (once per run start)",

@@ -21,6 +21,7 @@ state to checkpoint. Validation instances use a fixed salt instead of the seed a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ import torch
 from torch.utils.data import Dataset
 
 from data_prep.atomic_io import sha256_file
+from data_prep.config import BERT_MASK_PROB
 from data_prep.shards import Manifest, ShardReader
 from pretrain.config.sections import ConfigError
 from pretrain.data.packing import pack_masked_instances
@@ -97,6 +99,11 @@ class PhaseData:
     mask_prob: float
     whole_word: bool
 
+    @property
+    def trains_nsp(self) -> bool:
+        """Sentence-pair shards (data_prep --segments nsp) train MLM + NSP; packed ones MLM alone."""
+        return self.manifest.next_sentence_labels
+
 
 def open_phase_data(
     shards: str | Path,
@@ -124,7 +131,7 @@ def phase_data(checked: PhaseShards, seq_len: int) -> PhaseData:
         vocab=Vocab.load(checked.manifest.vocab_path),
         seq_len=seq_len,
         max_predictions=checked.max_predictions,
-        mask_prob=float(masking.get("mask_prob", 0.15)),
+        mask_prob=checked.mask_prob,
         whole_word=bool(masking.get("whole_word", False)),
     )
 
@@ -235,10 +242,15 @@ class StreamSettings:
     unpadded: bool = False
 
     def batches(self, data: PhaseData, split: str, rank: int, world_size: int, micro_batch: int) -> RankBatches:
-        """This rank's stream of `split` ("train": shuffled, this run's part; "val": in order, every instance)."""
+        """This rank's stream of `split` ("train": shuffled, this run's part; "val": in order, every instance).
+
+        Validation masks dynamic shards at BERT's 15 % whatever data.mask_probability trains with (as MosaicBERT
+        evaluated its 30 % runs), so val/mlm_acc compares across recipes and with the quality marks."""
         if split == "train":
             return RankBatches(data, split, self.seed, rank, world_size, micro_batch, packing=self.packing,
                                part=self.part, num_parts=self.num_parts, unpadded=self.unpadded)
+        if not data.manifest.static_masking:  # held-out numbers at BERT's rate, whatever the training rate
+            data = dataclasses.replace(data, mask_prob=BERT_MASK_PROB)
         return RankBatches(data, split, self.seed, rank, world_size, micro_batch, shuffle=False,
                            unpadded=self.unpadded)
 

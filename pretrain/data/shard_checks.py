@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from data_prep.atomic_io import sha256_file
+from data_prep.config import max_predictions_for
 from data_prep.shards import Manifest, ShardFormatError
 from pretrain.config.sections import ConfigError, RunConfig
 
@@ -27,6 +28,12 @@ class PhaseShards:
     vocab_size: int
     vocab_sha256: str
     max_predictions: int
+    mask_prob: float  # the MLM rate the phase trains at (data.mask_probability, else the shards')
+
+    @property
+    def trains_nsp(self) -> bool:
+        """Sentence-pair shards (data_prep --segments nsp) train MLM + NSP; packed ones MLM alone."""
+        return self.manifest.next_sentence_labels
 
 
 def read_manifest(shards: str | Path, key: str) -> Manifest:
@@ -39,7 +46,7 @@ def read_manifest(shards: str | Path, key: str) -> Manifest:
 
 def check_phase_shards(
     shards: str | Path | Manifest, seq_len: int, max_predictions: int | None, key: str,
-    expected_vocab_sha256: str | None = None, verify_checksums: bool = False,
+    expected_vocab_sha256: str | None = None, verify_checksums: bool = False, mask_probability: float | None = None,
 ) -> PhaseShards:
     """A phase's shard folder (or its manifest, already read) fits the run: manifest, sequence length, listed
     files, vocab, prediction slots.
@@ -71,13 +78,30 @@ def check_phase_shards(
         )
     if expected_vocab_sha256 is not None and sha != expected_vocab_sha256:
         raise ConfigError(f"{key}: vocab sha256 {sha[:12]} differs from the model's vocab {expected_vocab_sha256[:12]}")
+    rate = masking_rate(manifest, mask_probability, key)
     from_manifest = manifest.data["masking"].get("max_predictions", {}).get(str(seq_len))
+    if mask_probability is not None and from_manifest is not None and not manifest.static_masking:
+        from_manifest = max(from_manifest, max_predictions_for(seq_len, rate))  # room for the higher rate
     predictions = max_predictions if max_predictions is not None else from_manifest
     if predictions is None:
         raise ConfigError(f"{key}: the manifest has no masking.max_predictions for {seq_len}; set max_predictions")
     if manifest.static_masking and from_manifest is not None and predictions < from_manifest:
         raise ConfigError(f"max_predictions: {predictions} is below the static shards' {from_manifest} at seq {seq_len}")
-    return PhaseShards(manifest, len(tokens), sha, int(predictions))
+    return PhaseShards(manifest, len(tokens), sha, int(predictions), rate)
+
+
+def masking_rate(manifest: Manifest, mask_probability: float | None, key: str) -> float:
+    """The share of tokens masked: `data.mask_probability` for dynamic shards (masked as they are read), else
+    the rate the shards were built with (data_prep --mask-prob). Static shards hold their masks: another
+    rate is refused, naming both."""
+    built = float(manifest.data["masking"].get("mask_prob", 0.15))
+    if mask_probability is None or mask_probability == built:
+        return built
+    if manifest.static_masking:
+        raise ConfigError(f"data.mask_probability: {mask_probability}, but {key} ({manifest.root}) holds static masks "
+                          f"made at {built} (data_prep --mask-prob); rebuild them, or build dynamic shards "
+                          "(--masking dynamic) to choose the rate here")
+    return float(mask_probability)
 
 
 def check_run_shards(config: RunConfig, verify_checksums: bool = False) -> dict[str, PhaseShards]:
@@ -86,6 +110,7 @@ def check_run_shards(config: RunConfig, verify_checksums: bool = False) -> dict[
     found: dict[str, PhaseShards] = {}
     manifests: dict[Path, Manifest] = {}
     vocab_sha = None
+    keys: dict[str, str] = {}
     for name, phase in config.phases():
         key = f"{name}.shards" if phase.shards else "data.shards"
         folder = phase.shards or config.data.shards
@@ -93,9 +118,32 @@ def check_run_shards(config: RunConfig, verify_checksums: bool = False) -> dict[
         if same not in manifests:
             manifests[same] = read_manifest(folder, key)
         found[name] = check_phase_shards(manifests[same], phase.seq_len, phase.max_predictions, key,
-                                         expected_vocab_sha256=vocab_sha, verify_checksums=verify_checksums)
+                                         expected_vocab_sha256=vocab_sha, verify_checksums=verify_checksums,
+                                         mask_probability=config.data.mask_probability)
         vocab_sha = found[name].vocab_sha256
+        keys[name] = key
+    check_one_objective(found, keys)
+    first = found[config.run.phases[0]]
+    wanted = config.data.objective
+    if wanted is not None and wanted != ("mlm+nsp" if first.trains_nsp else "mlm"):
+        built = first.manifest.segments
+        rebuild = "--segments full-sentences (or doc-sentences)" if wanted == "mlm" else "--segments nsp"
+        raise ConfigError(f"data.objective: {wanted}, but {keys[config.run.phases[0]]} ({first.manifest.root}) was built "
+                          f"with --segments {built}, which trains {'MLM + NSP' if first.trains_nsp else 'MLM alone'}; "
+                          f"build the shards with {rebuild}, or set data.objective=null to follow them")
     return found
+
+
+def check_one_objective(found: dict[str, PhaseShards], keys: dict[str, str]) -> None:
+    """Every phase's shards were built the same way (data_prep --segments): one run trains one objective.
+    ConfigError naming the two folders and their modes."""
+    names = list(found)
+    for name in names[1:]:
+        first, other = found[names[0]].manifest, found[name].manifest
+        if other.segments != first.segments:
+            raise ConfigError(f"{keys[name]}: {other.root} was built with --segments {other.segments}, {keys[names[0]]} "
+                            f"({first.root}) with --segments {first.segments}: one run trains one objective (MLM + NSP "
+                            "on nsp shards, MLM alone on the others); build both phases' shards the same way")
 
 
 def model_overrides(config: RunConfig, vocab_size: int) -> tuple[dict[str, Any], int]:

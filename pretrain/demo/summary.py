@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from pretrain.run_folder import METRICS_FILE, REPORT_MD, REPORT_PNG
+from pretrain.report.records import objective_text
+from pretrain.run_folder import METRICS_FILE, REPORT_MD, REPORT_PNG, RESOLVED_CONFIG
 
 
 class StepResult(Protocol):
@@ -56,7 +57,8 @@ PHASE_RATES = ("perf/seq_per_s", "perf/tokens_per_s")
 # F1 and an NSP loss at chance are what this scale gives, not a broken pipeline.
 READING_NOTES = (
     ("steps", "optimizer steps the phase ran, one global batch each"),
-    ("loss/total", "training loss (MLM + NSP) at the phase's first step -> its last"),
+    ("objective", "what the run trained: MLM + NSP on sentence pairs, or MLM alone on packed sentences"),
+    ("loss/total", "training loss (MLM, + NSP when trained) at the phase's first step -> its last"),
     ("loss/mlm", "cross-entropy on the masked tokens; a uniform guess scores ln(vocab size), about 9 for 8K"),
     ("loss/nsp", "next-sentence cross-entropy; 0.693 = ln 2 is a coin flip, where a toy run stays: in a few "
                  "hundred steps the model learns masked words first, NSP much later"),
@@ -143,6 +145,9 @@ def summary_rows(out: Path, steps: Sequence[StepResult], corpus: str, squad: str
             rows.append((f"instances @ seq {seq_len}", counts))
     run_dir = out / "run"
     records = read_step_records(run_dir) if run_dir.is_dir() else []
+    resolved_path = run_dir / RESOLVED_CONFIG
+    if resolved_path.is_file():  # what the run trained: MLM + NSP on sentence pairs, or MLM alone
+        rows.append(("objective", objective_text(json.loads(resolved_path.read_text(encoding="utf-8")).get("resolved", {}))))
     rows += phase_rows(records)
     scalars = read_scalars(run_dir) if run_dir.is_dir() and not records else {}
     for tag, values in scalars.items():

@@ -5,6 +5,12 @@ state dict loads into the Hugging Face class unchanged. Only `forward` differs: 
 on the masked positions alone (gathered first), which for BERT's 15% masking skips ~85% of the
 largest matmul of the model (hidden x vocab).
 
+The objective follows the shards (pretrain/run_plan.py): BERT's sentence pairs train MLM + NSP; shards
+packed without pairs (data_prep --segments full-sentences / doc-sentences, RoBERTa's inputs) train MLM
+alone. The model config says which (`NSP_FIELD`, saved with every export): without NSP the pooler and the
+NSP classifier are not built at all, so the parameters are exactly `BertForMaskedLM`'s and no untrained
+head is exported as if it were trained.
+
 The gather is fixed-size: the head runs on every slot of `masked_positions` (instances x
 max_predictions rows), labelled or not, and the loss ignores the empty slots (IGNORE_INDEX). Selecting
 only the labelled slots with a boolean index would give a data-dependent shape, i.e. a device -> host
@@ -25,6 +31,13 @@ from pretrain.model.presets import PRESETS, unknown_preset
 from pretrain.model.unpadded import unpadded_encode
 
 IGNORE_INDEX = -100
+NSP_FIELD = "next_sentence_prediction"  # BertConfig field: False = MLM alone (no pooler, no NSP head)
+OBJECTIVES = {True: "mlm+nsp", False: "mlm"}  # how runs, reports and model cards name the two
+
+
+def trains_nsp(config: BertConfig) -> bool:
+    """Whether a model of this config has (and trains) BERT's pooler and next-sentence head."""
+    return bool(getattr(config, NSP_FIELD, True))
 
 
 def block_diagonal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
@@ -43,8 +56,10 @@ def key_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None
     return attention_mask.bool()[:, None, None, :]
 
 
-def bert_config(preset: str, vocab_size: int, max_position_embeddings: int = 512, **overrides: Any) -> BertConfig:
-    """A `BertConfig` from a preset name plus explicit overrides (unknown override names are errors)."""
+def bert_config(preset: str, vocab_size: int, max_position_embeddings: int = 512, next_sentence_prediction: bool = True,
+                **overrides: Any) -> BertConfig:
+    """A `BertConfig` from a preset name plus explicit overrides (unknown override names are errors);
+    `next_sentence_prediction` False: MLM alone (module docstring), which the shards decide, never an override."""
     if preset not in PRESETS:
         raise ValueError(unknown_preset(preset))
     known = set(BertConfig().to_dict())
@@ -53,6 +68,8 @@ def bert_config(preset: str, vocab_size: int, max_position_embeddings: int = 512
             raise ValueError(f"model.overrides.{key}: not a BertConfig field")
     fields = {**PRESETS[preset], "vocab_size": vocab_size, "max_position_embeddings": max_position_embeddings}
     fields.update(overrides)
+    if not next_sentence_prediction:  # recorded only when off: an NSP model's config is transformers' own
+        fields[NSP_FIELD] = False
     return BertConfig(**fields)
 
 
@@ -62,10 +79,10 @@ class PretrainingOutput:
 
     loss: torch.Tensor  # mlm + nsp (what backward runs on)
     mlm_loss: torch.Tensor  # mean over this micro-batch's labelled slots
-    nsp_loss: torch.Tensor
+    nsp_loss: torch.Tensor  # 0 when the model trains MLM alone
     mlm_logits: torch.Tensor  # [instances*max_predictions, vocab]: every slot, labelled or not
     mlm_labels: torch.Tensor  # [instances*max_predictions], IGNORE_INDEX in empty slots
-    nsp_logits: torch.Tensor  # [batch, 2]
+    nsp_logits: torch.Tensor | None  # [batch, 2]; None when the model trains MLM alone
     # Cross-entropy summed over the labelled slots: the trainer divides it by the labelled count of the whole
     # global batch, so that the gradient does not depend on how the batch is split (pretrain/trainer.py).
     mlm_loss_sum: torch.Tensor | None = None
@@ -99,7 +116,16 @@ class SparseBertForPreTraining(BertForPreTraining):
     `position_ids` with `cu_seqlens` and `max_seqlen`: the encoder runs on the real tokens alone
     (pretrain/model/unpadded.py); MLM positions are flat indices into the T tokens, NSP has one label per
     instance.
+
+    A config with `next_sentence_prediction` False (module docstring) builds neither the pooler nor the NSP
+    classifier: `next_sentence_label` then only marks the instances (shards without pairs hold -1 there).
     """
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__(config)
+        if not trains_nsp(config):
+            self.bert.pooler = None
+            self.cls.seq_relationship = None
 
     def forward(  # type: ignore[override]
         self,
@@ -126,7 +152,7 @@ class SparseBertForPreTraining(BertForPreTraining):
         elif segment_ids is None:
             encoded = self.bert(input_ids=input_ids, attention_mask=key_padding_mask(attention_mask),
                                 token_type_ids=token_type_ids)
-            sequence_output, pooled_output = encoded[0], encoded[1]
+            sequence_output, pooled_output = encoded[0], encoded.pooler_output
         else:
             if position_ids is None or cls_positions is None:
                 raise ValueError("packed batches need segment_ids, position_ids and cls_positions together")
@@ -137,14 +163,16 @@ class SparseBertForPreTraining(BertForPreTraining):
             hidden = sequence_output.size(-1)
             index = cls_positions.long().unsqueeze(-1).expand(-1, -1, hidden)
             cls_states = torch.gather(sequence_output, 1, index).reshape(-1, 1, hidden)  # [rows*slots, 1, hidden]
-            pooled_output = self.bert.pooler(cls_states)
+            pooled_output = cls_states if self.bert.pooler is None else self.bert.pooler(cls_states)
         mlm_logits, labels = self.masked_lm_logits(sequence_output, masked_positions, masked_labels,
                                                    flat_positions=flat_positions)
-        nsp_logits = self.cls.seq_relationship(pooled_output)
         mlm_loss_sum = masked_lm_loss_sum(mlm_logits, labels)
         mlm_loss = mlm_loss_sum / (labels != IGNORE_INDEX).sum().clamp_min(1)
-        # ignore_index: empty slots of packed rows; every label of an unpacked batch is 0 or 1.
-        nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label.long(), ignore_index=IGNORE_INDEX)
+        nsp_logits = None if self.cls.seq_relationship is None else self.cls.seq_relationship(pooled_output)
+        if nsp_logits is None:
+            nsp_loss = mlm_loss.new_zeros(())
+        else:  # ignore_index: empty slots of packed rows; every label of an unpacked batch is 0 or 1.
+            nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label.long(), ignore_index=IGNORE_INDEX)
         return PretrainingOutput(
             loss=mlm_loss + nsp_loss,
             mlm_loss=mlm_loss,

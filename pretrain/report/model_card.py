@@ -116,15 +116,28 @@ def _count(value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) else "?"
 
 
+def introduction(nsp: bool, resolved: dict[str, Any]) -> str:
+    """What was trained and what the folder holds: MLM + NSP (BERT's sentence pairs) or MLM alone."""
+    masking = resolved.get("mask_probability") or {}
+    rate = f" at {max(masking.values()):.0%} masking" if masking else ""
+    if nsp:
+        return ("A BERT pretrained from scratch with BERT-DS (masked-LM + next-sentence prediction on sentence pairs"
+                f"{rate}, DeepSpeed, exact LAMB), exported as `BertForPreTraining`: the encoder with its MLM and NSP "
+                "heads. Its logits were checked against the training checkpoint's at export.")
+    segments = resolved.get("segments", "packed")
+    return ("A BERT pretrained from scratch with BERT-DS (masked-LM alone, no next-sentence prediction, on "
+            f"{segments} inputs{rate}, DeepSpeed), exported as `BertForMaskedLM`: the encoder with its MLM head; it "
+            "has no pooler and no NSP head, none having been trained (a classifier fine-tune starts its pooler from "
+            "random weights). Its logits were checked against the training checkpoint's at export.")
+
+
 def _body(facts: dict[str, Any], name: str, folder_text: str, finetune: Sequence[FinetuneResult]) -> list[str]:
     config = facts.get("run_config", {})
     resolved = config.get("resolved", {})
     model = resolved.get("model_config", {})
     state = facts.get("state") or {}
-    lines = [f"# {name}", "",
-             "A BERT pretrained from scratch with BERT-DS (masked-LM + next-sentence prediction, DeepSpeed, "
-             "exact LAMB), exported as `BertForPreTraining`: the encoder with its MLM and NSP heads. "
-             "Its logits were checked against the training checkpoint's at export.", ""]
+    nsp = resolved.get("objective", "mlm+nsp") == "mlm+nsp"  # runs before the key trained both
+    lines = [f"# {name}", "", introduction(nsp, resolved), ""]
     about = config.get("run", {}).get("about")
     if about:
         lines += [f"Recipe: {about}", ""]
@@ -167,8 +180,8 @@ def _body(facts: dict[str, Any], name: str, folder_text: str, finetune: Sequence
     else:
         lines.append("No validation figures were recorded for this checkpoint.")
     if training:
-        lines.append(f"Training loss at step {training['step']}: MLM {_number(training.get('loss/mlm'))}, "
-                     f"NSP {_number(training.get('loss/nsp'))}.")
+        nsp_loss = f", NSP {_number(training.get('loss/nsp'))}" if nsp else ""
+        lines.append(f"Training loss at step {training['step']}: MLM {_number(training.get('loss/mlm'))}{nsp_loss}.")
     for key, mark in sorted(facts.get("targets", {}).items(), key=lambda item: float(item[0])):
         lines.append(f"- val/mlm_acc {key} reached at step {mark.get('step')}: {_number(mark.get('wall_s', 0) / 3600, 2)} h "
                      f"wall-clock, {_number(mark.get('device_hours'), 2)} device-hours.")
@@ -181,7 +194,8 @@ def _body(facts: dict[str, Any], name: str, folder_text: str, finetune: Sequence
                              f"{'; '.join(result.notes)} |")
     lines += ["", "## How to load it", "", "```python", "from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline",
               "", f'tokenizer = AutoTokenizer.from_pretrained("{folder_text}")',
-              f'model = AutoModelForMaskedLM.from_pretrained("{folder_text}")  # the MLM head; the NSP head is dropped',
+              f'model = AutoModelForMaskedLM.from_pretrained("{folder_text}")'
+              + ("  # the MLM head; the NSP head is dropped" if nsp else ""),
               f'fill = pipeline("fill-mask", model="{folder_text}")', 'print(fill("The capital of France is [MASK]."))', "```",
               "", f"Fine-tune it: `./launch.sh squad finetune --model {folder_text} --train train-v1.1.json --dev "
               "dev-v1.1.json --out runs/squad`.", "",

@@ -262,3 +262,13 @@ def row_wall_s(row: dict[str, Any]) -> float | None:
         if isinstance(row.get(key), int | float):
             return float(row[key])
     return None
+
+
+def objective_text(resolved: dict[str, Any]) -> str:
+    """What the run trained, from its resolved config (runs before the key trained MLM + NSP)."""
+    objective = resolved.get("objective", "mlm+nsp")
+    masking = resolved.get("mask_probability") or {}
+    rate = f", {max(masking.values()):.0%} of the tokens masked" if masking else ""
+    if objective == "mlm+nsp":
+        return f"masked-LM + next-sentence prediction on sentence pairs{rate}"
+    return f"masked-LM alone (no NSP) on {resolved.get('segments', 'packed')} inputs{rate}"

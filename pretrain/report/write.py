@@ -32,6 +32,7 @@ from pretrain.report.records import (
     TargetRow,
     exports_of_run,
     finetune_results,
+    objective_text,
     read_json,
     read_rows,
     row_samples,
@@ -188,7 +189,8 @@ def recipe_lines(config: dict[str, Any]) -> list[str]:
                      f"{ds.get('zero_optimization', {}).get('stage', 0)} |")
     model = resolved.get("model_config", {})
     lines += ["", f"Model: preset `{config.get('model', {}).get('preset')}`, {model.get('num_hidden_layers')} layers, "
-              f"hidden {model.get('hidden_size')}, vocab {model.get('vocab_size')}; {resolved.get('world_size')} ranks."]
+              f"hidden {model.get('hidden_size')}, vocab {model.get('vocab_size')}; {resolved.get('world_size')} ranks.",
+              "", f"Objective: {objective_text(resolved)}."]
     return lines
 
 

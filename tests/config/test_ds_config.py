@@ -142,8 +142,8 @@ def test_every_shipped_deepspeed_json_passes_the_refusal_check(path: Path) -> No
 
 
 def test_every_shipped_deepspeed_json_is_used() -> None:
-    named = {Path(load_config(run).phase(name).ds_config).name
-             for run in (REPO_ROOT / "ds_configs" / "recipes").glob("*.json") for name in ("phase1", "phase2")}
+    named = {Path(phase.ds_config).name
+             for run in (REPO_ROOT / "ds_configs" / "recipes").glob("*.json") for _, phase in load_config(run).phases()}
     named.add(Path(json.loads((REPO_ROOT / "launch" / "demo_run.json").read_text())["phase1"]["ds_config"]).name)
     squad = {p.name for p in DEEPSPEED_JSONS if p.name.startswith("squad")}
     assert named | squad == {p.name for p in DEEPSPEED_JSONS}, "a DeepSpeed JSON no recipe names"

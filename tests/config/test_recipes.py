@@ -56,7 +56,9 @@ class Rehearsals:
 
     def __init__(self, root: Path) -> None:
         self.root, self.launch_log = root, root / "launch.log"
-        self.shards = build_shards(root / "shards", seq_lens=tuple(SEQ_LENS.values()), train=96, val=16)
+        self.shards = {objective: build_shards(root / f"shards_{segments}", seq_lens=tuple(SEQ_LENS.values()), train=96,
+                                               val=16, segments=segments)
+                       for objective, segments in (("mlm+nsp", "nsp"), ("mlm", "full-sentences"))}
         self.works = {recipe: self._prepare(recipe) for recipe in RECIPES}
         self.squad_work = self._prepare_squad(self.works[RECIPES[0]])
         done = run_ranks(SCRIPT, ["pretrain", *map(str, self.works.values()), "squad", str(self.squad_work)],
@@ -67,7 +69,8 @@ class Rehearsals:
         work = self.root / Path(recipe).stem
         work.mkdir()
         shipped = json.loads((CONFIGS / recipe).read_text())
-        shrunk = shrink_run_config(shipped, CONFIGS, self.shards, work, ranks=2, steps=STEPS, seq_lens=SEQ_LENS)
+        shards = self.shards[shipped.get("data", {}).get("objective") or "mlm+nsp"]  # what the recipe trains
+        shrunk = shrink_run_config(shipped, CONFIGS, shards, work, ranks=2, steps=STEPS, seq_lens=SEQ_LENS)
         (work / "run.json").write_text(json.dumps(shrunk, indent=2))
         return work
 
@@ -108,8 +111,9 @@ def test_recipe_runs_both_phases_resumes_and_exports_through_the_gpu_path(rehear
     work = rehearsals.get(recipe)
     run = json.loads((work / "run.json").read_text())
     outcomes = json.loads((work / "outcomes.json").read_text())
-    assert outcomes["a_interrupted"] == 0 and outcomes["a_resumed"] == 0 and outcomes["c_phase2_from_init"] == 0
-    assert outcomes["a_latest_after_stop"] == "phase2-step0000002"  # the stop landed inside phase 2
+    last = run["run"]["phases"][-1]
+    assert outcomes["a_interrupted"] == 0 and outcomes["a_resumed"] == 0 and outcomes["c_last_phase_in_one_go"] == 0
+    assert outcomes["a_latest_after_stop"] == f"{last}-step0000002"  # the stop landed inside the last phase
 
     # The DeepSpeed path of every phase is the one a GPU run of the shipped file takes.
     shipped = json.loads((CONFIGS / recipe).read_text())
@@ -126,7 +130,7 @@ def test_recipe_runs_both_phases_resumes_and_exports_through_the_gpu_path(rehear
 
     for model_dir in model_dirs(work):
         checkpoints = model_dir / "checkpoints"
-        assert (checkpoints / "latest").read_text() == f"phase2-step{STEPS:07d}"
+        assert (checkpoints / "latest").read_text() == f"{last}-step{STEPS:07d}"
         for phase in run["run"]["phases"]:
             assert (checkpoints / f"{phase}-step{STEPS:07d}" / "PHASE_END").is_file()
             # the export (consolidated from every rank's BF16_Optimizer partition) is the live fp32 masters
@@ -138,17 +142,19 @@ def test_recipe_runs_both_phases_resumes_and_exports_through_the_gpu_path(rehear
                 assert torch.equal(exported[name].float(), masters[name]), name
 
     if not run.get("codistill", {}).get("enabled"):
-        # A's phase 2 was interrupted and resumed; C ran phase 2 in one go from A's phase-1 export.
-        # Same weights, data and schedule: the same losses, to the last bit.
+        # A's last phase was interrupted and resumed; C ran it in one go (phase 2 from A's phase-1 export, or a
+        # one-phase recipe from scratch). Same weights, data and schedule: the same losses, to the last bit.
         a = step_records(model_dirs(work)[0])
         c = step_records(work / "c")
         for step in range(1, STEPS + 1):
-            assert a[("phase2", step)]["loss/total"] == c[("phase2", step)]["loss/total"], step
-            assert a[("phase2", step)]["lr"] == c[("phase2", step)]["lr"], step
-        assert json.loads((work / "paths_c.json").read_text())["phase2"] == paths["phase2"]
+            assert a[(last, step)]["loss/total"] == c[(last, step)]["loss/total"], step
+            assert a[(last, step)]["lr"] == c[(last, step)]["lr"], step
+        assert json.loads((work / "paths_c.json").read_text())[last] == paths[last]
     else:
         for g in range(run["codistill"]["groups"]):
             assert (work / "c" / f"group{g}" / "export" / "phase2" / "model.safetensors").is_file()
+    objective = json.loads((model_dirs(work)[0] / "config.resolved.json").read_text())["resolved"]["objective"]
+    assert objective == (shipped.get("data", {}).get("objective") or "mlm+nsp")
 
 
 def test_squad_configs_finetune_the_rehearsed_export(rehearsals: Rehearsals, tmp_path: Path) -> None:

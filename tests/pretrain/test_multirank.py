@@ -26,6 +26,13 @@ TB_TAGS = [
 ]
 
 
+def mlm_only(run_json: Path) -> None:
+    """The run config trains what packed shards give, MLM alone, at the budget recipe's 30 % masking."""
+    config = json.loads(run_json.read_text())
+    config["data"].update(objective="mlm", mask_probability=0.3)
+    run_json.write_text(json.dumps(config))
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("pretrain_multirank")
@@ -34,6 +41,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tiny_run_config(work / "run2.json", shards, work / "r2")
     tiny_run_config(work / "run3.json", shards, work / "r3")
     tiny_run_config(work / "run4.json", shards, work / "r4")
+    packed = build_shards(work / "shards_mlm", segments="full-sentences")  # RoBERTa's inputs: no sentence pairs
+    for name in ("mlmA", "mlmB"):
+        mlm_only(tiny_run_config(work / f"{name}.json", packed, work / name))
     first = run_ranks(SCRIPT, ["first", str(work)], num_ranks=2, timeout=600)
     second = run_ranks(SCRIPT, ["resume", str(work)], num_ranks=2, timeout=600)
     (work / "first.log").write_text(first.stdout + first.stderr)
@@ -45,7 +55,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_runs_complete_with_checkpoints_of_both_phases(runs: Path) -> None:
     outcomes = json.loads((runs / "outcomes.json").read_text())
     assert outcomes == {"r1": 0, "r2_interrupted": 0, "r3_nan": 3, "r2_resumed_until_phase2": 0, "r2_finished": 0,
-                        "r4_phase2_from_export": 0}
+                        "r4_phase2_from_export": 0, "mlm_a": 0, "mlm_b_stopped": 0, "mlm_b_finished": 0}
     checkpoints = runs / "r1" / "checkpoints"
     assert (checkpoints / "latest").read_text() == "phase2-step0000004"
     for tag in ("phase1-step0000006", "phase2-step0000004"):
@@ -168,3 +178,37 @@ def test_phase2_from_an_exported_model_continues_like_the_run(runs: Path) -> Non
     assert sorted(from_export) == [("phase2", s) for s in range(1, 5)]
     for key in from_export:
         assert from_export[key]["loss/total"] == reference[key]["loss/total"], key
+
+
+@pytest.mark.multirank
+def test_packed_shards_train_mlm_alone_resume_exactly_and_export_a_masked_lm(runs: Path) -> None:
+    """Shards without sentence pairs: no NSP loss or numbers, both phases resume to the same losses and weights,
+    and the export is a BertForMaskedLM that transformers loads with every key accounted for."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForMaskedLM, pipeline
+
+    reference, resumed = step_records(runs / "mlmA"), step_records(runs / "mlmB")
+    assert sorted(reference) == sorted(resumed) == [("phase1", s) for s in range(1, 7)] + [
+        ("phase2", s) for s in range(1, 5)]
+    assert "stopped (run.stop_after_steps=8) at phase2 step 2" in (runs / "resume.log").read_text()
+    for key, record in reference.items():
+        assert "loss/nsp" not in record and "acc/nsp" not in record
+        assert record["loss/total"] == record["loss/mlm"]
+        for metric in ("loss/mlm", "acc/mlm", "grad_norm", "lr"):
+            assert resumed[key][metric] == record[metric], (key, metric)
+    resolved = json.loads((runs / "mlmA" / "config.resolved.json").read_text())["resolved"]
+    assert (resolved["objective"], resolved["segments"]) == ("mlm", "full-sentences")
+    assert resolved["mask_probability"] == {"phase1": 0.3, "phase2": 0.3}
+    assert resolved["max_predictions"] == {"phase1": 10, "phase2": 20}  # room for 30 % of 32 and of 64 tokens
+
+    export = runs / "mlmA" / "export" / "phase2"
+    ours, theirs = load_file(export / "model.safetensors"), load_file(runs / "mlmB" / "export" / "phase2" / "model.safetensors")
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert json.loads((export / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+    model, loading = AutoModelForMaskedLM.from_pretrained(str(export), local_files_only=True, output_loading_info=True)
+    assert set(loading["missing_keys"]) == set() and set(loading["unexpected_keys"]) == set()
+    assert not any(k.startswith(("bert.pooler", "cls.seq_relationship")) for k in ours)
+    filled = pipeline("fill-mask", model=str(export), top_k=3)("w1 w2 [MASK] w4")
+    assert len(filled) == 3 and all(0 <= g["token"] < model.config.vocab_size and 0 < g["score"] <= 1 for g in filled)
+    card = (export / "README.md").read_text()
+    assert "masked-LM alone" in card and "`BertForMaskedLM`" in card and "NSP {" not in card

@@ -309,7 +309,8 @@ def test_shipped_run_configs_resolve_for_8_gpus(run_file: Path) -> None:
         ds = phase_ds_config(config, name, dp_size=8, device_type="cuda", bf16_supported=True)
         micro, accum = ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]
         assert micro * accum * 8 == ds["train_batch_size"]
-        assert ds["optimizer"]["type"] == "ExactLamb"
+        # LAMB, except where the recipe follows a published AdamW run (its `about` names it)
+        assert ds["optimizer"]["type"] == ("AdamW" if "budget" in run_file.name else "ExactLamb")
         assert ds["bf16"]["enabled"] or "tiny" in run_file.name
         cpu = phase_ds_config(config, name, dp_size=2, device_type="cpu")
         assert not cpu["bf16"]["enabled"] and not cpu["fp16"]["enabled"]

@@ -4,6 +4,7 @@
                      at the last step. R2: the same config in another folder, SIGTERM delivered to
                      rank 1 only after phase-1 step 3 (the ranks must agree to stop and checkpoint).
                      R3: NaN losses injected through the extra-loss hook: skipped steps, then abort.
+                     M (resume launch): MLM alone on packed shards, uninterrupted and stopped + resumed.
     shared WORKDIR   runA.json uninterrupted; runB.json stopped after 9 steps and rerun to the end.
     resume WORKDIR   R2 again with the same command: resumes by itself; then once more in-process with
                      run.stop_after_steps to stop inside phase 2, and a final rerun to completion.
@@ -118,6 +119,11 @@ def run(argv: list[str]) -> None:
         rc = main(["--config", str(workdir / "run4.json"), '--run.phases=["phase2"]',
                    f"--phase2.init_from={workdir / 'r1' / 'export' / 'phase1'}"])
         record(workdir, "r4_phase2_from_export", rc)
+        # M: MLM alone (packed full sentences, 30 % masking): A through both phases; B stopped by the step budget
+        # inside phase 2 (a checkpoint there), then the same command again
+        record(workdir, "mlm_a", main(["--config", str(workdir / "mlmA.json")]))
+        record(workdir, "mlm_b_stopped", main(["--config", str(workdir / "mlmB.json"), "--run.stop_after_steps=8"]))
+        record(workdir, "mlm_b_finished", main(["--config", str(workdir / "mlmB.json")]))
     elif mode == "shared":  # real shards: A uninterrupted; B stopped by the step budget, then rerun
         record(workdir, "a", main(["--config", str(workdir / "runA.json")]))
         record(workdir, "b_stopped", main(["--config", str(workdir / "runB.json"), "--run.stop_after_steps=9"]))

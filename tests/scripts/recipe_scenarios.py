@@ -3,9 +3,10 @@
     [pretrain WORK ...] [squad WORK]    each in turn, in this one launch (tests/config/test_recipes.py)
 
     pretrain WORK    WORK/run.json (pretrain.config.rehearsal's shrink of a shipped RUN.json):
-                     A: both phases, SIGTERM to rank 1 after phase-2 step 1 (the ranks agree at step 2, checkpoint, stop),
-                        then the same command again: resumes inside phase 2 and completes (exports too);
-                     C: phase 2 alone from A's phase-1 export (`phase2.init_from`), in its own folder.
+                     A: every phase, SIGTERM to rank 1 after the last phase's step 1 (the ranks agree at step 2,
+                        checkpoint, stop), then the same command again: resumes inside that phase and completes;
+                     C: the last phase in one go, in its own folder: phase 2 alone from A's phase-1 export
+                        (`phase2.init_from`), or a one-phase recipe from scratch.
                      Every step records the engine's optimizer wrapper, client optimizer and precision;
                      the last step of every phase saves the live fp32 master weights (what an export of
                      that phase must equal).
@@ -68,21 +69,24 @@ def pretrain(work: Path) -> None:
     config = work / "run.json"
     run = json.loads(config.read_text())
     a_dir = Path(run["run"]["dir"])
+    phases = run["run"]["phases"]
     paths = record_paths(work / "paths_a.json")
     codistill = run.get("codistill", {}).get("enabled", False)
     first_model = a_dir / "group0" if codistill else a_dir
-    rc = main(["--config", str(config)], after_each_step(paths, save_masters, sigterm_rank1_after(1, "phase2")))
+    rc = main(["--config", str(config)], after_each_step(paths, save_masters, sigterm_rank1_after(1, phases[-1])))
     record(work, "a_interrupted", rc)
     if dist.get_rank() == 0:
         record(work, "a_latest_after_stop", (first_model / "checkpoints" / "latest").read_text())
     rc = main(["--config", str(config)], after_each_step(paths, save_masters))
     record(work, "a_resumed", rc)
-    phase1_export = first_model / "export" / "phase1"
-    overrides = [f"--run.dir={work / 'c'}", '--run.phases=["phase2"]', f"--phase2.init_from={phase1_export}"]
+    # C: the last phase in one go, in its own folder: from A's phase-1 export (two phases), or from scratch (one)
+    overrides = [f"--run.dir={work / 'c'}"]
+    if len(phases) > 1:
+        overrides += ['--run.phases=["phase2"]', f"--phase2.init_from={first_model / 'export' / 'phase1'}"]
     if codistill and run["codistill"].get("exchange_dir"):
         overrides.append(f"--codistill.exchange_dir={work / 'c_exchange'}")
     rc = main(["--config", str(config), *overrides], after_each_step(record_paths(work / "paths_c.json")))
-    record(work, "c_phase2_from_init", rc)
+    record(work, "c_last_phase_in_one_go", rc)
 
 
 def squad(work: Path) -> None:

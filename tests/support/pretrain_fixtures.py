@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from data_prep.atomic_io import atomic_write_json, sha256_file
-from data_prep.shards import FORMAT_NAME, FORMAT_VERSION, write_shard
+from data_prep.config import NSP
+from data_prep.shards import FORMAT_NAME, FORMAT_VERSION, NO_NEXT_SENTENCE_LABEL, write_shard
 from tests.support.paths import REPO_ROOT, SCRIPTS
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -27,18 +28,24 @@ def write_vocab(path: Path) -> list[str]:
     return tokens
 
 
-def make_instance(rng: np.random.Generator, seq_len: int) -> dict[str, Any]:
+def make_instance(rng: np.random.Generator, seq_len: int, pairs: bool = True) -> dict[str, Any]:
+    """A sentence pair `[CLS] A [SEP] B [SEP]` with a random next-sentence label, or (not `pairs`) one packed
+    segment `[CLS] words [SEP]` with no label (NO_NEXT_SENTENCE_LABEL), as data_prep's packed modes write."""
     length = int(rng.integers(seq_len // 2, seq_len + 1))
-    a_len = int(rng.integers(2, length - 2))
     start = int(rng.integers(0, ALPHABET))
+    if not pairs:
+        words = [(start + i) % ALPHABET + len(SPECIALS) for i in range(length - 2)]
+        return {"input_ids": [2, *words, 3], "a_len": length, "next_sentence_label": NO_NEXT_SENTENCE_LABEL}
+    a_len = int(rng.integers(2, length - 2))
     words = [(start + i) % ALPHABET + len(SPECIALS) for i in range(length - 3)]
     ids = [2] + words[: a_len - 2] + [3] + words[a_len - 2 :] + [3]
     return {"input_ids": ids, "a_len": a_len, "next_sentence_label": int(rng.integers(0, 2))}
 
 
 def build_shards(out: Path, seq_lens: tuple[int, ...] = (32, 64), train: int = 96, val: int = 16,
-                 shards_per_split: int = 2, seed: int = 0) -> Path:
-    """A data_prep-format folder with dynamic masking at each sequence length."""
+                 shards_per_split: int = 2, seed: int = 0, segments: str = NSP) -> Path:
+    """A data_prep-format folder with dynamic masking at each sequence length; `segments` as data_prep --segments
+    (nsp: sentence pairs for MLM + NSP; full-sentences / doc-sentences: packed segments for MLM alone)."""
     out.mkdir(parents=True, exist_ok=True)
     tokens = write_vocab(out / "vocab.txt")
     rng = np.random.default_rng(seed)
@@ -49,18 +56,19 @@ def build_shards(out: Path, seq_lens: tuple[int, ...] = (32, 64), train: int = 9
             shards = []
             per = count // shards_per_split
             for index in range(shards_per_split):
-                rows = [make_instance(rng, seq_len) for _ in range(per)]
+                rows = [make_instance(rng, seq_len, pairs=segments == NSP) for _ in range(per)]
                 rel = f"seq{seq_len}/{split}-{index:05d}.arrow"
                 n, sha = write_shard(out / rel, rows, len(tokens), static_masking=False)
                 shards.append({"file": rel, "num_instances": n, "sha256": sha})
-            entry[split] = {"num_instances": per * shards_per_split, "nsp_random_fraction": 0.5, "shards": shards}
+            entry[split] = {"num_instances": per * shards_per_split, "shards": shards,
+                            "nsp_random_fraction": 0.5 if segments == NSP else None}
         by_len[str(seq_len)] = entry
     manifest = {
         "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "tool_version": "test",
         "vocab": {"file": "vocab.txt", "sha256": sha256_file(out / "vocab.txt"), "size": len(tokens), "lowercase": True},
         "masking": {"mode": "dynamic", "mask_prob": 0.15, "whole_word": False, "dupe_factor": 1,
                     "max_predictions": {str(s): max(2, s * 15 // 100 + 1) for s in seq_lens}},
-        "seed": seed, "config": {}, "totals": {}, "seq_lens": by_len,
+        "seed": seed, "config": {}, "totals": {}, "seq_lens": by_len, "segments": segments,
     }
     atomic_write_json(out / "manifest.json", manifest)
     return out

@@ -106,17 +106,21 @@ def build_tokenizer():
 
 
 def build_tiny_bert(folder: Path, head: str = "pretraining", seed: int = 0) -> Path:
-    """save_pretrained a tiny random BertForPreTraining (our export's layout) or BertForQuestionAnswering."""
+    """save_pretrained a tiny random BertForPreTraining (our export of an MLM + NSP run), BertForMaskedLM (our
+    export of an MLM-only run: `head="masked_lm"`) or BertForQuestionAnswering."""
     import torch
-    from transformers import BertConfig, BertForPreTraining, BertForQuestionAnswering
+    from transformers import BertConfig, BertForMaskedLM, BertForPreTraining, BertForQuestionAnswering
 
     tokenizer = build_tokenizer()
     config = BertConfig(
         vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
         intermediate_size=64, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
     )
+    if head == "masked_lm":
+        config.next_sentence_prediction = False  # as pretrain/model/bert.py records an MLM-only run
     torch.manual_seed(seed)
-    model = (BertForPreTraining if head == "pretraining" else BertForQuestionAnswering)(config)
+    classes = {"pretraining": BertForPreTraining, "masked_lm": BertForMaskedLM, "qa": BertForQuestionAnswering}
+    model = classes[head](config)
     model.save_pretrained(str(folder))
     tokenizer.save_pretrained(str(folder))
     return folder
