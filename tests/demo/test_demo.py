@@ -211,6 +211,12 @@ def test_summary_reads_manifest_tensorboard_and_scores(tmp_path: Path) -> None:
     assert rows["phase1 perf/seq_per_s (median)"] == "20.0"
     assert rows["phase2 val/mlm_loss"] == "7.700 (one evaluation)" and "run steps" not in rows
     assert "tensorboard/loss/mlm" not in rows
+    # What the run trained, from its config.resolved.json (a run before the key trained MLM + NSP)
+    assert "objective" not in rows
+    resolved = {"resolved": {"objective": "mlm", "segments": "full-sentences", "mask_probability": {"phase1": 0.3}}}
+    (out / "run" / "config.resolved.json").write_text(json.dumps(resolved))
+    rows = dict(demo_summary.summary_rows(out, [evaluate], "corpus X", "squad Y"))
+    assert rows["objective"] == "masked-LM alone (no NSP) on full-sentences inputs, 30% of the tokens masked"
 
 
 @pytest.mark.shared_data
