@@ -124,10 +124,12 @@ def build_phase(plan: PhasePlan, job: TrainerJob, start: PhaseStart) -> PhaseTra
                              plugin.replica_group)
     prepare_model_path(model, plan.attention, plan.precision, dist_info.device)  # refuses what cannot run; compiles
     engine = build_engine(model, plan.ds_config, lr_schedule=plan.schedule, mpu=plugin.mpu)
+    job.metrics.mark("engine_built")
     state = PhaseState(phase=plan.name, samples_seen=start.samples_seen)
     if start.resume_tag is not None:
         state = PhaseState.from_dict(job.checkpoints.load(engine, start.resume_tag))
         rebind_optimizer(engine)  # the load re-created ZeRO's partitions
+        job.metrics.mark("checkpoint_loaded")
     micro = engine.train_micro_batch_size_per_gpu()
     if dist_info.rank == 0 and plan.attention.note:
         print(plan.attention.note, flush=True)
@@ -294,6 +296,7 @@ def train_plan(plan: RunPlan, dist_info: DistInfo, plugin: TrainingPlugin, stop:
         raise ConfigError("phase2.init_from: required when phase 2 runs without a phase-1 checkpoint in checkpoint.dir")
     metrics = MetricsWriter(settings.run_dir / TENSORBOARD, enabled=dist_info.rank == 0 and settings.tensorboard,
                             quality=settings.quality)  # and the run's clock, run_clock.json
+    metrics.mark("planned")  # start-up so far: imports, joining the job, the plan, the resume checks
     job = TrainerJob(settings.run_dir, plan.resolved, dist_info, checkpoints, metrics, stop, plugin, watch=watch)
     progress = RunProgress(latest, saved, saved["samples_seen"] if saved else 0)
     try:

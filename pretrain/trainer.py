@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pretrain.checkpointing.cadence import CheckpointCadence
+from pretrain.checkpointing.cadence import SAVE_SECONDS_TAG, CheckpointCadence
 from pretrain.checkpointing.layout import make_tag
 from pretrain.config.sections import PHASE_NAMES, CheckpointSection
 from pretrain.data.batches import RankBatches, ValidationBatches
@@ -330,9 +330,12 @@ class PhaseTrainer:
         return {"val/mlm_loss": loss_sum / max(n, 1), "val/mlm_acc": correct / max(n, 1)}
 
     def save(self, phase_end: bool = False, routine: bool = False) -> None:
+        started = time.monotonic()
         self.checkpoints.save(self.engine, make_tag(self.state.phase, self.state.step), self.state.state_dict(),
                               self.resolved_config, phase_end=phase_end, may_fail=routine)
         self.cadence.saved(time.monotonic())
+        # what a save costs: the input of the checkpoint interval that fits a failure rate (checkpointing/cadence.py)
+        self.metrics.scalars(self.global_step, {SAVE_SECONDS_TAG: time.monotonic() - started})
 
     def _stop_requested(self, result: StepResult) -> str | None:
         """Agreed across ranks: a signal on any rank (carried by the step's all-reduce), or the step budget."""
@@ -354,6 +357,8 @@ class PhaseTrainer:
             result = self.train_step()
             self.state.step += 1
             self.steps_this_process += 1
+            if self.steps_this_process == 1:
+                self.metrics.mark("first_step")  # the end of this process's start-up (the run clock)
             self.state.samples_seen += self.global_batch
             self.state.nonfinite_steps += int(result.nonfinite)
             self.state.consecutive_nonfinite = self.state.consecutive_nonfinite + 1 if result.nonfinite else 0

@@ -19,8 +19,62 @@ rule is tested without DeepSpeed or sleeping, and the run config can check the k
 
 from __future__ import annotations
 
+import json
+import math
+import statistics
+from pathlib import Path
+
 from pretrain.config.checks import check_cadence
 from pretrain.config.sections import CheckpointSection
+from pretrain.run_folder import metrics_path
+
+SAVE_SECONDS_TAG = "checkpoint/save_s"  # every save's cost, logged with the step it follows (metrics.jsonl)
+# The failure rate the interval advice assumes without one given: one failure every ~8 h on 1,024 GPUs, i.e.
+# one per 8,192 GPU-hours (docs/faults.md projects with it). Meta's Llama 3 run met 466 interruptions in 54
+# days on 16K GPUs, one per ~45,000 GPU-hours: a gentler rate; this one errs towards saving often.
+GPU_HOURS_PER_FAILURE = 8.0 * 1024
+
+
+def young_daly_seconds(save_seconds: float, mtbf_seconds: float) -> float:
+    """The checkpoint interval that loses the least time to saves and to redone work: sqrt(2 x C x MTBF)
+    (Young 1974; Daly 2006's first-order form), for a save that costs `save_seconds` and a mean time between
+    failures of `mtbf_seconds`. Valid while C is much smaller than the MTBF."""
+    if save_seconds <= 0 or mtbf_seconds <= 0:
+        raise ValueError(f"young_daly_seconds: save cost {save_seconds} and MTBF {mtbf_seconds} must be > 0")
+    return math.sqrt(2.0 * save_seconds * mtbf_seconds)
+
+
+def measured_save_seconds(run_dir: Path, last: int = 5) -> float | None:
+    """The median cost of the run's last `last` saves (its metrics.jsonl), or None before its first save."""
+    path = metrics_path(Path(run_dir))
+    if not path.is_file():
+        return None
+    found = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            value = json.loads(line).get(SAVE_SECONDS_TAG)
+        except (ValueError, AttributeError):
+            continue  # a line cut by a killed process
+        if isinstance(value, int | float) and value > 0:
+            found.append(float(value))
+    return statistics.median(found[-last:]) if found else None
+
+
+def mtbf_seconds(devices: int, gpu_hours_per_failure: float = GPU_HOURS_PER_FAILURE) -> float:
+    """The job's mean time between failures if each device fails independently at the assumed rate."""
+    return 3600.0 * gpu_hours_per_failure / max(devices, 1)
+
+
+def interval_advice(save_seconds: float, devices: int, mtbf_hours: float | None = None) -> str:
+    """One line: the Young/Daly interval for this save cost and job size, and the goodput it leaves."""
+    mtbf = 3600.0 * mtbf_hours if mtbf_hours else mtbf_seconds(devices)
+    interval = young_daly_seconds(save_seconds, mtbf)
+    # expected loss per interval: one save, plus half an interval redone per failure (first order)
+    lost = save_seconds / interval + interval / (2 * mtbf)
+    source = f"MTBF {mtbf / 3600:.3g} h" + ("" if mtbf_hours else f" (one failure per {GPU_HOURS_PER_FAILURE:,.0f} "
+                                                               f"GPU-hours over {devices} devices)")
+    return (f"checkpoint.every_minutes={interval / 60:.3g} fits a {save_seconds:.3g} s save and {source}: "
+            f"sqrt(2 x save x MTBF), about {lost:.1%} of the time lost to saves and redone steps")
 
 
 class CheckpointCadence:

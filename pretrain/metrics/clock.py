@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,10 @@ from pretrain.run_folder import CLOCK_FILE
 
 CLOCK_FORMAT = 1
 SAVE_EVERY_S = 60.0  # the most wall-clock a killed process can lose
+# What a process's start-up is spent on, in order (seconds from the process's start to each, in its span):
+# imports + joining the job + the plan and resume checks, the first engine built, the checkpoint loaded (a
+# resume), the first optimizer step done.
+STARTUP_MARKS = ("planned", "engine_built", "checkpoint_loaded", "first_step")
 
 
 def process_age_seconds() -> float:
@@ -66,10 +70,49 @@ class ProcessSpan:
     seconds: float = 0.0  # how long it ran (until its last write)
     first_step: int | None = None  # the first global step it logged (None: it logged none)
     last_step: int | None = None
+    steps: int = 0  # optimizer steps it logged
+    step_seconds: float = 0.0  # their time (perf/step_s: validation included, checkpoint writes not)
+    restart: int = 0  # which restart of the elastic agent started it (0: a launch)
+    fault_at: float | None = None  # Unix time of the fault that ended the process before it (None: no fault)
+    startup: dict[str, float] = field(default_factory=dict)  # seconds from its start to each mark (STARTUP_MARKS)
+
+    @property
+    def ended_at(self) -> float:
+        return self.started_at + self.seconds
+
+    @property
+    def mean_step_seconds(self) -> float:
+        return self.step_seconds / self.steps if self.steps else 0.0
 
 
 class ClockFileError(ValueError):
     """run_clock.json is not what this module writes; the message names the file."""
+
+
+def redone_steps(span: ProcessSpan, later: list[ProcessSpan]) -> int:
+    """Steps `span` logged that a later process logged again (it resumed from an earlier checkpoint)."""
+    if span.last_step is None:
+        return 0
+    restarts = [other.first_step for other in later if other.first_step is not None]
+    return min(span.steps, max(0, span.last_step - min(restarts) + 1)) if restarts else 0
+
+
+def downtime(before: ProcessSpan, span: ProcessSpan) -> float:
+    """Seconds between `before`'s end and `span`'s start when a fault restarted it (the agent stopping the
+    ranks, the rendezvous, the new processes' launch); 0 after a stop the user asked for."""
+    return max(0.0, span.started_at - before.ended_at) if span.fault_at is not None else 0.0
+
+
+def run_goodput(spans: list[ProcessSpan]) -> float:
+    """Productive step time over wall time, for the run so far.
+
+    Productive: every process's logged steps, less those a later process redid (counted at that process's mean
+    step time). Wall: every process's seconds, plus the gaps between processes that a fault caused (a stop the
+    user asked for, or a SLURM queue wait before a requeue, is not the run's doing and is not counted)."""
+    productive = sum((span.steps - redone_steps(span, spans[i + 1:])) * span.mean_step_seconds
+                     for i, span in enumerate(spans))
+    wall = sum(span.seconds for span in spans) + sum(downtime(a, b) for a, b in zip(spans, spans[1:], strict=False))
+    return productive / wall if wall > 0 else 0.0
 
 
 def read_clock_file(path: Path) -> dict[str, Any]:
@@ -145,9 +188,26 @@ class RunClock:
             self.span.first_step = step
             self.targets = {key: mark for key, mark in self.targets.items() if mark["step"] < step}
 
-    def logged(self, step: int, now: float | None = None) -> None:
-        """A row of `step` was logged: remember it, and write the file when the last write is a minute old."""
+    def mark(self, name: str, now: float | None = None) -> None:
+        """This process reached start-up mark `name` (STARTUP_MARKS); the first time counts."""
+        self.span.startup.setdefault(name, round(self.elapsed(now), 3))
+
+    def after_fault(self, restart: int, fault_at: float | None) -> None:
+        """This process is the elastic agent's restart `restart`, after a fault at Unix time `fault_at`."""
+        self.span.restart, self.span.fault_at = restart, fault_at
+
+    def goodput(self, now: float | None = None) -> float:
+        """The run's productive step time over its wall time so far (run_goodput)."""
+        self.span.seconds = self.elapsed(now)
+        return run_goodput([*self.earlier, self.span])
+
+    def logged(self, step: int, now: float | None = None, step_seconds: float | None = None) -> None:
+        """A row of `step` was logged (a training step's, with its `step_seconds`): remember it, and write the
+        file when the last write is a minute old."""
         self.span.last_step = step
+        if step_seconds is not None:
+            self.span.steps += 1
+            self.span.step_seconds += step_seconds
         now = time.monotonic() if now is None else now
         if self._saved_at is None or now - self._saved_at >= SAVE_EVERY_S:
             self.save(now)

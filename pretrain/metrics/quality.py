@@ -32,6 +32,8 @@ from pretrain.metrics.clock import RunClock
 # (declared with the key, logging.quality_targets).
 DEFAULT_QUALITY_TARGETS = tuple(LoggingSection().quality_targets)
 ACCURACY_TAG = "val/mlm_acc"
+STEP_SECONDS_TAG = "perf/step_s"  # a training step's row carries it (pretrain/metrics/throughput.py)
+GOODPUT_TAG = "time/goodput"  # the run's productive step time over its wall time (pretrain/metrics/clock.py)
 
 
 def target_tag(mark: float, field: str) -> str:
@@ -62,10 +64,12 @@ class TimeToQuality:
 
     def observe(self, step: int, values: dict[str, float], samples: int | None,
                 now: float | None = None) -> dict[str, float]:
-        """The numbers to log with a row of `step`: none unless it carries val/mlm_acc."""
-        self.clock.logged(step, now)
+        """The numbers to log with a row of `step`: the run's goodput with a training step's row (perf/step_s),
+        the time/* and target/* numbers with a row that carries val/mlm_acc."""
+        step_seconds = values.get(STEP_SECONDS_TAG)
+        self.clock.logged(step, now, step_seconds)
         if ACCURACY_TAG not in values:
-            return {}
+            return {GOODPUT_TAG: self.clock.goodput(now)} if step_seconds is not None else {}
         wall_s, device_hours = self.clock.wall_seconds(now), self.clock.device_hours(now)
         numbers: dict[str, float] = {"time/wall_s": wall_s, "time/device_hours": device_hours}
         if samples is not None:
@@ -87,6 +91,9 @@ class TimeToQuality:
 
     def wall_seconds(self, now: float | None = None) -> float:
         return self.clock.wall_seconds(now)
+
+    def mark(self, name: str) -> None:
+        self.clock.mark(name)
 
     def close(self) -> None:
         self.clock.close()

@@ -79,6 +79,16 @@ class MetricsWriter:
         self._jsonl.write(json.dumps({"step": step, **extra, **values}) + "\n")
         self._jsonl.flush()
 
+    def mark(self, name: str) -> None:
+        """A start-up mark of this process (pretrain/metrics/clock.py STARTUP_MARKS) on the run's clock; rank 0."""
+        if self.quality is not None:
+            self.quality.mark(name)
+
+    def after_fault(self, restart: int, fault_at: float | None) -> None:
+        """This process restarts the run after a fault (the elastic agent's restart `restart`)."""
+        if self.quality is not None:
+            self.quality.clock.after_fault(restart, fault_at)
+
     def histogram(self, step: int, tag: str, values: torch.Tensor) -> None:
         if self.enabled and values.numel():
             try:
