@@ -335,7 +335,8 @@ class PhaseTrainer:
                               self.resolved_config, phase_end=phase_end, may_fail=routine)
         self.cadence.saved(time.monotonic())
         # what a save costs: the input of the checkpoint interval that fits a failure rate (checkpointing/cadence.py)
-        self.metrics.scalars(self.global_step, {SAVE_SECONDS_TAG: time.monotonic() - started})
+        self.metrics.scalars(self.global_step, {SAVE_SECONDS_TAG: time.monotonic() - started},
+                             extra={"samples": self.state.samples_seen})
 
     def _stop_requested(self, result: StepResult) -> str | None:
         """Agreed across ranks: a signal on any rank (carried by the step's all-reduce), or the step budget."""

@@ -66,15 +66,20 @@ def mtbf_seconds(devices: int, gpu_hours_per_failure: float = GPU_HOURS_PER_FAIL
 
 
 def interval_advice(save_seconds: float, devices: int, mtbf_hours: float | None = None) -> str:
-    """One line: the Young/Daly interval for this save cost and job size, and the goodput it leaves."""
+    """One line: the Young/Daly interval for this save cost and job size, and the share of time it leaves lost."""
     mtbf = 3600.0 * mtbf_hours if mtbf_hours else mtbf_seconds(devices)
     interval = young_daly_seconds(save_seconds, mtbf)
     # expected loss per interval: one save, plus half an interval redone per failure (first order)
     lost = save_seconds / interval + interval / (2 * mtbf)
-    source = f"MTBF {mtbf / 3600:.3g} h" + ("" if mtbf_hours else f" (one failure per {GPU_HOURS_PER_FAILURE:,.0f} "
-                                                               f"GPU-hours over {devices} devices)")
-    return (f"checkpoint.every_minutes={interval / 60:.3g} fits a {save_seconds:.3g} s save and {source}: "
-            f"sqrt(2 x save x MTBF), about {lost:.1%} of the time lost to saves and redone steps")
+    rate = "" if mtbf_hours else f", one per {GPU_HOURS_PER_FAILURE:,.0f} GPU-hours on {devices} devices"
+    return (f"save every {interval / 60:.3g} min (checkpoint.every_minutes; Young/Daly for a {save_seconds:.3g} s save "
+            f"and a failure every {hours(mtbf)} h{rate}: {lost:.2%} of the time lost)")
+
+
+def hours(seconds: float) -> str:
+    """Hours to read at a glance: 4,096, 8, 0.5."""
+    value = seconds / 3600
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
 class CheckpointCadence:

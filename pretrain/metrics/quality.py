@@ -68,10 +68,11 @@ class TimeToQuality:
         the time/* and target/* numbers with a row that carries val/mlm_acc."""
         step_seconds = values.get(STEP_SECONDS_TAG)
         self.clock.logged(step, now, step_seconds)
+        numbers: dict[str, float] = {GOODPUT_TAG: self.clock.goodput(now)} if step_seconds is not None else {}
         if ACCURACY_TAG not in values:
-            return {GOODPUT_TAG: self.clock.goodput(now)} if step_seconds is not None else {}
+            return numbers
         wall_s, device_hours = self.clock.wall_seconds(now), self.clock.device_hours(now)
-        numbers: dict[str, float] = {"time/wall_s": wall_s, "time/device_hours": device_hours}
+        numbers.update({"time/wall_s": wall_s, "time/device_hours": device_hours})
         if samples is not None:
             numbers["time/samples"] = float(samples)
         accuracy = float(values[ACCURACY_TAG])

@@ -3,6 +3,8 @@ checks. Pure: times are passed in, nothing sleeps."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pretrain.checkpointing.cadence import CheckpointCadence
@@ -57,3 +59,33 @@ def test_old_and_new_configs_load() -> None:
     assert (new.every_steps, new.every_minutes) == (None, 30.0)
     both_off = CheckpointCadence(CheckpointSection(every_steps=None), started=0.0)  # phase ends and stops only
     assert not both_off.should_save(10**6, False) and not both_off.time_due(10.0**9)
+
+
+def test_the_young_daly_interval_and_the_time_it_leaves() -> None:
+    """sqrt(2 x C x MTBF), by hand: a 30 s save and one failure every 8 h on 1,024 GPUs give 1,315 s; the loss is a
+    save per interval plus half an interval redone per failure."""
+    from pretrain.checkpointing.cadence import interval_advice, mtbf_seconds, young_daly_seconds
+
+    assert mtbf_seconds(1024) == pytest.approx(8 * 3600.0) and mtbf_seconds(8) == pytest.approx(1024 * 3600.0)
+    assert young_daly_seconds(30.0, 8 * 3600.0) == pytest.approx((2 * 30 * 28_800) ** 0.5) == pytest.approx(1314.5, abs=0.1)
+    advice = interval_advice(30.0, 1024)
+    lost = 30 / 1314.534 + 1314.534 / (2 * 28_800)
+    assert advice == ("save every 21.9 min (checkpoint.every_minutes; Young/Daly for a 30 s save and a failure every "
+                      f"8 h, one per 8,192 GPU-hours on 1024 devices: {lost:.2%} of the time lost)")
+    assert "a failure every 2 h:" in interval_advice(30.0, 1024, mtbf_hours=2.0)
+    with pytest.raises(ValueError, match="must be > 0"):
+        young_daly_seconds(0.0, 100.0)
+
+
+def test_the_measured_save_cost_is_the_median_of_the_last_saves(tmp_path: Path) -> None:
+    import json
+
+    from pretrain.checkpointing.cadence import SAVE_SECONDS_TAG, measured_save_seconds
+    from pretrain.run_folder import metrics_path
+
+    assert measured_save_seconds(tmp_path) is None
+    path = metrics_path(tmp_path)
+    path.parent.mkdir(parents=True)
+    rows = [{"step": 1, "loss/mlm": 3.0}, *({"step": s, SAVE_SECONDS_TAG: float(s)} for s in range(2, 10))]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows) + '{"step": 10, "checkp')  # a torn last line
+    assert measured_save_seconds(tmp_path) == 7.0  # the median of the last five: 5..9

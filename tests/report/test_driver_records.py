@@ -29,6 +29,14 @@ def test_a_stopped_and_resumed_run_keeps_its_clock_and_exports_a_card(tmp_path: 
 
     rows = [json.loads(line) for line in (run_dir / "tensorboard" / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows if "loss/mlm" in row] == [1, 2, 3, 4]
+    # what faults cost: every save's time, the run's goodput with every training row, each process's start-up
+    assert [row["step"] for row in rows if "checkpoint/save_s" in row] == [2, 3, 4]  # every 2 steps, the stop, the end
+    goodputs = [row["time/goodput"] for row in rows if "loss/mlm" in row]
+    assert all(0 < value < 1 for value in goodputs)
+    for process in clock["processes"]:
+        assert process["steps"] == process["last_step"] - process["first_step"] + 1 and process["step_seconds"] > 0
+        assert list(process["startup"])[:2] == ["planned", "engine_built"] and "first_step" in process["startup"]
+    assert "checkpoint_loaded" in clock["processes"][1]["startup"] and clock["processes"][1]["restart"] == 0
     assert all("wall_s" in row and "samples" in row for row in rows)
     assert [row["samples"] for row in rows if "loss/mlm" in row] == [8, 16, 24, 32], "global batch 8 per step"
     walls = [row["wall_s"] for row in rows]
