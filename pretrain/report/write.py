@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pretrain.metrics.clock import STARTUP_MARKS, ProcessSpan, downtime, redone_steps, run_goodput
 from pretrain.metrics.quality import DEFAULT_QUALITY_TARGETS
 from pretrain.report.model_card import regenerate
 from pretrain.report.plot import draw_report
@@ -128,6 +129,13 @@ def summary_lines(facts: RunFacts) -> list[str]:
              f"process(es): 1 start + {resumes} resume(s)) |"]
     if facts.price is not None and device_hours is not None:
         lines.append(f"| cost | {_num(device_hours * facts.price, 2)} USD at {facts.price:g} USD per device-hour |")
+    spans = process_spans(facts.processes)
+    if any(span.steps for span in spans):
+        faults = [b for b in spans[1:] if b.fault_at is not None]
+        lost = sum(downtime(a, b) for a, b in zip(spans, spans[1:], strict=False))
+        redone = sum(redone_steps(span, spans[i + 1:]) for i, span in enumerate(spans))
+        lines.append(f"| goodput | {run_goodput(spans):.1%} (productive step time over wall time; {len(faults)} "
+                     f"restart(s) after a fault, {_num(lost, 1)} s between processes, {redone} step(s) redone) |")
     compiled = [r for r in facts.training if "compile/seconds" in r]
     if compiled:  # cumulative per process: the last process's counts (model.compile, pretrain/model/compiled.py)
         c = compiled[-1]
@@ -157,15 +165,34 @@ def throughput_lines(facts: RunFacts) -> list[str]:
 
 
 def process_lines(facts: RunFacts) -> list[str]:
-    lines = ["| # | started (UTC) | ranks | ran | steps logged | |", "|---|---|---|---|---|---|"]
-    for index, process in enumerate(facts.processes):
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(process.get("started_at", 0)))
-        first, last = process.get("first_step"), process.get("last_step")
-        kind = "start" if index == 0 else ("resume" if first is not None else "nothing logged (a finished run rerun)")
+    """One row per process: when, how long, which steps, its start-up (seconds from its start to each mark) and,
+    after a fault, what the fault cost (the gap before it, the steps it redid)."""
+    lines = ["| # | started (UTC) | ranks | ran | steps logged | start-up (s): " + " / ".join(STARTUP_MARKS) +
+             " | after a fault: gap, steps redone | |", "|---|---|---|---|---|---|---|---|"]
+    spans = process_spans(facts.processes)
+    for index, span in enumerate(spans):
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(span.started_at))
+        first, last = span.first_step, span.last_step
+        if index == 0:
+            kind = "start"
+        else:
+            kind = f"restart {span.restart} after a fault" if span.fault_at is not None else "resume"
+            kind = kind if first is not None else "nothing logged (a finished run rerun)"
         steps = f"{first} - {last}" if first is not None else "none"
-        lines.append(f"| {index + 1} | {started} | {process.get('ranks')} | {_hours(process.get('seconds'))} | "
-                     f"{steps} | {kind} |")
+        startup = " / ".join(_num(span.startup.get(mark), 1) for mark in STARTUP_MARKS)
+        cost = ""
+        if index and span.fault_at is not None:
+            before = spans[index - 1]
+            cost = f"{_num(downtime(before, span), 1)} s, {redone_steps(before, spans[index:])}"
+        lines.append(f"| {index + 1} | {started} | {span.ranks} | {_hours(span.seconds)} | {steps} | {startup} | "
+                     f"{cost} | {kind} |")
     return lines
+
+
+def process_spans(processes: list[dict[str, Any]]) -> list[ProcessSpan]:
+    """run_clock.json's processes as the clock keeps them (a file from before a field was added: its default)."""
+    known = {f for f in ProcessSpan.__dataclass_fields__}
+    return [ProcessSpan(**{k: v for k, v in process.items() if k in known}) for process in processes]
 
 
 def finetune_lines(facts: RunFacts) -> list[str]:

@@ -50,5 +50,8 @@ def test_a_stopped_and_resumed_run_keeps_its_clock_and_exports_a_card(tmp_path: 
     assert "phase1 step 4 (global step 4), 32 sequences seen, on 1 ranks" in card.text
     assert f"masked-LM accuracy {validations[-1]['val/mlm_acc']:,.4f}" in card.text
     report = write_report(run_dir).read_text()
-    assert "| 2 |" in report.split("## Processes: stops and resumes")[1].split("##")[0], "the resume is listed"
+    processes = report.split("## Processes: stops and resumes")[1].split("##")[0]
+    assert "| 2 |" in processes and "| resume |" in processes, "the resume is listed (a stop, not a fault)"
+    assert "| goodput | " in report and "(productive step time over wall time; 0 restart(s) after a fault, 0.0 s " \
+        "between processes, 0 step(s) redone) |" in report
     assert (run_dir / "report.png").is_file()
