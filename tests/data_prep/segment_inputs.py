@@ -10,6 +10,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from data_prep.__main__ import main
+
 WORDS = (
     "river mountain city history language music science people empire north south ancient modern village "
     "council trade market harbour winter summer station railway bridge castle forest painter writer scholar "
@@ -40,3 +42,17 @@ def write_vocab(path: Path) -> None:
     letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
     tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", *letters, *(f"##{c}" for c in letters), *WORDS[:-6]]
     path.write_text("\n".join(tokens) + "\n", encoding="utf-8")
+
+
+def write_inputs(root: Path) -> Path:
+    """The corpus and its vocab in `root` (what the tests' module fixtures build once)."""
+    root.mkdir(parents=True, exist_ok=True)
+    write_corpus(root / "corpus.txt")
+    write_vocab(root / "vocab.txt")
+    return root
+
+
+def build(corpus: Path, out: Path, *flags: str, seed: int = 7) -> int:
+    """`python -m data_prep build` of the corpus in `corpus` (write_inputs) into `out`, with more flags."""
+    return main(["build", "--text", str(corpus / "corpus.txt"), "--vocab", str(corpus / "vocab.txt"),
+                 "--seed", str(seed), "--out", str(out), *flags])

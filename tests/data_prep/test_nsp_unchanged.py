@@ -17,9 +17,8 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from data_prep.__main__ import main
 from data_prep.shards import Manifest
-from tests.data_prep.segment_inputs import write_corpus, write_vocab
+from tests.data_prep.segment_inputs import build, write_inputs
 
 BUILDS = {
     "static-whole-word": ["--seq-lens", "64,128", "--masking", "static", "--whole-word", "--dupe-factor", "2",
@@ -74,21 +73,14 @@ def manifest_digest(manifest: dict) -> str:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("nsp_inputs")
-    write_corpus(root / "corpus.txt")
-    write_vocab(root / "vocab.txt")
-    return root
+    return write_inputs(tmp_path_factory.mktemp("nsp_inputs"))
 
-
-def build(corpus: Path, out: Path, *flags: str) -> int:
-    return main(["build", "--text", str(corpus / "corpus.txt"), "--vocab", str(corpus / "vocab.txt"),
-                 "--seed", "7", "--workers", "1", "--out", str(out), *flags])
 
 
 @pytest.mark.parametrize("name", list(BUILDS))
 def test_default_nsp_shards_are_byte_identical_to_before(name: str, corpus: Path, tmp_path: Path) -> None:
     out = tmp_path / name
-    assert build(corpus, out, *BUILDS[name]) == 0
+    assert build(corpus, out, "--workers", "1", *BUILDS[name]) == 0
     shards = sorted(p for p in out.rglob("*.arrow") if "work" not in p.parts)
     assert [str(p.relative_to(out)) for p in shards] == sorted(RECORDED[name])
     for path in shards:

@@ -20,7 +20,7 @@ from data_prep.corpus import TokenCorpus, token_part_path
 from data_prep.instance_stage import validation_documents
 from data_prep.shards import NO_NEXT_SENTENCE_LABEL, Manifest, ShardFormatError
 from data_prep.vocab import load_vocab
-from tests.data_prep.segment_inputs import write_corpus, write_vocab
+from tests.data_prep.segment_inputs import build, write_inputs
 from tests.data_prep.test_segments import restated_packing
 from tests.support.data_prep_fixtures import tree_digest
 from tests.support.paths import REPO_ROOT
@@ -30,15 +30,8 @@ SEED = 7
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("segment_inputs")
-    write_corpus(root / "corpus.txt")
-    write_vocab(root / "vocab.txt")
-    return root
+    return write_inputs(tmp_path_factory.mktemp("segment_inputs"))
 
-
-def build(corpus: Path, out: Path, *flags: str) -> int:
-    return main(["build", "--text", str(corpus / "corpus.txt"), "--vocab", str(corpus / "vocab.txt"),
-                 "--seed", str(SEED), "--out", str(out), *flags])
 
 
 def rows(out: Path, seq_len: int, split: str) -> dict[str, list]:
