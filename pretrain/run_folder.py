@@ -24,13 +24,15 @@ METRICS_FILE = "metrics.jsonl"  # one JSON line per logged step, inside TENSORBO
 EXCHANGE = "exchange"  # codistillation's filesystem exchange, unless codistill.exchange_dir says otherwise
 REPORT_MD = "report.md"  # `./launch.sh report RUN_DIR` (pretrain/report/write.py)
 REPORT_PNG = "report.png"
+SHARDS_VERIFIED = "shards_verified.json"  # inside LOGS: the launch that hashed every shard last (pretrain/run_plan.py)
 LOGS = "logs"  # LOGS/<launch time>[-node]/attempt-K/rank-R.log and agent.log (pretrain/launch/agent.py)
 LAST_FAILURE = "last_failure.json"  # inside LOGS: the last fault's step and checkpoint (pretrain/launch/faults.py)
+LAST_FAILURE_GLOB = "last_failure*.json"  # every node's record, with a hostfile
 
 # What docs/pretraining.md lists, as paths inside the run folder (a folder ends with "/").
 LISTED = (RESOLVED_CONFIG, CLOCK_FILE, JOB_LOCK, f"{CHECKPOINTS}/", f"{EXPORT}/", f"{EXPORT}/<phase>/{EXPORT_INFO}",
           f"{TENSORBOARD}/", f"{TENSORBOARD}/{METRICS_FILE}", f"{EXCHANGE}/", REPORT_MD, REPORT_PNG, f"{LOGS}/",
-          f"{LOGS}/{LAST_FAILURE}")
+          f"{LOGS}/{LAST_FAILURE}", f"{LOGS}/{SHARDS_VERIFIED}")
 
 
 def metrics_path(run_dir: Path) -> Path:
@@ -50,3 +52,7 @@ def last_failure_path(run_dir: Path, node_mark: str = "") -> Path:
     """Each node of a hostfile job keeps its own record (`node_mark` "-NODE"): they share the run folder."""
     stem, _, suffix = LAST_FAILURE.rpartition(".")
     return Path(run_dir) / LOGS / f"{stem}{node_mark}.{suffix}"
+
+
+def shards_verified_path(run_dir: Path) -> Path:
+    return Path(run_dir) / LOGS / SHARDS_VERIFIED

@@ -12,6 +12,8 @@ the config, so the config is read here, going one way down; `RunConfig.phase` is
 
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,19 +22,21 @@ import torch
 import torch.distributed as dist
 from transformers import BertConfig
 
+from data_prep.atomic_io import atomic_write_json, sha256_file
 from data_prep.shards import ShardFormatError
 from pretrain.config.attention import AttentionPlan, attention_plan
 from pretrain.config.deepspeed import phase_ds_config, precision_of
 from pretrain.config.sections import ConfigError, RunConfig
 from pretrain.data.batches import DataConfigError, PhaseData, StreamSettings, phase_data
 from pretrain.data.shard_checks import check_run_shards, model_overrides
-from pretrain.distributed.info import DistInfo
+from pretrain.distributed.info import DistInfo, Launch
 from pretrain.distributed.lifetime import RunFolderBusyError, hold_run_folder
 from pretrain.engine import check_ds_config
 from pretrain.metrics.quality import QualitySettings
 from pretrain.metrics.throughput import ThroughputSettings, peak_tflops
 from pretrain.model.bert import OBJECTIVES, bert_config
 from pretrain.model.presets import flop_parameter_counts
+from pretrain.run_folder import shards_verified_path
 from pretrain.schedule import WarmupPolyDecay
 from pretrain.trainer import TrainerSettings
 
@@ -171,6 +175,38 @@ def job_config(config: RunConfig, share: JobShare | None) -> RunConfig:
     return config if share is None else share.config_for(config)
 
 
+def manifest_digests(config: RunConfig) -> dict[str, str]:
+    """sha256 of each phase's shard manifest (it lists every shard's sha256: the same digest, the same shards)."""
+    return {name: sha256_file(Path(phase.shards or config.data.shards) / "manifest.json")
+            for name, phase in config.phases()}
+
+
+def verified_in_this_launch(config: RunConfig, launch: Launch) -> bool:
+    """Whether an earlier start of this same launch (the elastic agent restarting it after a fault) already hashed
+    every shard of these manifests: a restart then skips the hashing, which on a real corpus (tens of GB, read
+    by rank 0 alone while every rank waits) is the longest part of a recovery's start-up. A new launch (a
+    requeue, a rerun) hashes again: files may have changed between jobs."""
+    if launch.restart == 0 or not config.data.verify_checksums:
+        return False
+    try:
+        record = json.loads(shards_verified_path(Path(config.run.dir)).read_text(encoding="utf-8"))
+        digests = manifest_digests(config)
+    except (OSError, ValueError):
+        return False
+    if record.get("launch") != launch.run_id or record.get("manifests") != digests:
+        return False
+    print(f"note: restart {launch.restart} of launch {launch.run_id}: the shards were hashed at its start "
+          f"({record.get('seconds', 0):.1f} s); not again", flush=True)
+    return True
+
+
+def record_verified(config: RunConfig, launch: Launch, seconds: float) -> None:
+    """Rank 0 hashed every shard of this launch's manifests in `seconds` (see verified_in_this_launch)."""
+    if launch.run_id is not None and config.data.verify_checksums:
+        atomic_write_json(shards_verified_path(Path(config.run.dir)),
+                          {"launch": launch.run_id, "manifests": manifest_digests(config), "seconds": round(seconds, 3)})
+
+
 def plan_on_rank0(config: RunConfig, dist_info: DistInfo, share: JobShare | None = None) -> RunPlan:
     """Rank 0 plans (with checksums) and broadcasts the verdict: all ranks fail together, none hangs; every
     rank plans once, so each shard folder's manifest is read once per rank. `share`: a plug-in's share of the
@@ -183,8 +219,12 @@ def plan_on_rank0(config: RunConfig, dist_info: DistInfo, share: JobShare | None
     plan = None
     if dist_info.rank == 0:
         try:
-            plan = plan_run(config, dist_info, verify_checksums=True)
+            launch, started = Launch.from_env(), time.monotonic()
+            verify = not verified_in_this_launch(config, launch)
+            plan = plan_run(config, dist_info, verify_checksums=verify)
             hold_run_folder(Path(config.run.dir))  # after the checks: a refused run creates no folder
+            if verify:
+                record_verified(config, launch, time.monotonic() - started)
         except (ConfigError, DataConfigError, ShardFormatError, RunFolderBusyError) as err:
             error[0] = str(err)  # as `./launch.sh pretrain`'s launch-time check words it: each names its key
     if dist.is_initialized() and dist_info.world_size > 1:

@@ -60,19 +60,25 @@ from pretrain.config.cli import parse_args
 from pretrain.config.load import load_config
 from pretrain.config.sections import ConfigError, RunConfig
 from pretrain.data.batches import DataConfigError
-from pretrain.distributed.info import DistInfo
+from pretrain.distributed.info import DistInfo, Launch
 from pretrain.distributed.lifetime import release_run_folder
 from pretrain.distributed.process_group import init_distributed
 from pretrain.distributed.step_watch import StepWatch
 from pretrain.distributed.stop_request import StopRequest
 from pretrain.engine import build_engine, rebind_optimizer
 from pretrain.errors import NONFINITE_EXIT, SAVE_FAILED_EXIT, USER_ERROR_EXIT, UserError
+from pretrain.metrics.clock import last_fault_time
 from pretrain.metrics.throughput import Throughput
 from pretrain.metrics.writer import MetricsWriter
 from pretrain.model.bert import build_model
 from pretrain.model.setup import prepare_model_path
 from pretrain.plugin import PluginStack, TrainingPlugin, build_plugin
-from pretrain.run_folder import EXPORT_INFO, RESOLVED_CONFIG, TENSORBOARD, export_dir
+from pretrain.run_folder import (
+    EXPORT_INFO,
+    RESOLVED_CONFIG,
+    TENSORBOARD,
+    export_dir,
+)
 from pretrain.run_plan import PhasePlan, RunPlan, plan_on_rank0
 from pretrain.trainer import NonFiniteLossError, PhaseState, PhaseTrainer, TrainerJob
 
@@ -297,6 +303,9 @@ def train_plan(plan: RunPlan, dist_info: DistInfo, plugin: TrainingPlugin, stop:
     metrics = MetricsWriter(settings.run_dir / TENSORBOARD, enabled=dist_info.rank == 0 and settings.tensorboard,
                             quality=settings.quality)  # and the run's clock, run_clock.json
     metrics.mark("planned")  # start-up so far: imports, joining the job, the plan, the resume checks
+    launch = Launch.from_env()
+    if launch.restart:  # the elastic agent restarted the job after a fault: what it costs goes on the run's clock
+        metrics.after_fault(launch.restart, last_fault_time(settings.run_dir))
     job = TrainerJob(settings.run_dir, plan.resolved, dist_info, checkpoints, metrics, stop, plugin, watch=watch)
     progress = RunProgress(latest, saved, saved["samples_seen"] if saved else 0)
     try:

@@ -6,6 +6,7 @@ pretrain/engine.py joins the process group and builds the value, everything else
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -17,3 +18,18 @@ class DistInfo:
     world_size: int
     local_rank: int  # the accelerator index this rank uses (see device_index), also LOCAL_RANK from then on
     device: torch.device
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Which launch of torch's elastic agent started this process, and which restart of it (0: its first start).
+    None/0 without the agent (a plain process, a test)."""
+
+    run_id: str | None
+    restart: int
+
+    @classmethod
+    def from_env(cls) -> Launch:
+        """TORCHELASTIC_RUN_ID and TORCHELASTIC_RESTART_COUNT, which the agent sets for every rank it starts."""
+        run_id = os.environ.get("TORCHELASTIC_RUN_ID") or None
+        return cls(run_id, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) if run_id else 0)

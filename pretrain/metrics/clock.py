@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pretrain.run_folder import CLOCK_FILE
+from pretrain.run_folder import CLOCK_FILE, LAST_FAILURE_GLOB, last_failure_path
 
 CLOCK_FORMAT = 1
 SAVE_EVERY_S = 60.0  # the most wall-clock a killed process can lose
@@ -109,10 +109,13 @@ def run_goodput(spans: list[ProcessSpan]) -> float:
     Productive: every process's logged steps, less those a later process redid (counted at that process's mean
     step time). Wall: every process's seconds, plus the gaps between processes that a fault caused (a stop the
     user asked for, or a SLURM queue wait before a requeue, is not the run's doing and is not counted)."""
-    productive = sum((span.steps - redone_steps(span, spans[i + 1:])) * span.mean_step_seconds
-                     for i, span in enumerate(spans))
     wall = sum(span.seconds for span in spans) + sum(downtime(a, b) for a, b in zip(spans, spans[1:], strict=False))
-    return productive / wall if wall > 0 else 0.0
+    return productive_seconds(spans) / wall if wall > 0 else 0.0
+
+
+def productive_seconds(spans: list[ProcessSpan]) -> float:
+    """The time of the steps the run kept: every process's logged steps but those a later process redid."""
+    return sum((span.steps - redone_steps(span, spans[i + 1:])) * span.mean_step_seconds for i, span in enumerate(spans))
 
 
 def read_clock_file(path: Path) -> dict[str, Any]:
@@ -229,3 +232,15 @@ class RunClock:
         now = time.monotonic() if now is None else now
         self.save(now)
         _closed_in_this_process[:] = [now]
+
+
+def last_fault_time(run_dir: Path) -> float | None:
+    """When the agent judged the fault this process restarts after: its record's time (its file's, for a record
+    written without one); None without a record."""
+    records = sorted(last_failure_path(run_dir).parent.glob(LAST_FAILURE_GLOB), key=lambda path: path.stat().st_mtime)
+    if not records:
+        return None
+    try:
+        return float(json.loads(records[-1].read_text(encoding="utf-8"))["time"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return records[-1].stat().st_mtime

@@ -1,0 +1,240 @@
+"""Benchmark: what a fault costs. A CPU run through ./launch.sh whose ranks are killed every N seconds; goodput and
+the median recovery, part by part.
+
+    python bench/fault_cost.py [--kill-every 20] [--kills 5] [--ranks 2] [--steps 400] [--out DIR] [--quick]
+
+A tiny BERT trains one long phase on 2 CPU ranks under the elastic agent (`./launch.sh pretrain --cpu`), with
+a checkpoint every 10 steps. Once a process has logged its first step and then run `--kill-every` seconds, one
+of its ranks gets SIGKILL (chosen at random, seeded); the agent restarts the job from the newest checkpoint.
+After `--kills` faults, the last process trains `--kill-every` seconds more and launch.sh gets SIGTERM (the
+ranks checkpoint and exit 0): every pace is an event this process waits for, so the run never ends before
+its faults, however fast the machine. From what the run leaves (run_clock.json: each process's start,
+its start-up marks and steps; metrics.jsonl) and what this process saw (when it killed, when the old ranks
+were gone), each recovery splits into:
+
+    stop          the kill -> the last rank of the old group gone (the agent stops the survivors)
+    rendezvous    -> the new ranks' processes start (the agents meet again, the new group is spawned)
+    start-up      -> the plan: interpreter and imports, joining the process group, the run's checks
+    engine build  -> the model and DeepSpeed engine built
+    checkpoint    -> the newest checkpoint loaded (and converted, on another number of ranks)
+    first step    -> the first new optimizer step done (compile, first allocations, the data loader)
+    replay        the steps the old group had done past the checkpoint, done again (at the new step time)
+
+downtime = the kill -> the first new step; recovery = downtime + replay. Goodput is the run's productive step
+time (the steps kept) over the wall time from launch to the end. On 2 CPU cores the figures are this machine's;
+what they tell about a GPU cluster is which part to cut (docs/faults.md projects them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from bench.train_step import synthetic_shards  # noqa: E402
+from pretrain.metrics.clock import ProcessSpan, productive_seconds, read_clock_file, redone_steps  # noqa: E402
+from pretrain.run_folder import CLOCK_FILE  # noqa: E402
+
+PARTS = ("stop", "rendezvous", "start-up", "engine build", "checkpoint", "first step", "replay")
+SEQ_LEN = 32
+
+
+@dataclass
+class Fault:
+    """One kill this process made: when, and when the old group was gone."""
+
+    killed_at: float
+    rank_pid: int
+    old_pids: list[int]
+    gone_at: float | None = None
+
+
+@dataclass
+class Observed:
+    launched_at: float
+    ended_at: float = 0.0
+    status: int | None = None
+    faults: list[Fault] = field(default_factory=list)
+
+
+def rank_pids() -> list[int]:
+    """This machine's running `pretrain.train` ranks (the benchmark's run is the only one it starts)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            words = stat.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"pretrain.train" in words and b"-m" in words:
+            found.append(int(stat.parent.name))
+    return sorted(found)
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def write_run(out: Path, steps: int, ranks: int) -> Path:
+    shards = synthetic_shards(out / "shards", vocab_size=512, seq_len=SEQ_LEN, count=ranks * 8 * 64)  # epochs repeat
+    config = {
+        "run": {"dir": str(out / "run"), "seed": 1, "phases": ["phase1"], "max_restarts": 1000},
+        "model": {"preset": "tiny"},
+        "data": {"shards": str(shards), "num_workers": 0, "verify_checksums": True},
+        "phase1": {"seq_len": SEQ_LEN, "ds_config": str(REPO_ROOT / "ds_configs" / "deepspeed" / "lamb_zero2_cpu.json"),
+                   "steps": steps, "lr": 1e-3, "micro_batch_size": 4, "gradient_accumulation_steps": 2},
+        "checkpoint": {"every_steps": 10, "keep_last": 2, "export_at_phase_end": False},
+        "logging": {"progress_bar": False, "val_every_steps": 0, "tensorboard": True},
+    }
+    path = out / "run.json"
+    path.write_text(json.dumps(config, indent=1), encoding="utf-8")
+    return path
+
+
+def latest_span(run_dir: Path) -> ProcessSpan | None:
+    try:
+        spans = read_clock_file(run_dir / CLOCK_FILE)["processes"]
+    except (OSError, ValueError):
+        return None
+    return spans[-1] if spans else None
+
+
+def drive(run_json: Path, run_dir: Path, args: argparse.Namespace) -> Observed:
+    """Launch, kill a rank every `kill_every` seconds of a logging process (`kills` times), then stop the run."""
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    observed = Observed(launched_at=time.time())
+    log = (run_dir.parent / "launch.log").open("w")
+    proc = subprocess.Popen([str(REPO_ROOT / "launch.sh"), "pretrain", "--cpu", "--gpus", str(args.ranks), "--config",
+                             str(run_json)], cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    rng = random.Random(0)
+    try:
+        while proc.poll() is None:
+            started = wait_for_first_step(run_dir, len(observed.faults), proc)
+            if started is None:
+                break
+            time.sleep(max(0.0, started + args.kill_every - time.time()))
+            pids = rank_pids()
+            if proc.poll() is not None or not pids:
+                break
+            if len(observed.faults) == args.kills:  # every fault made and healed: a user's stop ends the run
+                os.kill(proc.pid, signal.SIGTERM)
+                break
+            victim = rng.choice(pids)
+            os.kill(victim, signal.SIGKILL)
+            fault = Fault(time.time(), victim, pids)
+            observed.faults.append(fault)
+            while any(alive(pid) for pid in pids):
+                time.sleep(0.02)
+            fault.gone_at = time.time()
+        observed.status = proc.wait(timeout=args.timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+    observed.ended_at = time.time()
+    return observed
+
+
+def wait_for_first_step(run_dir: Path, faults: int, proc: subprocess.Popen[bytes]) -> float | None:
+    """Unix time of the first step of the process that follows `faults` faults (None: the run ended first)."""
+    while proc.poll() is None:
+        try:
+            spans = read_clock_file(run_dir / CLOCK_FILE)["processes"]
+        except (OSError, ValueError):
+            spans = []
+        if len(spans) > faults and "first_step" in spans[faults].startup:
+            span = spans[faults]
+            return span.started_at + span.startup["first_step"]
+        time.sleep(0.1)
+    return None
+
+
+def recovery(fault: Fault, before: ProcessSpan, after: ProcessSpan, later: list[ProcessSpan]) -> dict[str, float]:
+    """One recovery split into PARTS (seconds), with the downtime and the whole."""
+    marks = after.startup
+    planned, built = marks.get("planned", 0.0), marks.get("engine_built", marks.get("planned", 0.0))
+    loaded = marks.get("checkpoint_loaded", built)
+    first = marks.get("first_step", loaded)
+    gone = fault.gone_at or fault.killed_at
+    parts = {
+        "stop": gone - fault.killed_at,
+        "rendezvous": after.started_at - gone,
+        "start-up": planned,
+        "engine build": built - planned,
+        "checkpoint": loaded - built,
+        "first step": first - loaded,
+        "replay": redone_steps(before, later) * after.mean_step_seconds,
+    }
+    parts["downtime"] = after.started_at + first - fault.killed_at
+    parts["recovery"] = parts["downtime"] + parts["replay"]
+    return parts
+
+
+def report(observed: Observed, run_dir: Path) -> dict[str, object]:
+    spans = read_clock_file(run_dir / CLOCK_FILE)["processes"]
+    recoveries = [recovery(fault, spans[i], spans[i + 1], spans[i + 1:])
+                  for i, fault in enumerate(observed.faults) if i + 1 < len(spans)]
+    productive = productive_seconds(spans)
+    wall = observed.ended_at - observed.launched_at
+    return {"status": observed.status, "faults": len(observed.faults), "processes": len(spans),
+            "wall_s": wall, "productive_s": productive, "goodput": productive / wall if wall else 0.0,
+            "recoveries": recoveries,
+            "median": {part: statistics.median(r[part] for r in recoveries) for part in
+                       (*PARTS, "downtime", "recovery")} if recoveries else {}}
+
+
+def print_table(result: dict[str, object]) -> None:
+    recoveries, median = result["recoveries"], result["median"]
+    print(f"faults {result['faults']}, processes {result['processes']}, exit status {result['status']}")
+    print(f"goodput {result['goodput']:.1%}: {result['productive_s']:.1f} s of kept steps in {result['wall_s']:.1f} s")
+    header = ["#", *PARTS, "downtime", "recovery"]
+    print(" | ".join(f"{h:>12}" for h in header))
+    for index, parts in enumerate(recoveries, 1):  # type: ignore[arg-type]
+        print(" | ".join([f"{index:>12}", *(f"{parts[p]:>12.2f}" for p in header[1:])]))
+    if median:
+        print(" | ".join(["median".rjust(12), *(f"{median[p]:>12.2f}" for p in header[1:])]))  # type: ignore[index]
+        largest = max(PARTS, key=lambda part: median[part])  # type: ignore[index]
+        print(f"largest part of a recovery: {largest} ({median[largest]:.2f} s of {median['recovery']:.2f} s)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python bench/fault_cost.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kill-every", type=float, default=20.0, help="seconds of training between kills")
+    parser.add_argument("--kills", type=int, default=5, help="faults to inject, then the run finishes")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=1_000_000, help="optimizer steps of the run (it is stopped first)")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds the whole run may take")
+    parser.add_argument("--out", type=Path, default=None, help="work folder (default: a new temporary one)")
+    parser.add_argument("--quick", action="store_true", help="2 kills 3 s apart (the test's mode)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.kill_every, args.kills = 3.0, 2
+    out = args.out or Path(tempfile.mkdtemp(prefix="bench_fault_cost_"))
+    out.mkdir(parents=True, exist_ok=True)
+    run_json = write_run(out, args.steps, args.ranks)
+    observed = drive(run_json, out / "run", args)
+    result = report(observed, out / "run")
+    (out / "fault_cost.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    print_table(result)
+    print(f"(the run and its logs: {out})")
+    return 0 if observed.status == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
