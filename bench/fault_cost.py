@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from bench.train_step import synthetic_shards  # noqa: E402
 from pretrain.metrics.clock import ProcessSpan, productive_seconds, read_clock_file, redone_steps  # noqa: E402
-from pretrain.run_folder import CLOCK_FILE  # noqa: E402
+from pretrain.run_folder import CLOCK_FILE, shards_verified_path  # noqa: E402
 
 PARTS = ("stop", "rendezvous", "start-up", "engine build", "checkpoint", "first step", "replay")
 SEQ_LEN = 32
@@ -90,8 +90,39 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def write_run(out: Path, steps: int, ranks: int) -> Path:
+def add_ballast(shards: Path, gigabytes: float, seed: int = 1) -> None:
+    """More training instances (random full-length rows, written vectorized), `gigabytes` of shard files, listed in
+    the manifest: a corpus of a real size for rank 0's shard hashing at start-up, which a CPU toy run lacks."""
+    import numpy as np
+    import pyarrow as pa
+
+    from data_prep.atomic_io import atomic_write_json, sha256_file
+    from data_prep.shards import shard_schema, write_shard_table
+
+    manifest = json.loads((shards / "manifest.json").read_text(encoding="utf-8"))
+    split = manifest["seq_lens"][str(SEQ_LEN)]["train"]
+    rows_per_file = 4_000_000  # ~260 MB of uint16 ids at seq 32
+    rng = np.random.default_rng(seed)
+    for index in range(max(1, round(gigabytes * 1e9 / (rows_per_file * SEQ_LEN * 2)))):
+        ids = rng.integers(5, 512, (rows_per_file, SEQ_LEN), dtype=np.uint16)
+        ids[:, 0], ids[:, SEQ_LEN // 2], ids[:, -1] = 2, 3, 3  # [CLS] A [SEP] B [SEP]
+        offsets = pa.array(np.arange(0, ids.size + 1, SEQ_LEN, dtype=np.int32))
+        table = pa.table({"input_ids": pa.ListArray.from_arrays(offsets, pa.array(ids.ravel())),
+                          "a_len": pa.array(np.full(rows_per_file, SEQ_LEN // 2 + 1, dtype=np.uint16)),
+                          "next_sentence_label": pa.array(rng.integers(0, 2, rows_per_file, dtype=np.int8))},
+                         schema=shard_schema(512, static_masking=False))
+        rel = f"seq{SEQ_LEN}/train-ballast-{index:05d}.arrow"
+        count, sha = write_shard_table(shards / rel, table)
+        split["shards"].append({"file": rel, "num_instances": count, "sha256": sha})
+        split["num_instances"] += count
+    manifest["vocab"]["sha256"] = sha256_file(shards / "vocab.txt")
+    atomic_write_json(shards / "manifest.json", manifest)
+
+
+def write_run(out: Path, steps: int, ranks: int, corpus_gb: float) -> Path:
     shards = synthetic_shards(out / "shards", vocab_size=512, seq_len=SEQ_LEN, count=ranks * 8 * 64)  # epochs repeat
+    if corpus_gb > 0:
+        add_ballast(shards, corpus_gb)
     config = {
         "run": {"dir": str(out / "run"), "seed": 1, "phases": ["phase1"], "max_restarts": 1000},
         "model": {"preset": "tiny"},
@@ -118,7 +149,7 @@ def drive(run_json: Path, run_dir: Path, args: argparse.Namespace) -> Observed:
     """Launch, kill a rank every `kill_every` seconds of a logging process (`kills` times), then stop the run."""
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
     observed = Observed(launched_at=time.time())
-    log = (run_dir.parent / "launch.log").open("w")
+    log = (run_dir.parent / "launch.log").open("w")  # noqa: SIM115 (closed in the finally below)
     proc = subprocess.Popen([str(REPO_ROOT / "launch.sh"), "pretrain", "--cpu", "--gpus", str(args.ranks), "--config",
                              str(run_json)], cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -136,6 +167,8 @@ def drive(run_json: Path, run_dir: Path, args: argparse.Namespace) -> Observed:
                 os.kill(proc.pid, signal.SIGTERM)
                 break
             victim = rng.choice(pids)
+            if args.rehash:  # the baseline: forget that this launch hashed its shards, as before the cut
+                shards_verified_path(run_dir).unlink(missing_ok=True)
             os.kill(victim, signal.SIGKILL)
             fault = Fault(time.time(), victim, pids)
             observed.faults.append(fault)
@@ -221,19 +254,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=1_000_000, help="optimizer steps of the run (it is stopped first)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds the whole run may take")
     parser.add_argument("--out", type=Path, default=None, help="work folder (default: a new temporary one)")
+    parser.add_argument("--corpus-gb", type=float, default=0.0,
+                        help="add this many GB of training shards (rank 0 hashes them at start-up, as on a real corpus)")
     parser.add_argument("--quick", action="store_true", help="2 kills 3 s apart (the test's mode)")
+    parser.add_argument("--compare", action="store_true",
+                        help="run the scenario twice: first with every restart re-hashing the shards (the baseline, "
+                             "as before logs/shards_verified.json), then as the toolkit runs; print both and the ratio")
     args = parser.parse_args(argv)
     if args.quick:
         args.kill_every, args.kills = 3.0, 2
     out = args.out or Path(tempfile.mkdtemp(prefix="bench_fault_cost_"))
     out.mkdir(parents=True, exist_ok=True)
-    run_json = write_run(out, args.steps, args.ranks)
-    observed = drive(run_json, out / "run", args)
-    result = report(observed, out / "run")
-    (out / "fault_cost.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
-    print_table(result)
-    print(f"(the run and its logs: {out})")
-    return 0 if observed.status == 0 else 1
+    modes = [("baseline: every restart re-hashes the shards", True), ("toolkit", False)] if args.compare else \
+        [("toolkit", False)]
+    results = {}
+    for name, rehash in modes:
+        work = out / ("baseline" if rehash else "toolkit")
+        work.mkdir(exist_ok=True)
+        run_json = write_run(work, args.steps, args.ranks, args.corpus_gb)
+        observed = drive(run_json, work / "run", argparse.Namespace(**{**vars(args), "rehash": rehash}))
+        results[name] = report(observed, work / "run")
+        print(f"== {name}")
+        print_table(results[name])
+        if observed.status != 0:
+            print(f"error: the run ended with status {observed.status} (its log: {work / 'launch.log'})")
+            return 1
+    (out / "fault_cost.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+    if args.compare:
+        base, ours = results[modes[0][0]]["median"], results[modes[1][0]]["median"]
+        print(f"median recovery {ours['recovery']:.2f} s vs {base['recovery']:.2f} s re-hashing "
+              f"({ours['recovery'] / base['recovery']:.2f}x); start-up {ours['start-up']:.2f} s vs "
+              f"{base['start-up']:.2f} s ({ours['start-up'] / base['start-up']:.2f}x)")
+    print(f"(the runs and their logs: {out})")
+    return 0
 
 
 if __name__ == "__main__":
