@@ -7,6 +7,8 @@
 # wall-clock on 8 / 64 / 256 GPUs from those one-GPU rows (docs/performance.md).
 #
 #   bench/gpu_check/gpu_check.sh [--smoke] [--jsonl OUT.jsonl] [--rows p1,p2,...] [any bench/gpu_check/run.py flag]
+#   bench/gpu_check/gpu_check.sh --rows selftest     # first on a new cluster: the kernel self-test's verdict
+#                                                     # table (what model.attention=auto runs there), in seconds
 #
 # Runs on a bare machine with PyTorch and no network: it installs nothing. The preflight
 # (bench/gpu_check/preflight.py) imports what the check imports and prints every wheel that loaded
