@@ -229,13 +229,13 @@ def settle_attention(plan: RunPlan, dist_info: DistInfo, test: SelfTest = kernel
         result = test(dist_info.device, unpadded[0].precision, head_dim(unpadded[0].model_config),
                       max(p.trainer.seq_len for p in unpadded))
     verdicts = gather((socket.gethostname(), planned, result))
-    failed = next(((host, r) for host, _, r in verdicts if r is not None and not r.passed), None)
+    failed = next((f"{host} (rank {rank}): {r.numbers()}" for rank, (host, _, r) in enumerate(verdicts)
+                   if r is not None and not r.passed), None)
     settled = {}
     for index, phase in enumerate(phases):
         attention = phase.attention
         if attention.unpadded and failed is not None:
-            attention = fall_back(attention, f"the unpadded kernel's self-test failed on {failed[0]}: "
-                                             f"{failed[1].numbers()}")
+            attention = fall_back(attention, f"the unpadded kernel's self-test failed on {failed}")
         elif attention.unpadded and not all(flags[index] for _, flags, _ in verdicts):
             attention = fall_back(attention, "another node cannot run the unpadded kernel")
         elif attention.unpadded and result is not None:

@@ -4,30 +4,18 @@ an explicit unpadded is refused; config.resolved.json records the choice."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from pretrain.config.attention import AttentionPlan
 from pretrain.config.sections import ConfigError
-from pretrain.data.batches import StreamSettings
-from pretrain.model.bert import bert_config
 from pretrain.model.self_test import SelfTestResult, edge_case_lengths, kernel_self_test
 from pretrain.model.varlen_attention import reference_varlen_attention
-from pretrain.run_plan import PhasePlan, RunPlan, settle_attention
-from pretrain.trainer import TrainerSettings
+from pretrain.run_plan import RunPlan, settle_attention
+from tests.support.attention_plans import Place, across_segments, phase_stub, run_plan_stub
 
 CPU = torch.device("cpu")
-
-
-def across_segments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
-                    dropout: float, scale: float) -> torch.Tensor:
-    """Wrong: every token attends to every token of the micro-batch (the segment bounds ignored)."""
-    rows = [x.transpose(0, 1)[None] for x in (q, k, v)]
-    return F.scaled_dot_product_attention(*rows, scale=scale)[0].transpose(0, 1)
 
 
 def blind_to_the_tail(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
@@ -68,22 +56,7 @@ def test_the_reference_kernel_passes_and_planted_wrong_kernels_fail() -> None:
     assert torch.equal(torch.random.get_rng_state(), state)  # the run's RNG is untouched
 
 
-def phase(name: str, requested: str, unpadded: bool = True, compile_strict: bool = False) -> PhasePlan:
-    """A phase plan with what settle_attention reads (the rest is not used)."""
-    attention = AttentionPlan(unpadded=unpadded, compile=False, requested=requested, compile_strict=compile_strict,
-                              why=f"model.attention={requested}" + (": the reference varlen kernel" if unpadded else ""))
-    return PhasePlan(name=name, model_config=bert_config("tiny", 64, 64), ds_config={}, precision="fp32",
-                     schedule=None, data=None, trainer=TrainerSettings(phase=name, steps=1, seq_len=32, seed=0),  # type: ignore[arg-type]
-                     stream=StreamSettings(seed=0, unpadded=unpadded), throughput=None, attention=attention,  # type: ignore[arg-type]
-                     seed=0, activation_checkpointing=False, init_from=None)
-
-
-def run_plan(requested: str, compile_strict: bool = False) -> RunPlan:
-    phases = {name: phase(name, requested, compile_strict=compile_strict) for name in ("phase1", "phase2")}
-    return RunPlan(job=None, phases=phases, resolved={"run": {}, "resolved": {"world_size": 1}})  # type: ignore[arg-type]
-
-
-ME = dataclasses.make_dataclass("Me", [("rank", int), ("local_rank", int), ("device", torch.device)])(0, 0, CPU)
+ME = Place()
 
 
 def test_auto_falls_back_to_padded_on_every_phase_with_the_numbers(capsys: pytest.CaptureFixture[str]) -> None:
@@ -93,7 +66,7 @@ def test_auto_falls_back_to_padded_on_every_phase_with_the_numbers(capsys: pytes
         calls.append((device, precision, head_dim, seq_len))
         return kernel_self_test(device, precision, head_dim, seq_len, kernel=across_segments)
 
-    settled = settle_attention(run_plan("auto"), ME, test=wrong_kernel_test)  # type: ignore[arg-type]
+    settled = settle_attention(run_plan_stub("auto"), ME, test=wrong_kernel_test)  # type: ignore[arg-type]
     assert calls == [(CPU, "fp32", 32, 32)]  # once, at the run's head size and longest unpadded seq_len
     (line,) = capsys.readouterr().out.splitlines()
     assert line.startswith("attention: padded (transformers' SDPA) for phase1, phase2: model.attention=auto: the "
@@ -110,19 +83,40 @@ def test_an_explicit_unpadded_or_compile_is_refused_when_the_self_test_fails() -
     wrong = functools.partial(kernel_self_test, kernel=blind_to_the_tail)
     with pytest.raises(ConfigError, match=r"^model.attention=unpadded: the unpadded kernel's self-test failed on .*: "
                                           r"cpu fp32: logits error .*; model.attention=padded runs there$"):
-        settle_attention(run_plan("unpadded"), ME, test=wrong)  # type: ignore[arg-type]
+        settle_attention(run_plan_stub("unpadded"), ME, test=wrong)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"^model.compile=true: compiles the unpadded encoder layers, and "
                                           r"model.attention=auto runs padded SDPA here \(the unpadded kernel's"):
-        settle_attention(run_plan("auto", compile_strict=True), ME, test=wrong)  # type: ignore[arg-type]
+        settle_attention(run_plan_stub("auto", compile_strict=True), ME, test=wrong)  # type: ignore[arg-type]
 
 
 def test_a_passed_self_test_keeps_the_path_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
-    settled = settle_attention(run_plan("auto"), ME)  # type: ignore[arg-type]
+    settled = settle_attention(run_plan_stub("auto"), ME)  # type: ignore[arg-type]
     (line,) = capsys.readouterr().out.splitlines()
     assert line.startswith("attention: unpadded (real tokens, varlen kernel) for phase1, phase2: model.attention=auto:")
     assert "; self-test passed: cpu fp32: logits error" in line
     assert all(p.attention.unpadded and p.stream.unpadded for p in settled.phases.values())
     assert settled.resolved["resolved"]["attention"]["phase2"]["path"] == "unpadded"
-    padded = {"phase1": phase("phase1", "padded", unpadded=False)}
+    padded = {"phase1": phase_stub("phase1", "padded", unpadded=False)}
     untested = settle_attention(RunPlan(None, padded, {"resolved": {}}), ME, test=raising)  # type: ignore[arg-type]
     assert untested.phases["phase1"].attention.why == "model.attention=padded"  # nothing to test: no test ran
+
+
+@pytest.mark.multirank
+def test_every_rank_takes_the_path_the_worst_node_allows(tmp_path) -> None:
+    """Two ranks, each its node's first local rank: a self-test that fails on one node makes auto padded on both
+    and refuses an explicit unpadded on both (the same line); a node that cannot run the kernel at all does too."""
+    import json
+
+    from tests.support.launching import run_ranks
+    from tests.support.paths import REPO_ROOT
+
+    run_ranks(REPO_ROOT / "tests" / "scripts" / "attention_agreement.py", [str(tmp_path)], num_ranks=2, timeout=300)
+    outcomes = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert outcomes[0] == outcomes[1]
+    padded, unpadded = {"phase1": "padded", "phase2": "padded"}, {"phase1": "unpadded", "phase2": "unpadded"}
+    outcome = outcomes[0]
+    assert outcome["auto, the test fails on rank 1"] == padded
+    assert outcome["unpadded, the test fails on rank 1"].startswith(
+        "model.attention=unpadded: the unpadded kernel's self-test failed on ")
+    assert outcome["auto, rank 1 plans padded"] == padded
+    assert outcome["auto, every test passes"] == unpadded
