@@ -258,6 +258,10 @@ def start(args: argparse.Namespace) -> tuple[DistInfo, str]:
             handler.setStream(sys.stderr)
     with contextlib.redirect_stdout(sys.stderr):
         dist_info = init_distributed()
+    # A run compiles its layer for one model (train and eval, two phases: about 4 graphs); the check builds
+    # BERT-Large and BERT-base engines at several shapes in one process, whose graphs of the one layer function
+    # would reach torch's default limit (8) and run the last rows eager (compile/recompile_limit would say so).
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     device = dist_info.device
     return dist_info, torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (smoke)"
 
