@@ -229,17 +229,19 @@ def settle_attention(plan: RunPlan, dist_info: DistInfo, test: SelfTest = kernel
         result = test(dist_info.device, unpadded[0].precision, head_dim(unpadded[0].model_config),
                       max(p.trainer.seq_len for p in unpadded))
     verdicts = gather((socket.gethostname(), planned, result))
-    failed = next((f"{host} (rank {rank}): {r.numbers()}" for rank, (host, _, r) in enumerate(verdicts)
-                   if r is not None and not r.passed), None)
+    tests = [(f"{host} (rank {rank})", r) for rank, (host, _, r) in enumerate(verdicts) if r is not None]
+    failed = next((f"{node}: {r.numbers()}" for node, r in tests if not r.passed), None)
     settled = {}
     for index, phase in enumerate(phases):
         attention = phase.attention
+        unable = [f"{host} (rank {rank})" for rank, (host, flags, _) in enumerate(verdicts) if not flags[index]]
         if attention.unpadded and failed is not None:
             attention = fall_back(attention, f"the unpadded kernel's self-test failed on {failed}")
-        elif attention.unpadded and not all(flags[index] for _, flags, _ in verdicts):
-            attention = fall_back(attention, "another node cannot run the unpadded kernel")
-        elif attention.unpadded and result is not None:
-            attention = dataclasses.replace(attention, why=f"{attention.why}; self-test passed: {result.numbers()}")
+        elif attention.unpadded and unable:
+            attention = fall_back(attention, f"{unable[0]} cannot run the unpadded kernel")
+        elif attention.unpadded and tests:  # the same words on every rank: the first node's numbers
+            attention = dataclasses.replace(attention, why=f"{attention.why}; self-test passed ({len(tests)} "
+                                            f"node{'s' * (len(tests) > 1)}): {tests[0][1].numbers()}")
         settled[phase.name] = dataclasses.replace(
             phase, attention=attention, stream=dataclasses.replace(phase.stream, unpadded=attention.unpadded))
     announce(settled, dist_info.rank)

@@ -46,8 +46,10 @@ def read_device_facts(device: Any) -> DeviceFacts:
 
     if device.type != "cuda":
         return DeviceFacts(device.type)
+    # bf16 in hardware only: torch's default also says yes where it can merely emulate it (a V100, a T4)
     return DeviceFacts("cuda", tuple(torch.cuda.get_device_capability(device)),  # type: ignore[arg-type]
-                       bool(torch.backends.cuda.is_flash_attention_available()), bool(torch.cuda.is_bf16_supported()))
+                       bool(torch.backends.cuda.is_flash_attention_available()),
+                       bool(torch.cuda.is_bf16_supported(including_emulation=False)))
 
 
 def unpadded_problem(facts: DeviceFacts, precision: str, head_dim: int) -> str | None:

@@ -87,3 +87,18 @@ def test_precision_auto_reads_bf16_from_the_same_facts() -> None:
     assert resolve_precision(ds, "auto", "cuda", H100.bf16)["bf16"]["enabled"]
     assert resolve_precision(ds, "auto", "cuda", V100.bf16)["fp16"]["enabled"]
     assert read_device_facts(torch.device("cpu")) == CPU
+
+
+def test_the_seam_reads_torchs_answers_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """read_device_facts on a CUDA device (none here: torch's answers faked): bf16 counts only in hardware, so a
+    V100 (which torch says can emulate it) gets fp16 from precision auto."""
+    asked = {}
+
+    def bf16(including_emulation: bool = True) -> bool:
+        asked["emulation"] = including_emulation
+        return including_emulation  # a V100: emulated only
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
+    monkeypatch.setattr(torch.backends.cuda, "is_flash_attention_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", bf16)
+    assert read_device_facts(torch.device("cuda", 0)) == V100 and asked == {"emulation": False}

@@ -93,7 +93,7 @@ def test_a_passed_self_test_keeps_the_path_and_says_so(capsys: pytest.CaptureFix
     settled = settle_attention(run_plan_stub("auto"), ME)  # type: ignore[arg-type]
     (line,) = capsys.readouterr().out.splitlines()
     assert line.startswith("attention: unpadded (real tokens, varlen kernel) for phase1, phase2: model.attention=auto:")
-    assert "; self-test passed: cpu fp32: logits error" in line
+    assert "; self-test passed (1 node): cpu fp32: logits error" in line
     assert all(p.attention.unpadded and p.stream.unpadded for p in settled.phases.values())
     assert settled.resolved["resolved"]["attention"]["phase2"]["path"] == "unpadded"
     padded = {"phase1": phase_stub("phase1", "padded", unpadded=False)}
