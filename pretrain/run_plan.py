@@ -6,14 +6,19 @@
 
 A `PhasePlan` carries everything its phase reads: the model config, the DeepSpeed dict, the schedule, the
 data, the trainer's settings, how the instances become this rank's micro-batches, the inputs of the FLOP
-model, and the attention path. The driver (pretrain/train.py) and the trainer read their plan and nothing of
+model, and the attention path: chosen by the device's facts (read once, pretrain/model/kernel_support.py), then
+confirmed by the kernel self-test on every node before training (`settle_attention`), so every rank runs the
+same path and config.resolved.json records it. The driver (pretrain/train.py) and the trainer read their plan and nothing of
 the config, so the config is read here, going one way down; `RunConfig.phase` is called in config/ and here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,7 +29,7 @@ from transformers import BertConfig
 
 from data_prep.atomic_io import atomic_write_json, sha256_file
 from data_prep.shards import ShardFormatError
-from pretrain.config.attention import AttentionPlan, attention_plan
+from pretrain.config.attention import PADDED_HINT, AttentionPlan, attention_plan
 from pretrain.config.deepspeed import phase_ds_config, precision_of
 from pretrain.config.sections import ConfigError, RunConfig
 from pretrain.data.batches import DataConfigError, PhaseData, StreamSettings, phase_data
@@ -35,7 +40,9 @@ from pretrain.engine import check_ds_config
 from pretrain.metrics.quality import QualitySettings
 from pretrain.metrics.throughput import ThroughputSettings, peak_tflops
 from pretrain.model.bert import OBJECTIVES, bert_config
+from pretrain.model.kernel_support import DeviceFacts, read_device_facts
 from pretrain.model.presets import flop_parameter_counts
+from pretrain.model.self_test import SelfTestResult, kernel_self_test
 from pretrain.run_folder import shards_verified_path
 from pretrain.schedule import WarmupPolyDecay
 from pretrain.trainer import TrainerSettings
@@ -87,13 +94,13 @@ class RunPlan:
         return {name: phase.ds_config for name, phase in self.phases.items()}
 
 
-def plan_run(config: RunConfig, dist_info: DistInfo, verify_checksums: bool) -> RunPlan:
+def plan_run(config: RunConfig, dist_info: DistInfo, verify_checksums: bool, facts: DeviceFacts | None = None) -> RunPlan:
     """Every check that needs files, before any model or engine exists. Raises ConfigError/DataConfigError.
 
     The launch-time check's shard checks (pretrain/data/shard_checks.py: the same messages as `./launch.sh`
     gives before any rank starts; each folder's manifest read once), then what only a rank does: hash the
     shards (with `verify_checksums`), build the model config, check each DeepSpeed dict as build_engine will.
-    `config` is the job's (a plug-in's share applied: `job_config`).
+    `config` is the job's (a plug-in's share applied: `job_config`); `facts`: the device's (None: read from it).
     """
     shards = check_run_shards(config, verify_checksums and config.data.verify_checksums)
     overrides, max_positions = model_overrides(config, shards[config.run.phases[0]].vocab_size)
@@ -106,16 +113,16 @@ def plan_run(config: RunConfig, dist_info: DistInfo, verify_checksums: bool) -> 
     except ValueError as err:
         raise ConfigError(str(err)) from err
     device = dist_info.device
-    bf16_ok = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    facts = facts or read_device_facts(device)  # the one read of what the device can run
     phases = {}
     for name in config.run.phases:
-        ds = phase_ds_config(config, name, dist_info.world_size, device.type, bf16_ok)
+        ds = phase_ds_config(config, name, dist_info.world_size, device.type, facts.bf16)
         try:  # what build_engine would refuse, refused now for every phase
             check_ds_config(ds)
         except ValueError as err:
             raise ConfigError(f"{name}.ds_config ({config.phase(name).ds_config}, run.precision={config.run.precision} "
                               f"-> {precision_of(ds)}): {err}") from err
-        phases[name] = phase_plan(config, name, model_config, ds, data[name], device)
+        phases[name] = phase_plan(config, name, model_config, ds, data[name], device, facts)
     run_dir = Path(config.run.dir)
     job = JobSettings(
         run_dir=run_dir, checkpoint_dir=config.checkpoint_dir, keep_last=config.checkpoint.keep_last,
@@ -142,11 +149,11 @@ def plan_run(config: RunConfig, dist_info: DistInfo, verify_checksums: bool) -> 
 
 
 def phase_plan(config: RunConfig, name: str, model_config: BertConfig, ds: dict[str, Any], data: PhaseData,
-               device: torch.device) -> PhasePlan:
+               device: torch.device, facts: DeviceFacts) -> PhasePlan:
     """Phase `name` of the job's config: its section read once, into the settings each part of the phase takes."""
     phase, precision = config.phase(name), precision_of(ds)
     encoder, head = flop_parameter_counts(model_config.to_dict())
-    attention = attention_plan(config, name, ds, device.type)  # ConfigError: what this device cannot run
+    attention = attention_plan(config, name, ds, facts, head_dim(model_config))  # ConfigError: what cannot run
     return PhasePlan(
         name=name, model_config=model_config, ds_config=ds, precision=precision,
         schedule=WarmupPolyDecay(phase.steps, phase.warmup_fraction, phase.decay_power), data=data,
@@ -233,3 +240,81 @@ def plan_on_rank0(config: RunConfig, dist_info: DistInfo, share: JobShare | None
         raise ConfigError(error[0])
     # rank 0 keeps the plan it checked; the others plan once the verdict is in (no hashing: rank 0 did it)
     return plan if plan is not None else plan_run(config, dist_info, verify_checksums=False)
+
+
+def head_dim(model_config: BertConfig) -> int:
+    return model_config.hidden_size // model_config.num_attention_heads
+
+
+SelfTest = Callable[[torch.device, str, int, int], SelfTestResult]  # device, precision, head size, seq_len
+Verdict = tuple[str, tuple[bool, ...], SelfTestResult | None]  # host, planned unpadded per phase, its self-test
+
+
+def gather(verdict: Verdict) -> list[Verdict]:
+    """Every rank's verdict, on every rank (one object all-gather at start-up)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [verdict]
+    verdicts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(verdicts, verdict)
+    return verdicts
+
+
+def settle_attention(plan: RunPlan, dist_info: DistInfo, test: SelfTest = kernel_self_test) -> RunPlan:
+    """The planned attention path, confirmed on the device before training, the same on every rank.
+
+    Each node's first local rank runs the kernel self-test (pretrain/model/self_test.py) where a phase plans the
+    unpadded path; every rank's plan and test are gathered. A phase runs unpadded only if every rank planned it and
+    no test failed: otherwise `auto` runs padded (the line gives the numbers) and an explicit `unpadded` is refused
+    (ConfigError on every rank). Rank 0 says the choice and why; config.resolved.json records it. `test`: the
+    tests' seam."""
+    phases = list(plan.phases.values())
+    planned = tuple(p.attention.unpadded for p in phases)
+    unpadded = [p for p in phases if p.attention.unpadded]
+    result = None
+    if unpadded and dist_info.local_rank == 0:
+        result = test(dist_info.device, unpadded[0].precision, head_dim(unpadded[0].model_config),
+                      max(p.trainer.seq_len for p in unpadded))
+    verdicts = gather((socket.gethostname(), planned, result))
+    tests = [(f"{host} (rank {rank})", r) for rank, (host, _, r) in enumerate(verdicts) if r is not None]
+    failed = next((f"{node}: {r.numbers()}" for node, r in tests if not r.passed), None)
+    settled = {}
+    for index, phase in enumerate(phases):
+        attention = phase.attention
+        unable = [f"{host} (rank {rank})" for rank, (host, flags, _) in enumerate(verdicts) if not flags[index]]
+        if attention.unpadded and failed is not None:
+            attention = fall_back(attention, f"the unpadded kernel's self-test failed on {failed}")
+        elif attention.unpadded and unable:
+            attention = fall_back(attention, f"{unable[0]} cannot run the unpadded kernel")
+        elif attention.unpadded and tests:  # the same words on every rank: the first node's numbers
+            attention = dataclasses.replace(attention, why=f"{attention.why}; self-test passed ({len(tests)} "
+                                            f"node{'s' * (len(tests) > 1)}): {tests[0][1].numbers()}")
+        settled[phase.name] = dataclasses.replace(
+            phase, attention=attention, stream=dataclasses.replace(phase.stream, unpadded=attention.unpadded))
+    announce(settled, dist_info.rank)
+    resolved = {**plan.resolved["resolved"], "attention": {
+        name: {"requested": p.attention.requested, "path": p.attention.path, "compile": p.attention.compile,
+               "why": p.attention.why} for name, p in settled.items()}}
+    return dataclasses.replace(plan, phases=settled, resolved={**plan.resolved, "resolved": resolved})
+
+
+def fall_back(attention: AttentionPlan, why: str) -> AttentionPlan:
+    """`auto` runs padded for `why`; an explicit unpadded (or compile=true) is refused, in one line."""
+    if attention.requested == "unpadded":
+        raise ConfigError(f"model.attention=unpadded: {why}; {PADDED_HINT}")
+    if attention.compile_strict:
+        raise ConfigError(f"model.compile=true: compiles the unpadded encoder layers, and model.attention=auto runs "
+                          f"padded SDPA here ({why}); set model.compile=false or null")
+    return dataclasses.replace(attention, unpadded=False, compile=False, note=None,
+                               why=f"model.attention=auto: {why}")
+
+
+def announce(phases: dict[str, PhasePlan], rank: int) -> None:
+    """Rank 0's line per distinct choice: the path, the phases and why."""
+    if rank != 0:
+        return
+    choices: dict[tuple[str, str], list[str]] = {}
+    for name, phase in phases.items():
+        choices.setdefault((phase.attention.path, phase.attention.why), []).append(name)
+    for (path, why), names in choices.items():
+        kind = "unpadded (real tokens, varlen kernel)" if path == "unpadded" else "padded (transformers' SDPA)"
+        print(f"attention: {kind} for {', '.join(names)}: {why}", flush=True)

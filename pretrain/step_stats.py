@@ -17,14 +17,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pretrain.data.unpadded import device_rows, real_tokens
+from pretrain.data.unpadded import attention_pairs, device_rows, real_tokens
 from pretrain.model.bert import IGNORE_INDEX, PretrainingOutput
 
 # summed on the device, one slot each
 DEVICE_SUMS = ("mlm_loss_sum", "nsp_loss_sum", "mlm_correct", "nsp_correct", "nonfinite")
 # summed on the host: labelled MLM slots, instances (labelled NSP slots: packed rows pad theirs), rows of
-# seq_len the device ran, non-padding tokens, MLM head rows; then this rank's stop / checkpoint requests
-HOST_COUNTS = ("mlm_labelled", "instances", "rows", "real_tokens", "head_rows", "stop", "save_due")
+# seq_len the device ran, non-padding tokens, MLM head rows, attention's query-key pairs (sum of instance length
+# squared); then this rank's stop / checkpoint requests
+HOST_COUNTS = ("mlm_labelled", "instances", "rows", "real_tokens", "head_rows", "attention_pairs", "stop", "save_due")
 
 
 def host_values_to_device(values: list[float], device: torch.device) -> torch.Tensor:
@@ -51,6 +52,7 @@ class StepCounts:
     instances: float  # training instances (== rows unpacked; several per packed row)
     real_tokens: float  # non-padding tokens
     predictions: float  # MLM head rows computed (slots of masked_positions, labelled or not)
+    attention_pairs: float | None = None  # sum over instances of length squared (None: not counted, full rows)
 
     def data_stats(self, seq_len: int) -> dict[str, float]:
         """Instances per row and padding share of the step's rows (all ranks), logged as data/*."""
@@ -108,6 +110,7 @@ class StepSums:
         host["rows"] += device_rows(host_batch)  # unpadded: its tokens / seq_len
         host["real_tokens"] += real_tokens(host_batch)
         host["head_rows"] += host_batch["masked_labels"].numel()
+        host["attention_pairs"] += attention_pairs(host_batch)
         for key, value in extra.items():
             value = torch.as_tensor(value, dtype=torch.float64).to(self.device, non_blocking=True)
             self.extras[key] = self.extras.get(key, zero) + value

@@ -73,13 +73,8 @@ from pretrain.metrics.writer import MetricsWriter
 from pretrain.model.bert import build_model
 from pretrain.model.setup import prepare_model_path
 from pretrain.plugin import PluginStack, TrainingPlugin, build_plugin
-from pretrain.run_folder import (
-    EXPORT_INFO,
-    RESOLVED_CONFIG,
-    TENSORBOARD,
-    export_dir,
-)
-from pretrain.run_plan import PhasePlan, RunPlan, plan_on_rank0
+from pretrain.run_folder import EXPORT_INFO, RESOLVED_CONFIG, TENSORBOARD, export_dir
+from pretrain.run_plan import PhasePlan, RunPlan, plan_on_rank0, settle_attention
 from pretrain.trainer import NonFiniteLossError, PhaseState, PhaseTrainer, TrainerJob
 
 __all__ = ["PhaseStart", "build_phase", "main", "run_phase", "train"]
@@ -128,7 +123,7 @@ def build_phase(plan: PhasePlan, job: TrainerJob, start: PhaseStart) -> PhaseTra
     if start.init_weights is not None:
         load_initial_weights(model, start.init_weights, f"{plan.name} initial weights", dist_info, plugin.first_rank,
                              plugin.replica_group)
-    prepare_model_path(model, plan.attention, plan.precision, dist_info.device)  # refuses what cannot run; compiles
+    prepare_model_path(model, plan.attention, announce=dist_info.rank == 0)  # refuses what cannot run; compiles
     engine = build_engine(model, plan.ds_config, lr_schedule=plan.schedule, mpu=plugin.mpu)
     job.metrics.mark("engine_built")
     state = PhaseState(phase=plan.name, samples_seen=start.samples_seen)
@@ -250,7 +245,7 @@ def _train(config: RunConfig, extensions: Sequence[TrainingPlugin], stop: StopRe
     share = plugin.job_share()
     if share is not None:
         dist_info = share.dist_info_for(dist_info)
-    plan = plan_on_rank0(config, dist_info, share)
+    plan = settle_attention(plan_on_rank0(config, dist_info, share), dist_info)  # the kernel self-test, agreed
     return train_plan(plan, dist_info, plugin, stop)
 
 

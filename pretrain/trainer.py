@@ -242,7 +242,7 @@ class PhaseTrainer:
                              self.replica_group, self.dist_info.world_size)
         nonfinite = totals["nonfinite"]
         counts = StepCounts(rows=totals["rows"], instances=totals["instances"], real_tokens=totals["real_tokens"],
-                            predictions=totals["head_rows"])
+                            predictions=totals["head_rows"], attention_pairs=totals["attention_pairs"])
         aborting_here = bool(nonfinite) and (
             self.state.consecutive_nonfinite + 1 >= self.settings.max_consecutive_nonfinite)
         # a plug-in that runs several models in one job makes the stop and a NaN abort common to all of them

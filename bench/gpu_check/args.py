@@ -8,8 +8,10 @@ from pathlib import Path
 from bench.gpu_check.estimate import Network
 from bench.gpu_check.plan import build_plan, row_names
 from bench.gpu_check.preflight import DEFAULT_JSONL, DEFAULT_RECIPE
+from pretrain.model.kernel_support import DeviceFacts
 
 RECIPES = DEFAULT_RECIPE.parent
+OLDER_GPU = DeviceFacts("cuda", (7, 0), flash_built=True)  # a V100: model.attention=auto runs padded rows
 VOCAB = 30522
 # The shipped pretraining recipes (codistillation runs two models, tiny_cpu is a CPU demo).
 ESTIMATE_RECIPES = ",".join(str(RECIPES / f"{name}.json") for name in ("bert_large_64k", "bert_large_32k", "bert_base"))
@@ -50,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--also-recipes", type=paths_arg, default=[RECIPES / "bert_base.json"],
         help="comma-separated run configs whose phase 1 and 2 are measured last (their models' rows)")
     add("--rows", type=lambda t: set(t.split(",")), default=None, help="only these rows (names as printed; "
-        "'lamb' = the LAMB rows); default all")
+        "'lamb' = the LAMB rows, 'selftest' = the kernel self-test's verdict table alone, in seconds); default all")
     add("--model", default=None, help="the model preset of every row (default: each recipe's)")
     add("--phase1", type=shape_arg, default=None, help="SEQ:MICRO of the phase-1 rows (default: the recipe's)")
     add("--phase2", type=shape_arg, default=None, help="SEQ:MICRO of the phase-2 rows (default: the recipe's)")
@@ -100,7 +102,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"{recipe}: no such run config")
     args.network = Network(args.gpus_per_node, args.intra_node_busbw, args.inter_node_busbw)
     if args.rows is not None:
-        known = set(row_names(build_plan(argparse.Namespace(**{**vars(args), "rows": None}))))
+        every = argparse.Namespace(**{**vars(args), "rows": None})  # the rows of a flash GPU and of an older one
+        known = set(row_names(build_plan(every))) | set(row_names(build_plan(every, OLDER_GPU)))
         unknown = sorted(args.rows - known)
         if unknown:
             parser.error(f"--rows: unknown {','.join(unknown)} (known: {','.join(sorted(known))})")

@@ -7,6 +7,8 @@
 # wall-clock on 8 / 64 / 256 GPUs from those one-GPU rows (docs/performance.md).
 #
 #   bench/gpu_check/gpu_check.sh [--smoke] [--jsonl OUT.jsonl] [--rows p1,p2,...] [any bench/gpu_check/run.py flag]
+#   bench/gpu_check/gpu_check.sh --rows selftest     # first on a new cluster: the kernel self-test's verdict
+#                                                     # table (what model.attention=auto runs there), in seconds
 #
 # Runs on a bare machine with PyTorch and no network: it installs nothing. The preflight
 # (bench/gpu_check/preflight.py) imports what the check imports and prints every wheel that loaded
@@ -19,6 +21,7 @@
 # under 45 s left are skipped. Estimated on one H200 (not yet measured; BERT-Large at micro 64 x 128
 # is ~45 ms a micro-batch on an H100, est., 1 + 2 warm-up + 3 timed steps of 32 micro-batches per row):
 #   preflight imports; check start-up (imports again, NCCL world of one)          ~ 30-50 s
+#   kernel self-test: bf16 and fp16 x head 64 x seq 128 and 512 (4 small models)  ~ 5-15 s
 #   synthetic shards (4 length profiles, 2,048 instances each)                    ~ 5-10 s
 #   p1, p1-full, p1-opt: BERT-Large 128 x 64, one engine (~10-15 s to build);
 #     the first step compiles the fused LAMB kernels (~20-60 s)                   ~ 70-120 s

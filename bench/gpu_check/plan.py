@@ -6,8 +6,9 @@ The row that runs with one micro-batch per step ("-opt") comes last in its group
 accumulation boundary from a running micro-step count, which only a whole number of steps at the larger
 accumulation leaves aligned.
 
-Most important first, so that a time limit takes the least useful rows: the recipe's phase 1 and phase 2
-as a run has them, then the LAMB step, then the comparisons (throughput timer on, the previous check's
+Most important first, so that a time limit takes the least useful rows: the kernel self-test's verdict table
+(seconds), the recipe's phase 1 and phase 2 as a run has them on this device (`model.attention=auto`: unpadded
+where its kernel runs, pretrain/model/kernel_support.py), then the LAMB step, then the comparisons (throughput timer on, the previous check's
 micro-batches 256 / 64), then the other recipes' models (BERT-base).
 """
 
@@ -17,9 +18,14 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from pretrain.config.load import load_config
+from pretrain.config.deepspeed import effective_precision
+from pretrain.config.load import RunConfig, load_config
+from pretrain.model.kernel_support import DeviceFacts, unpadded_problem
+from pretrain.model.presets import PRESETS
 
 LAMB_STAGE = "lamb"
+SELFTEST_STAGE = "selftest"
+TARGET_GPU = DeviceFacts("cuda", (9, 0), flash_built=True, bf16=True)  # what the check is for: an H100 / H200
 
 
 @dataclass(frozen=True)
@@ -64,7 +70,17 @@ def shape_of(args: argparse.Namespace, recipe: Path, phase: str) -> tuple[str, i
     return args.model or preset, seq, micro
 
 
-def main_groups(args: argparse.Namespace, recipe: Path, prefix: str, full: bool) -> list[GroupSpec]:
+def runs_unpadded(config: RunConfig, preset: str, facts: DeviceFacts) -> bool:
+    """The path the driver takes for this recipe on a device with `facts` (auto: unpadded where its kernel runs)."""
+    if config.model.attention != "auto":
+        return config.model.attention == "unpadded"
+    shape = PRESETS[preset]
+    precision = effective_precision(config.run.precision, facts.device_type, facts.bf16)
+    return unpadded_problem(facts, precision, shape["hidden_size"] // shape["num_attention_heads"]) is None
+
+
+def main_groups(args: argparse.Namespace, recipe: Path, prefix: str, full: bool,
+                facts: DeviceFacts = TARGET_GPU) -> list[GroupSpec]:
     """Phase 1 and phase 2 of `recipe` as a run has them (its attention path: unpadded, or padded rows, packed
     where the recipe packs; 10 % short instances in phase 1, lengths uniform in [seq/4, seq] in phase 2 when
     the layout removes padding; A micro-batches per step, timer off) and the optimizer-boundary rows in the
@@ -72,9 +88,9 @@ def main_groups(args: argparse.Namespace, recipe: Path, prefix: str, full: bool)
     comparisons."""
     groups = []
     config = load_config(recipe)
-    unpadded = config.model.attention == "unpadded"
     for phase, short in (("phase1", "p1"), ("phase2", "p2")):
         preset, seq, micro = shape_of(args, recipe, phase)
+        unpadded = runs_unpadded(config, preset, facts)
         accumulation = args.accum1 if phase == "phase1" else args.accum2
         packing = config.phase(phase).packing and not unpadded
         layout = "unpadded" if unpadded else "packed" if packing else "padded rows"
@@ -99,11 +115,11 @@ def main_groups(args: argparse.Namespace, recipe: Path, prefix: str, full: bool)
     return groups
 
 
-def comparison_groups(args: argparse.Namespace, recipe: Path) -> list[GroupSpec]:
+def comparison_groups(args: argparse.Namespace, recipe: Path, facts: DeviceFacts = TARGET_GPU) -> list[GroupSpec]:
     """The throughput timer on (DeepSpeed's default), and the previous check's larger micro-batches (in the
     recipe's attention path, as p1 / p2)."""
     preset, seq, micro = shape_of(args, recipe, "phase1")
-    unpadded = load_config(recipe).model.attention == "unpadded"
+    unpadded = runs_unpadded(load_config(recipe), preset, facts)
     groups = [GroupSpec(recipe, "phase1", preset, seq, micro, True, (
         RowSpec("p1-timer-on", "p1 with DeepSpeed's throughput timer on (its default)", "padded", False,
                 args.accum1, unpadded),))]
@@ -120,12 +136,13 @@ def comparison_groups(args: argparse.Namespace, recipe: Path) -> list[GroupSpec]
     return groups
 
 
-def build_plan(args: argparse.Namespace) -> list[GroupSpec | str]:
-    """Groups and the LAMB stage in the order they run, keeping only the rows --rows names (all by default)."""
-    stages: list[GroupSpec | str] = [*main_groups(args, args.recipe, "", True), LAMB_STAGE,
-                                     *comparison_groups(args, args.recipe)]
+def build_plan(args: argparse.Namespace, facts: DeviceFacts = TARGET_GPU) -> list[GroupSpec | str]:
+    """The self-test, the groups and the LAMB stage in the order they run on a device with `facts`, keeping only the
+    rows --rows names (all by default)."""
+    stages: list[GroupSpec | str] = [SELFTEST_STAGE, *main_groups(args, args.recipe, "", True, facts), LAMB_STAGE,
+                                     *comparison_groups(args, args.recipe, facts)]
     for other in args.also_recipes:
-        stages += main_groups(args, other, f"{other.stem}:", False)
+        stages += main_groups(args, other, f"{other.stem}:", False, facts)
     if args.rows is None:
         return stages
     kept: list[GroupSpec | str] = []

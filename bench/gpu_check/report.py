@@ -6,9 +6,10 @@ import argparse
 from typing import Any
 
 from bench.gpu_check.estimate import PhaseRun
-from bench.gpu_check.plan import shape_of
+from bench.gpu_check.plan import TARGET_GPU, runs_unpadded, shape_of
 from pretrain.config.deepspeed import read_ds_json
 from pretrain.config.load import load_config
+from pretrain.model.kernel_support import DeviceFacts
 
 TRAIN_HEADER = (
     "| row | model | seq | micro x A | data | timer | optimizer / LAMB step | step s | ms / micro | inst/s | "
@@ -54,9 +55,10 @@ def grad_bytes(ds: dict[str, Any]) -> int:
     return 4 if str(ds.get("communication_data_type", "")).lower() in ("fp32", "float32", "float") else 2
 
 
-def estimate_runs(args: argparse.Namespace) -> tuple[list[PhaseRun], list[str]]:
+def estimate_runs(args: argparse.Namespace, facts: DeviceFacts = TARGET_GPU) -> tuple[list[PhaseRun], list[str]]:
     """The phases of the --estimate-recipes at the shapes their rows were measured at (--model, --phase1/2
-    replace the recipe's as for the rows), and why a phase cannot be estimated."""
+    replace the recipe's as for the rows), in the attention path they run on a device with `facts` (the check's
+    own; --estimate-only: the GPU the check is for), and why a phase cannot be estimated."""
     runs, problems = [], []
     for recipe in args.estimate_recipes:
         try:
@@ -69,7 +71,7 @@ def estimate_runs(args: argparse.Namespace) -> tuple[list[PhaseRun], list[str]]:
                 model, seq, micro = shape_of(args, recipe, phase)
                 ds = read_ds_json(args.ds_config or section.ds_config, f"{phase}.ds_config")
                 runs.append(PhaseRun(recipe.stem, phase, model, seq, micro, section.batch_size, section.steps,
-                                     section.packing, grad_bytes(ds), config.model.attention == "unpadded"))
+                                     section.packing, grad_bytes(ds), runs_unpadded(config, model, facts)))
         except (ValueError, OSError) as error:  # ConfigError is a ValueError
             problems.append(f"{recipe}: {error}".splitlines()[0])
     return runs, problems

@@ -1,12 +1,14 @@
-"""One prepared GPU check: the production training step of the shipped recipe at its own micro-batches,
-the LAMB step against its memory-traffic floor, peak memory, and from them an ESTIMATE of each shipped
-recipe's phase wall-clock on 8, 64 and 256 GPUs. Run through bench/gpu_check/gpu_check.sh (docs/performance.md).
+"""One prepared GPU check: the kernel self-test's verdict table (what model.attention=auto runs on this device
+and why), the production training step of the shipped recipe at its own micro-batches, the LAMB step against its
+memory-traffic floor, peak memory, and from them an ESTIMATE of each shipped recipe's phase wall-clock on 8, 64
+and 256 GPUs. Run through bench/gpu_check/gpu_check.sh (docs/performance.md); `--rows selftest` prints the
+verdict table alone, in seconds: the first command on a new cluster.
 
     python -m bench.gpu_check [--smoke] [--recipe RUN.json] [--rows p1,p2,...] [--jsonl OUT.jsonl]
                               [--deadline T] [any flag below]
 
 Every row is saved and printed the moment it is measured: one JSON line appended (and fsynced) to
---jsonl (default ./gpu_check.jsonl; records "run", "train", "lamb", "estimate", "end", all with the
+--jsonl (default ./gpu_check.jsonl; records "run", "selftest", "train", "lamb", "estimate", "end", all with the
 run's start time as "run"), then its markdown row on stdout (table headers first). A crash, a timeout
 (SIGTERM: the estimate from the rows so far and an "end" record are saved, exit 124) or a failing row
 keeps every row measured before it; a row that raises is printed as "failed: <reason>" and the check
@@ -60,7 +62,7 @@ from deepspeed.utils import logger as ds_logger  # noqa: E402
 from bench.gpu_check.args import parse_args  # noqa: E402
 from bench.gpu_check.attention import ATTENTION_HEADER, attention_markdown, attention_row  # noqa: E402
 from bench.gpu_check.estimate import comparisons, estimate, estimate_markdown  # noqa: E402
-from bench.gpu_check.plan import LAMB_STAGE, GroupSpec, build_plan  # noqa: E402
+from bench.gpu_check.plan import LAMB_STAGE, SELFTEST_STAGE, GroupSpec, build_plan  # noqa: E402
 from bench.gpu_check.preflight import loaded_distributions  # noqa: E402
 from bench.gpu_check.report import (  # noqa: E402
     LAMB_HEADER,
@@ -70,10 +72,12 @@ from bench.gpu_check.report import (  # noqa: E402
     train_markdown,
 )
 from bench.gpu_check.rows import lamb_floor_ms, lamb_row, lamb_shapes  # noqa: E402
+from bench.gpu_check.selftest import SELFTEST_HEADER, selftest_cases, selftest_markdown, selftest_row  # noqa: E402
 from bench.gpu_check.shards import ShardCache  # noqa: E402
 from bench.gpu_check.train import build_group, group_key, train_row  # noqa: E402
 from pretrain.distributed.info import DistInfo  # noqa: E402
 from pretrain.distributed.process_group import init_distributed  # noqa: E402
+from pretrain.model.kernel_support import read_device_facts  # noqa: E402
 
 
 def one_line(error: BaseException) -> str:
@@ -97,10 +101,11 @@ class Recorder:
             out.flush()
             os.fsync(out.fileno())
         self.records.append(record)
-        if kind in ("train", "lamb", "attention"):
+        if kind in ("train", "lamb", "attention", "selftest"):
             self.rows += 1
-            # an attention check fails where no flash kernel ran on the GPU or the paths disagree
-            self.failed += record.get("status") == "failed" or False in (record.get("flash_ran"), record.get("agree"))
+            # an attention check fails where no flash kernel ran on the GPU or the paths disagree; a self-test on FAIL
+            self.failed += record.get("status") == "failed" or False in (record.get("flash_ran"), record.get("agree")) \
+                or record.get("verdict") == "FAIL"
         if markdown is not None:
             print(markdown, flush=True)
 
@@ -128,6 +133,7 @@ class Check:
     def __init__(self, args: argparse.Namespace, recorder: Recorder, dist_info: DistInfo) -> None:
         self.args, self.recorder, self.dist_info = args, recorder, dist_info
         self.device = dist_info.device
+        self.facts = read_device_facts(self.device)  # what model.attention=auto decides by, as in the driver
         self.shards = ShardCache(args.work_dir / "shards", args.vocab, args.shard_instances)
         self.table: str | None = None  # the header printed last
 
@@ -189,6 +195,14 @@ class Check:
         self.header(ATTENTION_HEADER)
         self.recorder.save("attention", record, attention_markdown(record))
 
+    def selftest(self) -> None:
+        """The kernel self-test's verdict table (bench/gpu_check/selftest.py)."""
+        self.header(SELFTEST_HEADER)
+        for precision, head, seq in selftest_cases(self.args, self.facts):
+            key = {"name": f"selftest-{precision}-h{head}-s{seq}", "precision": precision}
+            row = measure(key, selftest_row, self.device, self.facts, precision, head, seq)
+            self.recorder.save("selftest", row, selftest_markdown(row))
+
     def lamb(self) -> None:
         args = self.args
         self.header(LAMB_HEADER)
@@ -209,7 +223,7 @@ class Check:
     def estimate(self, caveat: str = "") -> None:
         """The wall-clock estimate from every row saved so far (a pure function of them), saved and printed."""
         args = self.args
-        runs, problems = estimate_runs(args)
+        runs, problems = estimate_runs(args, self.facts)
         table = estimate(runs, self.recorder.records, args.estimate_gpus, args.network)
         if args.smoke:
             caveat = f"SMOKE RUN: the tiny model on CPU at tiny shapes; the figures only show the format. {caveat}"
@@ -224,13 +238,17 @@ class Check:
                   flush=True)
 
     def run(self) -> None:
-        for stage in build_plan(self.args):
-            if stage == LAMB_STAGE:
+        stages = build_plan(self.args, self.facts)
+        for stage in stages:
+            if stage == SELFTEST_STAGE:
+                self.selftest()
+            elif stage == LAMB_STAGE:
                 self.lamb()
             else:
                 assert isinstance(stage, GroupSpec)
                 self.group(stage)
-        self.estimate()
+        if stages != [SELFTEST_STAGE]:  # `--rows selftest` alone: the verdict table, nothing to estimate from
+            self.estimate()
 
 
 def start(args: argparse.Namespace) -> tuple[DistInfo, str]:
@@ -240,6 +258,10 @@ def start(args: argparse.Namespace) -> tuple[DistInfo, str]:
             handler.setStream(sys.stderr)
     with contextlib.redirect_stdout(sys.stderr):
         dist_info = init_distributed()
+    # A run compiles its layer for one model (train and eval, two phases: about 4 graphs); the check builds
+    # BERT-Large and BERT-base engines at several shapes in one process, whose graphs of the one layer function
+    # would reach torch's default limit (8) and run the last rows eager (compile/recompile_limit would say so).
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     device = dist_info.device
     return dist_info, torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (smoke)"
 

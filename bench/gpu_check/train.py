@@ -94,7 +94,7 @@ def build_group(group: GroupSpec, args: argparse.Namespace, shards: ShardCache, 
     started = time.perf_counter()
     model = build_model(phase.model_config, phase.activation_checkpointing)
     # as pretrain.train.build_phase: refuses what the unpadded kernel cannot run, compiles where the plan says
-    prepare_model_path(model, phase.attention, phase.precision, dist_info.device)
+    prepare_model_path(model, phase.attention, announce=dist_info.rank == 0)
     counts = count_parameters(model)
     engine = build_engine(model, phase.ds_config, lr_schedule=phase.schedule)
     sync(dist_info.device)
@@ -152,7 +152,8 @@ def real_token_mfu(mfu: float | None, counts: StepCounts, seq_len: int) -> float
 def total_counts(results: list[StepResult]) -> StepCounts:
     return StepCounts(rows=sum(r.counts.rows for r in results), instances=sum(r.counts.instances for r in results),
                       real_tokens=sum(r.counts.real_tokens for r in results),
-                      predictions=sum(r.counts.predictions for r in results))
+                      predictions=sum(r.counts.predictions for r in results),
+                      attention_pairs=sum(r.counts.attention_pairs or 0.0 for r in results))
 
 
 def data_wait_ms(results: list[StepResult]) -> float | None:

@@ -227,7 +227,7 @@ def check_values(config: RunConfig, registry: PluginRegistry = INSTALLED) -> Non
             raise ConfigError(str(err)) from err
 
 
-ATTENTION_CHOICES = ("unpadded", "padded")
+ATTENTION_CHOICES = ("auto", "unpadded", "padded")
 
 
 def check_model_path(config: RunConfig) -> None:
@@ -235,7 +235,7 @@ def check_model_path(config: RunConfig) -> None:
     attention = config.model.attention
     if attention not in ATTENTION_CHOICES:
         raise ConfigError(f"model.attention: {attention!r} is not one of {', '.join(ATTENTION_CHOICES)}")
-    if config.model.compile and attention != "unpadded":
-        raise ConfigError("model.compile: compiles the unpadded encoder layers; set model.attention=unpadded "
+    if config.model.compile and attention == "padded":
+        raise ConfigError("model.compile: compiles the unpadded encoder layers; set model.attention=auto or unpadded, "
                           "or model.compile=false")
 

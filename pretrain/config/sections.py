@@ -110,17 +110,21 @@ class ModelSection:
         "O(layers) less",
     )
     attention: str = setting(
-        "unpadded",
-        "unpadded | padded. unpadded: the encoder runs on the real tokens of each micro-batch only, attention "
-        "kept inside each instance by a variable-length kernel (CUDA: flash, bf16/fp16 on sm80+; elsewhere a "
-        "reference kernel); padded: transformers' SDPA on rows of seq_len, the reference (phaseN.packing "
-        "lays out its rows). Same instances, masks and losses (docs/performance.md)",
+        "auto",
+        "auto | unpadded | padded. unpadded: the encoder runs on the real tokens of each micro-batch only, "
+        "attention kept inside each instance by a variable-length kernel (CUDA: flash, bf16/fp16 on sm80+ with a "
+        "torch build that has it; elsewhere a reference kernel, padded SDPA row for row); padded: transformers' "
+        "SDPA on rows of seq_len, the reference (phaseN.packing lays out its rows). auto: unpadded where its kernel "
+        "runs, else padded; before training a kernel self-test on each node compares unpadded with padded, and "
+        "auto runs padded on every rank if it fails (an explicit unpadded is refused). Rank 0 says the choice and "
+        "why; config.resolved.json records it. Same instances, masks and losses (docs/performance.md)",
     )
     compile: bool | None = setting(
         None,
-        "torch.compile each encoder layer (regional: one compile serves every layer; needs "
-        "model.attention=unpadded; not with ZeRO-3). null: on with CUDA, off on CPU, where compiling costs "
-        "more than it saves in short runs",
+        "torch.compile the encoder layer as one graph (regional: one compile serves every layer; the unpadded "
+        "path only). null: on with CUDA (not under ZeRO-3), off on CPU, where compiling costs more than it "
+        "saves in short runs; a layer that does not compile runs eager with one line (compile/fallback). true: "
+        "a layer that does not compile stops the run at the first step (exit 2); refused with ZeRO-3",
     )
 
 

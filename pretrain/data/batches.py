@@ -203,30 +203,37 @@ class Collator:
             return unpad_masked_instances(instances, seq_len, predictions, self.data.vocab.pad_id)
         if self.packing:
             return pack_masked_instances(instances, seq_len, predictions, self.data.vocab.pad_id)
-        batch = len(rows)
-        input_ids = np.full((batch, seq_len), self.data.vocab.pad_id, dtype=np.int64)
-        token_types = np.zeros((batch, seq_len), dtype=np.int64)
-        attention = np.zeros((batch, seq_len), dtype=np.int64)
-        positions = np.zeros((batch, predictions), dtype=np.int64)
-        labels = np.full((batch, predictions), IGNORE_INDEX, dtype=np.int64)
-        nsp = np.zeros(batch, dtype=np.int64)
-        for i, inst in enumerate(instances):
-            ids, pos, lab = inst["ids"], inst["positions"], inst["labels"]
-            n = len(ids)
-            input_ids[i, :n] = ids
-            token_types[i, inst["a_len"] : n] = 1
-            attention[i, :n] = 1
-            positions[i, : len(pos)] = pos[:predictions]
-            labels[i, : len(lab)] = lab[:predictions]
-            nsp[i] = inst["nsp"]
-        return {
-            "input_ids": torch.from_numpy(input_ids),
-            "token_type_ids": torch.from_numpy(token_types),
-            "attention_mask": torch.from_numpy(attention),
-            "masked_positions": torch.from_numpy(positions),
-            "masked_labels": torch.from_numpy(labels),
-            "next_sentence_label": torch.from_numpy(nsp),
-        }
+        return pad_masked_instances(instances, seq_len, predictions, self.data.vocab.pad_id)
+
+
+def pad_masked_instances(instances: list[dict[str, Any]], seq_len: int, max_predictions: int,
+                         pad_id: int) -> dict[str, torch.Tensor]:
+    """Already-masked instances (ids, a_len, positions, labels, nsp) -> padded rows of seq_len, one per instance:
+    the padded layout (packed: pretrain/data/packing.py, unpadded: pretrain/data/unpadded.py)."""
+    batch = len(instances)
+    input_ids = np.full((batch, seq_len), pad_id, dtype=np.int64)
+    token_types = np.zeros((batch, seq_len), dtype=np.int64)
+    attention = np.zeros((batch, seq_len), dtype=np.int64)
+    positions = np.zeros((batch, max_predictions), dtype=np.int64)
+    labels = np.full((batch, max_predictions), IGNORE_INDEX, dtype=np.int64)
+    nsp = np.zeros(batch, dtype=np.int64)
+    for i, inst in enumerate(instances):
+        ids, pos, lab = inst["ids"], inst["positions"], inst["labels"]
+        n = len(ids)
+        input_ids[i, :n] = ids
+        token_types[i, inst["a_len"] : n] = 1
+        attention[i, :n] = 1
+        positions[i, : len(pos)] = pos[:max_predictions]
+        labels[i, : len(lab)] = lab[:max_predictions]
+        nsp[i] = inst["nsp"]
+    return {
+        "input_ids": torch.from_numpy(input_ids),
+        "token_type_ids": torch.from_numpy(token_types),
+        "attention_mask": torch.from_numpy(attention),
+        "masked_positions": torch.from_numpy(positions),
+        "masked_labels": torch.from_numpy(labels),
+        "next_sentence_label": torch.from_numpy(nsp),
+    }
 
 
 @dataclass(frozen=True)

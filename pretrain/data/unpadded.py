@@ -104,3 +104,20 @@ def device_rows(host_batch: dict[str, Any]) -> float:
     if is_unpadded(host_batch):
         return host_batch["input_ids"].numel() / host_batch["max_seqlen"]
     return float(host_batch["input_ids"].size(0))
+
+
+def attention_pairs(host_batch: dict[str, Any]) -> int:
+    """The query-key pairs attention needs in a collated micro-batch of any layout: the sum over its instances of
+    length squared (each instance attends within itself; the unpadded bucket tail and padding are not model work).
+    Counted on the host copy, no device work: the attention term of the FLOP model (pretrain/metrics/throughput.py)."""
+    if is_unpadded(host_batch):
+        lengths = host_batch["cu_seqlens"][:-1].diff()  # the instances' segments, not the tail
+    elif "segment_ids" in host_batch:  # packed rows: ids 1..k per instance of a row, 0 = padding
+        segments = host_batch["segment_ids"].long()
+        slots = int(segments.max()) + 1
+        row = torch.arange(segments.size(0))[:, None] * slots
+        lengths = torch.bincount((segments + row).flatten(), minlength=segments.size(0) * slots)
+        lengths = lengths.view(-1, slots)[:, 1:]
+    else:
+        lengths = host_batch["attention_mask"].sum(1)
+    return int((lengths.long() ** 2).sum())

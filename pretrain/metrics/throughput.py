@@ -1,20 +1,26 @@
 """Throughput, the FLOP model and MFU of each optimizer step (pretrain/metrics/writer.py writes them).
 
-FLOP model (training = forward + backward = 3 x forward, 2 FLOPs per multiply-add), per sequence:
+FLOP model (training = forward + backward = 3 x forward, 2 FLOPs per multiply-add), per step:
 
-    6 * N_enc * s            every encoder weight (and the pooler) touches every token
-  + 12 * L * d * s^2         attention scores QK^T and the weighted sum AV, per layer
-  + 6 * N_head * m           MLM head (transform + tied decoder) on the m masked positions only
+    6 * N_enc * tokens       every encoder weight (and the pooler) touches every token the device ran
+  + 12 * L * d * sum(n_i^2)  attention scores QK^T and the weighted sum AV, per layer, per instance i of n_i
+                             tokens: the pairs attention needs, the same on every layout
+  + 6 * N_head * m           MLM head (transform + tied decoder) on the m prediction slots it ran on
 
-N_enc = encoder parameters, L layers, d hidden size, s sequence length, N_head = MLM head parameters
-including the vocab x d decoder. Embedding lookups and the NSP head are negligible and not counted.
-MFU = achieved model FLOP/s / (devices x peak FLOP/s of one device at the training precision).
+N_enc = encoder parameters, L layers, d hidden size, N_head = MLM head parameters including the vocab x d
+decoder. tokens = rows x seq_len: padded and packed rows with their padding, the unpadded path's T_b (its real
+tokens and the bucket tail). sum(n_i^2) is counted on the host from each collated micro-batch
+(pretrain/data/unpadded.py `attention_pairs`): the unpadded path's segments (its tail excluded), the padded
+rows' instances, the packed rows' instances. Before it was counted, the attention term was rows x seq_len^2:
+right for full padded rows, an overstatement of every short instance (padded SDPA computes the masked pairs
+too, but they are not the model's work) and of the unpadded path's T_b x seq_len. Embedding lookups and the
+NSP head are negligible and not counted. MFU = achieved model FLOP/s / (devices x peak FLOP/s of one device at
+the training precision).
 
 What is counted (`StepCounts`, summed over the model's ranks by the trainer's one all-reduce per step):
-device work counts ROWS of seq_len tokens, padding included (perf/seq_per_s, perf/tokens_per_s, and
-perf/tflops / perf/mfu from rows x the FLOPs of a full row, the MLM head at the predictions actually
-computed); useful work counts INSTANCES and REAL (non-padding) tokens (perf/instances_per_s,
-perf/real_tokens_per_s). Unpacked, rows == instances; a packed row holds several instances.
+device work counts ROWS of seq_len tokens, padding included (perf/seq_per_s, perf/tokens_per_s, and the
+linear term of perf/tflops / perf/mfu), useful work counts INSTANCES and REAL (non-padding) tokens
+(perf/instances_per_s, perf/real_tokens_per_s). Unpacked, rows == instances; a packed row holds several.
 """
 
 from __future__ import annotations
@@ -43,7 +49,14 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 def flops_per_sequence(
     encoder_params: int, head_params: int, layers: int, hidden: int, seq_len: int, predictions: int
 ) -> float:
-    return 6.0 * encoder_params * seq_len + 12.0 * layers * hidden * seq_len**2 + 6.0 * head_params * predictions
+    """A full row of seq_len tokens, one instance, `predictions` head slots (the FLOP model above)."""
+    return 6.0 * encoder_params * seq_len + attention_flops_per_pair(layers, hidden) * seq_len**2 + \
+        6.0 * head_params * predictions
+
+
+def attention_flops_per_pair(layers: int, hidden: int) -> float:
+    """Training FLOPs of one query-key pair over all layers: QK^T and AV, 2 FLOPs per multiply-add each, x 3."""
+    return 12.0 * layers * hidden
 
 
 def peak_tflops(device: torch.device, precision: str, override: float | None) -> float | None:
@@ -87,6 +100,10 @@ class ThroughputSettings:
         return flops_per_sequence(self.encoder_params, self.head_params, self.layers, self.hidden, self.seq_len,
                                   self.predictions)
 
+    @property
+    def attention_flops_per_pair(self) -> float:
+        return attention_flops_per_pair(self.layers, self.hidden)
+
 
 class Throughput:
     """Wall time between optimizer steps -> rows/s, tokens/s, TFLOP/s, MFU, instances/s (whole job).
@@ -95,11 +112,13 @@ class Throughput:
     The head's FLOPs follow the predictions actually computed: a packed step runs the head on
     instances x max_predictions rows, not rows x max_predictions, so with `head_flops_per_prediction`
     (6 x N_head) the difference is added; left at 0, every row is counted as one full unpacked row.
+    The attention term follows the pairs counted (`StepCounts.attention_pairs`): with `attention_flops_per_pair`
+    (12 x L x d) a full row's seq_len^2 pairs are replaced by them; left at 0 (or uncounted), a full row's.
     """
 
     def __init__(
         self, flops_per_seq: float, seq_len: int, world_size: int, peak_tflops_per_device: float | None,
-        head_flops_per_prediction: float = 0.0, predictions_per_seq: int = 0,
+        head_flops_per_prediction: float = 0.0, predictions_per_seq: int = 0, attention_flops_per_pair: float = 0.0,
     ) -> None:
         self.flops_per_seq, self.seq_len, self.world_size = flops_per_seq, seq_len, world_size
         self.peak = peak_tflops_per_device
@@ -108,13 +127,15 @@ class Throughput:
                              f"predictions_per_seq that flops_per_seq includes, got {predictions_per_seq}")
         self.head_flops_per_prediction = head_flops_per_prediction
         self.predictions_per_seq = predictions_per_seq
+        self.attention_flops_per_pair = attention_flops_per_pair
         self._last = time.perf_counter()
 
     @classmethod
     def of(cls, settings: ThroughputSettings, world_size: int) -> Throughput:
         """A phase's meter, from its plan's settings, for `world_size` devices."""
         return cls(settings.flops_per_sequence, settings.seq_len, world_size, settings.peak_tflops,
-                   head_flops_per_prediction=6.0 * settings.head_params, predictions_per_seq=settings.predictions)
+                   head_flops_per_prediction=6.0 * settings.head_params, predictions_per_seq=settings.predictions,
+                   attention_flops_per_pair=settings.attention_flops_per_pair)
 
     def restart(self) -> None:
         self._last = time.perf_counter()
@@ -129,6 +150,8 @@ class Throughput:
         """perf/* of a step of `seconds` that processed `counts` (all ranks)."""
         extra_predictions = counts.predictions - counts.rows * self.predictions_per_seq
         flops = counts.rows * self.flops_per_seq + extra_predictions * self.head_flops_per_prediction
+        if counts.attention_pairs is not None:  # the pairs the instances need, for a full row's seq_len^2 each
+            flops += (counts.attention_pairs - counts.rows * self.seq_len**2) * self.attention_flops_per_pair
         tflops = flops / seconds / 1e12
         stats = {
             "perf/seq_per_s": counts.rows / seconds,

@@ -20,6 +20,7 @@ max_predictions targets) cost less than that sync.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,21 @@ def key_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None
     if attention_mask is None or attention_mask.dim() == 4:
         return attention_mask
     return attention_mask.bool()[:, None, None, :]
+
+
+def mask_for_attention(mask: torch.Tensor | None, implementation: str, dtype: torch.dtype) -> torch.Tensor | None:
+    """A 4D bool mask (True = attend) in the form the model's attention implementation reads.
+
+    transformers hands a prepared 4D mask to the attention function unchanged: SDPA takes a bool mask as it is,
+    but eager attention ADDS its mask to the scores, where a bool mask would add 0/1 and leave the padding
+    unmasked. So eager gets 0 at the keys and the dtype's minimum elsewhere; an implementation that reads no
+    such mask (flash_attention_2, flex_attention, ...) is refused rather than handed one it would misread."""
+    if mask is None or mask.dtype != torch.bool or implementation == "sdpa":
+        return mask
+    if implementation == "eager":
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+    raise ValueError(f"the padded path builds its attention masks for sdpa or eager attention; this model's "
+                     f"attn_implementation is {implementation!r}")
 
 
 def bert_config(preset: str, vocab_size: int, max_position_embeddings: int = 512, next_sentence_prediction: bool = True,
@@ -150,14 +166,14 @@ class SparseBertForPreTraining(BertForPreTraining):
             sequence_output, pooled_output = unpadded_encode(self, input_ids, token_type_ids, position_ids,
                                                              cu_seqlens, max_seqlen)
         elif segment_ids is None:
-            encoded = self.bert(input_ids=input_ids, attention_mask=key_padding_mask(attention_mask),
+            encoded = self.bert(input_ids=input_ids, attention_mask=self.attention_mask(key_padding_mask(attention_mask)),
                                 token_type_ids=token_type_ids)
             sequence_output, pooled_output = encoded[0], encoded.pooler_output
         else:
             if position_ids is None or cls_positions is None:
                 raise ValueError("packed batches need segment_ids, position_ids and cls_positions together")
-            # A prepared 4D bool mask goes to SDPA unchanged (True = attend): block-diagonal per instance.
-            encoded = self.bert(input_ids=input_ids, attention_mask=block_diagonal_mask(segment_ids),
+            # A prepared 4D bool mask (True = attend): block-diagonal per instance, as the implementation reads it.
+            encoded = self.bert(input_ids=input_ids, attention_mask=self.attention_mask(block_diagonal_mask(segment_ids)),
                                 token_type_ids=token_type_ids, position_ids=position_ids)
             sequence_output = encoded[0]
             hidden = sequence_output.size(-1)
@@ -206,9 +222,14 @@ class SparseBertForPreTraining(BertForPreTraining):
         self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Logits at every position (what `BertForPreTraining` computes); for checks and benchmarks."""
-        encoded = self.bert(input_ids=input_ids, attention_mask=key_padding_mask(attention_mask),
+        encoded = self.bert(input_ids=input_ids, attention_mask=self.attention_mask(key_padding_mask(attention_mask)),
                             token_type_ids=token_type_ids)
         return self.cls.predictions(encoded[0])
+
+    def attention_mask(self, mask: torch.Tensor | None) -> torch.Tensor | None:
+        """The padded and packed paths' bool mask, for the attention implementation the config names now (read at
+        every forward: `_from_config(config, attn_implementation=...)` elsewhere can change a shared config)."""
+        return mask_for_attention(mask, self.config._attn_implementation, self.dtype)
 
 
 def masked_lm_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -217,8 +238,9 @@ def masked_lm_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tens
 
 
 def build_model(config: BertConfig, activation_checkpointing: bool = False) -> SparseBertForPreTraining:
-    """A freshly initialised model with PyTorch SDPA attention (flash / memory-efficient kernels on GPU)."""
-    model = SparseBertForPreTraining._from_config(config, attn_implementation="sdpa")
+    """A freshly initialised model with PyTorch SDPA attention (flash / memory-efficient kernels on GPU), with a
+    config of its own: `_from_config` sets the implementation on the config it is given, which the caller shares."""
+    model = SparseBertForPreTraining._from_config(copy.deepcopy(config), attn_implementation="sdpa")
     if activation_checkpointing:
         # Recompute each encoder layer in backward: ~1/3 more compute for activations of O(layers) less.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

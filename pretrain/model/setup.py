@@ -1,38 +1,34 @@
 """The rank-side set-up of the model's attention path and compilation, right after the model is built.
 
-The run plan already refused what it can see without the device (pretrain/config/attention.py, also in the
-launch preflight); each rank adds what needs the device: the flash kernel in this torch build, the GPU's
-compute capability, the head size. A problem is a ConfigError: one line, exit 2, before the engine is built.
-Then the encoder layers are compiled where the plan says so (pretrain/model/compiled.py). It takes plain
-values (the phase's AttentionPlan and precision), never the run config.
+The run plan already chose the path by the device's facts and the kernel self-test (pretrain/config/attention.py,
+pretrain/run_plan.py `settle_attention`), refusing what cannot run in one line. What is left is the model's own
+check (no decoder BERT on the unpadded path) and compiling the encoder layers where the plan says so
+(pretrain/model/compiled.py): strictly under an explicit model.compile=true (a failed compile is a ConfigError),
+else with an eager fallback and one line. It takes plain values (the phase's AttentionPlan), never the run config.
 """
 
 from __future__ import annotations
 
-import torch
-
-from pretrain.config.attention import PADDED_HINT, AttentionPlan
+from pretrain.config.attention import AttentionPlan
 from pretrain.errors import ConfigError
 from pretrain.model.bert import SparseBertForPreTraining
 from pretrain.model.compiled import compile_layers
 from pretrain.model.unpadded import check_layers_supported
-from pretrain.model.varlen_attention import kernel_problem
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def prepare_model_path(model: SparseBertForPreTraining, attention: AttentionPlan, precision: str,
-                       device: torch.device) -> None:
-    """Refuse an attention path this rank cannot run (one line), else compile the layers if the plan says so."""
+def quiet(_line: str) -> None:
+    """What a rank other than 0 does with a line meant for the console."""
+
+
+def prepare_model_path(model: SparseBertForPreTraining, attention: AttentionPlan, announce: bool = True) -> None:
+    """Refuse an attention path this model cannot run (one line), else compile the layers if the plan says so.
+    `announce`: this rank prints the compile fallback's line (rank 0)."""
     if not attention.unpadded:
         return
     try:
         check_layers_supported(model)
     except ValueError as err:
         raise ConfigError(str(err)) from err
-    head_dim = model.config.hidden_size // model.config.num_attention_heads
-    missing = kernel_problem(device, DTYPES[precision], head_dim)
-    if missing is not None:
-        raise ConfigError(f"model.attention=unpadded: {missing}; {PADDED_HINT}")
     if attention.compile:
-        compile_layers(model)
+        compile_layers(model, strict=attention.compile_strict, say=print if announce else quiet)
+

@@ -21,17 +21,21 @@ from torch.utils.checkpoint import checkpoint
 from transformers import BertForPreTraining
 from transformers.models.bert.modeling_bert import BertLayer
 
-from pretrain.model.varlen_attention import varlen_attention
+from pretrain.model.varlen_attention import VarlenKernel, varlen_attention
 
 LayerForward = Callable[[BertLayer, torch.Tensor, torch.Tensor, int], torch.Tensor]
-LAYER_FORWARD_ATTRIBUTE = "unpadded_layer_forward"  # a compiled `unpadded_layer` set on the model, if any
+# another layer function set on the model, if any: the compiled layer (pretrain/model/compiled.py), or the kernel
+# self-test's layer with the kernel under test (pretrain/model/self_test.py)
+LAYER_FORWARD_ATTRIBUTE = "unpadded_layer_forward"
 
 
-def unpadded_layer(layer: BertLayer, hidden: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+def unpadded_layer(layer: BertLayer, hidden: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                   kernel: VarlenKernel = varlen_attention) -> torch.Tensor:
     """`BertLayer.forward` on [1, T, hidden] flat tokens, with variable-length self-attention.
 
     [1, T, hidden] rather than [T, hidden]: every layer then gets a tensor that is nobody's view (the
-    embeddings' output, the previous layer's), so the compiled layer's guards hold for all of them."""
+    embeddings' output, the previous layer's), so the compiled layer's guards hold for all of them.
+    `kernel`: the attention kernel (the device's by default; the self-test's seam for a planted wrong one)."""
     attention = layer.attention.self
     tokens = hidden.size(1)
     heads = (tokens, attention.num_attention_heads, attention.attention_head_size)
@@ -39,7 +43,7 @@ def unpadded_layer(layer: BertLayer, hidden: torch.Tensor, cu_seqlens: torch.Ten
     k = attention.key(hidden).view(heads)
     v = attention.value(hidden).view(heads)
     dropout = attention.dropout.p if attention.training else 0.0  # as BertSelfAttention hands it to SDPA
-    context = varlen_attention(q, k, v, cu_seqlens, max_seqlen, dropout, attention.scaling).reshape(1, tokens, -1)
+    context = kernel(q, k, v, cu_seqlens, max_seqlen, dropout, attention.scaling).reshape(1, tokens, -1)
     attention_output = layer.attention.output(context, hidden)
     return layer.output(layer.intermediate(attention_output), attention_output)
 
@@ -63,12 +67,7 @@ def unpadded_encode(
     bert = model.bert
     hidden = bert.embeddings(input_ids=input_ids[None], token_type_ids=token_type_ids[None],
                              position_ids=position_ids[None])
-    forward: LayerForward | None = getattr(model, LAYER_FORWARD_ATTRIBUTE, None)
-    if forward is None:
-        forward = unpadded_layer
-    else:  # compiled: the token and segment counts vary from batch to batch; one graph serves them all
-        torch._dynamo.mark_dynamic(hidden, 1)
-        torch._dynamo.mark_dynamic(cu_seqlens, 0)
+    forward: LayerForward = getattr(model, LAYER_FORWARD_ATTRIBUTE, None) or unpadded_layer
     for layer in bert.encoder.layer:
         if layer.gradient_checkpointing and layer.training:
             hidden = checkpoint(forward, layer, hidden, cu_seqlens, max_seqlen, use_reentrant=False)

@@ -9,7 +9,8 @@ over `torch.nn.attention.varlen.varlen_attn` (the same kernel, but its dropout i
 and BERT's `attention_probs_dropout_prob` is 0.1) and FlexAttention with a document mask (no dropout
 either). It has autograd (its backward replays the dropout from the returned RNG state) and a meta
 kernel, so dynamo traces it; no seq x seq mask exists anywhere. It needs bf16/fp16, a head size that is
-a multiple of 8 up to 256, and an sm80+ GPU: `kernel_problem` says what is missing, before launch.
+a multiple of 8 up to 256, and an sm80+ GPU: pretrain/model/kernel_support.py says what is missing, before
+launch, and the kernel self-test (pretrain/model/self_test.py) checks it on the device before training.
 
 CPU (and any non-CUDA device): the reference. The flat tokens are scattered into [segments, max_seqlen]
 rows with an index computed from `cu_seqlens` by fixed-shape ops (no data-dependent shape, no host sync,
@@ -19,28 +20,13 @@ are gathered back. It computes what the padded path computes, row for row: that 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
-FLASH_DTYPES = (torch.float16, torch.bfloat16)
-FLASH_MIN_CAPABILITY = (8, 0)
-FLASH_MAX_HEAD_DIM = 256
-
-
-def kernel_problem(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
-    """Why the unpadded kernel cannot run on `device` in `dtype` (None: it can). CPU always can."""
-    if device.type != "cuda":
-        return None
-    if not torch.backends.cuda.is_flash_attention_available():
-        return "this torch build has no flash attention kernel"
-    capability = torch.cuda.get_device_capability(device)
-    if capability < FLASH_MIN_CAPABILITY:
-        return f"flash attention needs compute capability >= 8.0, this GPU has {capability[0]}.{capability[1]}"
-    if dtype not in FLASH_DTYPES:
-        return f"flash attention runs in bf16 or fp16, this run computes in {str(dtype).removeprefix('torch.')}"
-    if head_dim % 8 or head_dim > FLASH_MAX_HEAD_DIM:
-        return f"flash attention needs a head size that is a multiple of 8 up to 256, this model has {head_dim}"
-    return None
+# q, k, v, cu_seqlens, max_seqlen, dropout, scale -> [T, heads, head_dim]: what `unpadded_layer` calls
+VarlenKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float, float], torch.Tensor]
 
 
 def flash_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
@@ -86,6 +72,6 @@ def reference_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                      max_seqlen: int, dropout: float, scale: float) -> torch.Tensor:
-    """The kernel of q's device: flash on CUDA, the reference elsewhere (checked at launch: `kernel_problem`)."""
+    """The kernel of q's device: flash on CUDA, the reference elsewhere (checked at launch: kernel_support.py)."""
     kernel = flash_varlen_attention if q.is_cuda else reference_varlen_attention
     return kernel(q, k, v, cu_seqlens, max_seqlen, dropout, scale)

@@ -99,8 +99,17 @@ def test_gpu_check_smoke_runs_the_production_step_and_saves_every_row(
     records = read_records(out)
     assert code == 0, printed[-3000:]
     kinds = [r["kind"] for r in records]
-    assert kinds == ["run", *["train"] * 4, "attention", *["train"] * 4, "attention", "lamb", "lamb",
-                     *["train"] * 3, "estimate", "end"]
+    assert kinds == ["run", *["selftest"] * 4, *["train"] * 4, "attention", *["train"] * 4, "attention", "lamb",
+                     "lamb", *["train"] * 3, "estimate", "end"]
+    # first, the kernel self-test's verdict table: the CPU's precisions x the recipe's head size and seq_lens
+    selftests = [r for r in records if r["kind"] == "selftest"]
+    assert [r["name"] for r in selftests] == ["selftest-fp32-h32-s32", "selftest-fp32-h32-s64", "selftest-bf16-h32-s32",
+                                              "selftest-bf16-h32-s64"]
+    assert all(r["status"] == "ok" and r["verdict"] == "PASS" and r["grads_error"] <= r["grads_limit"]
+               for r in selftests), selftests
+    assert printed.index("| self-test | device |") < printed.index("| row | model |")
+    assert "| selftest-bf16-h32-s64 | cpu | bf16 | 32 | 64 | the reference varlen kernel on cpu" in printed
+    assert len(table_rows(printed, "selftest-")) == 4 and "PASS (auto runs unpadded) |" in printed
     train = {r["name"]: r for r in records if r["kind"] == "train"}
     assert list(train) == ["p1", "p1-padded", "p1-full", "p1-opt", "p2", "p2-padded", "p2-packed", "p2-opt",
                            "p1-timer-on", "p1-big", "p2-big"]

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu_check.args import parse_args
+from bench.gpu_check.args import OLDER_GPU, parse_args
 from bench.gpu_check.estimate import Network, PhaseRun, comparisons, estimate, estimate_markdown, step_times
-from bench.gpu_check.plan import LAMB_STAGE, build_plan, row_names
+from bench.gpu_check.plan import LAMB_STAGE, SELFTEST_STAGE, build_plan, row_names
 from pretrain.config.load import load_config
 from tests.support.paths import REPO_ROOT
 
@@ -115,22 +115,25 @@ def test_comparisons_are_ratios_of_rows_present() -> None:
 
 def test_rows_run_at_the_recipes_micro_batches_most_important_first() -> None:
     stages = build_plan(parse_args([]))
-    groups = [s for s in stages if s != LAMB_STAGE]
+    groups = [s for s in stages if s not in (LAMB_STAGE, SELFTEST_STAGE)]
     shapes = [(g.rows[0].name, g.preset, g.seq_len, g.micro_batch, g.tput_timer) for g in groups]
     assert shapes == [("p1", "bert-large", 128, 64, False), ("p2", "bert-large", 512, 16, False),
                       ("p1-timer-on", "bert-large", 128, 64, True), ("p1-big", "bert-large", 128, 256, False),
                       ("p2-big", "bert-large", 512, 64, False), ("bert_base:p1", "bert-base", 128, 128, False),
                       ("bert_base:p2", "bert-base", 512, 32, False)]
-    assert row_names(stages)[:9] == ["p1", "p1-padded", "p1-full", "p1-opt", "p2", "p2-padded", "p2-packed", "p2-opt",
-                                     "lamb"]
+    assert row_names(stages)[:10] == ["selftest", "p1", "p1-padded", "p1-full", "p1-opt", "p2", "p2-padded",
+                                      "p2-packed", "p2-opt", "lamb"]
     assert [r.unpadded for g in groups[:2] for r in g.rows] == [True, False, False, True] * 2  # the recipe's own path
     for group in groups:  # the one-micro-batch row last: DeepSpeed's boundary count stays aligned
         assert 1 not in [r.accumulation for r in group.rows][:-1]
     assert {r.accumulation for g in groups[:2] for r in g.rows} == {32, 1}
     assert groups[3].rows[0].accumulation == 8  # 256 x 8 = the sequences of p1's 64 x 32
-    base = load_config(REPO_ROOT / "ds_configs" / "recipes" / "bert_base.json")  # its own path: unpadded
-    assert base.model.attention == "unpadded" and "bert_base:p2-packed" not in row_names(stages)
+    base = load_config(REPO_ROOT / "ds_configs" / "recipes" / "bert_base.json")  # auto: unpadded on the GPU checked
+    assert base.model.attention == "auto" and "bert_base:p2-packed" not in row_names(stages)
     assert all(r.unpadded for g in groups[-2:] for r in g.rows)
+    older = build_plan(parse_args([]), OLDER_GPU)  # a V100: auto runs padded rows there, so the check measures those
+    assert not any(r.unpadded for s in older if s not in (LAMB_STAGE, SELFTEST_STAGE) for r in s.rows)
+    assert "p2-varied" in row_names(older) and "p1-padded" not in row_names(older)
 
 
 def test_rows_selects_and_refuses_unknown_names(capsys: pytest.CaptureFixture[str]) -> None:

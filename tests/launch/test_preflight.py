@@ -207,15 +207,18 @@ def test_an_unwritable_run_folder_is_refused(job: dict[str, Path]) -> None:
 
 
 def test_unpadded_attention_where_its_kernel_cannot_run_is_refused_at_launch(job: dict[str, Path]) -> None:
-    """fp32 on GPUs has no flash kernel, compiled layers do not run under ZeRO-3: one line before any rank,
-    naming what is missing and what runs there; the padded path is checked as before."""
+    """An explicit unpadded in fp32 on GPUs (no flash kernel there), an explicit compile under ZeRO-3: one line
+    before any rank, naming what is missing and what runs there. The defaults (auto, compile null) choose what
+    runs instead: padded SDPA, eager layers."""
     args = ["--config", str(job["run_json"]), "--run.precision=fp32"]
     with pytest.raises(ConfigError, match=r"^model.attention=unpadded: the flash kernel needs bf16 or fp16 on CUDA, "
                                           r"phase1 computes in fp32 \(run.precision\); model.attention=padded runs there$"):
-        check_command_line(args, LaunchShape(2, "cuda"))
+        check_command_line([*args, "--model.attention=unpadded"], LaunchShape(2, "cuda"))
+    assert "checked" in check_command_line(args, LaunchShape(2, "cuda"))  # auto: padded SDPA there
     assert "checked" in check_command_line([*args, "--model.attention=padded"], LaunchShape(2, "cuda"))
-    assert "checked" in check_command_line(args, LaunchShape(2, "cpu"))  # the CPU runs the reference kernel
+    assert "checked" in check_command_line([*args, "--model.attention=unpadded"], LaunchShape(2, "cpu"))  # reference
     zero3 = ["--config", str(job["run_json"]), "--phase1.ds_overrides.zero_optimization.stage=3"]
     with pytest.raises(ConfigError, match=r"^model.compile: compiled layers are not supported with ZeRO-3"):
-        check_command_line(zero3, LaunchShape(2, "cuda"))
+        check_command_line([*zero3, "--model.compile=true"], LaunchShape(2, "cuda"))
+    assert "checked" in check_command_line(zero3, LaunchShape(2, "cuda"))  # null: eager layers under ZeRO-3
     assert "checked" in check_command_line([*zero3, "--model.compile=false"], LaunchShape(2, "cuda"))

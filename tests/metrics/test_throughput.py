@@ -134,3 +134,51 @@ def test_throughput_counts_rows_for_device_work_and_instances_for_useful_work() 
     assert unpacked.data_stats(128)["data/packing_factor"] == 1.0
     with pytest.raises(ValueError, match="predictions_per_seq"):
         Throughput(row_flops, 128, 1, None, head_flops_per_prediction=head)
+
+
+def test_attention_pairs_are_the_instances_lengths_squared_on_every_layout(tmp_path) -> None:
+    """Counted on the host copy of each layout: the same sum over instances of length squared, by hand; the unpadded
+    bucket tail and the padding count nothing."""
+    from pretrain.data.batches import Collator
+    from pretrain.data.unpadded import attention_pairs
+    from tests.support.model_fixtures import rows_of, tiny_phase_data
+
+    data = tiny_phase_data(tmp_path / "data")
+    lengths = [32, 7, 19, 3, 31, 12]
+    by_hand = 32 * 32 + 7 * 7 + 19 * 19 + 3 * 3 + 31 * 31 + 12 * 12  # 2548
+    rows = rows_of(data, lengths)
+    for layout in ({}, {"packing": True}, {"unpadded": True}):
+        batch = Collator(data, **layout)(rows, [np.random.default_rng([3, i]) for i in range(len(rows))])
+        assert attention_pairs(batch) == by_hand, layout
+    unpadded = Collator(data, unpadded=True)(rows, [np.random.default_rng([3, i]) for i in range(len(rows))])
+    assert unpadded["cu_seqlens"][-1] > sum(lengths)  # a non-empty tail, not counted
+
+
+def test_mfu_counts_the_attention_the_instances_need() -> None:
+    """perf/tflops by hand: 6 N_enc per token the device ran + 12 L d per query-key pair of each instance + 6 N_head
+    per head slot; and the size of what the old count (a full row's seq^2 per row) overstated: BERT-Large at seq 512,
+    lengths uniform in [128, 512], unpadded: about 2.4 % of the encoder's FLOPs (the review's "+2.5 %")."""
+    from pretrain.metrics.throughput import ThroughputSettings
+    from pretrain.model.presets import PRESETS, flop_parameter_counts
+
+    fields = {**PRESETS["bert-large"], "vocab_size": 30522}
+    encoder, head = flop_parameter_counts(fields)
+    layers, d, seq, predictions = 24, 1024, 512, 80
+    settings = ThroughputSettings(encoder, head, layers, d, seq, predictions, peak_tflops=989.0)
+    meter = Throughput.of(settings, world_size=1)
+    lengths = list(range(128, 513))  # one instance of each length: uniform in [128, 512]
+    tokens = 64 * -(-sum(lengths) // 64)  # the unpadded micro-batch: T rounded up to the 64-token bucket
+    pairs = sum(n * n for n in lengths)
+    counts = StepCounts(rows=tokens / seq, instances=len(lengths), real_tokens=sum(lengths),
+                        predictions=len(lengths) * predictions, attention_pairs=pairs)
+    stats = meter.rates(counts, seconds=1.0)
+    by_hand = 6 * encoder * tokens + 12 * layers * d * pairs + 6 * head * len(lengths) * predictions
+    assert stats["perf/tflops"] == pytest.approx(by_hand / 1e12, rel=1e-12)
+    assert stats["perf/mfu"] == pytest.approx(by_hand / 1e12 / 989.0, rel=1e-12)
+    old = meter.rates(StepCounts(counts.rows, counts.instances, counts.real_tokens, counts.predictions), 1.0)
+    encoder_flops = 6 * encoder * tokens + 12 * layers * d * pairs
+    overstated = (old["perf/tflops"] - stats["perf/tflops"]) * 1e12 / encoder_flops
+    assert overstated == pytest.approx(12 * layers * d * (tokens * seq - pairs) / encoder_flops, rel=1e-9)
+    assert 0.022 < overstated < 0.026
+    full = StepCounts(rows=4, instances=4, real_tokens=4 * seq, predictions=4 * predictions, attention_pairs=4 * seq**2)
+    assert meter.rates(full, 1.0)["perf/tflops"] == pytest.approx(4 * settings.flops_per_sequence / 1e12, rel=1e-12)

@@ -14,7 +14,8 @@ from transformers import BertForPreTraining
 from pretrain.config.attention import attention_plan
 from pretrain.config.sections import RunConfig
 from pretrain.data.batches import PhaseData
-from pretrain.model.compiled import compile_metrics, graph_breaks, has_compiled_layers, layer_graphs
+from pretrain.model.compiled import compile_metrics, compiled_layer, graph_breaks
+from pretrain.model.kernel_support import DeviceFacts
 from pretrain.model.setup import prepare_model_path
 from tests.support.model_fixtures import both_layouts, forward_and_grads, no_dropout_model
 
@@ -28,8 +29,10 @@ def compiled_model(vocab_size: int, activation_checkpointing: bool = False) -> t
     if activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     # the phase's attention plan as the run plan makes it, then the driver's rank-side set-up
-    prepare_model_path(model, attention_plan(config, "phase1", CPU_FP32, "cpu"), "fp32", torch.device("cpu"))
-    assert has_compiled_layers(model)
+    plan = attention_plan(config, "phase1", CPU_FP32, DeviceFacts("cpu"), 32)
+    assert plan.unpadded and plan.compile and plan.compile_strict
+    prepare_model_path(model, plan)
+    assert compiled_layer(model) is not None
     return model
 
 
@@ -48,9 +51,10 @@ def test_compiled_layers_train_like_padded_eager_with_no_graph_break_or_recompil
         for name in want_grads:
             torch.testing.assert_close(got_grads[name], want_grads[name], rtol=1e-5, atol=1e-5, msg=name)
     assert graph_breaks() == breaks_before == 0
-    assert layer_graphs() == 1  # one graph for every layer, token count and instance count
+    assert compiled_layer(model).graphs == 1  # one graph for every layer, token count and instance count
     metrics = compile_metrics(model)
     assert metrics["compile/graph_breaks"] == 0 and metrics["compile/recompiles"] == 0
+    assert metrics["compile/fallback"] == metrics["compile/recompile_limit"] == 0
     assert metrics["compile/seconds"] > 0
     assert list(model.state_dict()) == list(BertForPreTraining(model.config).state_dict())  # no _orig_mod.
 
@@ -66,21 +70,25 @@ def test_compiled_layers_under_activation_checkpointing_have_no_graph_break(data
     assert graph_breaks() == 0
 
 
-@pytest.mark.parametrize("precision, stage, expected", [
-    ("fp32", 1, "needs bf16 or fp16 on CUDA, phase1 computes in fp32 (run.precision); model.attention=padded runs there"),
-    ("bf16", 3, "model.compile: compiled layers are not supported with ZeRO-3"),
+@pytest.mark.parametrize("attention, compile, precision, stage, expected", [
+    ("unpadded", None, "fp32", 1, "needs bf16 or fp16 on CUDA, phase1 computes in fp32 (run.precision); "
+     "model.attention=padded runs there"),
+    ("auto", True, "bf16", 3, "model.compile: compiled layers are not supported with ZeRO-3"),
+    ("auto", None, "fp32", 1, None),  # auto runs padded there; null compile stays off under ZeRO-3
+    ("auto", None, "bf16", 3, None),
 ])
-def test_setups_the_kernel_cannot_run_are_refused_in_one_line(precision: str, stage: int, expected: str) -> None:
+def test_setups_the_kernel_cannot_run_are_refused_in_one_line(attention: str, compile: bool | None, precision: str,
+                                                              stage: int, expected: str | None) -> None:
+    """The launch preflight's check (no torch, no device): explicit choices that cannot run, in one line."""
     from pretrain.config.attention import setup_problem
 
     config = RunConfig()
+    config.model.attention, config.model.compile = attention, compile
     ds = {"bf16": {"enabled": precision == "bf16"}, "fp16": {"enabled": False}, "zero_optimization": {"stage": stage}}
     problem = setup_problem(config, "phase1", ds, "cuda")
-    assert problem is not None and expected in problem and "\n" not in problem
-    config.model.attention = "padded"
+    assert problem == expected if expected is None else (expected in problem and "\n" not in problem)
+    config.model.attention, config.model.compile = "padded", None
     assert setup_problem(config, "phase1", ds, "cuda") is None
-
-
 
 
 def test_the_cuda_flash_call_traces_in_one_graph_with_its_backward_on_meta_tensors() -> None:

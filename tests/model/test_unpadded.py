@@ -14,7 +14,8 @@ import torch
 from pretrain.data.batches import PhaseData
 from pretrain.data.unpadded import bucketed, device_rows, real_tokens, unpad_masked_instances
 from pretrain.model.bert import IGNORE_INDEX, bert_config, build_model
-from pretrain.model.varlen_attention import kernel_problem, reference_varlen_attention, segment_index
+from pretrain.model.kernel_support import DeviceFacts, unpadded_problem
+from pretrain.model.varlen_attention import reference_varlen_attention, segment_index
 from tests.support.model_fixtures import SEQ, both_layouts, forward_and_grads, no_dropout_model
 
 LENGTHS = {
@@ -112,7 +113,7 @@ def test_activation_checkpointing_recomputes_the_same_gradients(data: PhaseData)
 
 
 def test_the_cpu_needs_no_cuda_kernel() -> None:
-    assert kernel_problem(torch.device("cpu"), torch.float32, 64) is None
+    assert unpadded_problem(DeviceFacts("cpu"), "fp32", 64) is None
 
 
 def test_a_decoder_bert_is_refused_by_the_unpadded_path(data: PhaseData) -> None:

@@ -72,11 +72,16 @@ def test_runs_complete_with_checkpoints_of_both_phases(runs: Path) -> None:
 
 @pytest.mark.multirank
 def test_a_run_naming_neither_attention_key_runs_unpadded(runs: Path) -> None:
-    """model.attention defaults to unpadded: r1's micro-batches were the real tokens (rounded up to a bucket), so
-    it ran fewer device rows than instances (its instances are seq/2 to seq long; padded rows are exactly one
-    per instance, packing is off), and eager on CPU (no compile/* numbers)."""
+    """model.attention defaults to auto, which is unpadded on CPU (the reference kernel, its self-test passed on the
+    ranks' agreement): r1's micro-batches were the real tokens (rounded up to a bucket), so it ran fewer device rows
+    than instances (its instances are seq/2 to seq long; padded rows are exactly one per instance, packing is off),
+    and eager on CPU (no compile/* numbers). config.resolved.json records the choice and why."""
     resolved = json.loads((runs / "r1" / "config.resolved.json").read_text())
-    assert resolved["model"]["attention"] == "unpadded" and resolved["model"]["compile"] is None
+    assert resolved["model"]["attention"] == "auto" and resolved["model"]["compile"] is None
+    chosen = resolved["resolved"]["attention"]
+    assert {phase: (c["requested"], c["path"], c["compile"]) for phase, c in chosen.items()} == {
+        "phase1": ("auto", "unpadded", False), "phase2": ("auto", "unpadded", False)}
+    assert "the reference varlen kernel on cpu" in chosen["phase1"]["why"] and "self-test passed" in chosen["phase1"]["why"]
     records = step_records(runs / "r1").values()
     factors = [r["data/packing_factor"] for r in records]
     assert min(factors) >= 1.0 and max(factors) > 1.1, factors

@@ -67,7 +67,7 @@ def test_config_file_then_overrides(run_json: Path) -> None:
         ("--run.dist_timeout_minutes=0", "run.dist_timeout_minutes: must be >= 1, got 0"),
         ("--run.dist_timeout_minutes=1.5", "run.dist_timeout_minutes: expected int"),
         ("phase1.steps=3", "expected --section.key=value"),
-        ("--model.attention=flash", "model.attention: 'flash' is not one of unpadded, padded"),
+        ("--model.attention=flash", "model.attention: 'flash' is not one of auto, unpadded, padded"),
         ("--model.compile=yes", "model.compile: expected bool"),
         ("--model.attention=padded --model.compile=true", "model.compile: compiles the unpadded encoder layers"),
     ],
