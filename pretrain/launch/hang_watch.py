@@ -16,6 +16,7 @@ What this server adds to torch's (the private hooks it relies on are listed in p
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import time
@@ -60,7 +61,16 @@ class HangWatch(FileTimerServer):
         the pipe as a rank's own request would be (the server reads nothing until someone writes to it)."""
         self.ranks[pid] = rank
         request = FileTimerRequest(pid, START_UP, time.time() + self.limits.startup_s, signal.SIGKILL)
-        pipe = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)
+        for _ in range(50):  # the server's thread opens its end as it starts: wait for it, briefly
+            try:
+                pipe = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)
+                break
+            except OSError as err:
+                if err.errno != errno.ENXIO:
+                    raise
+                time.sleep(0.02)
+        else:
+            raise RuntimeError(f"the timer server does not read {self.path}")
         try:
             os.write(pipe, (request.to_json() + "\n").encode())
         finally:
