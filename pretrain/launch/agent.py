@@ -200,7 +200,8 @@ class HealingAgent(LocalElasticAgent):
 
         def failure(rank: int, pid: int, exitcode: int) -> RankFailure:
             return RankFailure(rank, self.node.host, exitcode, self.watch.last_step.get(pid), self.logs.path(attempt, rank),
-                               self.watch.hung.get(pid), pid in self.stopped_for_lost_node, nccl_trace(rank))
+                               self.watch.hung.get(pid), pid in self.stopped_for_lost_node, nccl_trace(rank),
+                               pid in self.watch.stacks)
 
         failed = [failure(rank, found.pid, found.exitcode) for rank, found in result.failures.items()]
         # A frozen rank named by the timers may not have ended yet (the agent's stop kills it): a failure too.

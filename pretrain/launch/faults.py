@@ -64,6 +64,7 @@ class RankFailure:
     hang: str | None = None  # "made no progress in 10 min (...)": its timer ran out
     node_lost: bool = False  # its agent killed it: a node of the job was lost
     trace: Path | None = None  # where NCCL's flight recorder dumps this rank's collectives (when it does)
+    stacks: bool = False  # asked for its stacks (they are in its log) before it was killed
 
     @property
     def kind(self) -> str:
@@ -102,7 +103,7 @@ class RankFailure:
     def files(self) -> str:
         """Where the evidence is: the rank's log (with its stacks after a hang), NCCL's trace when it dumped one."""
         trace = f"; NCCL trace: {self.trace}" if self.trace is not None and self.trace.is_file() else ""
-        return f"log{' (with its stacks)' if self.hang else ''}: {self.log}{trace}"
+        return f"log{' (with its stacks)' if self.stacks else ''}: {self.log}{trace}"
 
 
 def failure_order(failure: RankFailure) -> int:

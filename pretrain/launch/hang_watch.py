@@ -6,8 +6,9 @@ What this server adds to torch's (the private hooks it relies on are listed in p
 
 - it never kills its own process: torch's server ends the agent after reaping a hung worker; this one kills the
   rank only, and the agent restarts the group;
-- evidence first: a hung rank is sent STACKS_SIGNAL (its Python stacks go to its log; a stopped one is continued so
-  that it can write them), given STACKS_WAIT_S, then killed;
+- evidence first: a hung rank is sent STACKS_SIGNAL (its Python stacks go to its log) and on GPUs a word on NCCL's
+  dump pipe (its recent collectives to a file), given a moment to write them, then killed. A rank stopped by a
+  signal is named as such and not asked: it could answer only if it were let run again;
 - a rank frozen between two timers' ends (its peer, waiting in a collective, runs out first) is found in /proc
   (state T), named, asked for its stacks and killed with it;
 - the fault line's words: the timer each rank held last ("phase1 step 12", "start-up") and under which limit it
@@ -55,6 +56,7 @@ class HangWatch(FileTimerServer):
         self.startup: dict[int, bool] = {}  # pid -> whether that timer runs under the start-up limit
         self.hung: dict[int, str] = {}  # pid -> "made no progress in ..." for the fault line
         self.ranks: dict[int, int] = {}  # pid -> global rank, for NCCL's dump pipe
+        self.stacks: set[int] = set()  # pids asked for their stacks before they were killed
 
     def arm(self, pid: int, rank: int) -> None:
         """Time rank `pid`'s start-up from now: it cannot announce itself before its imports are done. Sent through
@@ -95,7 +97,7 @@ class HangWatch(FileTimerServer):
         frozen = [pid for pid in self.last_step if pid != worker_pid and process_state(pid) in ("T", "t")]
         for pid in [worker_pid, *frozen]:
             self.hung.setdefault(pid, self.no_progress(pid))  # its state before it is continued for its stacks
-        ask_for_stacks([worker_pid, *frozen], self.ranks)
+        self.stacks |= ask_for_stacks([worker_pid, *frozen], self.ranks)
         for pid in frozen:
             super()._reap_worker(pid, signal)
         return super()._reap_worker(worker_pid, signal)
@@ -105,23 +107,26 @@ class HangWatch(FileTimerServer):
         return f"made no progress in {seconds / 60:g} min ({hang_description(process_state(pid))}; {key})"
 
 
-def ask_for_stacks(pids: list[int], ranks: dict[int, int]) -> None:
-    """STACKS_SIGNAL to each (a stopped one continued, or it could not write) and, on GPUs, a word on NCCL's dump
-    pipe (its flight recorder's collectives to a file); then the time to write them."""
-    asked = traced = False
+def ask_for_stacks(pids: list[int], ranks: dict[int, int]) -> set[int]:
+    """STACKS_SIGNAL to each that can answer and, on GPUs, a word on NCCL's dump pipe (its flight recorder's
+    collectives to a file); then the time to write them. Returns the pids asked. Not asked: a rank that has no handler
+    yet (the signal's default action would end it), and a stopped one (state T: it could write its stacks only if it
+    were let run again, and then it would go on training while its peers are being killed; "stopped by SIGSTOP" is
+    its evidence)."""
+    asked: set[int] = set()
+    traced = False
     for pid in pids:
-        if not catches(pid, STACKS_SIGNAL):  # not that far yet (its default action would end it): killed as it is
+        if process_state(pid) in ("T", "t") or not catches(pid, STACKS_SIGNAL):
             continue
         try:
             os.kill(pid, STACKS_SIGNAL)
-            if process_state(pid) == "T":
-                os.kill(pid, signal.SIGCONT)
-            asked = True
         except ProcessLookupError:
             continue
+        asked.add(pid)
         traced = ask_nccl_for_trace(ranks.get(pid)) or traced
     if asked:
         time.sleep(STACKS_WAIT_S + (NCCL_DUMP_WAIT_S if traced else 0.0))
+    return asked
 
 
 def ask_nccl_for_trace(rank: int | None) -> bool:

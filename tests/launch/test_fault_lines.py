@@ -184,10 +184,10 @@ def test_process_state_tells_a_stopped_process(tmp_path: Path) -> None:
     assert process_state(child.pid) == ""  # gone
 
 
-def test_the_hang_watch_names_a_frozen_peer_asks_both_for_their_stacks_and_ends_both(tmp_path: Path) -> None:
+def test_the_hang_watch_names_a_frozen_peer_and_ends_both_the_waiting_one_after_its_stacks(tmp_path: Path) -> None:
     """A rank frozen between two steps holds no timer that runs out: its peer, waiting in a collective, times out
-    first. The agent's timer server names the frozen one too, with the limit that ran out, asks both for their stacks
-    (continuing the frozen one so that it can write them), then kills both."""
+    first. The agent's timer server names the frozen one too, with the limit that ran out, asks the waiting one for
+    its stacks (the frozen one could answer only if let run on), then kills both."""
     from pretrain.launch.hang_watch import HangWatch, Limits  # imports torch's timer server: only this test needs it
 
     code = ("import time\nfrom pretrain.distributed.step_watch import dump_stacks_on_signal\n"
@@ -210,7 +210,8 @@ def test_the_hang_watch_names_a_frozen_peer_asks_both_for_their_stacks_and_ends_
         assert watch.hung == {
             waiting.pid: "made no progress in 0.1 min (running but not progressing; run.hang_timeout_minutes)",
             frozen.pid: "made no progress in 0.1 min (stopped by SIGSTOP; run.hang_timeout_minutes)"}
-        assert all("most recent call first" in log.read_text() for log in logs), [log.read_text() for log in logs]
+        assert watch.stacks == {waiting.pid}
+        assert "most recent call first" in logs[1].read_text() and logs[0].read_text() == ""
     finally:
         for child in (frozen, waiting):
             child.kill()
