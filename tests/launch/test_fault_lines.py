@@ -142,7 +142,9 @@ def test_a_save_that_failed_is_told_in_the_ranks_own_words_and_only_space_asks_f
 
 def test_a_codistillation_rank_restarts_from_its_own_groups_checkpoint(tmp_path: Path) -> None:
     """The line names the checkpoint the rank really resumes from: group<g>/checkpoints/... of its run folder."""
-    from pretrain.config.load import load_config  # the agent's judging reads the plug-in's layout (no torch here)
+    from pretrain.config.load import (
+        load_config,  # the agent's judging reads the plug-in's layout (no torch here)
+    )
     from pretrain.launch.agent import Judging  # imports torch's elastic agent: only this test needs it
 
     run = tmp_path / "run"
@@ -188,7 +190,10 @@ def test_the_hang_watch_names_a_frozen_peer_and_ends_both_the_waiting_one_after_
     """A rank frozen between two steps holds no timer that runs out: its peer, waiting in a collective, times out
     first. The agent's timer server names the frozen one too, with the limit that ran out, asks the waiting one for
     its stacks (the frozen one could answer only if let run on), then kills both."""
-    from pretrain.launch.hang_watch import HangWatch, Limits  # imports torch's timer server: only this test needs it
+    from pretrain.launch.hang_watch import (  # imports torch's timer server: only this test needs it
+        HangWatch,
+        Limits,
+    )
 
     code = ("import time\nfrom pretrain.distributed.step_watch import dump_stacks_on_signal\n"
             "dump_stacks_on_signal()\nprint('ready', flush=True)\ntime.sleep(60)\n")

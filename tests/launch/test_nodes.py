@@ -19,7 +19,7 @@ from pretrain.launch.faults import AgentEnd, FaultRecord
 from pretrain.launch.nodes import NODE_LOST_SIGNAL, FaultLines, NodeJob, main, node_range
 from pretrain.launch.pin import share
 from pretrain.launch.rendezvous import is_this_machine, listen, parse_endpoint, this_machine
-from pretrain.launch.transports import SSH_KEEP_ALIVE, Pdsh, SessionEnd, Srun
+from pretrain.launch.transports import Pdsh, SessionEnd, Srun
 
 
 def test_nodes_is_a_count_or_a_range() -> None:

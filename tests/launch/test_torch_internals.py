@@ -26,8 +26,9 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousError,
     RendezvousHandler,
     RendezvousParameters,
+    c10d_rendezvous_backend,
+    dynamic_rendezvous,
 )
-from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, dynamic_rendezvous
 from torch.distributed.elastic.timer import FileTimerClient, FileTimerRequest, FileTimerServer
 
 TORCH = torch.__version__
