@@ -19,7 +19,7 @@ from pretrain.launch.faults import AgentEnd, FaultRecord
 from pretrain.launch.nodes import NODE_LOST_SIGNAL, FaultLines, NodeJob, main, node_range
 from pretrain.launch.pin import share
 from pretrain.launch.rendezvous import is_this_machine, listen, parse_endpoint, this_machine
-from pretrain.launch.transports import Pdsh, SessionEnd, Srun
+from pretrain.launch.transports import SSH_KEEP_ALIVE, Pdsh, SessionEnd, Srun
 
 
 def test_nodes_is_a_count_or_a_range() -> None:
@@ -222,3 +222,18 @@ def test_an_endpoint_elsewhere_that_nobody_serves_is_one_line_before_any_node_st
     err = capsys.readouterr().err
     assert status == 2 and err.count("\n") == 1, err
     assert err.startswith(f"launch.sh: error: --rdzv-endpoint 127.0.0.1:{port}: no rendezvous store answers there")
+
+
+def test_ssh_keeps_its_sessions_alive_so_a_vanished_machine_is_noticed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PDSH_SSH_ARGS_APPEND", "-o Compression=yes")  # the user's own stays, ours follows
+    assert Pdsh("m").env()["PDSH_SSH_ARGS_APPEND"] == f"-o Compression=yes {SSH_KEEP_ALIVE}"
+    assert "ServerAliveInterval=" in SSH_KEEP_ALIVE and "ServerAliveCountMax=" in SSH_KEEP_ALIVE
+
+
+def test_after_our_own_signal_slurm_step_cancelled_lines_are_not_shown() -> None:
+    srun = Srun("m", "1", 1)
+    line = "slurmstepd-vm-1: error: *** STEP 7818.0 ON vm-1 CANCELLED AT 2026-12-02T04:05:37 ***\n"
+    assert not srun.quiet(line)  # a user's scancel: SLURM's word stays
+    srun.signalled = True
+    assert srun.quiet(line) and srun.quiet("srun: Force Terminated StepId=5700.0\n")
+    assert not srun.quiet("done: complete\n")
