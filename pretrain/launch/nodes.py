@@ -155,8 +155,9 @@ class FaultLines:
     """One line per fault, not one per node: every node's agent judges the failure its own ranks saw (on the node of
     the rank that died: "died of SIGKILL"; on the others: "exited with status 1", their ranks having lost a peer) and
     sends its FaultRecord. The records of one attempt are held until every running node has sent its own, or
-    `settle_s` passed; then one line is shown: a final verdict's if any node reached one (it ends the job), the
-    most telling (FaultRecord.order), with the node's name in front as pdsh put it."""
+    `settle_s` passed, or until a later event (a later attempt's record, a lost node) must follow it; then one line is
+    shown: a final verdict's if any node reached one (it ends the job), else the most telling (FaultRecord.order),
+    with the node's name in front as pdsh put it."""
 
     def __init__(self, out: IO[str], nodes_running: Callable[[], int], settle_s: float = 10.0) -> None:
         self.out, self.nodes_running, self.settle_s = out, nodes_running, settle_s
@@ -169,6 +170,8 @@ class FaultLines:
         if record is None:
             return False
         key = (record.job, record.restart)
+        for earlier in [other for other in list(self.pending) if other[0] == key[0] and other[1] < key[1]]:
+            self.show(earlier)  # a later attempt's word: the earlier fault is told first, with what it has
         with self.lock:
             first = key not in self.pending
             self.pending.setdefault(key, []).append((line.partition("launch.sh: ")[0], record))
@@ -201,6 +204,7 @@ def relay(stream: IO[str], out: IO[str], job: NodeJob, faults: FaultLines) -> No
     for line in stream:
         ended = job.transport.session_end(line)
         if ended:
+            faults.show_all()  # the lines stay in the order of what happened
             act = job.node_ended(ended)
             if act:
                 job.signal_agents(*act)

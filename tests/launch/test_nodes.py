@@ -171,6 +171,12 @@ def test_the_nodes_records_of_one_failure_become_the_most_telling_line() -> None
     faults.offer(record("n1", 0, "died of SIGKILL", 2, restart=1))
     faults.offer(record("n2", 1, "exited with status 1", 5, restart=1, restarts=False))
     assert out.getvalue().startswith("n2: launch.sh: error: rank 1 (host n2) exited with status 1")
+    # a node that does not tell (its ranks restarted for the other's rendezvous): the next event shows the line first
+    out.truncate(0), out.seek(0)
+    faults.offer(record("n1", 0, "died of SIGKILL", 2, restart=2))
+    faults.offer(record("n1", 0, "made no progress", 0, restart=3))
+    assert out.getvalue().startswith("n1: launch.sh: fault: rank 0 (host n1) died of SIGKILL")
+    faults.show_all()
     alone = FaultLines(out, nodes_running=lambda: 1, settle_s=60)
     alone.offer(record("n1", 0, "exited with status 1", 5, restart=2))
     assert out.getvalue().endswith("exited with status 1 at phase1 step 13; ...\n")
