@@ -56,7 +56,7 @@ from pretrain.checkpointing.checkpoint import (
     read_run_config,
     split_checkpoint_path,
 )
-from pretrain.checkpointing.commit import agree_on_failures, first_line, out_of_space
+from pretrain.checkpointing.commit import ExportError, agree_on_failures, first_line, out_of_space
 from pretrain.checkpointing.elastic import prepare_resume
 from pretrain.checkpointing.export import export_checkpoint, load_weights
 from pretrain.checkpointing.manifest import resolve_resume_tag
@@ -194,8 +194,8 @@ def export_phase(plugin: TrainingPlugin, phase: str, source: Path, out: Path, ra
     """The Hugging Face exports of a phase end: the pairs the plug-in names (default: rank 0 exports `source`
     to `out`); `only_missing`: a resumed run redoes an export a crash cut short, and only that.
 
-    Collective. An export that cannot be written (a full disk, a quota) ends the job on every rank: one line
-    from the rank that exported, then SaveError (exit 4). The phase-end checkpoint is whole, so the same
+    Collective. An export that cannot be written (a full disk, a quota) ends the job on every rank: ExportError with
+    the exporting rank's words (the driver prints it, exit 4). The phase-end checkpoint is whole, so the same
     command redoes the export alone."""
     failure = None
     for checkpoint, folder in plugin.export_targets(phase, source, out, rank):
@@ -207,11 +207,10 @@ def export_phase(plugin: TrainingPlugin, phase: str, source: Path, out: Path, ra
             fix = "free space" if out_of_space(str(err)) else "remove the cause of that error"
             failure = (f"could not write the export {folder} ({first_line(err)}); the checkpoint in {checkpoint} is "
                        f"whole; {fix}, then rerun the same command (it redoes the export)")
-            print(f"export error: {failure}", flush=True)
             break
-    failures = agree_on_failures(failure)  # every rank stops together, after the line is out
+    failures = agree_on_failures(failure)  # every rank stops together, with the exporting rank's words
     if failures:
-        raise SaveError(failures[0])
+        raise ExportError(failures[0])
 
 
 def train(config: RunConfig, extensions: Sequence[TrainingPlugin] = (), stop: StopRequest | None = None) -> str:
@@ -358,8 +357,8 @@ def main(argv: list[str] | None = None, extensions: Sequence[TrainingPlugin] = (
     try:
         config = load_config(config_path, overrides)
         outcome = train(config, extensions, stop)
-    except SaveError as err:  # rank 0 printed its one line where the save failed (pretrain/checkpointing/commit.py)
-        print(err.line(), file=sys.stderr, flush=True)  # and each rank's own to its log: the agent quotes it
+    except SaveError as err:  # rank 0's message is the whole line (pretrain/checkpointing/commit.py); under the
+        print(err.line(), file=sys.stderr, flush=True)  # elastic agent stderr is the rank's log: the agent shows it
         return SAVE_FAILED_EXIT
     except UserError as err:  # config, data or resume error: one line with its kind's prefix
         print(err.line(), file=sys.stderr, flush=True)

@@ -41,19 +41,26 @@ from data_prep.atomic_io import atomic_write_bytes, atomic_write_stream, fsync_f
 from pretrain.checkpointing.footprint import CheckpointShape, checkpoint_bytes, free_bytes, human
 from pretrain.checkpointing.layout import LATEST, PRUNED_PREFIX
 from pretrain.checkpointing.manifest import manifest_bytes
-from pretrain.errors import SAVE_ERROR_PREFIX, UserError
+from pretrain.errors import EXPORT_ERROR_PREFIX, SAVE_ERROR_PREFIX, UserError
 
-__all__ = ["SaveAttempt", "SaveError", "agree_on_failures", "deepspeed_save", "publish", "report_failure"]
+__all__ = ["ExportError", "SaveAttempt", "SaveError", "agree_on_failures", "deepspeed_save", "publish", "report_failure"]
 
 # What a failed write raises: OSError from Python's I/O, RuntimeError from torch.save's writer ("file write failed")
 WRITE_ERRORS = (OSError, RuntimeError)
 
 
 class SaveError(UserError):
-    """A checkpoint the run cannot do without (a phase end, a stop) could not be written on some rank. Rank 0
-    printed its one line where it happened; `latest` names the last whole checkpoint. The driver exits 4."""
+    """A checkpoint the run cannot do without (a phase end, a stop) could not be written on some rank; `latest` names
+    the last whole checkpoint. Rank 0's message is the whole line (what failed where, and what to do), which the
+    driver prints once, to stderr, and exits 4: the elastic agent shows it from the rank's log."""
 
     prefix = SAVE_ERROR_PREFIX
+
+
+class ExportError(SaveError):
+    """A phase end's Hugging Face export that could not be written (its checkpoint is whole); exit 4 as well."""
+
+    prefix = EXPORT_ERROR_PREFIX
 
 
 def barrier() -> None:
@@ -229,6 +236,7 @@ def report_failure(folder: Path, failures: list[str], engine: Any, rank: int, st
                  "there; " if space else "")
         text = (f"could not write {folder} ({failures[0]}{more}); {sizes}latest still names "
                 f"{last or 'nothing (no checkpoint yet)'}; {then}")
-        print(f"{SaveError.prefix}{text}", flush=True)
+        if not stop:  # training goes on: said here; a stop's line is the SaveError's (the driver's, or its agent's)
+            print(f"{SaveError.prefix}{text}", flush=True)
     barrier()
     return text or f"could not write {folder} ({failures[0]}{more})"

@@ -290,8 +290,8 @@ def judge(failure: RankFailure, restarts_done: int, context: FaultContext, histo
                  order=failure_order(failure))
     log = failure.files()
     if failure.exitcode in NOT_RESTARTED and not (failure.hang or failure.node_lost):
-        if found and failure.exitcode == USER_ERROR_EXIT:
-            line, status = found, USER_ERROR_EXIT
+        if found and failure.exitcode in (USER_ERROR_EXIT, SAVE_FAILED_EXIT):  # the rank's own words say it all
+            line, status = found, failure.exitcode
         else:
             line = (f"error: {failure.line()}: {NOT_RESTARTED[failure.exitcode]}, not restarted"
                     f"{': ' + found if found else ''}; {log}")
