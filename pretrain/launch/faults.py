@@ -299,7 +299,8 @@ def judge(failure: RankFailure, restarts_done: int, context: FaultContext, histo
         return _keep(history, FaultRecord(time.time(), **fields, restarts=False, exit_status=status, line=line))
     previous = history.previous_attempt(context.job, restarts_done)
     probe = FaultRecord(time.time(), **fields, restarts=True, exit_status=0, line="")
-    if any(r.key == probe.key and r.checkpoint == checkpoint for r in previous):
+    # a lost node is the world's doing, never a bug of the run's: it is not "the same failure" however often it comes
+    if failure.kind != "node" and any(r.key == probe.key and r.checkpoint == checkpoint for r in previous):
         why = (f"the same failure as the last one, at the same step with no newer checkpoint: a bug, not a fault, "
                f"so no restart; last checkpoint {checkpoint or 'none'}")
     elif restarts_done >= context.max_restarts:

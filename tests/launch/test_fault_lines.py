@@ -115,6 +115,13 @@ def test_two_unrelated_start_up_failures_are_not_a_bug(tmp_path: Path) -> None:
     assert killed.restarts  # died of SIGKILL: another cause again
 
 
+def test_nodes_lost_at_the_same_step_twice_are_two_faults(tmp_path: Path) -> None:
+    """A lost node is the world's doing: a second one at the same step is no bug of the run's."""
+    for restart in (0, 1):
+        lost = judge(failure(tmp_path, exitcode=-9, node_lost=True), restart, context(tmp_path), history(tmp_path))
+        assert lost.restarts and lost.kind == "node", lost.line
+
+
 def test_a_config_error_is_its_own_line_once_and_nan_losses_are_not_restarted(tmp_path: Path) -> None:
     log = tmp_path / "rank-0.log"
     log.write_text("Traceback (most recent call last):\n  ...\nconfig error: data.shards: x: sha256 differs\n"
