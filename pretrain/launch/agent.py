@@ -199,9 +199,10 @@ class HealingAgent(LocalElasticAgent):
         attempt = group.spec.max_restarts - self._remaining_restarts
 
         def failure(rank: int, pid: int, exitcode: int) -> RankFailure:
-            return RankFailure(rank, self.node.host, exitcode, self.watch.last_step.get(pid), self.logs.path(attempt, rank),
-                               self.watch.hung.get(pid), pid in self.stopped_for_lost_node, nccl_trace(rank),
-                               pid in self.watch.stacks)
+            watch = self.watch
+            return RankFailure(rank, self.node.host, exitcode, watch.last_step.get(pid), self.logs.path(attempt, rank),
+                               watch.hung.get(pid), pid in self.stopped_for_lost_node, nccl_trace(rank),
+                               pid in watch.stacks)
 
         failed = [failure(rank, found.pid, found.exitcode) for rank, found in result.failures.items()]
         # A frozen rank named by the timers may not have ended yet (the agent's stop kills it): a failure too.
@@ -285,8 +286,8 @@ def build_agent(args: argparse.Namespace, module_args: list[str]) -> HealingAgen
     # Several nodes: the store is nodes.py's (pretrain/launch/rendezvous.py), every agent a client of it. One machine:
     # this agent hosts it. Under SLURM the ranks' own store is on torch's choice of address (the fqdn).
     local_addr = None if args.slurm else args.node or args.master_addr
-    parameters = RendezvousParameters(backend="c10d", endpoint=args.rdzv_endpoint or f"{args.master_addr}:{args.master_port}",
-                                      run_id=job, min_nodes=low, max_nodes=high, local_addr=local_addr,
+    endpoint = args.rdzv_endpoint or f"{args.master_addr}:{args.master_port}"
+    parameters = RendezvousParameters(backend="c10d", endpoint=endpoint, run_id=job, min_nodes=low, max_nodes=high, local_addr=local_addr,
                                       is_host=not args.rdzv_endpoint, last_call_timeout=LAST_CALL_SECONDS)
     # SLURM gave the node's task all its ranks' CPUs: each rank takes its own share (pretrain/launch/pin.py), as
     # SLURM's per-task binding did when every rank was a task.

@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from pretrain.distributed.cluster import ClusterError, allocation_hosts, pdsh_quote, read_hostfile
-from pretrain.distributed.lifetime import die_with_parent
 from pretrain.launch.faults import AgentEnd, FaultRecord
 from pretrain.launch.rendezvous import answers, is_this_machine, listen, parse_endpoint
 from pretrain.launch.transports import Pdsh, SessionEnd, Srun
@@ -119,8 +118,9 @@ class NodeJob:
             self.transport.signal(signum, targets)
 
     def node_ended(self, end: SessionEnd) -> tuple[int, list[str]] | None:
-        """The word that `end.host`'s session ended: a lost node when its agent did not end by itself. Returns what to
-        send to whom: NODE_LOST_SIGNAL to the survivors when the job carries on, SIGTERM to the others when it cannot."""
+        """The word that `end.host`'s session ended: a lost node when its agent did not end by itself. Returns what
+        to send to whom: NODE_LOST_SIGNAL to the survivors when the job carries on, SIGTERM to the others when it
+        cannot."""
         host = end.host
         self.ended[host] = self.agents_ended.get(host, end.status)
         if host in self.agents_ended or end.status < LOST_STATUS or self.stopping or host in self.lost:
@@ -231,9 +231,9 @@ def serve_store(job: NodeJob) -> subprocess.Popen[bytes] | None:
         return None
     sock = listen(port)
     try:
-        return subprocess.Popen([sys.executable, "-u", "-m", "pretrain.launch.store", "--port", str(port),
-                                 "--listen-fd", str(sock.fileno()), "--with-parent"], pass_fds=[sock.fileno()],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, preexec_fn=die_with_parent)  # noqa: PLW1509
+        command = [sys.executable, "-u", "-m", "pretrain.launch.store", "--port", str(port), "--listen-fd",
+                   str(sock.fileno()), "--with-parent"]
+        return subprocess.Popen(command, pass_fds=[sock.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     finally:
         sock.close()  # the store holds it now
 

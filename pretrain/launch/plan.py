@@ -91,7 +91,8 @@ def choose_launcher(options: LaunchOptions, env: Mapping[str, str]) -> str:
     if options.rdzv_endpoint:
         parse_endpoint(options.rdzv_endpoint)
         if launcher not in ("hostfile", "slurm"):
-            raise ClusterError("--rdzv-endpoint is for pretrain on several nodes: it needs --hostfile or a SLURM allocation")
+            raise ClusterError("--rdzv-endpoint is for pretrain on several nodes: it needs --hostfile or a SLURM "
+                               "allocation")
         if options.master_addr or options.master_port:
             raise ClusterError("give --rdzv-endpoint HOST:PORT or --master-addr/--master-port, not both")
     if options.cpu and gpus is None and launcher != "none":

@@ -213,7 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.world_size < 1:
         parser.error(f"--world-size must be >= 1, got {args.world_size}")
     low, high = node_range(args.nodes) or (1, 1)
-    shape = LaunchShape(args.world_size, "cpu" if args.cpu else "cuda", args.world_size // high, tuple(range(low, high)))
+    device = "cpu" if args.cpu else "cuda"
+    shape = LaunchShape(args.world_size, device, args.world_size // high, tuple(range(low, high)))
     return exit_on_error(lambda: print(check_command_line(module_args, shape)), ConfigError, prefix="config error: ")
 
 
