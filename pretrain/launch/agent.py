@@ -97,6 +97,7 @@ from pretrain.run_folder import faults_dir, launch_logs_dir
 PREFIX = "launch.sh"
 LAST_CALL_SECONDS = 10  # with --nodes MIN:MAX: how long a rendezvous that has MIN nodes waits for more
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
+PIPE_READ_S = 0.3  # the timer server reads the ranks' pipe every 0.1 s (pretrain/launch/hang_watch.py)
 
 
 def say(line: str) -> None:
@@ -195,6 +196,7 @@ class HealingAgent(LocalElasticAgent):
                 kill(pid, signal.SIGKILL)
 
     def _failures(self, result: RunResult) -> list[RankFailure]:
+        time.sleep(PIPE_READ_S)  # what a rank announced just before it died is read by the timer server by then
         group = self.get_worker_group()
         attempt = group.spec.max_restarts - self._remaining_restarts
 

@@ -117,15 +117,16 @@ class NodeJob:
         if targets:
             self.transport.signal(signum, targets)
 
-    def node_ended(self, end: SessionEnd) -> tuple[int, list[str]] | None:
+    def node_ended(self, end: SessionEnd, first: Callable[[], None] = lambda: None) -> tuple[int, list[str]] | None:
         """The word that `end.host`'s session ended: a lost node when its agent did not end by itself. Returns what
         to send to whom: NODE_LOST_SIGNAL to the survivors when the job carries on, SIGTERM to the others when it
-        cannot."""
+        cannot. `first` runs before a line is printed (the fault lines still held go out before it)."""
         host = end.host
         self.ended[host] = self.agents_ended.get(host, end.status)
         if host in self.agents_ended or end.status < LOST_STATUS or self.stopping or host in self.lost:
             return None
         self.lost.append(host)
+        first()
         left = [other for other in self.hosts if other not in self.lost]
         how = end.why or "the machine, its agent or its link died"
         why = f"node {host} lost (its session ended with status {end.status}: {how})"
@@ -162,6 +163,7 @@ class FaultLines:
     def __init__(self, out: IO[str], nodes_running: Callable[[], int], settle_s: float = 10.0) -> None:
         self.out, self.nodes_running, self.settle_s = out, nodes_running, settle_s
         self.pending: dict[tuple[str, int], list[tuple[str, FaultRecord]]] = {}
+        self.shown: set[tuple[str, int]] = set()  # an attempt told already: a node's late word on it is dropped
         self.lock = threading.Lock()
 
     def offer(self, line: str) -> bool:
@@ -173,6 +175,8 @@ class FaultLines:
         for earlier in [other for other in list(self.pending) if other[0] == key[0] and other[1] < key[1]]:
             self.show(earlier)  # a later attempt's word: the earlier fault is told first, with what it has
         with self.lock:
+            if key in self.shown:
+                return True
             first = key not in self.pending
             self.pending.setdefault(key, []).append((line.partition("launch.sh: ")[0], record))
             complete = len(self.pending[key]) >= self.nodes_running()
@@ -187,6 +191,7 @@ class FaultLines:
     def show(self, key: tuple[str, int]) -> None:
         with self.lock:
             told = self.pending.pop(key, [])
+            self.shown.add(key)
         final = [(node, record) for node, record in told if not record.restarts]
         if told:
             node, record = min(final or told, key=lambda pair: (pair[1].order, pair[1].rank or 0))
@@ -204,8 +209,7 @@ def relay(stream: IO[str], out: IO[str], job: NodeJob, faults: FaultLines) -> No
     for line in stream:
         ended = job.transport.session_end(line)
         if ended:
-            faults.show_all()  # the lines stay in the order of what happened
-            act = job.node_ended(ended)
+            act = job.node_ended(ended, faults.show_all)  # the lines stay in the order of what happened
             if act:
                 job.signal_agents(*act)
             continue

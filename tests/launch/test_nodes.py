@@ -177,6 +177,10 @@ def test_the_nodes_records_of_one_failure_become_the_most_telling_line() -> None
     faults.offer(record("n1", 0, "made no progress", 0, restart=3))
     assert out.getvalue().startswith("n1: launch.sh: fault: rank 0 (host n1) died of SIGKILL")
     faults.show_all()
+    out.truncate(0), out.seek(0)
+    faults.offer(record("n2", 1, "exited with status 1", 5, restart=2))  # too late: attempt 2 was told
+    faults.show_all()
+    assert out.getvalue() == ""
     alone = FaultLines(out, nodes_running=lambda: 1, settle_s=60)
     alone.offer(record("n1", 0, "exited with status 1", 5, restart=2))
     assert out.getvalue().endswith("exited with status 1 at phase1 step 13; ...\n")
@@ -190,6 +194,18 @@ def test_a_node_that_never_tells_does_not_hold_the_line_back() -> None:
     while not out.getvalue() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert "made no progress" in out.getvalue()
+
+
+def test_a_node_that_ends_by_itself_does_not_cut_the_other_nodes_word_short() -> None:
+    from pretrain.launch.nodes import relay
+
+    out = io.StringIO()
+    strict = job()
+    faults = FaultLines(out, lambda: strict.nodes_left, settle_s=60)
+    lines = io.StringIO(record("n2", 1, "died of SIGKILL", 2, restarts=False) + "pdsh@n1: n2: ssh exited with exit code 1\n"
+                        + record("n1", 0, "exited with status 1", 5, restarts=False))
+    relay(lines, out, strict, faults)
+    assert out.getvalue().count("launch.sh: error:") == 1 and "died of SIGKILL" in out.getvalue()
 
 
 def test_an_agents_last_word_is_noted_not_shown() -> None:
