@@ -207,7 +207,7 @@ class HealingAgent(LocalElasticAgent):
                                pid in watch.stacks)
 
         failed = [failure(rank, found.pid, found.exitcode) for rank, found in result.failures.items()]
-        # A frozen rank named by the timers may not have ended yet (the agent's stop kills it): a failure too.
+        # A rank named by the timers (a frozen peer) may not be reaped yet: a failure too.
         return failed + [failure(rank, pid, -signal.SIGKILL) for rank, pid in self.pids().items()
                          if pid in self.watch.hung and rank not in result.failures]
 

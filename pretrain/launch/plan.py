@@ -8,18 +8,20 @@
 `launch` parses and checks the LAUNCH OPTIONS (and for pretrain --config and the --section.key=value
 form of overrides), chooses the launcher (--hostfile, else a SLURM allocation, else this machine), asks
 pretrain/distributed/cluster.py what the cluster says (`cluster.plan`), and prints what launch.sh needs as shell
-assignments to eval: LAUNCHER, HOSTFILE, NODE_RANGE, MODULE_ARGS, the CLUSTER_* values, RANK_ENV (the NAME=VALUE
-defaults every rank gets) and, for a hostfile, DS_ENV (every node's env lines). Bad input is one "PROG: error:
+assignments to eval: LAUNCHER, HOSTFILE, NODE_RANGE, MODULE_ARGS, the CLUSTER_* values (with CLUSTER_RDZV_ENDPOINT
+for a pretrain on several nodes: where its rendezvous store listens, pretrain/launch/rendezvous.py), RANK_ENV (the
+NAME=VALUE defaults every rank gets) and, for a hostfile, DS_ENV (every node's env lines). Bad input is one "PROG: error:
 ..." line and exit status 2, before anything starts. launch.sh keeps running, printing, exporting, signals.
 
 `--check-run` (launch.sh passes it for pretrain) then runs the launch-time check of the run itself in
-this same process, for the world size just planned (pretrain/launch/preflight.py: config keys, DeepSpeed
-JSONs, batch arithmetic, shards, run folder): a problem is one "PROG: config error: ..." line and
+this same process, for the world size just planned and, with --nodes MIN:MAX, the batch arithmetic of every node
+count a restart may have (pretrain/launch/preflight.py: config keys, DeepSpeed JSONs, batch arithmetic, shards,
+run folder): a problem is one "PROG: config error: ..." line and
 exit status 2, so no launcher, rank or node is started for a run that would fail at start-up. Under
 --dry-run it is a note. It imports numpy and pyarrow (never torch), so only then, not at the top.
 
 Why not bash: parsing, checking and merging are functions with unit tests here (tests/launch/test_launch_plan.py),
-and the option table feeds both the parser and the usage text. Standard library only, like cluster.py: a
+and the option table feeds both the parser and the usage text (pretrain/launch/options.py). Standard library only, like cluster.py: a
 --dry-run on a laptop may run this with a bare python3 that has none of the toolkit's dependencies.
 """
 
