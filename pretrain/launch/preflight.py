@@ -29,7 +29,7 @@ job may get another count, a plug-in may split the world), so a run started with
 checked with the same messages, plus what needs torch (the optimizer's own parameter checks) and the
 shards' checksums. Before `sbatch`, the same check runs on a login node:
 
-    python -m pretrain.launch.preflight --world-size 32 --config RUN.json [--section.key=value ...]
+    python -m pretrain.launch.preflight --world-size 32 [--nodes 3:4] --config RUN.json [--section.key=value ...]
 """
 
 from __future__ import annotations
