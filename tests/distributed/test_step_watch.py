@@ -134,17 +134,28 @@ def test_without_the_agent_the_watch_is_off() -> None:
     assert watch.client is None and watch.scope is None
 
 
+def _blocked_in_a_sleep(pid: int) -> bool:
+    """The kernel's word for the child's state: 'S' once it sleeps, not while it still runs Python."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "S"
+
+
 def test_a_rank_writes_its_stacks_to_stderr_on_the_agents_signal() -> None:
-    """faulthandler from C: the stacks come out while the main thread is blocked (here: in a sleep)."""
+    """faulthandler from C: the stacks come out while the main thread is blocked (here: in a sleep).
+
+    The signal goes only once the child sleeps, so the stack names the sleeping line on any machine.
+    """
     code = ("import time\nfrom pretrain.distributed.step_watch import dump_stacks_on_signal\n"
-            "dump_stacks_on_signal()\nprint('ready', flush=True)\ntime.sleep(30)\n")
+            "dump_stacks_on_signal()\nprint('ready', flush=True); time.sleep(30)\n")
     child = subprocess.Popen([sys.executable, "-c", code], cwd=REPO_ROOT, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        deadline = time.monotonic() + 30
+        while not _blocked_in_a_sleep(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
         child.send_signal(STACKS_SIGNAL)
         time.sleep(0.5)
     finally:
         child.kill()
         _, stderr = child.communicate()
-    assert "most recent call first" in stderr and 'File "<string>", line 5' in stderr, stderr
+    assert "most recent call first" in stderr and 'File "<string>", line 4' in stderr, stderr
