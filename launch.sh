@@ -61,7 +61,7 @@ run() {
 # launch.sh may also die without a word (SIGKILL of it or of its group): a watchdog in a group of its own
 # (pretrain/launch/watchdog.py) then stops the command's group, SIGTERM and SIGKILL 30 s later
 # (BERT_DS_KILL_GRACE_SECONDS), so nothing of the job outlives launch.sh.
-CHILD_PID="" PENDING_SIGNAL="" LAUNCHER="" WATCHDOG_PID="" INTERRUPTED=0 AGENT=0
+CHILD_PID="" PENDING_SIGNAL="" LAUNCHER="" WATCHDOG_PID="" INTERRUPTED=0 AGENT=0 FORWARDED=0
 
 # shellcheck disable=SC2206 # the fields of a stat line: split on purpose
 child_pids() { # $1 = a pid: its children's pids, one a line (read from /proc: no procps needed)
@@ -113,6 +113,7 @@ deliver_pending() {
 # shellcheck disable=SC2317 # runs from the traps below
 on_signal() {
     [[ "$1" != INT ]] || INTERRUPTED=1
+    FORWARDED=1
     PENDING_SIGNAL=$1
     deliver_pending
 }
@@ -255,13 +256,21 @@ run_agent() { # the pretrain arguments as typed: the error line's resume command
     local resume
     resume=$(show ./launch.sh pretrain "$@")
     AGENT=1
+    local status=0
     run "$PYTHON" -m pretrain.launch.agent --nproc-per-node "$CLUSTER_RANKS" --master-addr "$CLUSTER_MASTER_ADDR" \
-        --master-port "$CLUSTER_MASTER_PORT" --resume-command "${resume#+ }" -- "${MODULE_ARGS[@]}"
+        --master-port "$CLUSTER_MASTER_PORT" --resume-command "${resume#+ }" -- "${MODULE_ARGS[@]}" || status=$?
+    # The agent itself killed (its ranks die with it: pretrain/distributed/process_group.py), not stopped by us.
+    if ((status > 128 && !FORWARDED)); then
+        echo "launch.sh: error: the elastic agent died of SIG$(kill -l $((status - 128)) 2>/dev/null || echo $((status - 128)));" \
+            "its ranks ended with it; resume with: ${resume#+ }" >&2
+    fi
+    return "$status"
 }
 
 # pretrain on several nodes: the same agent on every node, started by pretrain/launch/nodes.py through pdsh + ssh
-# (a hostfile) or srun (one task per node of a SLURM allocation), which also tells a lost node (--nodes MIN:MAX: the
-# job carries on without it) and passes signals to every node.
+# (a hostfile) or srun (one task per node of a SLURM allocation), which serves their rendezvous store on this machine
+# (or checks the one --rdzv-endpoint names), tells a lost node (--nodes MIN:MAX: the job carries on without it) and
+# passes signals to every node.
 run_nodes() { # [--slurm] then the pretrain arguments as typed: the error line's resume command
     local resume where=(--hostfile "$HOSTFILE") extra=()
     if [[ "${1:-}" == --slurm ]]; then
@@ -279,7 +288,7 @@ run_nodes() { # [--slurm] then the pretrain arguments as typed: the error line's
         extra+=(--args-quoted) # pdsh always runs a remote shell; with 2+ nodes launch/plan.py quoted them already
     fi
     local nodes=(-m pretrain.launch.nodes "${where[@]}" ${extra[@]+"${extra[@]}"} --nproc-per-node "$CLUSTER_RANKS"
-        --master-addr "$CLUSTER_MASTER_ADDR" --master-port "$CLUSTER_MASTER_PORT" --resume-command "${resume#+ }")
+        --rdzv-endpoint "$CLUSTER_RDZV_ENDPOINT" --resume-command "${resume#+ }")
     run "$PYTHON" "${nodes[@]}" -- "${MODULE_ARGS[@]}"
     if ((DRY_RUN)); then # what it would start on the nodes (pdsh or srun), as one line
         echo "# which starts: $(PYTHONPATH=$(with_repo_on_path) "$(command -v "$PYTHON" || echo python3)" "${nodes[@]}" \

@@ -62,8 +62,13 @@ class FinetuneFormatError(UserError):
     GlueFormatError are its kinds, one per task's files)."""
 
 
-# The prefixes a user error's line starts with (UserError.line), the most specific first.
-ERROR_PREFIXES = tuple(kind.prefix for kind in (ConfigError, DataError, ResumeError, UserError))
+# A checkpoint or an export that could not be written (pretrain/checkpointing/commit.py SaveError, ExportError; exit 4)
+SAVE_ERROR_PREFIX = "checkpoint error: "
+EXPORT_ERROR_PREFIX = "export error: "
+# The prefixes a rank's error line starts with (UserError.line, SaveError's), the most specific first: the agent
+# quotes the rank's own line from its log (pretrain/launch/faults.py).
+ERROR_PREFIXES = (*(kind.prefix for kind in (ConfigError, DataError, ResumeError)), SAVE_ERROR_PREFIX,
+                  EXPORT_ERROR_PREFIX, UserError.prefix)
 
 
 def exit_on_error(run: Callable[[], object], errors: type[Exception] | tuple[type[Exception], ...],

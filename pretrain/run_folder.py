@@ -26,13 +26,12 @@ REPORT_MD = "report.md"  # `./launch.sh report RUN_DIR` (pretrain/report/write.p
 REPORT_PNG = "report.png"
 SHARDS_VERIFIED = "shards_verified.json"  # inside LOGS: the launch that hashed every shard last (pretrain/run_plan.py)
 LOGS = "logs"  # LOGS/<launch time>[-node]/attempt-K/rank-R.log and agent.log (pretrain/launch/agent.py)
-LAST_FAILURE = "last_failure.json"  # inside LOGS: the last fault's step and checkpoint (pretrain/launch/faults.py)
-LAST_FAILURE_GLOB = "last_failure*.json"  # every node's record, with a hostfile
+FAULTS = "faults"  # inside LOGS: one JSON record per fault the agents judged, every node's (pretrain/launch/faults.py)
 
 # What docs/pretraining.md lists, as paths inside the run folder (a folder ends with "/").
 LISTED = (RESOLVED_CONFIG, CLOCK_FILE, JOB_LOCK, f"{CHECKPOINTS}/", f"{EXPORT}/", f"{EXPORT}/<phase>/{EXPORT_INFO}",
           f"{TENSORBOARD}/", f"{TENSORBOARD}/{METRICS_FILE}", f"{EXCHANGE}/", REPORT_MD, REPORT_PNG, f"{LOGS}/",
-          f"{LOGS}/{LAST_FAILURE}", f"{LOGS}/{SHARDS_VERIFIED}")
+          f"{LOGS}/{FAULTS}/", f"{LOGS}/{SHARDS_VERIFIED}")
 
 
 def metrics_path(run_dir: Path) -> Path:
@@ -48,11 +47,11 @@ def launch_logs_dir(run_dir: Path, launch: str) -> Path:
     return Path(run_dir) / LOGS / launch
 
 
-def last_failure_path(run_dir: Path, node_mark: str = "") -> Path:
-    """Each node of a hostfile job keeps its own record (`node_mark` "-NODE"): they share the run folder."""
-    stem, _, suffix = LAST_FAILURE.rpartition(".")
-    return Path(run_dir) / LOGS / f"{stem}{node_mark}.{suffix}"
-
-
 def shards_verified_path(run_dir: Path) -> Path:
     return Path(run_dir) / LOGS / SHARDS_VERIFIED
+
+
+def faults_dir(run_dir: Path) -> Path:
+    """The fault records of every launch, attempt and node: the nodes share the run folder, so they judge "the same
+    failure again" together, and a report reads what the faults cost from here."""
+    return Path(run_dir) / LOGS / FAULTS

@@ -27,6 +27,10 @@ if __name__ == "__main__" and {"-h", "--help"} & set(sys.argv[1:]):
     from pretrain.config.cli import parse_args
 
     parse_args(sys.argv[1:])  # prints every key with its doc and exits 0, in a fraction of a second
+if __name__ == "__main__":
+    from pretrain.distributed.step_watch import dump_stacks_on_signal
+
+    dump_stacks_on_signal()  # before the heavy imports: a rank hung in them gives its stacks too
 
 import functools
 import gc
@@ -52,7 +56,7 @@ from pretrain.checkpointing.checkpoint import (
     read_run_config,
     split_checkpoint_path,
 )
-from pretrain.checkpointing.commit import agree_on_failures, first_line
+from pretrain.checkpointing.commit import ExportError, agree_on_failures, first_line, out_of_space
 from pretrain.checkpointing.elastic import prepare_resume
 from pretrain.checkpointing.export import export_checkpoint, folder_class, load_weights
 from pretrain.checkpointing.manifest import resolve_resume_tag
@@ -195,8 +199,8 @@ def export_phase(plugin: TrainingPlugin, phase: str, source: Path, out: Path, ra
     """The Hugging Face exports of a phase end: the pairs the plug-in names (default: rank 0 exports `source`
     to `out`); `only_missing`: a resumed run redoes an export a crash cut short, and only that.
 
-    Collective. An export that cannot be written (a full disk, a quota) ends the job on every rank: one line
-    from the rank that exported, then SaveError (exit 4). The phase-end checkpoint is whole, so the same
+    Collective. An export that cannot be written (a full disk, a quota) ends the job on every rank: ExportError with
+    the exporting rank's words (the driver prints it, exit 4). The phase-end checkpoint is whole, so the same
     command redoes the export alone."""
     failure = None
     for checkpoint, folder in plugin.export_targets(phase, source, out, rank):
@@ -205,13 +209,13 @@ def export_phase(plugin: TrainingPlugin, phase: str, source: Path, out: Path, ra
         try:
             export_checkpoint(checkpoint, folder)
         except (OSError, SafetensorError) as err:
+            fix = "free space" if out_of_space(str(err)) else "remove the cause of that error"
             failure = (f"could not write the export {folder} ({first_line(err)}); the checkpoint in {checkpoint} is "
-                       "whole; free space, then rerun the same command (it redoes the export)")
-            print(f"export error: {failure}", flush=True)
+                       f"whole; {fix}, then rerun the same command (it redoes the export)")
             break
-    failures = agree_on_failures(failure)  # every rank stops together, after the line is out
+    failures = agree_on_failures(failure)  # every rank stops together, with the exporting rank's words
     if failures:
-        raise SaveError(failures[0])
+        raise ExportError(failures[0])
 
 
 def train(config: RunConfig, extensions: Sequence[TrainingPlugin] = (), stop: StopRequest | None = None) -> str:
@@ -287,6 +291,7 @@ def train_plan(plan: RunPlan, dist_info: DistInfo, plugin: TrainingPlugin, stop:
         atomic_write_json(settings.run_dir / RESOLVED_CONFIG, plan.resolved)
     # The newest checkpoint, verified against its manifest (a damaged one is set aside for the newest intact one),
     # then, if this job has another number of ranks than the one that wrote it, converted once for them.
+    watch.stage("the resume checks")  # timed as start-up (run.startup_timeout_minutes), as is each phase's set-up
     latest = resolve_resume_tag(checkpoints.root, checkpoints.rank)
     saved = checkpoints.trainer_state(latest) if latest else None
     if latest is not None:
@@ -310,6 +315,7 @@ def train_plan(plan: RunPlan, dist_info: DistInfo, plugin: TrainingPlugin, stop:
                 return outcome
         return "complete"
     finally:
+        watch.end()
         metrics.close()
         release_run_folder(settings.run_dir)
 
@@ -325,6 +331,7 @@ def train_phase(phase: PhasePlan, job: TrainerJob, progress: RunProgress, export
             export_phase(job.plugin, phase.name, checkpoints.root / progress.latest, out, dist_info.rank,
                          only_missing=True)  # a crash between the phase-end checkpoint and its export: redo it
         return "complete"
+    job.watch.stage(f"{phase.name} set-up")  # model, initial weights, engine (compilation: its first step)
     outcome, trainer = run_phase(phase, job, start)
     progress.steps_done, progress.samples_seen = trainer.steps_this_process, trainer.state.samples_seen
     if outcome != "complete":
@@ -337,7 +344,7 @@ def train_phase(phase: PhasePlan, job: TrainerJob, progress: RunProgress, export
         export_phase(job.plugin, phase.name, checkpoints.root, out, dist_info.rank)
     if dist.is_initialized():
         dist.barrier()
-    job.watch.end()  # the next phase's engine is built untimed
+    job.watch.stage(f"{phase.name} teardown")
     progress.saved, progress.latest = trainer.state.state_dict(), checkpoints.latest_tag()
     trainer.engine.destroy()
     del trainer
@@ -359,7 +366,8 @@ def main(argv: list[str] | None = None, extensions: Sequence[TrainingPlugin] = (
     try:
         config = load_config(config_path, overrides)
         outcome = train(config, extensions, stop)
-    except SaveError:  # rank 0 printed its one line where the save failed (pretrain/checkpointing/commit.py)
+    except SaveError as err:  # rank 0's message is the whole line (pretrain/checkpointing/commit.py); under the
+        print(err.line(), file=sys.stderr, flush=True)  # elastic agent stderr is the rank's log: the agent shows it
         return SAVE_FAILED_EXIT
     except UserError as err:  # config, data or resume error: one line with its kind's prefix
         print(err.line(), file=sys.stderr, flush=True)

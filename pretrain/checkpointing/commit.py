@@ -26,7 +26,9 @@ a stop; exit 4). docs/faults.md describes what the user sees.
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -39,24 +41,42 @@ from data_prep.atomic_io import atomic_write_bytes, atomic_write_stream, fsync_f
 from pretrain.checkpointing.footprint import CheckpointShape, checkpoint_bytes, free_bytes, human
 from pretrain.checkpointing.layout import LATEST, PRUNED_PREFIX
 from pretrain.checkpointing.manifest import manifest_bytes
-from pretrain.errors import UserError
+from pretrain.errors import EXPORT_ERROR_PREFIX, SAVE_ERROR_PREFIX, UserError
 
-__all__ = ["SaveAttempt", "SaveError", "agree_on_failures", "deepspeed_save", "publish", "report_failure"]
+__all__ = ["ExportError", "SaveAttempt", "SaveError", "agree_on_failures", "deepspeed_save", "publish", "report_failure"]
 
 # What a failed write raises: OSError from Python's I/O, RuntimeError from torch.save's writer ("file write failed")
 WRITE_ERRORS = (OSError, RuntimeError)
 
 
 class SaveError(UserError):
-    """A checkpoint the run cannot do without (a phase end, a stop) could not be written on some rank. Rank 0
-    printed its one line where it happened; `latest` names the last whole checkpoint. The driver exits 4."""
+    """A checkpoint the run cannot do without (a phase end, a stop) could not be written on some rank; `latest` names
+    the last whole checkpoint. Rank 0's message is the whole line (what failed where, and what to do), which the
+    driver prints once, to stderr, and exits 4: the elastic agent shows it from the rank's log."""
 
-    prefix = "checkpoint error: "
+    prefix = SAVE_ERROR_PREFIX
+
+
+class ExportError(SaveError):
+    """A phase end's Hugging Face export that could not be written (its checkpoint is whole); exit 4 as well."""
+
+    prefix = EXPORT_ERROR_PREFIX
 
 
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+# A full disk or a quota: Python's and Rust's (safetensors) words for the errno. Only these get "free space" advice.
+SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_ERRNO = re.compile(r"\[Errno (\d+)\]|\(os error (\d+)\)")
+
+
+def out_of_space(failure: str) -> bool:
+    """Whether a failure's text (an OSError's or safetensors' words, carried as text between ranks) says the file
+    system is full or a quota is spent: the one failure that freeing space fixes."""
+    return any(int(a or b) in SPACE_ERRNOS for a, b in _ERRNO.findall(failure))
 
 
 def first_line(err: BaseException, limit: int = 160) -> str:
@@ -205,14 +225,18 @@ def report_failure(folder: Path, failures: list[str], engine: Any, rank: int, st
     root = folder.parent
     more = f" (and {len(failures) - 1} more rank{'s' * (len(failures) > 2)})" if len(failures) > 1 else ""
     last = pointer(root)
-    then = ("stopping: free space, then rerun the same command (it resumes from there)" if stop
+    space = out_of_space(failures[0])
+    fix = "free space" if space else "remove the cause of that error"
+    then = (f"stopping: {fix}, then rerun the same command (it resumes from there)" if stop
             else "training on: the next checkpoint tries again")
     text = ""
     if rank == 0:
         discard(folder)
-        text = (f"could not write {folder} ({failures[0]}{more}); a checkpoint needs about "
-                f"{human(needed_bytes(root, engine))}, {human(free_bytes(root))} is free there; latest still names "
+        sizes = (f"a checkpoint needs about {human(needed_bytes(root, engine))}, {human(free_bytes(root))} is free "
+                 "there; " if space else "")
+        text = (f"could not write {folder} ({failures[0]}{more}); {sizes}latest still names "
                 f"{last or 'nothing (no checkpoint yet)'}; {then}")
-        print(f"{SaveError.prefix}{text}", flush=True)
+        if not stop:  # training goes on: said here; a stop's line is the SaveError's (the driver's, or its agent's)
+            print(f"{SaveError.prefix}{text}", flush=True)
     barrier()
     return text or f"could not write {folder} ({failures[0]}{more})"

@@ -41,7 +41,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from data_prep.atomic_io import atomic_write_json
-from pretrain.codistill.config import CodistillSection, check_codistill
+from pretrain.codistill.config import CodistillSection, check_codistill, group_folder
 from pretrain.codistill.exchange import FileExchange, GroupComm
 from pretrain.codistill.groups import GroupLayout, ProcessGroups, create_process_groups
 from pretrain.codistill.teacher import (
@@ -111,7 +111,7 @@ class Codistillation(TrainingPlugin):
         """Group g: seed + g, <run.dir>/group<g> (and <checkpoint.dir>/group<g>), data part g of `groups`."""
         g = self.layout.group
         return JobShare(rank=self.layout.group_rank, world_size=self.layout.group_size, seed_offset=g,
-                        subfolder=f"group{g}",
+                        subfolder=group_folder(g),
                         data_part=(g, self.layout.groups) if self.section.disjoint_data else None)
 
     def agree_on_step(self, step: StepAgreement, device: torch.device) -> tuple[StepAgreement, str | None]:
@@ -131,11 +131,11 @@ class Codistillation(TrainingPlugin):
                         "NaN/inf steps in a row; all groups stop together")
 
     def group_run_dir(self, group: int) -> Path:
-        return Path(self.base_config.run.dir) / f"group{group}"
+        return Path(self.base_config.run.dir) / group_folder(group)
 
     def group_checkpoint_dir(self, group: int) -> Path:
         if self.base_config.checkpoint.dir:
-            return Path(self.base_config.checkpoint.dir) / f"group{group}"
+            return Path(self.base_config.checkpoint.dir) / group_folder(group)
         return self.group_run_dir(group) / CHECKPOINTS
 
     def export_targets(self, phase: str, source: Path, out: Path, rank: int) -> list[tuple[Path, Path]]:

@@ -26,6 +26,11 @@ DISTILL_LOSSES = ("kl", "soft_ce")
 EXCHANGES = ("collective", "filesystem")
 
 
+def group_folder(group: int) -> str:
+    """The subfolder of run.dir (and checkpoint.dir) group `group` writes in: group<g>."""
+    return f"group{group}"
+
+
 class CodistillConfigError(ValueError):
     """A `codistill.*` value is wrong; the message names the dotted key."""
 

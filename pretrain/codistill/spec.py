@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pretrain.codistill.config import CodistillConfigError, CodistillSection, check_codistill
+from pretrain.codistill.config import CodistillConfigError, CodistillSection, check_codistill, group_folder
 from pretrain.config.plugins import PluginSpec
 from pretrain.plugin import TrainingPlugin
 
@@ -43,6 +43,14 @@ def data_parallel_size(section: CodistillSection, world_size: int) -> int:
     return world_size // section.groups
 
 
+def job_subfolder(section: CodistillSection, rank: int, world_size: int) -> str | None:
+    """The folder rank `rank` of a job of `world_size` ranks writes in (what `job_share` will say), without processes:
+    its group's. The elastic agent names the checkpoint that rank restarts from with it."""
+    if not section.enabled:
+        return None
+    return group_folder(section.group if section.group is not None else rank // data_parallel_size(section, world_size))
+
+
 def build(config: RunConfig, dist_info: DistInfo) -> TrainingPlugin | None:
     """Collective when enabled (it creates the groups' process groups); None when `enabled` is false."""
     if not config.plugins[NAME].enabled:
@@ -54,4 +62,4 @@ def build(config: RunConfig, dist_info: DistInfo) -> TrainingPlugin | None:
 
 
 SPEC = PluginSpec(name=NAME, section=CodistillSection, check=check, build=build,
-                  data_parallel_size=data_parallel_size)
+                  data_parallel_size=data_parallel_size, job_subfolder=job_subfolder)

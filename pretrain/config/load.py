@@ -211,8 +211,9 @@ def check_values(config: RunConfig, registry: PluginRegistry = INSTALLED) -> Non
         raise ConfigError(f"run.dist_timeout_minutes: must be >= 1, got {config.run.dist_timeout_minutes}")
     if config.run.max_restarts < 0:
         raise ConfigError(f"run.max_restarts: must be >= 0, got {config.run.max_restarts}")
-    if not config.run.hang_timeout_minutes > 0:
-        raise ConfigError(f"run.hang_timeout_minutes: must be > 0, got {config.run.hang_timeout_minutes}")
+    for key in ("hang_timeout_minutes", "startup_timeout_minutes"):
+        if not getattr(config.run, key) > 0:
+            raise ConfigError(f"run.{key}: must be > 0, got {getattr(config.run, key)}")
     if config.logging.val_instances is not None and config.logging.val_instances < 1:
         raise ConfigError(f"logging.val_instances: must be >= 1, got {config.logging.val_instances}")
     if config.failures.max_consecutive_nonfinite < 1:

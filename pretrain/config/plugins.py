@@ -35,6 +35,10 @@ class PluginSpec:
     # (section, ranks in the job) -> the data-parallel ranks of one model (what `job_share` will say), without
     # processes: the launch-time batch check (pretrain/launch/preflight.py). None: that check leaves the batch to the ranks.
     data_parallel_size: Callable[[Any, int], int] | None = None
+    # (section, rank, ranks in the job) -> the subfolder of run.dir and checkpoint.dir that rank writes in (what
+    # `job_share` will say), without processes: the elastic agent names the checkpoint a rank restarts from.
+    # None (or a None result): run.dir itself.
+    job_subfolder: Callable[[Any, int, int], str | None] | None = None
 
 
 class PluginRegistry:

@@ -86,8 +86,14 @@ class RunSection:
     hang_timeout_minutes: float = setting(
         10.0,
         "a rank that makes no progress for this long is named and the job is restarted: timed from one optimizer "
-        "step to the next (the step, validation, checkpoint; each checkpoint file written is progress), after "
-        "the first step of each launch; start-up is not timed (docs/faults.md)",
+        "step to the next (the step, validation, checkpoint; each checkpoint file written is progress), from the "
+        "second step of each launch and phase on (before: run.startup_timeout_minutes; docs/faults.md)",
+    )
+    startup_timeout_minutes: float = setting(
+        30.0,
+        "the same for start-up, after every launch and restart: a rank that makes no progress for this long while it "
+        "imports, joins the job, checks the shards or the checkpoint it resumes from, builds a phase's engine, or runs "
+        "its first step (compilation) is named and the job is restarted (docs/faults.md)",
     )
 
 

@@ -10,6 +10,7 @@ the config.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 from datetime import timedelta
 from pathlib import Path
@@ -43,6 +44,7 @@ def _fill_rendezvous_env() -> None:
             raise RuntimeError(
                 "RANK and WORLD_SIZE are set but MASTER_PORT is not; set it for the rendezvous"
             )
+        env.update(_deepspeed_launcher_extras(env))
         return
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:  # srun without a launcher
         # The same mapping and rendezvous defaults as launch/slurm_rank.sh (pretrain/distributed/cluster.py).
@@ -52,6 +54,14 @@ def _fill_rendezvous_env() -> None:
     env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"] = "0", "1", "0"
     env.setdefault("MASTER_ADDR", "127.0.0.1")
     env.setdefault("MASTER_PORT", str(_free_port()))
+
+
+def _deepspeed_launcher_extras(env: dict[str, str] | os._Environ[str]) -> dict[str, str]:
+    """What DeepSpeed's own launcher gives each rank beyond torch's variables, from the ones torch's elastic agent
+    sets (LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE): DeepSpeed's CPU all-reduce reads LOCAL_SIZE to use shared
+    memory; CROSS_RANK / CROSS_SIZE say which node. A value already set (DeepSpeed's launcher) wins."""
+    pairs = (("LOCAL_SIZE", "LOCAL_WORLD_SIZE"), ("CROSS_RANK", "GROUP_RANK"), ("CROSS_SIZE", "GROUP_WORLD_SIZE"))
+    return {ours: env[torchs] for ours, torchs in pairs if ours not in env and torchs in env}
 
 
 SHM_DIR = Path("/dev/shm")
@@ -91,15 +101,24 @@ def process_group_backend(device_name: str, communication_backend: str) -> str:
     return communication_backend
 
 
-def started_by_python_launcher() -> bool:
-    """True under DeepSpeed's or torch's launcher (or ours, pretrain/launch/agent.py): they start every rank from their main thread and live
-    as long as the ranks, so a parent-death signal is safe (not under slurmstepd, whose threads come and go)."""
+# The launchers that start every rank from their main thread and live as long as the ranks (not slurmstepd, whose
+# threads come and go), by a word of their command line, and the signal a rank gets when its launcher dies:
+# - our elastic agent (pretrain/launch/agent.py): SIGKILL. The agent's death is a node fault, never a stop: a SIGTERM
+#   would be read as the user's stop request (a checkpoint, exit 0: the job "done" before its last step), and that
+#   save would fail without the agent's timer server. Killed at once, the rank leaves its peers as a dead machine
+#   does, so the job goes on without the node (--nodes MIN:MAX) or stops with the lost node's line.
+# - DeepSpeed's launcher and torchrun (fine-tunes, tests): SIGTERM, a stop; the rank checkpoints.
+PARENT_DEATH_SIGNALS = {b"pretrain.launch.agent": signal.SIGKILL, b"deepspeed.launcher.launch": signal.SIGTERM,
+                        b"torch.distributed.run": signal.SIGTERM}
+
+
+def parent_death_signal() -> int | None:
+    """The signal this process should get when its launcher dies (PARENT_DEATH_SIGNALS); None: no such launcher."""
     try:
         parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
     except OSError:
-        return False
-    return any(name in parent for name in (b"deepspeed.launcher.launch", b"torch.distributed.run",
-                                           b"pretrain.launch.agent"))
+        return None
+    return next((signum for word, signum in PARENT_DEATH_SIGNALS.items() if word in parent), None)
 
 
 def init_distributed(timeout_minutes: int = DEFAULT_TIMEOUT_MINUTES) -> DistInfo:
@@ -115,10 +134,11 @@ def init_distributed(timeout_minutes: int = DEFAULT_TIMEOUT_MINUTES) -> DistInfo
         local = device_index(int(os.environ["LOCAL_RANK"]), os.environ.get("CUDA_VISIBLE_DEVICES"))
         os.environ["LOCAL_RANK"] = str(local)
         backend = process_group_backend(accelerator.device_name(), accelerator.communication_backend_name())
-        if started_by_python_launcher():
-            # A rank ends with its launcher (SIGTERM: it checkpoints), even one SIGKILLed (launch.sh's watchdog
-            # stops the launcher's whole group; this covers the launcher alone dying).
-            die_with_parent()
+        signum = parent_death_signal()
+        if signum is not None:
+            # A rank ends with its launcher, even one SIGKILLed (launch.sh's watchdog stops the launcher's whole
+            # group; this covers the launcher alone dying): PARENT_DEATH_SIGNALS says how.
+            die_with_parent(signum)
         # The CPU communication op is compiled here on a machine's first launch: said, and no stale lock waited on.
         with reporting_builds():
             deepspeed.init_distributed(

@@ -1,37 +1,58 @@
 """The ranks of `./launch.sh pretrain` on one node, under torch's elastic agent: restarts, hangs, one line each.
 
-    python -m pretrain.launch.agent --nproc-per-node N --master-addr A --master-port P
+    python -m pretrain.launch.agent --nproc-per-node N [--master-addr A --master-port P | --rdzv-endpoint H:P]
         [--nnodes N|MIN:MAX --job MARK (--node HOST | --slurm)] [--resume-command TEXT]
         -- --config RUN.json [--section.key=value ...]
 
-launch.sh runs this instead of a bare launcher: itself on one machine; on several nodes
-pretrain/launch/nodes.py runs one per node (over pdsh with --node, or as the node's srun task with --slurm). It
-reads the run config (run.max_restarts, run.hang_timeout_minutes, run.dir) and hands the ranks (`python -m pretrain.train ARGS`) to torch's
-`LocalElasticAgent`, which starts them, watches them, and restarts the whole group from the newest
-checkpoint when one dies. What is ours on top (HealingAgent):
+launch.sh runs this instead of a bare launcher: itself on one machine (where it also hosts the c10d rendezvous);
+on several nodes pretrain/launch/nodes.py runs one per node (over pdsh with --node, or as the node's srun task with
+--slurm), all joining the rendezvous store nodes.py serves (--rdzv-endpoint). It reads the run config
+(run.max_restarts, the two timeouts, run.dir) and hands the ranks (`python -m pretrain.train ARGS`) to torch's
+`LocalElasticAgent`, which starts them, watches them, and restarts the whole group from the newest checkpoint when
+one dies. What is ours on top (HealingAgent):
 
-- every failure becomes one line (pretrain/launch/faults.py): which rank and host, how it died, at which
-  step, the checkpoint it restarts from, "restart k of N"; when no restart is left, one error line with
-  the command that resumes, and the job's exit status is the rank's. A config error the ranks find is
-  printed once, exit 2, never restarted. The rank's stderr (tracebacks, warnings, a C++ `terminate
-  called`) goes to RUN/logs/<launch>/attempt-K/rank-R.log, named in that line; stdout stays on the
-  terminal. torch's own log lines go to RUN/logs/<launch>/agent.log.
-- hangs: each step after a launch's first runs under torch's expiration timer (pretrain/distributed/step_watch.py,
-  `TORCHELASTIC_TIMER_FILE`); the timer server lives here, outside the ranks, so a rank frozen by SIGSTOP or
-  stuck in a collective is found. torch's server kills a rank whose timer ran out and then its own
-  process (the agent); ours (HangWatch) kills the rank only, and remembers which step each rank was in.
-- signals: launch.sh passes SIGINT/SIGTERM/SIGUSR1/SIGHUP to this process, which passes them on to the
-  ranks (they checkpoint at the step boundary and exit 0) and restarts nothing after. SIGINT goes as SIGTERM
-  to a rank that has no handler yet (still importing torch).
+- every failure is judged once (pretrain/launch/faults.py) into a FaultRecord: one line (which rank and host, how
+  it died, where, the checkpoint it restarts from, "restart k of N"; when no restart is left, one error line with
+  the command that resumes, and the job's exit status), kept in RUN/logs/faults/ for every node to read. A config
+  error the ranks find is printed once, exit 2, never restarted. Under nodes.py the record goes to it as one JSON
+  line instead, and nodes.py shows the most telling node's. The rank's stderr goes to
+  RUN/logs/<launch>/attempt-K/rank-R.log; stdout stays on the terminal; torch's own log lines go to agent.log.
+- hangs, at any moment of a rank's life: our timer server (pretrain/launch/hang_watch.py), started once here and
+  handed to the ranks through TORCHELASTIC_TIMER_FILE, times each rank's start-up from the moment it is started,
+  then its stages and steps (pretrain/distributed/step_watch.py). A rank that runs out is asked for its stacks,
+  then killed; the agent lives on and restarts the group.
+- a lost node: nodes.py sends NODE_LOST_SIGNAL to the survivors' agents; an agent whose ranks still run in a world
+  that counted the lost node kills them at once (a collective with a dead peer would wait for its hang timer) and
+  restarts without it.
+- one verdict per job: a final verdict closes the rendezvous (as torchrun does when it exits), so no other node
+  waits in it; an agent whose rendezvous another node closed ends quietly.
+- signals: launch.sh passes SIGINT/SIGTERM/SIGUSR1/SIGHUP to this process, which passes them on to the ranks (they
+  checkpoint at the step boundary and exit 0) and restarts nothing after. SIGINT goes as SIGTERM to a rank that
+  has no handler yet (still importing torch).
 
-Why torch's agent and not a loop of our own: it already stops every rank when one dies, restarts the group
-with a fresh rendezvous, counts restarts, and serves the hang timers; a launch that runs it is the
-documented torchrun path (`--max-restarts`), also for the nodes of a hostfile later.
+torch internals this relies on, every other use being public API (get_worker_group, Worker.id, WorkerSpec,
+LogsSpecs, RendezvousParameters, the rendezvous handler's shutdown, FileTimerServer/FileTimerRequest, the
+variables torch gives each rank: LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE). tests/launch/test_torch_internals.py
+checks each of these, in seconds and without ranks, and pyproject.toml bounds torch to the versions it passed on
+(2.13.0 and 2.14.1):
+
+1. `SimpleElasticAgent._remaining_restarts`, read and written: torch's run loop (`_invoke_run`) restarts while it is
+   positive; a final verdict sets it to 0, and a restart torch does not count (another node's failure: the group is
+   healthy and `num_nodes_waiting()` > 0) is counted here, so "restart k of N" is the same on every node.
+2. `SimpleElasticAgent._monitor_workers`, overridden (torch's documented hook for extending the agent): each failure
+   is judged where torch sees it; also where new ranks get their start-up timer and lost nodes are acted on.
+3. `SimpleElasticAgent._restart_workers`, overridden: the count of (1) for a healthy group.
+4. `FileTimerServer._reap_worker`, overridden: torch's server calls it for each expired worker and then with its own
+   pid; ours asks for stacks first, and skips the second call (torch would kill the agent).
+5. `LocalElasticAgent._setup_local_watchdog`'s behaviour: with TORCHELASTIC_ENABLE_FILE_TIMER unset and
+   TORCHELASTIC_TIMER_FILE set, it starts no server of its own and hands that path to the ranks.
+6. The environment switch TORCH_DISABLE_SHARE_RDZV_TCP_STORE: each attempt's ranks get a store of their own.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -39,132 +60,98 @@ import socket
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-from torch.distributed.elastic.multiprocessing import LogsDest, LogsSpecs, SignalException
-from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.multiprocessing import SignalException
+from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousError, RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rendezvous_registry
-from torch.distributed.elastic.timer import FileTimerServer
 
 from pretrain.config.cli import parse_args
 from pretrain.config.load import load_config
-from pretrain.distributed.step_watch import HANG_TIMEOUT_ENV
-from pretrain.errors import USER_ERROR_EXIT, UserError
+from pretrain.config.plugins import plugin_spec
+from pretrain.config.sections import RunConfig
+from pretrain.distributed.step_watch import HANG_TIMEOUT_ENV, STARTUP_TIMEOUT_ENV, TIMER_FILE_ENV
+from pretrain.errors import UserError
 from pretrain.launch.faults import (
-    FailureRecord,
+    RECORD_PREFIX,
+    AgentEnd,
     FaultContext,
+    FaultHistory,
+    FaultRecord,
     RankFailure,
-    Verdict,
-    hang_description,
+    catches,
     judge,
+    judge_stuck,
     primary_failure,
-    process_state,
-    worker_env_extras,
 )
-from pretrain.launch.nodes import node_range
-from pretrain.run_folder import last_failure_path, launch_logs_dir
+from pretrain.launch.hang_watch import HangWatch, Limits
+from pretrain.launch.nodes import NODE_LOST_SIGNAL, node_range
+from pretrain.launch.rank_logs import RankLogs, flight_recorder, nccl_trace, quiet_torch_logs
+from pretrain.plugin import JobShare
+from pretrain.run_folder import faults_dir, launch_logs_dir
 
 PREFIX = "launch.sh"
 LAST_CALL_SECONDS = 10  # with --nodes MIN:MAX: how long a rendezvous that has MIN nodes waits for more
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
+PIPE_READ_S = 0.3  # the timer server reads the ranks' pipe every 0.1 s (pretrain/launch/hang_watch.py)
 
 
 def say(line: str) -> None:
     print(f"{PREFIX}: {line}", file=sys.stderr, flush=True)
 
 
-class RankLogs(LogsSpecs):
-    """Each rank's stderr to LAUNCH_DIR/attempt-K/rank-R.log (R: its global rank); stdout to the terminal."""
+@dataclass(frozen=True)
+class Judging:
+    """What the agent judges failures with: the run config (whose plug-in may give a rank a folder of its own), the
+    context every line needs, and the job's fault history."""
 
-    def __init__(self, folder: Path) -> None:
-        super().__init__(log_dir=str(folder))
-        self.folder = folder
+    config: RunConfig
+    context: FaultContext
+    history: FaultHistory
 
-    @property
-    def root_log_dir(self) -> str:
-        return str(self.folder)
-
-    def path(self, attempt: int | str, rank: int | str) -> Path:
-        return self.folder / f"attempt-{attempt}" / f"rank-{rank}.log"
-
-    def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
-        stderrs, errors = {}, {}
-        for local_rank, env in envs.items():
-            log = self.path(env["TORCHELASTIC_RESTART_COUNT"], env["RANK"])
-            log.parent.mkdir(parents=True, exist_ok=True)
-            stderrs[local_rank] = str(log)
-            errors[local_rank] = str(log.with_suffix(".error.json"))
-        return LogsDest(stdouts=dict.fromkeys(envs, ""), stderrs=stderrs, error_files=errors)
+    def context_for(self, rank: int, world_size: int) -> FaultContext:
+        """The context of `rank`'s failure: the checkpoint folder that rank resumes from (its job's, under a plug-in
+        that gives each share of the world a subfolder: codistillation's group<g>/checkpoints)."""
+        for name, section in self.config.plugins.items():
+            subfolder = plugin_spec(name).job_subfolder
+            folder = subfolder(section, rank, world_size) if subfolder else None
+            if folder:
+                share = JobShare(rank=rank, world_size=world_size, subfolder=folder).config_for(self.config)
+                return dataclasses.replace(self.context, checkpoint_dir=share.checkpoint_dir)
+        return self.context
 
 
-class HangWatch(FileTimerServer):
-    """torch's timer server, minus killing its own process, plus what the fault line needs: the step each
-    rank announced last (its timer's scope) and how each killed rank looked ('T': stopped)."""
+@dataclass(frozen=True)
+class NodeSettings:
+    """This node's part: its name in the lines, the job's most nodes, whether nodes.py reads its records."""
 
-    def __init__(self, file_path: str, run_id: str, timeout_s: float) -> None:
-        super().__init__(file_path, run_id, max_interval=0.1, daemon=True)
-        self.timeout_s = timeout_s
-        self.last_step: dict[int, str] = {}
-        self.hung: dict[int, str] = {}
-
-    def register_timers(self, timer_requests: list[Any]) -> None:
-        for request in timer_requests:
-            if request.expiration_time >= 0:
-                self.last_step[request.worker_pid] = request.scope_id
-        super().register_timers(timer_requests)
-
-    def _reap_worker(self, worker_pid: int, signal: int) -> bool:
-        if worker_pid == os.getpid():  # torch ends the agent too; we restart instead
-            return True
-        self.hung.setdefault(worker_pid, self.no_progress(worker_pid))
-        # A rank frozen between two steps holds no timer; the peer waiting for it in a collective times out
-        # instead. Name the frozen one too (primary_failure puts a stopped rank first).
-        for pid in self.last_step:
-            if pid != worker_pid and process_state(pid) in ("T", "t"):
-                self.hung.setdefault(pid, self.no_progress(pid))
-        return super()._reap_worker(worker_pid, signal)
-
-    def no_progress(self, pid: int) -> str:
-        return f"made no progress in {self.timeout_s / 60:g} min ({hang_description(process_state(pid))})"
+    host: str
+    max_nodes: int = 1
+    under_nodes: bool = False
+    shutdown_timeout: int = 30
 
 
 class HealingAgent(LocalElasticAgent):
-    """LocalElasticAgent whose failures are judged (faults.judge) and told in one line each."""
+    """LocalElasticAgent whose failures are judged (faults.judge) and told in one line each (module docstring)."""
 
-    def __init__(self, spec: WorkerSpec, logs: RankLogs, context: FaultContext, record: FailureRecord,
-                 shutdown_timeout: int, host: str) -> None:
-        super().__init__(spec, logs, shutdown_timeout=shutdown_timeout)
-        self.logs, self.context, self.record, self.host = logs, context, record, host
-        self.verdict: Verdict | None = None
+    def __init__(self, spec: WorkerSpec, logs: RankLogs, judging: Judging, watch: HangWatch,
+                 node: NodeSettings) -> None:
+        super().__init__(spec, logs, shutdown_timeout=node.shutdown_timeout)
+        self.logs, self.judging, self.watch, self.node = logs, judging, watch, node
+        self.record: FaultRecord | None = None  # the last fault judged here, and its verdict
         self.stop_signal: int | None = None
-        self.watch: HangWatch | None = None
-        self.pids: dict[int, int] = {}  # global rank -> pid of the running group
+        self.nodes_lost = 0  # NODE_LOST_SIGNALs from nodes.py
+        self.timed: set[int] = set()  # pids whose start-up is timed
+        self.stopped_for_lost_node: set[int] = set()
 
     # ------------------------------------------------------------------ what torch calls
-    def _set_local_rank_env(self, worker_env: dict[str, str | None], local_rank: int, spec: WorkerSpec) -> None:
-        super()._set_local_rank_env(worker_env, local_rank, spec)
-        group = self._worker_group
-        worker_env.update(worker_env_extras(spec.local_world_size, group.group_rank or 0,
-                                            group.group_world_size or 1))
-
-    def _setup_local_watchdog(self, envs: dict[int, dict[str, str]]) -> None:
-        path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"bert-ds-timers-{uuid.uuid4().hex}")
-        self.watch = HangWatch(path, envs[0]["TORCHELASTIC_RUN_ID"] if envs else "",
-                               float(os.environ[HANG_TIMEOUT_ENV]))
-        self._worker_watchdog = self.watch
-        self.watch.start()
-        for env in envs.values():
-            env["TORCHELASTIC_TIMER_FILE"] = path
-
-    def _start_workers(self, worker_group: Any) -> dict[int, Any]:
-        pids = super()._start_workers(worker_group)
-        self.pids = {worker.global_rank: pids[worker.local_rank] for worker in worker_group.workers}
-        return pids
-
     def _monitor_workers(self, worker_group: Any) -> RunResult:
+        self._time_new_ranks()
+        self._stop_if_a_node_was_lost()
         result = super()._monitor_workers(worker_group)
         if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
             self._judge(result)
@@ -179,95 +166,131 @@ class HealingAgent(LocalElasticAgent):
         super()._restart_workers(worker_group)
 
     # ------------------------------------------------------------------ ours
+    def pids(self) -> dict[int, int]:
+        """Global rank -> pid of the running group (Worker.id is the pid under a local agent)."""
+        return {worker.global_rank: worker.id for worker in self.get_worker_group().workers
+                if isinstance(worker.id, int)}
+
+    @property
+    def exit_status(self) -> int:
+        if self.stop_signal is not None:
+            return 128 + self.stop_signal
+        return self.record.exit_status if self.record is not None else 1
+
+    def _time_new_ranks(self) -> None:
+        for rank, pid in self.pids().items():
+            if pid not in self.timed:
+                self.timed.add(pid)
+                self.watch.arm(pid, rank)
+
+    def _stop_if_a_node_was_lost(self) -> None:
+        """Ranks in a world that counted a node since lost: killed now, so the group restarts without it."""
+        group = self.get_worker_group()
+        if not self.nodes_lost or group.state != WorkerState.HEALTHY:
+            return
+        if (group.group_world_size or 1) <= self.node.max_nodes - self.nodes_lost:
+            return  # this round already went on without it
+        for pid in self.pids().values():
+            if pid not in self.stopped_for_lost_node:
+                self.stopped_for_lost_node.add(pid)
+                kill(pid, signal.SIGKILL)
+
     def _failures(self, result: RunResult) -> list[RankFailure]:
-        steps, hung = (self.watch.last_step, self.watch.hung) if self.watch else ({}, {})
-        attempt = self._worker_group.spec.max_restarts - self._remaining_restarts
-        failed = [RankFailure(rank, self.host, failure.exitcode, steps.get(failure.pid), self.logs.path(attempt, rank),
-                              hung.get(failure.pid)) for rank, failure in result.failures.items()]
-        # A frozen rank named by the timers has not ended yet (the agent's stop kills it): it is a failure too.
-        return failed + [RankFailure(rank, self.host, -signal.SIGKILL, steps.get(pid), self.logs.path(attempt, rank),
-                                     hung[pid]) for rank, pid in self.pids.items()
-                         if pid in hung and rank not in result.failures]
+        time.sleep(PIPE_READ_S)  # what a rank announced just before it died is read by the timer server by then
+        group = self.get_worker_group()
+        attempt = group.spec.max_restarts - self._remaining_restarts
+
+        def failure(rank: int, pid: int, exitcode: int) -> RankFailure:
+            watch = self.watch
+            return RankFailure(rank, self.node.host, exitcode, watch.last_step.get(pid), self.logs.path(attempt, rank),
+                               watch.hung.get(pid), pid in self.stopped_for_lost_node, nccl_trace(rank),
+                               pid in watch.stacks)
+
+        failed = [failure(rank, found.pid, found.exitcode) for rank, found in result.failures.items()]
+        # A rank named by the timers (a frozen peer) may not be reaped yet: a failure too.
+        return failed + [failure(rank, pid, -signal.SIGKILL) for rank, pid in self.pids().items()
+                         if pid in self.watch.hung and rank not in result.failures]
 
     def _judge(self, result: RunResult) -> None:
-        failures = self._failures(result)
         if self.stop_signal is not None:  # asked to stop: whatever the ranks did, no restart
             self._remaining_restarts = 0
-            self.verdict = Verdict(False, "", 128 + self.stop_signal)
             return
-        if not failures:  # torch's own verdict: a rank stuck in uninterruptible sleep (D state); it restarts nothing
-            self.verdict = Verdict(False, f"error: a rank of host {self.host} stayed in uninterruptible I/O (D state); "
-                                          f"no restart; resume with: {self.context.resume_command}", 1)
-            say(self.verdict.line)
-            return
-        restarts_done = self._worker_group.spec.max_restarts - self._remaining_restarts
-        self.verdict = judge(primary_failure(failures), restarts_done, self.context, self.record)
-        # A user error is every rank's (rank 0 checks and shares its verdict): told once, by the first node.
-        if self.verdict.exit_status != USER_ERROR_EXIT or not self._worker_group.group_rank:
-            say(self.verdict.line)
-        if not self.verdict.restart:
+        group = self.get_worker_group()
+        restarts_done = group.spec.max_restarts - self._remaining_restarts
+        failures = self._failures(result)
+        if failures:
+            first = primary_failure(failures)
+            world = group.workers[0].world_size if group.workers else 1
+            self.record = judge(first, restarts_done, self.judging.context_for(first.rank, world),
+                                self.judging.history)
+        else:  # torch's own verdict: a rank stuck in uninterruptible sleep (D state); it restarts nothing
+            self.record = judge_stuck(self.node.host, restarts_done, self.judging.context, self.judging.history)
+        if self.node.under_nodes:
+            print(f"{RECORD_PREFIX}{self.record.to_json()}", file=sys.stderr, flush=True)
+        else:
+            say(self.record.line)
+        if not self.record.restarts:
             self._remaining_restarts = 0
 
     def forward(self, signum: int, _frame: Any = None) -> None:
         """launch.sh's signal, passed on to every rank; nothing is restarted after it."""
         self.stop_signal = self.stop_signal or signum
-        if not any(Path(f"/proc/{pid}").exists() for pid in self.pids.values()):  # in a rendezvous: end it
+        pids = [pid for pid in self.pids().values() if Path(f"/proc/{pid}").exists()]
+        if not pids:  # in a rendezvous: end it
             raise SignalException(f"{signal.Signals(signum).name} between attempts", signal.Signals(signum))
-        for pid in self.pids.values():
+        for pid in pids:
             sent = signum
             if signum == signal.SIGINT and not catches(pid, signal.SIGTERM):
                 sent = signal.SIGTERM  # still importing: no handler yet, a KeyboardInterrupt traceback otherwise
-            try:
-                os.kill(pid, sent)
-            except ProcessLookupError:
-                pass
+            kill(pid, sent)
+
+    def node_lost(self, _signum: int, _frame: Any = None) -> None:
+        """nodes.py's word that a node of the job is gone (NODE_LOST_SIGNAL); acted on at the next monitor tick."""
+        self.nodes_lost += 1
 
 
-def catches(pid: int, signum: int) -> bool:
-    """Whether process `pid` has a handler for `signum` (SigCgt of /proc/PID/status)."""
+def kill(pid: int, signum: int) -> None:
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("SigCgt:"):
-                return bool((int(line.split()[1], 16) >> (signum - 1)) & 1)
-    except (OSError, ValueError):
+        os.kill(pid, signum)
+    except ProcessLookupError:
         pass
-    return False
 
 
-def quiet_torch_logs(path: Path) -> None:
-    """torch's elastic logs (rendezvous, restarts, its failure tables) to a file, not the terminal."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
-        logger = logging.getLogger(name)
-        logger.handlers[:] = [handler]
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
+def watch_ranks(config: RunConfig, launch_dir: Path) -> HangWatch:
+    """Start our timer server once for every attempt, and set what the ranks inherit: its pipe and limits (torch then
+    starts no server of its own: TORCHELASTIC_ENABLE_FILE_TIMER unset), and on GPUs NCCL's flight recorder."""
+    limits = Limits(config.run.hang_timeout_minutes * 60, config.run.startup_timeout_minutes * 60)
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"bert-ds-timers-{uuid.uuid4().hex}")
+    watch = HangWatch(path, limits)
+    watch.start()
+    os.environ.pop("TORCHELASTIC_ENABLE_FILE_TIMER", None)
+    os.environ.update({TIMER_FILE_ENV: path, HANG_TIMEOUT_ENV: str(limits.hang_s),
+                       STARTUP_TIMEOUT_ENV: str(limits.startup_s)})
+    if os.environ.get("DS_ACCELERATOR") != "cpu":  # gloo has no flight recorder
+        for name, value in flight_recorder(launch_dir).items():
+            os.environ.setdefault(name, value)
+    return watch
 
 
 def build_agent(args: argparse.Namespace, module_args: list[str]) -> HealingAgent:
     config = load_config(*parse_args(module_args))  # the ranks read it again; a UserError here is one line
     node = os.environ.get("SLURMD_NODENAME", "") if args.slurm else args.node  # a name only on 2+ nodes
-    host = node or socket.gethostname()
     node_mark = f"-{node}" if node else ""  # the nodes of a multi-node job share the run folder
     launch_dir = launch_logs_dir(Path(config.run.dir), time.strftime("%Y%m%d-%H%M%S") + node_mark)
     quiet_torch_logs(launch_dir / "agent.log")
-    os.environ["TORCHELASTIC_ENABLE_FILE_TIMER"] = "1"
-    os.environ[HANG_TIMEOUT_ENV] = str(config.run.hang_timeout_minutes * 60)
+    watch = watch_ranks(config, launch_dir)
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGQUIT"  # the others: forwarded by HealingAgent.forward
-    # c10d rendezvous, and a store of the ranks' own on a fresh port at each attempt: torch's shared agent
-    # store would keep the previous attempt's keys (a restarted gloo mesh then dials the dead ranks' ports).
+    # a store of the ranks' own on a fresh port at each attempt: torch's shared agent store would keep the previous
+    # attempt's keys (a restarted gloo mesh then dials the dead ranks' ports).
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     low, high = node_range(args.nnodes) or (1, 1)
-    # The first node serves the rendezvous (on one machine: this one; SLURM: the step's node 0); a multi-node
-    # job's run id is its mark. Under SLURM the ranks' own store is on torch's choice of address (the fqdn).
-    is_host = os.environ.get("SLURM_NODEID", "0") == "0" if args.slurm else not args.node or args.node == args.master_addr
+    job = args.job or f"bert-{uuid.uuid4().hex[:12]}"
+    # Several nodes: the store is nodes.py's (pretrain/launch/rendezvous.py), every agent a client of it. One machine:
+    # this agent hosts it. Under SLURM the ranks' own store is on torch's choice of address (the fqdn).
     local_addr = None if args.slurm else args.node or args.master_addr
-    parameters = RendezvousParameters(backend="c10d", endpoint=f"{args.master_addr}:{args.master_port}",
-                                      run_id=args.job or f"bert-{uuid.uuid4().hex[:12]}", min_nodes=low,
-                                      max_nodes=high, local_addr=local_addr, is_host=is_host,
-                                      last_call_timeout=LAST_CALL_SECONDS)
+    endpoint = args.rdzv_endpoint or f"{args.master_addr}:{args.master_port}"
+    parameters = RendezvousParameters(backend="c10d", endpoint=endpoint, run_id=job, min_nodes=low, max_nodes=high, local_addr=local_addr,
+                                      is_host=not args.rdzv_endpoint, last_call_timeout=LAST_CALL_SECONDS)
     # SLURM gave the node's task all its ranks' CPUs: each rank takes its own share (pretrain/launch/pin.py), as
     # SLURM's per-task binding did when every rank was a task.
     rank = ("-u", "-m", "pretrain.train", *module_args)
@@ -276,10 +299,33 @@ def build_agent(args: argparse.Namespace, module_args: list[str]) -> HealingAgen
                       rdzv_handler=rendezvous_registry.get_rendezvous_handler(parameters),
                       max_restarts=config.run.max_restarts, monitor_interval=0.2, local_addr=local_addr)
     logging.getLogger("torch.distributed.elastic").info("ranks run: %r", [sys.executable, *spec.args])
-    context = FaultContext(config.run.max_restarts, config.checkpoint_dir, args.resume_command)
-    record = FailureRecord(last_failure_path(Path(config.run.dir), node_mark))
-    grace = int(float(os.environ.get("BERT_DS_KILL_GRACE_SECONDS", "30")))
-    return HealingAgent(spec, RankLogs(launch_dir), context, record, grace, host)
+    run_dir = Path(config.run.dir)
+    context = FaultContext(job, config.run.max_restarts, run_dir, config.checkpoint_dir, args.resume_command)
+    judging = Judging(config, context, FaultHistory(faults_dir(run_dir)))
+    settings = NodeSettings(node or socket.gethostname(), high, bool(args.rdzv_endpoint),
+                            int(float(os.environ.get("BERT_DS_KILL_GRACE_SECONDS", "30"))))
+    return HealingAgent(spec, RankLogs(launch_dir), judging, watch, settings)
+
+
+def run(agent: HealingAgent) -> int:
+    """The agent's run, its rendezvous closed whatever the end (no other node waits in it), and its status."""
+    try:
+        result = agent.run()
+    except SignalException as stopped:
+        return 128 + stopped.sigval
+    except RendezvousClosedError:  # another node's final verdict ended the job; that node told it
+        return 1
+    except RendezvousError as err:
+        say(f"error: host {agent.node.host}: the rendezvous failed ({type(err).__name__}: {err}); resume with: "
+            f"{agent.judging.context.resume_command}")
+        return 1
+    finally:
+        try:
+            agent.get_worker_group().spec.rdzv_handler.shutdown()
+        except Exception:  # noqa: BLE001 - a store already gone has nothing left to close
+            pass
+        agent.watch.stop()
+    return 0 if not result.is_failed() else agent.exit_status
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -287,15 +333,16 @@ def main(argv: list[str] | None = None) -> int:
     module_args = argv[argv.index("--") + 1:] if "--" in argv else []
     parser = argparse.ArgumentParser(prog="python -m pretrain.launch.agent", description=__doc__.split("\n")[0])
     parser.add_argument("--nproc-per-node", type=int, required=True)
-    parser.add_argument("--master-addr", default="127.0.0.1")
+    parser.add_argument("--master-addr", default="127.0.0.1", help="one machine: where this agent hosts the rendezvous")
     parser.add_argument("--master-port", type=int, default=29500)
+    parser.add_argument("--rdzv-endpoint", default="", help="multi-node jobs: the rendezvous store nodes.py serves")
     parser.add_argument("--resume-command", default="the same command again")
     parser.add_argument("--nnodes", default="", help="multi-node jobs: N or MIN:MAX nodes (pretrain/launch/nodes.py)")
     parser.add_argument("--node", default="", help="hostfile jobs: this node's name in the hostfile")
     parser.add_argument("--job", default="", help="multi-node jobs: the launch's mark (rendezvous id, signals)")
     parser.add_argument("--slurm", action="store_true",
                         help="one task of a SLURM step (pretrain/launch/transports.py): node name from SLURMD_NODENAME,"
-                             " node 0 serves the rendezvous, each rank pinned to its share of the task's CPUs")
+                             " each rank pinned to its share of the task's CPUs")
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     try:
         agent = build_agent(args, module_args)
@@ -304,16 +351,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for signum in FORWARDED:
         signal.signal(signum, agent.forward)
-    try:
-        result = agent.run()
-    except SignalException as stopped:
-        return 128 + stopped.sigval
-    if not result.is_failed():
-        if agent.stop_signal is None:
-            agent.record.clear()
-        return 0  # launch.sh makes it 130 after a Ctrl-C
-    verdict = agent.verdict
-    return verdict.exit_status if verdict is not None else 1
+    signal.signal(NODE_LOST_SIGNAL, agent.node_lost)
+    status = run(agent)
+    if agent.node.under_nodes:  # nodes.py: this node ended by itself, whatever its transport says next
+        print(AgentEnd(agent.node.host, status).to_line(), file=sys.stderr, flush=True)
+    return status
 
 
 if __name__ == "__main__":

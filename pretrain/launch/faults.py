@@ -1,40 +1,55 @@
-"""A failed rank, told in one line: who, how it died, where, and what happens next.
+"""A failed rank, judged once and told in one line: who, how it died, where, and what happens next; and the fault
+record, the one form in which a fault is kept and handed on.
 
-The elastic agent (pretrain/launch/agent.py) hands each failure of its worker group here. This module
-decides nothing about processes; it reads the run folder (the newest checkpoint, the last failure on
-record, a rank's log) and words the lines the terminal shows:
+The elastic agent (pretrain/launch/agent.py) hands each failure of its worker group here. This module decides
+nothing about processes; it reads the run folder (the newest checkpoint, the fault records, a rank's log) and
+words the lines the terminal shows:
 
     launch.sh: fault: rank 1 (host n1) died of SIGKILL at phase1 step 12; restarting from checkpoint
         phase1-step10 (restart 1 of 3); log: RUN/logs/20260102-010203/attempt-0/rank-1.log
     launch.sh: error: rank 1 (host n1) died of SIGKILL at phase1 step 12; no restart left
         (run.max_restarts=0); last checkpoint phase1-step10; log: ...; resume with: ./launch.sh pretrain ...
 
-Which rank is named: the rank whose hang the agent's timer caught, else one that died of a signal
-other than the agent's own SIGTERM, else the first non-zero exit. The others died of its death (a
-collective's peer gone, or the agent stopping them) and say so in their logs.
+Which rank is named (`failure_order`): a frozen rank, then one whose timer ran out, then one killed by a signal
+other than SIGTERM (the agent's own stop) and SIGABRT (a peer that NCCL's watchdog aborted because of another),
+then a rank's own error (exit 2-4), then another non-zero exit, then exit 1 and SIGABRT (a collective that lost
+its peer), then a rank its agent stopped because a node was lost. The others died of its death, as their logs say.
 
-Kinds of failure that are no fault, and are never restarted: exit status 2 (a config, data or resume
-error the ranks found: its line is shown once, and the job exits 2), 3 (NaN/inf losses, after a
-checkpoint) and 4 (a checkpoint save that failed: a full disk would fail again). A failure at the same step as the last one on record, with no newer checkpoint since, is a
-bug rather than a fault: restarting would fail there again, so restarts stop (RUN/logs/last_failure.json).
+Kinds of failure that are no fault, and are never restarted: exit status 2 (a config, data or resume error the
+ranks found: its line is shown once, and the job exits 2), 3 (NaN/inf losses, after a checkpoint) and 4 (a
+checkpoint or export that could not be written: the rank's own line says why). The same failure again (the same
+kind, cause, step and error line as one of the attempt before, with no newer checkpoint since) is a bug rather
+than a fault: restarting would fail there again, so restarts stop.
 
-Standard library only (and pretrain/errors.py, the driver's exit statuses and error prefixes).
+`FaultRecord` is the one definition of a judged fault. Each agent writes one per failure into RUN/logs/faults/
+(one file per record: the nodes share the run folder, and a file renamed into place needs no lock), so every node
+judges "the same failure again" against the same history, and what the faults cost can be read back (time, kind,
+restart, the checkpoint restarted from). An agent under pretrain/launch/nodes.py also prints it as one JSON line
+(RECORD_PREFIX); nodes.py reads it back with `FaultRecord.from_line` and shows the most telling node's line.
+
+Standard library only (and pretrain/errors.py, the driver's exit statuses and error prefixes; pretrain/run_folder.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import signal
-from collections.abc import Mapping
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from pretrain.errors import ERROR_PREFIXES, NONFINITE_EXIT, SAVE_FAILED_EXIT, USER_ERROR_EXIT
+from pretrain.run_folder import CHECKPOINTS
 
 NOT_RESTARTED = {USER_ERROR_EXIT: "a config, data or resume error", NONFINITE_EXIT: "NaN/inf losses",
-                 SAVE_FAILED_EXIT: "a checkpoint that could not be written (free space, then rerun)"}
-START_UP = "start-up"
+                 SAVE_FAILED_EXIT: "a checkpoint or export that could not be written"}
+KINDS = {USER_ERROR_EXIT: "config", NONFINITE_EXIT: "nonfinite", SAVE_FAILED_EXIT: "save"}
+RECORD_PREFIX = "launch.sh: fault record: "  # an agent's record on its stdout, for pretrain/launch/nodes.py
+NODE_LOST = "stopped by its agent: a node of the job was lost"
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b.*")
 
 
 @dataclass(frozen=True)
@@ -44,14 +59,27 @@ class RankFailure:
     rank: int
     host: str
     exitcode: int
-    step: str | None  # "phase1 step 12" (the step timer it held last); None: before its first step
+    step: str | None  # the timer it held last ("phase1 step 12", "start-up", "phase1 set-up"); None: none yet
     log: Path
-    hang: str | None = None  # "made no progress in 10 min (stopped by SIGSTOP)": its step timer ran out
+    hang: str | None = None  # "made no progress in 10 min (...)": its timer ran out
+    node_lost: bool = False  # its agent killed it: a node of the job was lost
+    trace: Path | None = None  # where NCCL's flight recorder dumps this rank's collectives (when it does)
+    stacks: bool = False  # asked for its stacks (they are in its log) before it was killed
+
+    @property
+    def kind(self) -> str:
+        if self.hang:
+            return "hang"
+        if self.node_lost:
+            return "node"
+        return KINDS.get(self.exitcode, "signal" if self.exitcode < 0 else "exit")
 
     @property
     def cause(self) -> str:
         if self.hang:
             return f"{self.hang}: killed"
+        if self.node_lost:
+            return NODE_LOST
         if self.exitcode < 0:
             try:
                 return f"died of {signal.Signals(-self.exitcode).name}"
@@ -61,7 +89,8 @@ class RankFailure:
 
     @property
     def where(self) -> str:
-        return f"at {self.step}" if self.step else f"during {START_UP}"
+        step = self.step or "start-up"
+        return f"at {step}" if " step " in step else f"during {step}"
 
     @property
     def exit_status(self) -> int:
@@ -71,20 +100,30 @@ class RankFailure:
     def line(self) -> str:
         return f"rank {self.rank} (host {self.host}) {self.cause} {self.where}"
 
+    def files(self) -> str:
+        """Where the evidence is: the rank's log (with its stacks after a hang), NCCL's trace when it dumped one."""
+        trace = f"; NCCL trace: {self.trace}" if self.trace is not None and self.trace.is_file() else ""
+        return f"log{' (with its stacks)' if self.stacks else ''}: {self.log}{trace}"
+
+
+def failure_order(failure: RankFailure) -> int:
+    """How telling a failure is (lower: more), the module docstring's order; the same for the ranks of one node
+    (primary_failure) and for the nodes of a job (pretrain/launch/nodes.py, through FaultRecord.order)."""
+    victims = (signal.SIGTERM, signal.SIGABRT)
+    if failure.hang:
+        return 0 if "stopped by SIGSTOP" in failure.hang else 1
+    if failure.node_lost:
+        return 6
+    if failure.exitcode < 0:
+        return 7 if -failure.exitcode == signal.SIGTERM else 5 if -failure.exitcode in victims else 2
+    if failure.exitcode in NOT_RESTARTED:
+        return 3
+    return 5 if failure.exitcode == 1 else 4
+
 
 def primary_failure(failures: list[RankFailure]) -> RankFailure:
-    """The failure that ended the group (module docstring): a hang, then a signal other than SIGTERM
-    (the agent's own), then a user error, then the first non-zero exit by rank."""
-    def order(failure: RankFailure) -> tuple[int, int]:
-        if failure.hang:  # a frozen rank before one that only waited for it in a collective
-            return (0 if "(stopped" in failure.hang else 1, failure.rank)
-        if failure.exitcode < 0 and -failure.exitcode != signal.SIGTERM:
-            return (2, failure.rank)
-        if failure.exitcode in NOT_RESTARTED:
-            return (3, failure.rank)
-        return (4 if failure.exitcode > 0 else 5, failure.rank)
-
-    return min(failures, key=order)
+    """The failure that ended the group: the most telling (failure_order), then the lowest rank."""
+    return min(failures, key=lambda failure: (failure_order(failure), failure.rank))
 
 
 def latest_checkpoint(checkpoint_dir: Path) -> str | None:
@@ -95,84 +134,200 @@ def latest_checkpoint(checkpoint_dir: Path) -> str | None:
         return None
 
 
-def error_line(log: Path) -> str | None:
-    """The last line of a rank's log that pretrain.train prints for a user error ("config error: ...")."""
+def log_lines(log: Path) -> list[str]:
     try:
-        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+        return log.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
-        return None
-    return next((line.strip() for line in reversed(lines) if line.startswith(ERROR_PREFIXES)), None)
+        return []
+
+
+def error_line(log: Path) -> str | None:
+    """The last line of a rank's log that the driver prints for an error of its own ("config error: ...")."""
+    return next((line.strip() for line in reversed(log_lines(log)) if line.startswith(ERROR_PREFIXES)), None)
+
+
+def exception_line(log: Path) -> str | None:
+    """The last exception a rank's log shows ("RuntimeError: ..."): what tells two failures at one step apart."""
+    return next((line.strip()[:200] for line in reversed(log_lines(log)) if _EXCEPTION.match(line.strip())), None)
+
+
+@dataclass(frozen=True)
+class FaultRecord:
+    """One judged fault: what the terminal showed, and the data a report needs to cost it."""
+
+    time: float  # when the agent judged it (seconds since the epoch)
+    job: str  # the launch's rendezvous id: the nodes of one launch share it
+    host: str
+    restart: int  # restarts of this launch before it (0: its first attempt)
+    kind: str  # hang | signal | exit | node | config | nonfinite | save | stuck
+    rank: int | None
+    cause: str  # "died of SIGKILL", "made no progress in 10 min (...): killed"
+    step: str | None  # the timer the rank held: "phase1 step 12", "start-up", ...
+    detail: str | None  # the rank's own error line, else the last exception in its log
+    checkpoint: str | None  # what `latest` named: the checkpoint a restart resumes from (None: the start)
+    restarts: bool  # the verdict: the job restarts (True) or stops
+    exit_status: int  # the job's status when it stops here
+    order: int  # how telling (failure_order)
+    line: str  # the terminal line, without "launch.sh: "
+
+    @property
+    def key(self) -> tuple[str, str, str | None, str | None]:
+        """What "the same failure" means: the same kind, cause, step and error line."""
+        return self.kind, self.cause, self.step, self.detail
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> FaultRecord:
+        fields = {field.name for field in dataclasses.fields(cls)}
+        return cls(**{name: value for name, value in json.loads(text).items() if name in fields})
+
+    @classmethod
+    def from_line(cls, line: str) -> FaultRecord | None:
+        """The record an agent printed as one line (RECORD_PREFIX + JSON), anywhere in `line` (pdsh puts the host in
+        front); None for any other line."""
+        _, found, text = line.partition(RECORD_PREFIX)
+        if not found:
+            return None
+        try:
+            return cls.from_json(text)
+        except (ValueError, TypeError):
+            return None
+
+
+@dataclass(frozen=True)
+class AgentEnd:
+    """An agent's last word under pretrain/launch/nodes.py: its node and the status it exits with. A node whose agent
+    said it ended by itself; whatever its transport reports after (srun's "Out Of Memory" for a rank the kernel
+    killed earlier), it is no lost node."""
+
+    host: str
+    status: int
+
+    PREFIX = "launch.sh: agent end: "
+
+    def to_line(self) -> str:
+        return f"{self.PREFIX}{json.dumps(dataclasses.asdict(self))}"
+
+    @classmethod
+    def from_line(cls, line: str) -> AgentEnd | None:
+        _, found, text = line.partition(cls.PREFIX)
+        try:
+            return cls(**json.loads(text)) if found else None
+        except (ValueError, TypeError):
+            return None
 
 
 @dataclass
-class FailureRecord:
-    """RUN/logs/last_failure.json: the step and checkpoint of the last failure, kept across restarts and
-    launches, so that a failure repeating at the same step with no progress since stops the restarts."""
+class FaultHistory:
+    """RUN/logs/faults/: every record of every launch, attempt and node, one file each."""
 
-    path: Path
+    folder: Path
 
-    def repeats(self, failure: RankFailure, checkpoint: str | None) -> bool:
+    def records(self) -> list[FaultRecord]:
+        found = []
+        for path in sorted(self.folder.glob("*.json")):
+            try:
+                found.append(FaultRecord.from_json(path.read_text(encoding="utf-8")))
+            except (OSError, ValueError, TypeError):
+                continue  # a record being replaced, or not ours
+        return sorted(found, key=lambda record: record.time)
+
+    def add(self, record: FaultRecord) -> None:
+        """Write `record` (temp file, rename). A run folder that cannot take it (a full disk) costs the record, not
+        the job: the line is printed all the same."""
+        name = f"{time.time_ns()}-{re.sub(r'[^A-Za-z0-9_.-]', '_', record.host)}-{os.getpid()}.json"
         try:
-            last = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return False
-        return last.get("step") == (failure.step or START_UP) and last.get("checkpoint") == checkpoint
+            self.folder.mkdir(parents=True, exist_ok=True)
+            temporary = self.folder / f".{name}.tmp"
+            temporary.write_text(record.to_json(), encoding="utf-8")
+            os.replace(temporary, self.folder / name)
+        except OSError:
+            pass
 
-    def clear(self) -> None:
-        """A run that finished: the next failure starts a new record."""
-        self.path.unlink(missing_ok=True)
-
-    def save(self, failure: RankFailure, checkpoint: str | None) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_suffix(".tmp")
-        temporary.write_text(json.dumps({"step": failure.step or START_UP, "checkpoint": checkpoint,
-                                         "rank": failure.rank, "cause": failure.cause}), encoding="utf-8")
-        os.replace(temporary, self.path)
+    def previous_attempt(self, job: str, restart: int) -> list[FaultRecord]:
+        """The records of the attempt judged last before (job, restart), on any node: the one before in this launch,
+        else the last of an earlier launch."""
+        earlier = [r for r in self.records() if (r.job, r.restart) != (job, restart)]
+        if not earlier:
+            return []
+        last = earlier[-1]
+        return [r for r in earlier if (r.job, r.restart) == (last.job, last.restart)]
 
 
 @dataclass(frozen=True)
 class FaultContext:
-    """What a fault line needs besides the failure: the run's restart budget, where checkpoints are, the
-    command that resumes."""
+    """What judging a failure needs besides the failure: the launch and attempt, the restart budget, where the
+    failed rank's checkpoints are (and the run folder the line names them from), the command that resumes."""
 
+    job: str
     max_restarts: int
+    run_dir: Path
     checkpoint_dir: Path
     resume_command: str
 
+    def checkpoint_name(self, tag: str) -> str:
+        """A tag as the line names it: alone in the run's own checkpoint folder, else with its folder (a plug-in's
+        group<g>/checkpoints, or checkpoint.dir elsewhere)."""
+        if self.checkpoint_dir == self.run_dir / CHECKPOINTS:
+            return tag
+        try:
+            return f"{self.checkpoint_dir.relative_to(self.run_dir)}/{tag}"
+        except ValueError:
+            return str(self.checkpoint_dir / tag)
 
-@dataclass(frozen=True)
-class Verdict:
-    """What the agent does about one failure: restart or not, the line to print, the job's exit status."""
 
-    restart: bool
-    line: str
-    exit_status: int
-
-
-def judge(failure: RankFailure, restarts_done: int, context: FaultContext, record: FailureRecord) -> Verdict:
-    """Restart (with its one line) or stop (with the one error line and the status the job exits with)."""
-    checkpoint = latest_checkpoint(context.checkpoint_dir)
-    start = f"checkpoint {checkpoint}" if checkpoint else "the start (no checkpoint yet)"
-    log = f"log: {failure.log}"
-    if failure.exitcode in NOT_RESTARTED:
-        found = error_line(failure.log)
-        if found and failure.exitcode == USER_ERROR_EXIT:
-            return Verdict(False, found, USER_ERROR_EXIT)
-        return Verdict(False, f"error: {failure.line()}: {NOT_RESTARTED[failure.exitcode]}, not restarted"
-                              f"{': ' + found if found else ''}; {log}", failure.exit_status)
-    if record.repeats(failure, checkpoint):
+def judge(failure: RankFailure, restarts_done: int, context: FaultContext, history: FaultHistory) -> FaultRecord:
+    """Restart (with its one line) or stop (with the one error line and the status the job exits with); the record
+    goes into `history` either way."""
+    tag = latest_checkpoint(context.checkpoint_dir)
+    checkpoint = context.checkpoint_name(tag) if tag else None
+    found = error_line(failure.log)
+    detail = found or exception_line(failure.log)
+    fields = dict(job=context.job, host=failure.host, restart=restarts_done, kind=failure.kind, rank=failure.rank,
+                 cause=failure.cause, step=failure.step, detail=detail, checkpoint=checkpoint,
+                 order=failure_order(failure))
+    log = failure.files()
+    if failure.exitcode in NOT_RESTARTED and not (failure.hang or failure.node_lost):
+        if found and failure.exitcode in (USER_ERROR_EXIT, SAVE_FAILED_EXIT):  # the rank's own words say it all
+            line, status = found, failure.exitcode
+        else:
+            line = (f"error: {failure.line()}: {NOT_RESTARTED[failure.exitcode]}, not restarted"
+                    f"{': ' + found if found else ''}; {log}")
+            status = failure.exit_status
+        return _keep(history, FaultRecord(time.time(), **fields, restarts=False, exit_status=status, line=line))
+    previous = history.previous_attempt(context.job, restarts_done)
+    probe = FaultRecord(time.time(), **fields, restarts=True, exit_status=0, line="")
+    # a lost node is the world's doing, never a bug of the run's: it is not "the same failure" however often it comes
+    if failure.kind != "node" and any(r.key == probe.key and r.checkpoint == checkpoint for r in previous):
         why = (f"the same failure as the last one, at the same step with no newer checkpoint: a bug, not a fault, "
                f"so no restart; last checkpoint {checkpoint or 'none'}")
     elif restarts_done >= context.max_restarts:
-        why = (f"no restart left (run.max_restarts={context.max_restarts}); last checkpoint "
-               f"{checkpoint or 'none'}")
+        why = f"no restart left (run.max_restarts={context.max_restarts}); last checkpoint {checkpoint or 'none'}"
     else:
-        record.save(failure, checkpoint)
-        return Verdict(True, f"fault: {failure.line()}; restarting from {start} (restart {restarts_done + 1} of "
-                             f"{context.max_restarts}); {log}", 0)
-    record.save(failure, checkpoint)
-    # status 1, not the rank's: over a hostfile, a status >= 128 from a node means the node was lost (nodes.py)
-    return Verdict(False, f"error: {failure.line()}; {why}; {log}; resume with: {context.resume_command}", 1)
+        start = f"checkpoint {checkpoint}" if checkpoint else "the start (no checkpoint yet)"
+        line = (f"fault: {failure.line()}; restarting from {start} (restart {restarts_done + 1} of "
+                f"{context.max_restarts}); {log}")
+        return _keep(history, dataclasses.replace(probe, line=line))
+    # status 1, not the rank's: a status >= 128 from a node means the node was lost (pretrain/launch/nodes.py)
+    line = f"error: {failure.line()}; {why}; {log}; resume with: {context.resume_command}"
+    return _keep(history, dataclasses.replace(probe, restarts=False, exit_status=1, line=line))
+
+
+def judge_stuck(host: str, restarts_done: int, context: FaultContext, history: FaultHistory) -> FaultRecord:
+    """torch's own verdict on a group with no failed rank: one stuck in uninterruptible sleep (D state), which it
+    cannot stop; it restarts nothing."""
+    tag = latest_checkpoint(context.checkpoint_dir)
+    cause = "stayed in uninterruptible I/O (D state)"
+    line = f"error: a rank of host {host} {cause}; no restart; resume with: {context.resume_command}"
+    return _keep(history, FaultRecord(time.time(), context.job, host, restarts_done, "stuck", None, cause, None, None,
+                                      context.checkpoint_name(tag) if tag else None, False, 1, 1, line))
+
+
+def _keep(history: FaultHistory, record: FaultRecord) -> FaultRecord:
+    history.add(record)
+    return record
 
 
 def hang_description(state: str) -> str:
@@ -190,7 +345,12 @@ def process_state(pid: int, proc: Path = Path("/proc")) -> str:
     return stat.rpartition(")")[2].split()[0] if ")" in stat else ""
 
 
-def worker_env_extras(local_size: int, node_rank: int, nodes: int) -> Mapping[str, str]:
-    """What DeepSpeed's own launcher gives each rank beyond torch's variables: its CPU all-reduce reads
-    LOCAL_SIZE to use shared memory; CROSS_RANK / CROSS_SIZE say which node."""
-    return {"LOCAL_SIZE": str(local_size), "CROSS_RANK": str(node_rank), "CROSS_SIZE": str(nodes)}
+def catches(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler for `signum` (SigCgt of /proc/PID/status)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool((int(line.split()[1], 16) >> (signum - 1)) & 1)
+    except (OSError, ValueError):
+        pass
+    return False

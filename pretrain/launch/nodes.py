@@ -1,23 +1,26 @@
-"""`./launch.sh pretrain` on several nodes: our elastic agent on every node, and lost nodes told.
+"""`./launch.sh pretrain` on several nodes: our elastic agent on every node, their rendezvous store, lost nodes told.
 
     python -m pretrain.launch.nodes (--hostfile F | --slurm) [--nodes N|MIN:MAX] --nproc-per-node N
-        --master-addr A --master-port P [--env-file F] [--cpus-per-task C] [--gpus] [--resume-command TEXT]
-        -- ARGS
+        --rdzv-endpoint HOST:PORT [--env-file F] [--cpus-per-task C] [--gpus] [--resume-command TEXT] -- ARGS
 
 With a hostfile pdsh + ssh start the agents, inside a SLURM allocation srun does (one task per node);
-pretrain/launch/transports.py has both. The agents meet in torch's c10d rendezvous on A:P (the first node
-serves it) and each starts its node's ranks; a failure anywhere restarts every node's ranks from the newest
-checkpoint (pretrain/launch/agent.py). This process relays what the nodes print and watches for a node that is
-gone: its session ends while its agent had not ended by itself (status >= 128: the agent or its machine was
-killed, or ssh lost the connection). Then:
+pretrain/launch/transports.py has both. The agents meet in torch's c10d rendezvous, whose store this process serves
+on this machine (pretrain/launch/store.py; pretrain/launch/rendezvous.py says why: no node is a single point of
+failure), unless --rdzv-endpoint names a store served elsewhere. Each agent starts its node's ranks; a failure
+anywhere restarts every node's ranks from the newest checkpoint (pretrain/launch/agent.py). This process relays
+what the nodes print and watches for a node that is gone: its session ends while its agent had not ended by itself
+(the agent's own last word, AgentEnd, did not come; the status is >= 128: the agent or its machine was killed, ssh
+lost the connection, SLURM declared the node failed or its task out of memory). Then:
 
-- with `--nodes MIN:MAX` and at least MIN nodes left: one line, and the job carries on without it; the
-  survivors' ranks fail at their next collective, their agents meet again in a smaller world, and the run
-  resumes from the newest checkpoint on fewer ranks (exact across world sizes: the global batch is the
-  config's, the accumulation is derived);
+- with `--nodes MIN:MAX` and at least MIN nodes left: one line, and the job carries on without it: the survivors'
+  agents get NODE_LOST_SIGNAL, kill their ranks at once (a collective with a dead peer would wait for the hang
+  timer) and meet again in a smaller world; the run resumes from the newest checkpoint on fewer ranks (exact
+  across world sizes: the global batch is the config's, the accumulation is derived);
 - otherwise: one error line naming the node, and the other nodes are stopped at once (their ranks would
   otherwise wait in the rendezvous, or in a collective until run.dist_timeout_minutes).
 
+The agents' fault records (pretrain/launch/faults.py FaultRecord, one JSON line each) become one line per fault:
+the most telling node's (FaultLines). The store's death ends the job with one line: the nodes could not meet again.
 Signals (launch.sh passes them here) reach every node's agent through the transport (pdsh + pkill of this
 launch's mark, or scancel of the agents' step); the agents pass them on to their ranks.
 
@@ -41,10 +44,15 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from pretrain.distributed.cluster import ClusterError, allocation_hosts, pdsh_quote, read_hostfile
-from pretrain.launch.transports import Pdsh, Srun
+from pretrain.launch.faults import AgentEnd, FaultRecord
+from pretrain.launch.rendezvous import answers, is_this_machine, listen, parse_endpoint
+from pretrain.launch.transports import Pdsh, SessionEnd, Srun
 
 PREFIX = "launch.sh"
 LOST_STATUS = 128  # an agent ends by itself with 0-4 (pretrain/launch/agent.py); >= 128: it was killed
+# To the survivors' agents: a node is lost, restart without it. Ignored by default: under SLURM (scancel signals a
+# whole step) it reaches the ranks too, which must not end on it.
+NODE_LOST_SIGNAL = signal.SIGURG
 _RANGE = re.compile(r"([0-9]+)(?::([0-9]+))?", re.ASCII)
 
 
@@ -72,7 +80,7 @@ class Transport(Protocol):
 
     def env(self) -> dict[str, str]: ...
 
-    def session_end(self, line: str) -> tuple[str, int] | None: ...
+    def session_end(self, line: str) -> SessionEnd | None: ...
 
     def quiet(self, line: str) -> bool: ...
 
@@ -81,7 +89,7 @@ class Transport(Protocol):
 
 @dataclass
 class NodeJob:
-    """One launch over several nodes: the hosts, how many may be lost, and the agents' command line."""
+    """One launch over several nodes: the hosts, how many may be lost, the agents' command line, the rendezvous."""
 
     hosts: list[str]
     min_nodes: int
@@ -89,8 +97,10 @@ class NodeJob:
     agent_args: list[str]  # what every agent gets (its --node or --slurm comes from the transport)
     module_args: list[str]  # the driver's arguments, as the transport wants them
     resume_command: str = ""
+    rendezvous: str = ""  # HOST:PORT of the store; served here when HOST is this machine
     lost: list[str] = field(default_factory=list)
     ended: dict[str, int] = field(default_factory=dict)  # host -> its session's status, when not 0
+    agents_ended: dict[str, int] = field(default_factory=dict)  # host -> the status its agent said it ends with
     stopping: bool = False  # a signal to pass on, or a lost node the job cannot do without
     failed: bool = False  # the latter
 
@@ -107,22 +117,35 @@ class NodeJob:
         if targets:
             self.transport.signal(signum, targets)
 
-    def node_ended(self, host: str, status: int) -> list[str]:
-        """The word that `host`'s session ended with `status`: a lost node when the agent did not end it.
-        Returns the hosts whose agents must stop now (the job cannot do without the lost node)."""
-        self.ended[host] = status
-        if status < LOST_STATUS or self.stopping or host in self.lost:
-            return []
+    def node_ended(self, end: SessionEnd, first: Callable[[], None] = lambda: None) -> tuple[int, list[str]] | None:
+        """The word that `end.host`'s session ended: a lost node when its agent did not end by itself. Returns what
+        to send to whom: NODE_LOST_SIGNAL to the survivors when the job carries on, SIGTERM to the others when it
+        cannot. `first` runs before a line is printed (the fault lines still held go out before it)."""
+        host = end.host
+        self.ended[host] = self.agents_ended.get(host, end.status)
+        if host in self.agents_ended or end.status < LOST_STATUS or self.stopping or host in self.lost:
+            return None
         self.lost.append(host)
-        left = self.nodes_left
-        why = f"node {host} lost (its session ended with status {status}: the machine, its agent or its link died)"
-        if left >= self.min_nodes and self.min_nodes < len(self.hosts):
-            say(f"fault: {why}; carrying on with {left} node(s) (--nodes {self.min_nodes}:{len(self.hosts)})")
-            return []
+        first()
+        left = [other for other in self.hosts if other not in self.lost]
+        how = end.why or "the machine, its agent or its link died"
+        why = f"node {host} lost (its session ended with status {end.status}: {how})"
+        if len(left) >= self.min_nodes and self.min_nodes < len(self.hosts):
+            say(f"fault: {why}; carrying on with {len(left)} node(s) (--nodes {self.min_nodes}:{len(self.hosts)})")
+            return NODE_LOST_SIGNAL, left
         self.stopping = self.failed = True
         say(f"error: {why}; stopping the other node(s) (--nodes MIN:MAX carries on without a lost node); "
             f"resume with: {self.resume_command}")
-        return [other for other in self.hosts if other not in self.lost]
+        return signal.SIGTERM, left
+
+    def store_ended(self, status: int) -> None:
+        """The rendezvous store this process served is gone while the nodes run: they could not meet again."""
+        if self.stopping:
+            return
+        self.stopping = self.failed = True
+        say(f"error: the rendezvous store of this job ({self.rendezvous}, on this machine) ended with status {status}; "
+            f"the nodes cannot meet again: stopping them; resume with: {self.resume_command}")
+        self.signal_agents(signal.SIGTERM)
 
 
 def say(line: str) -> None:
@@ -130,26 +153,32 @@ def say(line: str) -> None:
 
 
 class FaultLines:
-    """One line per fault, not one per node: every node's agent reports the failure its own ranks saw (on the
-    node of the rank that died: "died of SIGKILL"; on the others: "exited with status 1", their ranks having
-    lost a peer in a collective). The lines of one restart (or of the final error) are held until every
-    running node has told its own, or `settle_s` passed, and the most telling is shown: a hang, then a
-    signal, then an exit status other than 1, then the first."""
+    """One line per fault, not one per node: every node's agent judges the failure its own ranks saw (on the node of
+    the rank that died: "died of SIGKILL"; on the others: "exited with status 1", their ranks having lost a peer) and
+    sends its FaultRecord. The records of one attempt are held until every running node has sent its own, or
+    `settle_s` passed, or until a later event (a later attempt's record, a lost node) must follow it; then one line is
+    shown: a final verdict's if any node reached one (it ends the job), else the most telling (FaultRecord.order),
+    with the node's name in front as pdsh put it."""
 
     def __init__(self, out: IO[str], nodes_running: Callable[[], int], settle_s: float = 10.0) -> None:
         self.out, self.nodes_running, self.settle_s = out, nodes_running, settle_s
-        self.pending: dict[str, list[str]] = {}
+        self.pending: dict[tuple[str, int], list[tuple[str, FaultRecord]]] = {}
+        self.shown: set[tuple[str, int]] = set()  # an attempt told already: a node's late word on it is dropped
         self.lock = threading.Lock()
 
     def offer(self, line: str) -> bool:
-        """Hold `line` when it is a node's word on a rank's failure (True), else leave it to the caller."""
-        found = _FAULT_LINE.search(line)
-        if not found:
+        """Hold `line` when it is a node's fault record (True), else leave it to the caller."""
+        record = FaultRecord.from_line(line)
+        if record is None:
             return False
-        key = found[1] or "error"
+        key = (record.job, record.restart)
+        for earlier in [other for other in list(self.pending) if other[0] == key[0] and other[1] < key[1]]:
+            self.show(earlier)  # a later attempt's word: the earlier fault is told first, with what it has
         with self.lock:
+            if key in self.shown:
+                return True
             first = key not in self.pending
-            self.pending.setdefault(key, []).append(line)
+            self.pending.setdefault(key, []).append((line.partition("launch.sh: ")[0], record))
             complete = len(self.pending[key]) >= self.nodes_running()
         if complete:
             self.show(key)
@@ -159,11 +188,14 @@ class FaultLines:
             timer.start()
         return True
 
-    def show(self, key: str) -> None:
+    def show(self, key: tuple[str, int]) -> None:
         with self.lock:
-            lines = self.pending.pop(key, [])
-        if lines:
-            self.out.write(min(lines, key=_telling))
+            told = self.pending.pop(key, [])
+            self.shown.add(key)
+        final = [(node, record) for node, record in told if not record.restarts]
+        if told:
+            node, record = min(final or told, key=lambda pair: (pair[1].order, pair[1].rank or 0))
+            self.out.write(f"{node}{PREFIX}: {record.line}\n")
             self.out.flush()
 
     def show_all(self) -> None:
@@ -171,33 +203,57 @@ class FaultLines:
             self.show(key)
 
 
-_FAULT_LINE = re.compile(r"launch\.sh: (?:fault|error): rank \d+ \(host .*?(?:\(restart (\d+) of \d+\)|$)")
-
-
-def _telling(line: str) -> int:
-    """A fault line's order of preference: a hang, a signal, an exit status other than 1, exit status 1."""
-    for order, word in enumerate(("made no progress", "died of SIG")):
-        if word in line:
-            return order
-    return 3 if "exited with status 1 " in line else 2
-
-
 def relay(stream: IO[str], out: IO[str], job: NodeJob, faults: FaultLines) -> None:
-    """The nodes' lines as they come; the transport's own 'session ended' lines become ours (node_ended), and
-    the nodes' lines on one failure become one (FaultLines)."""
+    """The nodes' lines as they come; the transport's own 'session ended' lines become ours (node_ended), an agent's
+    last word is noted, and the nodes' records of one failure become one line (FaultLines)."""
     for line in stream:
         ended = job.transport.session_end(line)
         if ended:
-            to_stop = job.node_ended(*ended)
-            if to_stop:
-                job.signal_agents(signal.SIGTERM, to_stop)
+            act = job.node_ended(ended, faults.show_all)  # the lines stay in the order of what happened
+            if act:
+                job.signal_agents(*act)
+            continue
+        agent = AgentEnd.from_line(line)
+        if agent:
+            job.agents_ended[agent.host] = agent.status
             continue
         if not job.transport.quiet(line) and not faults.offer(line):
             out.write(line)
             out.flush()
 
 
+def serve_store(job: NodeJob) -> subprocess.Popen[bytes] | None:
+    """The rendezvous store on this machine (pretrain/launch/store.py) when the endpoint is here, on the socket bound
+    now (a port already taken is one line before any node starts); else check that the store elsewhere answers."""
+    host, port = parse_endpoint(job.rendezvous)
+    if not is_this_machine(host):
+        problem = answers(host, port)
+        if problem:
+            raise ClusterError(f"--rdzv-endpoint {job.rendezvous}: no rendezvous store answers there ({problem}); "
+                               f"serve one there (python -m pretrain.launch.store --port {port}) or leave "
+                               "--rdzv-endpoint out (launch.sh then serves it on this machine)")
+        return None
+    sock = listen(port)
+    try:
+        command = [sys.executable, "-u", "-m", "pretrain.launch.store", "--port", str(port), "--listen-fd",
+                   str(sock.fileno()), "--with-parent"]
+        return subprocess.Popen(command, pass_fds=[sock.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    finally:
+        sock.close()  # the store holds it now
+
+
+def watch_store(store: subprocess.Popen[bytes], nodes: subprocess.Popen[str], job: NodeJob) -> None:
+    status = store.wait()
+    if nodes.poll() is None:  # not our own stop at the job's end
+        job.store_ended(status)
+
+
 def run(job: NodeJob) -> int:
+    try:
+        store = serve_store(job)
+    except ClusterError as err:
+        say(f"error: {err}")
+        return 2
     proc = subprocess.Popen(job.command(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                             text=True, env=job.transport.env())
 
@@ -210,11 +266,16 @@ def run(job: NodeJob) -> int:
     faults = FaultLines(sys.stderr, lambda: job.nodes_left)
     threads = [threading.Thread(target=relay, args=(proc.stdout, sys.stdout, job, faults), daemon=True),
                threading.Thread(target=relay, args=(proc.stderr, sys.stderr, job, faults), daemon=True)]
+    if store is not None:  # noticed at once: a thread waits on it
+        threads.append(threading.Thread(target=watch_store, args=(store, proc, job), daemon=True))
     for thread in threads:
         thread.start()
     status = proc.wait()
-    for thread in threads:
+    for thread in threads[:2]:
         thread.join(timeout=5)
+    if store is not None:
+        store.terminate()
+        store.wait()
     faults.show_all()
     if job.failed:
         return 1
@@ -249,9 +310,10 @@ def build_job(args: argparse.Namespace, module_args: list[str]) -> NodeJob:
         hosts = slurm_hosts(high)
         transport = Srun(mark, os.environ.get("SLURM_JOB_ID", ""), int(args.nproc_per_node),
                          int(args.cpus_per_task) if args.cpus_per_task else None, args.gpus, low < high, args.python)
+    parse_endpoint(args.rdzv_endpoint)  # one line for a malformed value
     agent_args = ["--nproc-per-node", args.nproc_per_node, "--nnodes", f"{low}:{high}",
-                  "--master-addr", args.master_addr, "--master-port", args.master_port]
-    return NodeJob(hosts[:high], low, transport, agent_args, module_args, args.resume_command)
+                  "--rdzv-endpoint", args.rdzv_endpoint]
+    return NodeJob(hosts[:high], low, transport, agent_args, module_args, args.resume_command, args.rdzv_endpoint)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -263,8 +325,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     where.add_argument("--slurm", action="store_true", help="the nodes of this SLURM allocation: agents through srun")
     parser.add_argument("--nodes", default="", help="N or MIN:MAX (default: every host, none may be lost)")
     parser.add_argument("--nproc-per-node", required=True)
-    parser.add_argument("--master-addr", required=True)
-    parser.add_argument("--master-port", required=True)
+    parser.add_argument("--rdzv-endpoint", required=True,
+                        help="HOST:PORT of the agents' rendezvous store: served here when HOST is this machine")
     parser.add_argument("--env-file", help="hostfile: NAME=VALUE lines exported on every node")
     parser.add_argument("--cpus-per-task", default="", help="SLURM: the job's CPUs per rank")
     parser.add_argument("--gpus", action="store_true", help="SLURM: the ranks use GPUs (the task asks for them)")

@@ -8,18 +8,20 @@
 `launch` parses and checks the LAUNCH OPTIONS (and for pretrain --config and the --section.key=value
 form of overrides), chooses the launcher (--hostfile, else a SLURM allocation, else this machine), asks
 pretrain/distributed/cluster.py what the cluster says (`cluster.plan`), and prints what launch.sh needs as shell
-assignments to eval: LAUNCHER, HOSTFILE, NODE_RANGE, MODULE_ARGS, the CLUSTER_* values, RANK_ENV (the NAME=VALUE
-defaults every rank gets) and, for a hostfile, DS_ENV (every node's env lines). Bad input is one "PROG: error:
+assignments to eval: LAUNCHER, HOSTFILE, NODE_RANGE, MODULE_ARGS, the CLUSTER_* values (with CLUSTER_RDZV_ENDPOINT
+for a pretrain on several nodes: where its rendezvous store listens, pretrain/launch/rendezvous.py), RANK_ENV (the
+NAME=VALUE defaults every rank gets) and, for a hostfile, DS_ENV (every node's env lines). Bad input is one "PROG: error:
 ..." line and exit status 2, before anything starts. launch.sh keeps running, printing, exporting, signals.
 
 `--check-run` (launch.sh passes it for pretrain) then runs the launch-time check of the run itself in
-this same process, for the world size just planned (pretrain/launch/preflight.py: config keys, DeepSpeed
-JSONs, batch arithmetic, shards, run folder): a problem is one "PROG: config error: ..." line and
+this same process, for the world size just planned and, with --nodes MIN:MAX, the batch arithmetic of every node
+count a restart may have (pretrain/launch/preflight.py: config keys, DeepSpeed JSONs, batch arithmetic, shards,
+run folder): a problem is one "PROG: config error: ..." line and
 exit status 2, so no launcher, rank or node is started for a run that would fail at start-up. Under
 --dry-run it is a note. It imports numpy and pyarrow (never torch), so only then, not at the top.
 
 Why not bash: parsing, checking and merging are functions with unit tests here (tests/launch/test_launch_plan.py),
-and the option table feeds both the parser and the usage text. Standard library only, like cluster.py: a
+and the option table feeds both the parser and the usage text (pretrain/launch/options.py). Standard library only, like cluster.py: a
 --dry-run on a laptop may run this with a bare python3 that has none of the toolkit's dependencies.
 """
 
@@ -31,97 +33,30 @@ import os
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from pretrain.distributed.cluster import ClusterError, plan, shell_assignments
+from pretrain.distributed.cluster import (
+    ClusterError,
+    allocation_hosts,
+    default_master_port,
+    plan,
+    read_hostfile,
+    shell_assignments,
+)
+from pretrain.distributed.step_watch import HOLD_FILE_ENV
 from pretrain.launch.nodes import node_range
+from pretrain.launch.options import VALUE_OPTIONS, LaunchOptions, parse_launch_options, usage
+from pretrain.launch.rendezvous import endpoint, parse_endpoint, this_machine
 
 __all__ = [
-    "LAUNCHERS", "LaunchOptions", "choose_launcher", "ds_env_lines", "launch_values", "parse_launch_options",
-    "pretrain_config", "rank_env", "usage",
+    "LAUNCHERS", "VALUE_OPTIONS", "LaunchOptions", "choose_launcher", "ds_env_lines", "launch_values",
+    "parse_launch_options", "pretrain_config", "rank_env", "rendezvous_endpoint", "usage",
 ]
 
 LAUNCHERS = ("auto", "local", "hostfile", "slurm", "none")
 
-# The LAUNCH OPTIONS that take a value: spelling -> (LaunchOptions field, usage's left column, help lines).
-# The parser reads its options from here and the usage text lists them (in this order, with the
-# AUTO_CHOICES after --hostfile).
-VALUE_OPTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "--hostfile": ("hostfile", "--hostfile F", (
-        'several nodes through pdsh/ssh (pretrain: our elastic agent on each; lines "host slots=N";',
-        "the checkout must be at the same path on every node)")),
-    "--launcher": ("launcher", "--launcher local|hostfile|slurm|none", (
-        "force one (default: auto, as above); none = one plain",
-        "process without a launcher (single rank, e.g. a small SQuAD fine-tune on CPU)")),
-    "--gpus": ("gpus", "--gpus N", ("ranks per node (default: SLURM's GPUs per node, else nvidia-smi's count)",)),
-    "--nodes": ("nodes", "--nodes N|MIN:MAX", ("the first N nodes of the hostfile / allocation; pretrain:",
-                                             "MIN:MAX carries on while MIN nodes are left (docs/faults.md)")),
-    "--master-addr": ("master_addr", "--master-addr A",
-                      ("rendezvous host (default: 127.0.0.1 / first hostfile host / first SLURM node)",)),
-    "--master-port": ("master_port", "--master-port P",
-                      ("rendezvous port (default: 29500; under SLURM 20000 + job id % 20000)",)),
-}  # fmt: skip
-CPU_OPTION = ("--cpu", ("CPU ranks over gloo (DS_ACCELERATOR=cpu) instead of GPUs; needs --gpus N",))
-NO_CHECK_OPTION = ("--no-check", ("pretrain: skip the launch-time check of the run (config, DeepSpeed JSONs,",
-                                  "batch, shards, run folder), e.g. when this machine cannot see the nodes' files;",
-                                  "the ranks still check"))
-# Where the ranks run when no --launcher is given, between --hostfile and --launcher in the usage text.
-AUTO_CHOICES = (
-    ("SLURM", ("inside an allocation (SLURM_JOB_ID set): one srun task per GPU, RANK/WORLD_SIZE/",
-               "LOCAL_RANK from SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, MASTER_ADDR = first node")),
-    ("local", ("otherwise: this machine's GPUs (pretrain: torch's elastic agent, docs/faults.md)",)),
-)  # fmt: skip
 _UINT = re.compile(r"[0-9]+", re.ASCII)
 _OVERRIDE = re.compile(r"--.*\..*=.*", re.DOTALL)  # --section.key=value, checked by pretrain.train itself
-
-
-@dataclass
-class LaunchOptions:
-    """The LAUNCH OPTIONS of one command line, as typed (strings: an error message quotes what was given)."""
-
-    launcher: str = "auto"
-    gpus: str = ""
-    nodes: str = ""
-    hostfile: str = ""
-    master_addr: str = ""
-    master_port: str = ""
-    cpu: bool = False
-    no_check: bool = False
-    module_args: list[str] = field(default_factory=list)  # everything else, in order, for the Python module
-    verbatim_from: int | None = None  # index in module_args where the arguments after "--" begin
-
-
-def parse_launch_options(args: Sequence[str]) -> LaunchOptions:
-    """Split `args` into LAUNCH OPTIONS and the module's arguments; "--" passes the rest on unread.
-
-    Both "--opt VALUE" and "--opt=VALUE" work; an empty value counts as not given (the defaults apply).
-    Only "needs a value" is checked here; choose_launcher checks the values and how they combine.
-    """
-    options = LaunchOptions()
-    index = 0
-    while index < len(args):
-        arg = args[index]
-        name, equals, value = arg.partition("=")
-        if arg == "--cpu":
-            options.cpu = True
-        elif arg == "--no-check":
-            options.no_check = True
-        elif arg == "--":
-            options.verbatim_from = len(options.module_args)
-            options.module_args += args[index + 1 :]
-            break
-        elif name in VALUE_OPTIONS and equals:
-            setattr(options, VALUE_OPTIONS[name][0], value)
-        elif arg in VALUE_OPTIONS:
-            if index + 1 == len(args):
-                raise ClusterError(f"{arg} needs a value")
-            index += 1
-            setattr(options, VALUE_OPTIONS[arg][0], args[index])
-        else:
-            options.module_args.append(arg)
-        index += 1
-    return options
 
 
 def _count(value: str, option: str) -> int | None:
@@ -155,6 +90,13 @@ def choose_launcher(options: LaunchOptions, env: Mapping[str, str]) -> str:
         raise ClusterError(f"--launcher none runs one process; drop --gpus {options.gpus} or pick another launcher")
     if launcher in ("local", "none") and nodes not in (None, 1):
         raise ClusterError(f"--nodes {options.nodes} needs --hostfile or a SLURM allocation")
+    if options.rdzv_endpoint:
+        parse_endpoint(options.rdzv_endpoint)
+        if launcher not in ("hostfile", "slurm"):
+            raise ClusterError("--rdzv-endpoint is for pretrain on several nodes: it needs --hostfile or a SLURM "
+                               "allocation")
+        if options.master_addr or options.master_port:
+            raise ClusterError("give --rdzv-endpoint HOST:PORT or --master-addr/--master-port, not both")
     if options.cpu and gpus is None and launcher != "none":
         raise ClusterError("--cpu needs --gpus N (the number of CPU ranks per node)")
     return launcher
@@ -202,8 +144,9 @@ def rank_env(env: Mapping[str, str], ranks: int, cpu_count: int, cpus_per_task: 
         "PYTHONUNBUFFERED": env.get("PYTHONUNBUFFERED") or "1",
         "PYTHONPATH": env.get("PYTHONPATH", ""),
     }
-    if env.get("TORCH_EXTENSIONS_DIR"):
-        values["TORCH_EXTENSIONS_DIR"] = env["TORCH_EXTENSIONS_DIR"]
+    for name in ("TORCH_EXTENSIONS_DIR", HOLD_FILE_ENV):
+        if env.get(name):
+            values[name] = env[name]
     if cpu:
         values["DS_ACCELERATOR"] = "cpu"
     return values
@@ -223,6 +166,22 @@ def ds_env_lines(rank_values: Mapping[str, str], user_files: Sequence[Path]) -> 
             lines += [line for line in text.split("\n") if "=" in line]
     user_keys = {line.partition("=")[0] for line in lines}
     return lines + [f"{name}={value}" for name, value in rank_values.items() if name not in user_keys]
+
+
+def rendezvous_endpoint(options: LaunchOptions, launcher: str, env: Mapping[str, str]) -> str:
+    """HOST:PORT of a multi-node pretrain's rendezvous store (pretrain/launch/rendezvous.py): --rdzv-endpoint, else
+    --master-addr (default: this machine as the nodes reach it) and --master-port (default: the launcher's)."""
+    if options.rdzv_endpoint:
+        return options.rdzv_endpoint
+    port = int(options.master_port) if options.master_port else default_master_port(launcher, env)
+    if options.master_addr:
+        return endpoint(options.master_addr, port)
+    if launcher == "hostfile":
+        hosts = [host for host, _ in read_hostfile(options.hostfile)]
+    else:
+        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+        hosts = allocation_hosts(nodelist, scontrol=True) if nodelist else []
+    return endpoint(this_machine(hosts), port)
 
 
 def _require_file(path: str, message: str, dry_run: bool, note: Callable[[str], None]) -> None:
@@ -256,6 +215,8 @@ def launch_values(subcommand: str, args: Sequence[str], env: Mapping[str, str], 
                        hostfile=options.hostfile, master_addr=options.master_addr,
                        master_port=int(options.master_port) if options.master_port else None, cpu=options.cpu,
                        module_args=module_args)
+    if subcommand == "pretrain" and launcher in ("hostfile", "slurm"):
+        cluster["CLUSTER_RDZV_ENDPOINT"] = rendezvous_endpoint(options, launcher, env)
     ranks = rank_env(env, int(str(cluster["CLUSTER_RANKS"])), cpu_count, str(cluster["CLUSTER_CPUS_PER_TASK"]),
                      options.cpu)
     values: dict[str, str | list[str]] = {
@@ -267,68 +228,6 @@ def launch_values(subcommand: str, args: Sequence[str], env: Mapping[str, str], 
     if launcher == "hostfile":
         values["DS_ENV"] = ds_env_lines(ranks, user_env_files)
     return values
-
-
-# ---------------------------------------------------------------------------------------------- usage
-def _usage_entry(left: str, lines: Sequence[str]) -> str:
-    first = f"  {left:<16} {lines[0]}" if len(left) <= 16 else f"  {left}   {lines[0]}"
-    return "".join(line + "\n" for line in [first, *(" " * 19 + line for line in lines[1:])])
-
-
-_USAGE_HEAD = """\
-Usage: ./launch.sh [--dry-run] SUBCOMMAND [options]
-
-Subcommands
-  prep  ARGS...                    python -m data_prep build ARGS   (data_prep's flags, e.g.
-                                   --wiki-dump F --books DIR --vocab-size N --seq-lens 128,512 --out DIR)
-  prep  merge --out DIR            python -m data_prep merge (after a multi-node build)
-  prep  inspect OUT                python -m data_prep inspect OUT
-  pretrain --config RUN.json [LAUNCH OPTIONS] [--section.key=value ...]
-                                   both pretraining phases on every rank (see LAUNCH OPTIONS)
-  squad finetune [LAUNCH OPTIONS] --model DIR --train F --dev F --out DIR [...]
-  squad evaluate DATA.json PREDICTIONS.json [...]
-  glue finetune [LAUNCH OPTIONS] --task T --model DIR --data DIR --out DIR [--seeds N]
-  glue evaluate --task T GOLD.tsv PREDICTIONS.tsv
-  export CHECKPOINT OUT            python -m pretrain.checkpointing.export CHECKPOINT OUT
-  report RUN_DIR [--usd-per-device-hour X]   report.md + report.png (time to quality), model cards
-  tensorboard RUN_DIR [ARGS...]    TensorBoard on RUN_DIR
-  scale RUN.json --phase1-batch N --phase2-batch M [--gpus G] --out NEW.json   the recipe at your batch
-  demo [--sample-data DIR] [--out DIR] [...]
-                                   the whole pipeline at toy scale on 2 CPU ranks (python -m pretrain.demo --help)
-
-Global options
-  --dry-run        print the commands, run nothing
-  -h, --help       this help (after prep or demo: that module's own flags)
-
-LAUNCH OPTIONS (pretrain, squad/glue finetune). Where the ranks run is chosen in this order:
-"""
-_USAGE_TAIL = """\
-  SIGTERM/SIGUSR1/SIGINT/SIGHUP to launch.sh (or its group) reach the ranks, which checkpoint; launch.sh exits 0
-  (130 after Ctrl-C): rerun the same command to resume. Nothing of the job outlives launch.sh, even kill -9
-
-Environment defaults (only set when unset; documented in docs/launching.md, "Environment defaults")
-  OMP_NUM_THREADS=cores/ranks-per-node (SLURM: cpus-per-task, also passed to srun)
-  TOKENIZERS_PARALLELISM=false  NCCL_DEBUG=WARN
-  PYTHONUNBUFFERED=1  PYTHONPATH=<repo>:$PYTHONPATH
-  PYTHON = the interpreter (default: the active venv's, else <repo>/.venv's, else python3 on PATH)
-
-Examples
-  ./launch.sh demo --sample-data ../shared/data
-  ./launch.sh pretrain --config ds_configs/recipes/bert_large_64k.json --gpus 8
-  ./launch.sh pretrain --config RUN.json --hostfile hosts.txt --dry-run
-  sbatch launch/slurm_pretrain.sbatch ds_configs/recipes/bert_large_64k.json
-  codistillation as two separate allocations that meet in a shared folder (docs/codistillation.md):
-  sbatch launch/slurm_pretrain.sbatch ds_configs/recipes/bert_large_codistill.json --codistill.group=0 \\
-      --codistill.exchange=filesystem --codistill.exchange_dir=/shared/exchange     (and group=1)
-"""
-
-
-def usage() -> str:
-    """`./launch.sh --help`: the LAUNCH OPTIONS part comes from the tables the parser uses."""
-    entries = [VALUE_OPTIONS["--hostfile"][1:], *AUTO_CHOICES]
-    entries += [VALUE_OPTIONS[name][1:] for name in VALUE_OPTIONS if name != "--hostfile"]
-    entries += [CPU_OPTION, NO_CHECK_OPTION, ("--", ("pass everything after it to the Python module unchanged",))]
-    return _USAGE_HEAD + "".join(_usage_entry(left, lines) for left, lines in entries) + _USAGE_TAIL
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -364,17 +263,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     options = parse_launch_options(module_args)
     if args.check_run and args.subcommand == "pretrain" and not options.no_check:
-        world_size = int(str(values.get("CLUSTER_WORLD_SIZE", values["CLUSTER_RANKS"])))
-        if not check_run(options, world_size, args.prog, args.dry_run):
+        ranks = int(str(values["CLUSTER_RANKS"]))
+        nodes = int(str(values.get("CLUSTER_NODES", "1")))
+        low = (node_range(options.nodes) or (nodes, nodes))[0]
+        if not check_run(options, ranks, list(range(nodes, low - 1, -1)), args.prog, args.dry_run):
             return 2
     sys.stdout.write(shell_assignments(values))
     return 0
 
 
-def check_run(options: LaunchOptions, world_size: int, prog: str, dry_run: bool) -> bool:
-    """The launch-time check (pretrain/launch/preflight.py) of pretrain's arguments as the ranks will get them, for
-    `world_size` ranks; False (after one line on stderr) when the launch must not start. Under --dry-run a
-    problem is a note: an earlier step of a pipeline (the demo's data prep) may not have run yet."""
+def check_run(options: LaunchOptions, ranks_per_node: int, node_counts: list[int], prog: str, dry_run: bool) -> bool:
+    """The launch-time check (pretrain/launch/preflight.py) of pretrain's arguments as the ranks will get them, on
+    `node_counts[0]` nodes, and the batch arithmetic on the others (--nodes MIN:MAX: a restart on fewer nodes);
+    False (after one line on stderr) when the launch must not start. Under --dry-run a problem is a note: an
+    earlier step of a pipeline (the demo's data prep) may not have run yet."""
     try:
         from pretrain.config.sections import ConfigError
         from pretrain.launch.preflight import LaunchShape, check_command_line
@@ -382,7 +284,8 @@ def check_run(options: LaunchOptions, world_size: int, prog: str, dry_run: bool)
         problem = f"error: the launch-time check needs the toolkit's environment: {err}"
     else:
         try:
-            shape = LaunchShape(world_size, "cpu" if options.cpu else "cuda")
+            shape = LaunchShape(ranks_per_node * node_counts[0], "cpu" if options.cpu else "cuda", ranks_per_node,
+                                tuple(node_counts[1:]))
             print(f"{prog}: {check_command_line(options.module_args, shape)}", file=sys.stderr)
             return True
         except ConfigError as err:

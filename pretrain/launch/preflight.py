@@ -10,7 +10,9 @@ exit status 2 before any rank or node is touched:
 - the run config and its overrides: every key and value (pretrain/config/load.py; a near miss gets a
   "did you mean"), the plug-ins' own checks;
 - each phase's DeepSpeed JSON: readable, no key the run config owns (pretrain/config/deepspeed.py), lr, and
-  the batch arithmetic for the world size the launch will have;
+  the batch arithmetic for the world size the launch will have, and with `--nodes MIN:MAX` for every node count a
+  restart may have: a phase whose global batch would change (or not divide) on fewer nodes is refused, naming the
+  node counts and the setting that fixes it (`check_fewer_nodes`);
 - the shards of each phase: the manifest, the sequence length, every listed shard file present, the
   vocab present and equal to the manifest's (size and sha256), the same vocab for every phase, the MLM
   prediction slots; the model's vocab and position sizes against them. Shards are not hashed (rank 0
@@ -27,7 +29,7 @@ job may get another count, a plug-in may split the world), so a run started with
 checked with the same messages, plus what needs torch (the optimizer's own parameter checks) and the
 shards' checksums. Before `sbatch`, the same check runs on a login node:
 
-    python -m pretrain.launch.preflight --world-size 32 --config RUN.json [--section.key=value ...]
+    python -m pretrain.launch.preflight --world-size 32 [--nodes 3:4] --config RUN.json [--section.key=value ...]
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from pretrain.config.plugins import plugin_spec
 from pretrain.config.sections import ConfigError, RunConfig
 from pretrain.data.shard_checks import PhaseShards, check_run_shards, model_overrides
 from pretrain.errors import exit_on_error
+from pretrain.launch.nodes import node_range
 
 # A write speed for the first save-cost estimate (a shared file system per job; measured saves replace it).
 ASSUMED_WRITE_BYTES_PER_S = 1e9
@@ -68,6 +71,12 @@ class LaunchShape:
 
     world_size: int  # ranks in the whole job
     device_type: str = "cuda"  # cpu with --cpu (it only picks the precision auto resolves to)
+    ranks_per_node: int = 1
+    fewer_nodes: tuple[int, ...] = ()  # --nodes MIN:MAX: the node counts below MAX a restart may run on
+
+    @property
+    def nodes(self) -> int:
+        return self.world_size // max(self.ranks_per_node, 1)
 
 
 def check_writable(path: Path, key: str) -> None:
@@ -100,6 +109,43 @@ def data_parallel_size(config: RunConfig, world_size: int) -> int | None:
     return size
 
 
+def check_fewer_nodes(config: RunConfig, shape: LaunchShape, full: dict[str, dict[str, Any]]) -> None:
+    """--nodes MIN:MAX: a restart without a lost node must train the same steps, so every phase keeps its global
+    batch (in sequences) on every node count from MIN up. ConfigError naming the phase, the node counts that fail
+    and the setting that fixes it; otherwise the first restart on fewer nodes would end the job."""
+    for name, phase in config.phases():
+        batch = full[name]["train_batch_size"]
+        failing: dict[int, str] = {}
+        for nodes in shape.fewer_nodes:
+            dp_size = data_parallel_size(config, nodes * shape.ranks_per_node)
+            if dp_size is None:  # a plug-in that leaves the batch to the ranks
+                continue
+            try:
+                ds = phase_ds_config(config, name, dp_size, shape.device_type, bf16_supported=True)
+            except ConfigError as err:
+                failing[nodes] = str(err).partition(": ")[2]
+                continue
+            if ds["train_batch_size"] != batch:
+                failing[nodes] = f"{ds['train_batch_size']} sequences there"
+        if failing:
+            raise ConfigError(fewer_nodes_problem(name, phase.batch_size is None, shape, batch, failing))
+
+
+def fewer_nodes_problem(name: str, derived_batch: bool, shape: LaunchShape, batch: int, failing: dict[int, str]) -> str:
+    """The one line of check_fewer_nodes: what changes on which node counts, and the setting that fixes it."""
+    low = min(shape.fewer_nodes)
+    counts = ", ".join(str(nodes) for nodes in sorted(failing))
+    why = "; ".join(f"{nodes} node(s): {text}" for nodes, text in sorted(failing.items()))
+    if derived_batch:
+        return (f"{name}.gradient_accumulation_steps: with --nodes {low}:{shape.nodes} a restart on {counts} node(s) "
+                f"would change {name}'s global batch of {batch} sequences ({why}): it is micro_batch_size x "
+                f"gradient_accumulation_steps x ranks; set {name}.batch_size={batch} and {name}.micro_batch_size and "
+                f"leave {name}.gradient_accumulation_steps unset (derived for the ranks a restart has)")
+    return (f"{name}.batch_size: with --nodes {low}:{shape.nodes} a restart on {counts} node(s) cannot keep {name}'s "
+            f"global batch of {batch} sequences ({why}); choose a batch that {name}.micro_batch_size x the ranks of "
+            f"every node count from {low} to {shape.nodes} divides, or a --nodes range whose counts do")
+
+
 @dataclass(frozen=True)
 class CheckedRun:
     """What passed: each phase's shards and, when the data-parallel size is known, its DeepSpeed dict."""
@@ -124,6 +170,7 @@ def check_config(config: RunConfig, shape: LaunchShape) -> CheckedRun:
             problem = setup_problem(config, name, ds, shape.device_type)
             if problem is not None:
                 raise ConfigError(problem)
+        check_fewer_nodes(config, shape, ds_configs)
     shards = check_run_shards(config)
     first = shards[config.run.phases[0]]
     overrides, max_positions = model_overrides(config, first.vocab_size)
@@ -173,11 +220,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "no torch): config, DeepSpeed JSONs, batch arithmetic, shards, run folder. Exit 0, or 2 with one line.",
         epilog="Everything else is pretrain.train's command line: --config RUN.json [--section.key=value ...]")
     parser.add_argument("--world-size", type=int, default=1, help="ranks the job will have (nodes x GPUs per node)")
+    parser.add_argument("--nodes", default="", help="MIN:MAX: also check a restart on MIN..MAX-1 nodes "
+                        "(--world-size being MAX nodes x ranks per node)")
     parser.add_argument("--cpu", action="store_true", help="CPU ranks (precision auto = fp32)")
     args, module_args = parser.parse_known_args(argv)
     if args.world_size < 1:
         parser.error(f"--world-size must be >= 1, got {args.world_size}")
-    shape = LaunchShape(args.world_size, "cpu" if args.cpu else "cuda")
+    low, high = node_range(args.nodes) or (1, 1)
+    device = "cpu" if args.cpu else "cuda"
+    shape = LaunchShape(args.world_size, device, args.world_size // high, tuple(range(low, high)))
     return exit_on_error(lambda: print(check_command_line(module_args, shape)), ConfigError, prefix="config error: ")
 
 

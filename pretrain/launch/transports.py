@@ -29,11 +29,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pretrain.distributed.cluster import pdsh_quote
 
 _PDSH_END = re.compile(r"^pdsh@\S+: (\S+): ssh (?:exited with exit code (\d+)|killed by signal (\d+))")
 _SRUN_END = re.compile(r"^srun: error: (\S+): tasks? [0-9,-]+: (.+?)\s*$")
+_SRUN_NODE_FAIL = re.compile(r"^srun: error: Node failure on (\S+)")
+SRUN_OOM = "Out Of Memory"
 _STEP_CANCELLED = re.compile(r"^slurmstepd\S*: error: \*\*\* STEP \S+ ON \S+ CANCELLED AT ")
 _SIGNAL_WORDS = {signal.strsignal(number): number for number in signal.Signals if signal.strsignal(number)}
 SSH_KEEP_ALIVE = "-o ServerAliveInterval=15 -o ServerAliveCountMax=4"
@@ -45,6 +48,16 @@ def remote_word(arg: str) -> str:
     """One word of the remote command, already pdsh-quoted (pretrain/distributed/cluster.py's pdsh_quote): wrapped in
     "..." when it holds a space, as DeepSpeed's pdsh runner did, which pdsh_quote was written for."""
     return '"{}"'.format(arg.replace('"', '\\"')) if " " in arg else arg
+
+
+@dataclass(frozen=True)
+class SessionEnd:
+    """A node's session ended, as its transport says: the status (128 + N: killed by signal N, or its machine lost)
+    and, when the transport says more than a status, what happened in its words."""
+
+    host: str
+    status: int
+    why: str = ""
 
 
 class Pdsh:
@@ -69,12 +82,12 @@ class Pdsh:
         return {**os.environ, "PDSH_RCMD_TYPE": "ssh", "PDSH_SSH_ARGS_APPEND": alive}
 
     @staticmethod
-    def session_end(line: str) -> tuple[str, int] | None:
-        """(host, status) from pdsh's line; status 128 + N when pdsh's ssh itself was killed by signal N."""
+    def session_end(line: str) -> SessionEnd | None:
+        """From pdsh's line; status 128 + N when pdsh's ssh itself was killed by signal N."""
         ended = _PDSH_END.match(line)
         if not ended:
             return None
-        return ended[1], int(ended[2]) if ended[2] else 128 + int(ended[3])
+        return SessionEnd(ended[1], int(ended[2]) if ended[2] else 128 + int(ended[3]))
 
     @staticmethod
     def quiet(line: str) -> bool:
@@ -125,15 +138,21 @@ class Srun:
         return {key: value for key, value in os.environ.items() if key not in _PER_TASK_REQUESTS}
 
     @staticmethod
-    def session_end(line: str) -> tuple[str, int] | None:
-        """(node, status) from srun's line for a task that ended badly; status 128 + N for a signal N."""
+    def session_end(line: str) -> SessionEnd | None:
+        """From srun's line for a task that ended badly (status 128 + N for a signal N), or for a node SLURM declared
+        failed; an out-of-memory end is said as such (its status unknown: a kill, 128 + SIGKILL)."""
+        failed = _SRUN_NODE_FAIL.match(line)
+        if failed:
+            return SessionEnd(failed[1], 128 + signal.SIGKILL, "SLURM declared the node failed")
         ended = _SRUN_END.match(line)
         if not ended:
             return None
         how = ended[2]
         if how.startswith("Exited with exit code "):
-            return ended[1], int(how.rsplit(" ", 1)[1])
-        return ended[1], 128 + _SIGNAL_WORDS.get(how, 0)
+            return SessionEnd(ended[1], int(how.rsplit(" ", 1)[1]))
+        if how == SRUN_OOM:
+            return SessionEnd(ended[1], 128 + signal.SIGKILL, "SLURM reports its task out of memory")
+        return SessionEnd(ended[1], 128 + _SIGNAL_WORDS.get(how, 0))
 
     def quiet(self, line: str) -> bool:
         """srun's closing word after a task it lost (the lost-node line has said it), and slurmstepd's "STEP ...

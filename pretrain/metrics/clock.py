@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pretrain.run_folder import CLOCK_FILE, LAST_FAILURE_GLOB, last_failure_path
+from pretrain.run_folder import CLOCK_FILE, faults_dir
 
 CLOCK_FORMAT = 1
 SAVE_EVERY_S = 60.0  # the most wall-clock a killed process can lose
@@ -235,12 +235,12 @@ class RunClock:
 
 
 def last_fault_time(run_dir: Path) -> float | None:
-    """When the agent judged the fault this process restarts after: its record's time (its file's, for a record
-    written without one); None without a record."""
-    records = sorted(last_failure_path(run_dir).parent.glob(LAST_FAILURE_GLOB), key=lambda path: path.stat().st_mtime)
-    if not records:
-        return None
-    try:
-        return float(json.loads(records[-1].read_text(encoding="utf-8"))["time"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return records[-1].stat().st_mtime
+    """When the agents judged the last fault (its record's "time", seconds since the epoch), the one this process
+    restarts after; None without a record. Read as plain JSON: the launcher that writes the records sits above us."""
+    times = []
+    for path in faults_dir(run_dir).glob("*.json"):
+        try:
+            times.append(float(json.loads(path.read_text(encoding="utf-8"))["time"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a record being replaced, or not ours
+    return max(times, default=None)

@@ -55,6 +55,30 @@ def test_a_child_with_the_parent_death_signal_ends_when_its_parent_is_killed() -
     assert wait_gone([child]) == []
 
 
+@pytest.mark.parametrize(("launcher", "signum"), [("pretrain.launch.agent", signal.SIGKILL),
+                                                  ("torch.distributed.run", signal.SIGTERM)])
+def test_a_rank_dies_of_sigkill_with_our_agent_and_checkpoints_when_another_launcher_dies(
+        launcher: str, signum: int) -> None:
+    """Our agent's death is a node fault: its ranks end at once (SIGKILL, no stop request, no save without the
+    agent's timer server). Another launcher's death stops its ranks (SIGTERM: they checkpoint), as before."""
+    rank = ("import signal, time\n"
+            "from pretrain.distributed.lifetime import die_with_parent\n"
+            "from pretrain.distributed.process_group import parent_death_signal\n"
+            "signum = parent_death_signal()\ndie_with_parent(signum)\n"
+            "print('death:', signal.Signals(signum).name, flush=True)\ntime.sleep(300)\n")
+    parent = python("import subprocess, sys, time\n"  # its command line names the launcher, as the real one's does
+                    f"# {launcher}\n"
+                    f"child = subprocess.Popen([sys.executable, '-c', {rank!r}], stdout=subprocess.PIPE, text=True)\n"
+                    "said = next(line for line in child.stdout if line.startswith('death:'))\n"
+                    "print(child.pid, said.split()[1], flush=True)\n"
+                    "time.sleep(300)\n")
+    pid, name = parent.stdout.readline().split()
+    assert name == signal.Signals(signum).name
+    parent.kill()
+    parent.wait()
+    assert wait_gone([int(pid)]) == []
+
+
 def test_a_run_folder_held_by_a_live_process_is_refused_and_free_once_it_dies(tmp_path: Path) -> None:
     holder = python(f"import time\nfrom pretrain.distributed.lifetime import hold_run_folder\n"
                     f"hold_run_folder({str(tmp_path)!r}); print('held', flush=True); time.sleep(300)\n")

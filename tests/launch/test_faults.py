@@ -3,10 +3,13 @@
 
 Each healed run must end with the same weights as one uninterrupted run of the same command (shared by the
 module: on CPU in fp32, exact resume on the same number of ranks is bitwise), and the terminal must tell the
-story in one line per fault, with no traceback: kill -9 and SIGSTOP of a rank with restarts on; kill -9 with
-restarts off (one error line, exit status 1, nothing left running, and its resume command finishes the
-run); a failure at the same step twice (restarts stop: a bug, not a fault); a shard whose sha256 differs from
-its manifest (one line, exit 2, no restart).
+story in one line per fault, with no traceback: kill -9 of a rank, a rank frozen (SIGSTOP) before its first step
+and one frozen mid-phase, with restarts on; kill -9 with restarts off (one error line, exit status 1, nothing left
+running, and its resume command finishes the run); a failure at the same step twice (restarts stop: a bug, not a
+fault); a shard whose sha256 differs from its manifest (one line, exit 2, no restart).
+
+Paced by the run, not by the machine: a hold file (tests/support/launching.py Hold) stops every rank before a
+given step until the test has acted, and a rank is frozen before its first step once it can write its stacks.
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from pretrain.distributed.step_watch import STACKS_SIGNAL
+from pretrain.launch.faults import catches
 from tests.launch.test_signals import job_env, processes_mentioning, start, wait_for_no_process_of
-from tests.support.launching import free_port
+from tests.support.launching import Hold, free_port
 from tests.support.paths import REPO_ROOT
 from tests.support.pretrain_fixtures import build_shards, tiny_run_config
 
@@ -34,6 +39,9 @@ pytestmark = pytest.mark.multirank
 
 STEPS, EVERY = 24, 4
 HANG_MINUTES = 0.1  # 6 s: a tiny step takes well under a second, even on a loaded machine
+# 15 s: each start-up stage (imports; joining the job; the resume checks; the engine; the first step) of a tiny run
+# takes a few seconds on 2 cores; the clock starts again at each one (pretrain/distributed/step_watch.py)
+STARTUP_MINUTES = 0.25
 
 
 @pytest.fixture(scope="module")
@@ -84,16 +92,21 @@ def last_step(run_dir: Path) -> int:
     return steps[-1] if steps else 0
 
 
-def rank_pid(run_dir: Path, rank: int) -> int:
-    for line in processes_mentioning(str(run_dir)):
-        pid = int(line.split(":")[0])
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b" -m pretrain.train " in line.encode() and f"RANK={rank}".encode() in environ:
-            return pid
-    raise AssertionError(f"no rank {rank} running: {processes_mentioning(str(run_dir))}")
+def rank_pid(run_dir: Path, rank: int, other_than: int = 0, wait_s: float = 0.0) -> int:
+    """The pid of rank `rank` of the run (a new one: not `other_than`), waiting up to `wait_s` for it."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        for line in processes_mentioning(str(run_dir)):
+            pid = int(line.split(":")[0])
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b" -m pretrain.train " in line.encode() and f"RANK={rank}".encode() in environ and pid != other_than:
+                return pid
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no rank {rank} running: {processes_mentioning(str(run_dir))}")
+        time.sleep(0.05)
 
 
 def when(run_dir: Path, log: Path, step: int, faults: int) -> None:
@@ -104,44 +117,72 @@ def when(run_dir: Path, log: Path, step: int, faults: int) -> None:
         time.sleep(0.05)
 
 
+def freeze_once_it_can_tell(pid: int) -> None:
+    """SIGSTOP `pid` once it can write its stacks (its handler for them is installed, the first thing the driver
+    does): then still in start-up, seconds before its first step."""
+    deadline = time.monotonic() + 120
+    while not catches(pid, STACKS_SIGNAL):
+        assert time.monotonic() < deadline, f"rank {pid} never installed its stacks handler"
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGSTOP)
+
+
 def fault_lines(text: str) -> list[str]:
     return re.findall(r"^launch\.sh: (?:fault|error): .*$", text, re.MULTILINE)
 
 
-def test_a_killed_and_a_frozen_rank_heal_to_the_same_weights(work: Path, reference: dict, tmp_path: Path) -> None:
-    """kill -9 of rank 1, then after the restart SIGSTOP of rank 0: two restarts, one line each, and the
+def test_a_killed_and_two_frozen_ranks_heal_to_the_same_weights(work: Path, reference: dict, tmp_path: Path) -> None:
+    """kill -9 of rank 1; then, in the restart, rank 1 frozen before its first step (the start-up limit names it);
+    then rank 0 frozen mid-phase: three restarts, one line each, the frozen ranks' stacks in their logs, and the
     weights of the uninterrupted run."""
-    run_dir, log = tmp_path / "run", tmp_path / "launch.log"
-    proc = start(command(work, run_dir, f"--run.hang_timeout_minutes={HANG_MINUTES}"), log, job_env())
+    run_dir, log, hold = tmp_path / "run", tmp_path / "launch.log", Hold(tmp_path / "hold").at(7)
+    proc = start(command(work, run_dir, f"--run.hang_timeout_minutes={HANG_MINUTES}",
+                         f"--run.startup_timeout_minutes={STARTUP_MINUTES}"), log, job_env(**hold.env))
     try:
-        when(run_dir, log, 6, faults=0)
-        os.kill(rank_pid(run_dir, 1), signal.SIGKILL)
-        when(run_dir, log, 14, faults=1)
+        when(run_dir, log, 6, faults=0)  # held before step 7
+        killed = rank_pid(run_dir, 1)
+        hold.at(15)
+        os.kill(killed, signal.SIGKILL)
+        freeze_once_it_can_tell(rank_pid(run_dir, 1, other_than=killed, wait_s=120))
+        when(run_dir, log, 14, faults=2)  # held before step 15
         os.kill(rank_pid(run_dir, 0), signal.SIGSTOP)
+        hold.release()  # rank 1 goes on alone into step 15's collective
         status = proc.wait(timeout=600)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     text = log.read_text()
     assert status == 0, text[-4000:]
-    killed, frozen = fault_lines(text)
-    assert re.search(r"rank 1 \(host \S+\) died of SIGKILL at phase1 step \d+; restarting from checkpoint "
-                     r"phase1-step\d+ \(restart 1 of 3\); log: \S+rank-1\.log$", killed), killed
-    assert re.search(r"rank 0 \(host \S+\) made no progress in 0\.1 min \(stopped by SIGSTOP\): killed at phase1 "
-                     r"step \d+; restarting from checkpoint phase1-step\d+ \(restart 2 of 3\)", frozen), frozen
-    assert Path(killed.rpartition("log: ")[2]).is_file()
+    killed_line, start_up, frozen = fault_lines(text)
+    assert re.search(r"rank 1 \(host \S+\) died of SIGKILL at phase1 step 6; restarting from checkpoint "
+                     r"phase1-step0000004 \(restart 1 of 3\); log: \S+rank-1\.log$", killed_line), killed_line
+    assert re.search(r"rank 1 \(host \S+\) made no progress in 0\.25 min \(stopped by SIGSTOP; "
+                     r"run\.startup_timeout_minutes\): killed during start-up; restarting from checkpoint "
+                     r"phase1-step0000004 \(restart 2 of 3\); log: \S+rank-1\.log$", start_up), start_up
+    assert re.search(r"rank 0 \(host \S+\) made no progress in 0\.1 min \(stopped by SIGSTOP; "
+                     r"run\.hang_timeout_minutes\): killed at phase1 step 14; restarting from checkpoint "
+                     r"phase1-step0000012 \(restart 3 of 3\)", frozen), frozen
+    assert Path(killed_line.rpartition("log: ")[2]).is_file()
+    for line, waiting in ((start_up, "rank-0.log"), (frozen, "rank-1.log")):  # the peer that waited for the frozen
+        peer = Path(line.rpartition("log: ")[2].split(";")[0]).with_name(waiting)  # one: its stacks, in its log
+        assert "most recent call first" in peer.read_text(), line
     assert "Traceback" not in text and text.count("done: complete") == 2
     assert same_weights(run_dir, reference)
     assert wait_for_no_process_of(run_dir) == []
+    records = [json.loads(path.read_text()) for path in sorted((run_dir / "logs" / "faults").glob("*.json"))]
+    assert [(r["restart"], r["kind"], r["step"], r["checkpoint"]) for r in records] == [
+        (0, "signal", "phase1 step 6", "phase1-step0000004"), (1, "hang", "start-up", "phase1-step0000004"),
+        (2, "hang", "phase1 step 14", "phase1-step0000012")]
 
 
 def test_with_restarts_off_one_line_names_the_rank_and_the_resume_command(work: Path, reference: dict,
                                                                            tmp_path: Path) -> None:
-    run_dir, log = tmp_path / "run", tmp_path / "launch.log"
-    proc = start(command(work, run_dir, "--run.max_restarts=0"), log, job_env())
+    run_dir, log, hold = tmp_path / "run", tmp_path / "launch.log", Hold(tmp_path / "hold").at(7)
+    proc = start(command(work, run_dir, "--run.max_restarts=0"), log, job_env(**hold.env))
     try:
-        when(run_dir, log, 6, faults=0)
+        when(run_dir, log, 6, faults=0)  # held before step 7
         os.kill(rank_pid(run_dir, 1), signal.SIGKILL)
+        hold.release()
         status = proc.wait(timeout=600)
     finally:
         if proc.poll() is None:
@@ -150,9 +191,9 @@ def test_with_restarts_off_one_line_names_the_rank_and_the_resume_command(work: 
     assert status == 1, text[-4000:]
     assert wait_for_no_process_of(run_dir) == []
     (line,) = fault_lines(text)
-    assert re.search(r"^launch\.sh: error: rank 1 \(host \S+\) died of SIGKILL at phase1 step \d+; no restart left "
-                     r"\(run\.max_restarts=0\); last checkpoint phase1-step\d+; log: \S+; resume with: \./launch\.sh "
-                     r"pretrain ", line), line
+    assert re.search(r"^launch\.sh: error: rank 1 \(host \S+\) died of SIGKILL at phase1 step 6; no restart left "
+                     r"\(run\.max_restarts=0\); last checkpoint phase1-step0000004; log: \S+; resume with: "
+                     r"\./launch\.sh pretrain ", line), line
     assert "Traceback" not in text and "done:" not in text
     resume = shlex.split(line.partition("resume with: ")[2])
     assert run_to_end(["bash", str(REPO_ROOT / "launch.sh"), *resume[1:]], log) == 0, log.read_text()[-4000:]

@@ -6,8 +6,10 @@ agent (pretrain/launch/nodes.py, agent.py).
 List/dict overrides and a run folder with spaces, quotes, $ and % reach both nodes intact; with restarts off,
 killing one node's rank ends the whole job (non-zero, no rank left behind); the rerun resumes from the
 checkpoint and finishes both phases with exports. One module-scoped fixture runs those launches; the tests
-read what it recorded. A lost node (its agent and rank killed) with `--nodes 1:2`: the job carries on with one
-rank and ends with the weights of an uninterrupted run, to float rounding; without it, one line names the node.
+read what it recorded. With `--nodes 1:2`, the first node (rank 0's, where the rendezvous store used to live) loses
+its agent alone: its rank dies with it, the survivor is told at once, and the job carries on with one rank to the
+weights of an uninterrupted run, to float rounding; without `--nodes MIN:MAX`, a node lost (its agent and rank
+killed) is one line naming it. Each act waits for the run to hold at a step (tests/support/launching.py Hold).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from tests.support.cluster.runs import (
     tail,
     wait_for,
 )
-from tests.support.launching import REPO_ROOT, child_env
+from tests.support.launching import REPO_ROOT, Hold, child_env
 from tests.support.pretrain_fixtures import build_shards
 
 pytestmark = pytest.mark.cluster
@@ -90,8 +92,9 @@ class HostfileRecord:
     records: list[dict[str, Any]]
 
 
-def launch_hostfile(ssh: LoopbackSsh, workdir: Path, args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    env = {**child_env(), **ssh.env, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+def launch_hostfile(ssh: LoopbackSsh, workdir: Path, args: list[str], log: Path,
+                    hold: Hold | None = None) -> subprocess.Popen[bytes]:
+    env = {**child_env(), **ssh.env, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", **(hold.env if hold else {})}
     hosts = ssh.hostfile(workdir / "hosts")
     command = ["bash", str(REPO_ROOT / "launch.sh"), "pretrain", "--hostfile", str(hosts), "--cpu", "--gpus", "1",
                "--master-port", str(free_port()), *args]
@@ -120,14 +123,16 @@ def hostfile_runs(ssh_nodes: LoopbackSsh, workdir: Path) -> HostfileRecord:
     args = ["--config", str(config), f"--run.dir={run_dir}", *QUOTED_OVERRIDES]
     killed_log, rerun_log = workdir / "hostfile-killed.log", workdir / "hostfile-rerun.log"
 
-    proc = launch_hostfile(ssh_nodes, workdir, [*args, "--run.max_restarts=0"], killed_log)
+    hold = Hold(workdir / "hold-hostfile").at(13)
+    proc = launch_hostfile(ssh_nodes, workdir, [*args, "--run.max_restarts=0"], killed_log, hold)
     try:
-        wait_for(lambda: latest_checkpoint(run_dir) is not None or proc.poll() is not None, 480,
-                 "the first checkpoint", lambda: tail(killed_log))
+        wait_for(lambda: held_after_the_first_checkpoint(run_dir) or proc.poll() is not None, 480,
+                 "the run to hold after its first checkpoint", lambda: tail(killed_log))
         victims = [pid for pid, rank in rank_processes(str(config)).items() if rank == 1]
         assert proc.poll() is None and victims, f"the run ended before the kill:\n{tail(killed_log)}"
         for pid in victims:
             os.kill(pid, signal.SIGKILL)  # node "localhost" loses its rank
+        hold.release()
         # The job must end by itself: left to the surviving rank's collective it would wait
         # run.dist_timeout_minutes (120); finish() fails the test if launch.sh is still running.
         status = finish(proc, 360, killed_log)
@@ -143,6 +148,12 @@ def hostfile_runs(ssh_nodes: LoopbackSsh, workdir: Path) -> HostfileRecord:
     return HostfileRecord(run_dir, status, tail(killed_log, 400_000), leftovers, checkpoint, records_after_kill,
                           rerun_status,
                           tail(rerun_log, 400_000), step_records(run_dir))
+
+
+def held_after_the_first_checkpoint(run_dir: Path) -> bool:
+    """Step 12 logged (the hold stops the ranks before step 13), the checkpoint of step 10 whole."""
+    records = step_records(run_dir)
+    return latest_checkpoint(run_dir) is not None and bool(records) and records[-1]["step"] >= 12
 
 
 def test_hostfile_overrides_reach_every_node_intact(hostfile_runs: HostfileRecord) -> None:
@@ -195,9 +206,9 @@ def test_hostfile_killed_node_ends_the_job_and_the_rerun_resumes(hostfile_runs: 
 
 
 # ---------------------------------------------------------------------------------------------- lost node
-def kill_node(marker: str, node: str) -> list[int]:
-    """SIGKILL the agent of hostfile node `node` (its command line says `--node NODE`) and its ranks, as a
-    machine that dies takes both; returns the pids."""
+def kill_node(marker: str, node: str, ranks: bool = True) -> tuple[list[int], list[int]]:
+    """SIGKILL the agent of hostfile node `node` (its command line says `--node NODE`), and with `ranks` its ranks too
+    (a machine that dies takes both); returns the agents' and the ranks' pids."""
     agents = []
     for pid in processes_mentioning(marker):
         try:
@@ -207,10 +218,17 @@ def kill_node(marker: str, node: str) -> list[int]:
         if (b"python" in argv[0] and b"pretrain.launch.agent" in argv and b"--node" in argv  # not pdsh's ssh
                 and argv[argv.index(b"--node") + 1] == node.encode()):
             agents.append(pid)
-    ranks = [pid for pid in rank_processes(marker) if any(parent(pid) == agent for agent in agents)]
-    for pid in [*agents, *ranks]:
+    children = [pid for pid in rank_processes(marker) if any(parent(pid) == agent for agent in agents)]
+    for pid in [*agents, *(children if ranks else [])]:
         os.kill(pid, signal.SIGKILL)
-    return [*agents, *ranks]
+    return agents, children
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 @dataclass
@@ -219,6 +237,7 @@ class LostNodeRecord:
     elastic_log: str
     elastic_dir: Path
     reference: ElasticReference
+    orphans: list[int]  # the first node's ranks, alive a moment after their agent was killed
     strict_status: int
     strict_log: str
     strict_leftovers: list[int]
@@ -226,34 +245,46 @@ class LostNodeRecord:
 
 @pytest.fixture(scope="module")
 def lost_node_runs(ssh_nodes: LoopbackSsh, workdir: Path, elastic_reference: ElasticReference) -> LostNodeRecord:
-    """Node "localhost" lost after the first checkpoint: with --nodes 1:2, and without; the first is compared with
-    the uninterrupted run on this machine's 2 ranks (tests/launch/conftest.py: the same steps on 1 or 2 ranks)."""
+    """With --nodes 1:2 the first node, 127.0.0.1 (rank 0's), loses its agent alone; without it, node "localhost"
+    loses agent and rank. Both once the run holds after its first checkpoint. The first is compared with the
+    uninterrupted run on this machine's 2 ranks (tests/launch/conftest.py: the same steps on 1 or 2 ranks)."""
     config = elastic_reference.config
-    record = {}
-    for name, extra in (("elastic", ["--nodes", "1:2"]), ("strict", [])):
-        run_dir, log = workdir / "lost" / name, workdir / f"lost-{name}.log"
-        proc = launch_hostfile(ssh_nodes, workdir, [*extra, "--config", str(config), f"--run.dir={run_dir}"], log)
+    record: dict[str, Any] = {}
+    for name, extra, node in (("elastic", ["--nodes", "1:2"], "127.0.0.1"), ("strict", [], "localhost")):
+        run_dir, log, hold = workdir / "lost" / name, workdir / f"lost-{name}.log", Hold(workdir / f"hold-{name}").at(13)
+        proc = launch_hostfile(ssh_nodes, workdir, [*extra, "--config", str(config), f"--run.dir={run_dir}"], log,
+                               hold)
         try:
-            wait_for(lambda: latest_checkpoint(run_dir) is not None or proc.poll() is not None, 480,  # noqa: B023
-                     "the first checkpoint", lambda: tail(log))  # noqa: B023
-            assert kill_node(str(run_dir), "localhost"), f"node localhost not found running:\n{tail(log)}"
+            wait_for(lambda: held_after_the_first_checkpoint(run_dir) or proc.poll() is not None, 480,  # noqa: B023
+                     "the run to hold after its first checkpoint", lambda: tail(log))  # noqa: B023
+            agents, ranks = kill_node(str(run_dir), node, ranks=name == "strict")
+            assert agents and ranks, f"node {node} not found running:\n{tail(log)}"
+            time.sleep(1)
+            record[f"{name}_orphans"] = [pid for pid in ranks if alive(pid)]
+            hold.release()
             record[name] = (finish(proc, 480, log), tail(log, 400_000))
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
         time.sleep(1)
         record[f"{name}_leftovers"] = sorted(rank_processes(str(run_dir)))
-    return LostNodeRecord(*record["elastic"], workdir / "lost" / "elastic", elastic_reference,
+    return LostNodeRecord(*record["elastic"], workdir / "lost" / "elastic", elastic_reference, record["elastic_orphans"],
                           *record["strict"], record["strict_leftovers"])
 
 
-def test_a_lost_node_with_nodes_min_max_carries_on_to_the_same_weights(lost_node_runs: LostNodeRecord) -> None:
+def test_losing_the_first_nodes_agent_with_nodes_min_max_carries_on_to_the_same_weights(
+        lost_node_runs: LostNodeRecord) -> None:
+    """The node that held rank 0 loses its agent alone: its rank dies with it (a node fault, not a stop), the
+    survivor's agent restarts at once, and the job ends as an uninterrupted run does."""
     record = lost_node_runs
+    assert record.orphans == [], f"ranks outlived their agent: {record.orphans}"
     assert record.elastic_status == 0, record.elastic_log[-6000:]
-    lost = re.findall(r"^launch\.sh: fault: node localhost lost .*$", record.elastic_log, re.MULTILINE)
+    lost = re.findall(r"^launch\.sh: fault: node 127\.0\.0\.1 lost .*$", record.elastic_log, re.MULTILINE)
     assert len(lost) == 1 and "carrying on with 1 node(s) (--nodes 1:2)" in lost[0], record.elastic_log[-6000:]
+    (restart,) = re.findall(r"^localhost: launch\.sh: fault: rank \d .*$", record.elastic_log, re.MULTILINE)
+    assert "(restart 1 of 3)" in restart and "restarting from checkpoint phase1-step0000010" in restart, restart
     assert "this job has 1" in record.elastic_log  # resumed on one rank
-    assert "Traceback" not in record.elastic_log
+    assert "Traceback" not in record.elastic_log and "done: SIG" not in record.elastic_log  # no stop, no checkpoint
     worst = record.reference.largest_difference(record.elastic_dir)
     assert worst < 1e-4, f"largest weight difference to the uninterrupted run: {worst}"
 

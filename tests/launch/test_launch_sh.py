@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pretrain.launch.rendezvous import this_machine
 from tests.support.launching import FAKE_PYTHON, clean_env
 from tests.support.paths import REPO_ROOT
 
@@ -106,12 +107,13 @@ def test_hostfile_dry_run(tmp_path: Path, run_json: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     commands = printed_commands(proc.stdout)
-    # pretrain: our node starter runs the elastic agent on every node through pdsh (pretrain/launch/nodes.py)
-    assert commands[-1][:11] == [
+    # pretrain: our node starter runs the elastic agent on every node through pdsh (pretrain/launch/nodes.py), and
+    # serves their rendezvous store on this machine, as the nodes reach it (here: no node resolves, its name)
+    assert commands[-1][:10] == [
         FAKE_PYTHON, "-m", "pretrain.launch.nodes", "--hostfile", "hosts", "--args-quoted", "--nproc-per-node", "8",
-        "--master-addr", "worker-1", "--master-port",
+        "--rdzv-endpoint", f"{this_machine(['worker-1', 'worker-2'])}:6000",
     ]  # fmt: skip
-    assert commands[-1][11:13] == ["6000", "--resume-command"] and commands[-1][-4:] == [
+    assert commands[-1][10] == "--resume-command" and commands[-1][-4:] == [
         "--", "--config", "run.json", "--not-checked"]
     # Variables pdsh would not carry travel in an env file, exported on every node.
     env_file_note = next(line for line in proc.stdout.splitlines() if line.startswith("# DS_ENV_FILE"))
@@ -149,9 +151,8 @@ def test_slurm_dry_run(tmp_path: Path, run_json: Path) -> None:
     commands = printed_commands(proc.stdout)
     assert commands[-1][:11] == [
         FAKE_PYTHON, "-m", "pretrain.launch.nodes", "--slurm", "--nodes", "2", "--gpus", "--nproc-per-node", "4",
-        "--master-addr", "gpu-007",
+        "--rdzv-endpoint", f"{this_machine(['gpu-007', 'gpu-008'])}:24242",
     ]  # fmt: skip
-    assert commands[-1][11:13] == ["--master-port", "24242"]
     assert commands[-1][-4:] == ["--", "--config", "run.json", "--phase2.steps=9"]
     srun = which_starts(proc.stdout)
     assert srun[:srun.index(FAKE_PYTHON)] == [
@@ -209,12 +210,20 @@ def test_slurm_passes_cpus_per_task_to_srun_and_omp(tmp_path: Path, run_json: Pa
 def test_slurm_master_address_and_gpus(
     tmp_path: Path, run_json: Path, nodelist: str, gpus_env: dict[str, str], master: str, per_node: str
 ) -> None:
-    proc = launch(["--dry-run", "pretrain", "--config", "run.json"], tmp_path, **slurm_env(nodelist, **gpus_env))
+    """A fine-tune's ranks meet on the allocation's first node (rank 0's); pretrain's agents on this machine's store,
+    or where --master-addr / --rdzv-endpoint say."""
+    env = slurm_env(nodelist, **gpus_env)
+    proc = launch(["--dry-run", "squad", "finetune", "--model", "m", "--dev", "d", "--out", "o"], tmp_path, **env)
     assert proc.returncode == 0, proc.stderr
-    command = printed_commands(proc.stdout)[-1]
-    assert command[command.index("--master-addr") + 1] == master
-    assert command[command.index("--nproc-per-node") + 1] == per_node
-    assert f"--gpus-per-node={per_node}" in which_starts(proc.stdout)
+    assert exported(printed_commands(proc.stdout))["MASTER_ADDR"] == master
+    for options, endpoint in (([], f"{this_machine([master])}:24242"), (["--master-addr", "10.1.2.3"], "10.1.2.3:24242"),
+                              (["--rdzv-endpoint", "login1:7000"], "login1:7000")):
+        proc = launch(["--dry-run", "pretrain", "--config", "run.json", *options], tmp_path, **env)
+        assert proc.returncode == 0, proc.stderr
+        command = printed_commands(proc.stdout)[-1]
+        assert command[command.index("--rdzv-endpoint") + 1] == endpoint
+        assert command[command.index("--nproc-per-node") + 1] == per_node
+        assert f"--gpus-per-node={per_node}" in which_starts(proc.stdout)
 
 
 def test_slurm_rank_wrapper_maps_slurm_variables(tmp_path: Path) -> None:
@@ -265,6 +274,12 @@ def test_slurm_rank_wrapper_maps_slurm_variables(tmp_path: Path) -> None:
         (["pretrain", "--config", "run.json", "--hostfile", "hosts", "--nodes", "3"], {}, "lists 2 host(s)"),
         (["pretrain", "--config", "run.json", "--nodes", "3", "--gpus", "1"], {"SLURM_JOB_ID": "7", "SLURM_NNODES": "2",
          "SLURM_JOB_NODELIST": "n[1-2]"}, "--nodes 3 but SLURM job 7 has 2 node(s)"),
+        (["pretrain", "--config", "run.json", "--hostfile", "hosts", "--rdzv-endpoint", "login1"], {},
+         "--rdzv-endpoint must be HOST:PORT with a port number 1-65535 (e.g. login1:29500), got 'login1'"),
+        (["pretrain", "--config", "run.json", "--gpus", "1", "--rdzv-endpoint", "login1:7"], {},
+         "--rdzv-endpoint is for pretrain on several nodes: it needs --hostfile or a SLURM allocation"),
+        (["pretrain", "--config", "run.json", "--hostfile", "hosts", "--rdzv-endpoint", "a:7", "--master-port", "9"], {},
+         "give --rdzv-endpoint HOST:PORT or --master-addr/--master-port, not both"),
         (["squad", "train"], {}, "unknown action 'train'"),
         (["squad", "evaluate", "dev.json"], {}, "usage: ./launch.sh squad evaluate"),
         (["export", "ckpt"], {}, "usage: ./launch.sh export CHECKPOINT OUT"),
@@ -288,6 +303,7 @@ def test_help_lists_every_subcommand(tmp_path: Path) -> None:
     assert proc.returncode == 0
     for word in ("prep", "pretrain", "squad", "export", "tensorboard", "demo", "--dry-run", "--hostfile", "SLURM"):
         assert word in proc.stdout
-    for option in ("--launcher", "--gpus N", "--nodes N|MIN:MAX", "--master-addr A", "--master-port P", "--cpu"):
+    for option in ("--launcher", "--gpus N", "--nodes N|MIN:MAX", "--master-addr A", "--master-port P", "--cpu",
+                   "--rdzv-endpoint HOST:PORT"):
         assert f"\n  {option} " in proc.stdout  # the LAUNCH OPTIONS launch/plan.py parses
     assert launch([], tmp_path).stdout == proc.stdout  # no subcommand: the same text, exit 2

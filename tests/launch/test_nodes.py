@@ -15,9 +15,11 @@ import time
 import pytest
 
 from pretrain.distributed.cluster import ClusterError
-from pretrain.launch.nodes import FaultLines, NodeJob, node_range
+from pretrain.launch.faults import AgentEnd, FaultRecord
+from pretrain.launch.nodes import NODE_LOST_SIGNAL, FaultLines, NodeJob, main, node_range
 from pretrain.launch.pin import share
-from pretrain.launch.transports import SSH_KEEP_ALIVE, Pdsh, Srun
+from pretrain.launch.rendezvous import is_this_machine, listen, parse_endpoint, this_machine
+from pretrain.launch.transports import SSH_KEEP_ALIVE, Pdsh, SessionEnd, Srun
 
 
 def test_nodes_is_a_count_or_a_range() -> None:
@@ -33,7 +35,7 @@ def test_nodes_is_a_count_or_a_range() -> None:
 def job(min_nodes: int = 2) -> NodeJob:
     return NodeJob(["n1", "n2"], min_nodes, Pdsh("bert-job-1", ["OMP_NUM_THREADS=4", "NCCL_SOCKET_IFNAME=ib0"]),
                    ["--nproc-per-node", "8"], ["--config", "'r.json'", "--run.dir=a b"],
-                   "./launch.sh pretrain --config r.json")
+                   "./launch.sh pretrain --config r.json", "127.0.0.1:29500")
 
 
 def test_every_node_runs_the_agent_with_its_name_and_the_job_mark() -> None:
@@ -74,34 +76,59 @@ def test_under_slurm_one_task_per_node_asks_for_its_ranks_cpus_and_gpus() -> Non
 
 
 def test_the_end_of_a_node_session_is_read_from_pdsh_and_srun() -> None:
-    assert Pdsh.session_end("pdsh@n1: n2: ssh exited with exit code 255\n") == ("n2", 255)
-    assert Pdsh.session_end("pdsh@n1: n2: ssh killed by signal 9\n") == ("n2", 128 + 9)
+    assert Pdsh.session_end("pdsh@n1: n2: ssh exited with exit code 255\n") == SessionEnd("n2", 255)
+    assert Pdsh.session_end("pdsh@n1: n2: ssh killed by signal 9\n") == SessionEnd("n2", 128 + 9)
     assert Pdsh.session_end("n2: done: complete\n") is None
-    assert Srun.session_end("srun: error: vm-2: task 1: Killed\n") == ("vm-2", 128 + signal.SIGKILL)
-    assert Srun.session_end("srun: error: gpu007: task 3: Terminated\n") == ("gpu007", 128 + signal.SIGTERM)
-    assert Srun.session_end("srun: error: gpu007: task 3: Exited with exit code 2\n") == ("gpu007", 2)
-    assert Srun.session_end("srun: error: gpu007: tasks 0-1: Segmentation fault\n") == ("gpu007", 128 + 11)
+    assert Srun.session_end("srun: error: vm-2: task 1: Killed\n") == SessionEnd("vm-2", 128 + signal.SIGKILL)
+    assert Srun.session_end("srun: error: gpu007: task 3: Terminated\n") == SessionEnd("gpu007", 128 + signal.SIGTERM)
+    assert Srun.session_end("srun: error: gpu007: task 3: Exited with exit code 2\n") == SessionEnd("gpu007", 2)
+    assert Srun.session_end("srun: error: gpu007: tasks 0-1: Segmentation fault\n") == SessionEnd("gpu007", 128 + 11)
     assert Srun.session_end("srun: Job step aborted: Waiting up to 32 seconds\n") is None
+    # what SLURM says of a node it declared failed, and of a task whose memory ran out: read as such
+    failed = Srun.session_end("srun: error: Node failure on gpu009\n")
+    assert failed is not None and failed.host == "gpu009" and failed.why == "SLURM declared the node failed"
+    oom = Srun.session_end("srun: error: gpu007: task 0: Out Of Memory\n")
+    assert oom is not None and oom.why == "SLURM reports its task out of memory" and oom.status >= 128
 
 
 def test_a_session_that_ends_by_itself_is_no_lost_node() -> None:
     strict = job()
     for status in (0, 1, 2, 3, 4):  # the agent's own ends: done, a fault not healed, config error, NaN, disk
-        assert strict.node_ended("n2", status) == []
+        assert strict.node_ended(SessionEnd("n2", status)) is None
     assert strict.lost == [] and not strict.failed
+    # an agent that said it ended by itself (4: a save failed) is no lost node, whatever srun says after
+    told = job()
+    told.agents_ended["n2"] = 4
+    assert told.node_ended(SessionEnd("n2", 137, "SLURM reports its task out of memory")) is None
+    assert told.lost == [] and told.ended == {"n2": 4}
 
 
 def test_a_killed_session_is_a_lost_node(capsys: pytest.CaptureFixture) -> None:
     elastic, strict = job(min_nodes=1), job()
-    assert elastic.node_ended("n2", 255) == []  # carries on: nothing to stop
-    assert elastic.lost == ["n2"] and not elastic.failed
-    assert "carrying on with 1 node(s) (--nodes 1:2)" in capsys.readouterr().err
-    assert strict.node_ended("n2", 137) == ["n1"]  # the others are stopped at once
+    # carries on: the survivors' agents are told at once, to restart their ranks without it
+    assert elastic.node_ended(SessionEnd("n1", 255)) == (NODE_LOST_SIGNAL, ["n2"])
+    assert elastic.lost == ["n1"] and not elastic.failed
+    assert "node n1 lost" in (err := capsys.readouterr().err) and "carrying on with 1 node(s) (--nodes 1:2)" in err
+    assert strict.node_ended(SessionEnd("n2", 137)) == (signal.SIGTERM, ["n1"])  # the others are stopped at once
     assert strict.failed and strict.stopping
     line = capsys.readouterr().err
     assert line.startswith("launch.sh: error: node n2 lost") and "resume with: ./launch.sh pretrain" in line
-    assert strict.node_ended("n1", 143) == []  # the agent it stopped: no second line
+    assert strict.node_ended(SessionEnd("n1", 143)) is None  # the agent it stopped: no second line
     assert capsys.readouterr().err == ""
+    oom = job(min_nodes=1)
+    oom.node_ended(SessionEnd("n2", 137, "SLURM reports its task out of memory"))
+    assert "(its session ended with status 137: SLURM reports its task out of memory)" in capsys.readouterr().err
+
+
+def test_the_stores_death_stops_the_job_with_one_line(capsys: pytest.CaptureFixture) -> None:
+    sent = []
+    running = job(min_nodes=1)
+    running.transport = type("T", (), {"signal": lambda self, signum, hosts: sent.append((signum, list(hosts)))})()
+    running.store_ended(-signal.SIGKILL)
+    line = capsys.readouterr().err
+    assert line.startswith("launch.sh: error: the rendezvous store of this job (127.0.0.1:29500, on this machine) "
+                           "ended") and "resume with: ./launch.sh pretrain" in line
+    assert running.failed and sent == [(signal.SIGTERM, ["n1", "n2"])]
 
 
 def test_each_rank_of_a_slurm_node_takes_its_own_block_of_the_task_cpus() -> None:
@@ -123,34 +150,100 @@ def test_a_rank_started_through_pin_runs_on_its_block() -> None:
     assert json.loads(shown)[0] == share(cpus, 1, 2)
 
 
-def test_the_nodes_lines_on_one_failure_become_the_most_telling_one() -> None:
+def record(host: str, rank: int, cause: str, order: int, restart: int = 0, restarts: bool = True) -> str:
+    """A node's fault record as its agent prints it, pdsh's node name in front."""
+    line = f"{'fault' if restarts else 'error'}: rank {rank} (host {host}) {cause} at phase1 step 13; ..."
+    made = FaultRecord(time.time(), "job", host, restart, "x", rank, cause, "phase1 step 13", None, None, restarts,
+                       0 if restarts else 1, order, line)
+    return f"{host}: launch.sh: fault record: {made.to_json()}\n"
+
+
+def test_the_nodes_records_of_one_failure_become_the_most_telling_line() -> None:
     out = io.StringIO()
     faults = FaultLines(out, nodes_running=lambda: 2, settle_s=60)
-    tail = "; restarting from checkpoint phase1-step0000010 (restart 1 of 3); log: L\n"
-    assert faults.offer(f"n1: launch.sh: fault: rank 0 (host n1) exited with status 1 at phase1 step 13{tail}")
+    assert faults.offer(record("n1", 0, "exited with status 1", 5))
     assert out.getvalue() == ""  # held: node n2 has not told yet
     assert not faults.offer("n1: done: complete\n")  # any other line is the caller's to print
-    assert faults.offer(f"n2: launch.sh: fault: rank 1 (host n2) died of SIGKILL at phase1 step 13{tail}")
-    assert out.getvalue() == f"n2: launch.sh: fault: rank 1 (host n2) died of SIGKILL at phase1 step 13{tail}"
-    # the final error of both nodes: one line; with one node left, a line is shown at once
+    assert faults.offer(record("n2", 1, "died of SIGKILL", 2))
+    assert out.getvalue() == "n2: launch.sh: fault: rank 1 (host n2) died of SIGKILL at phase1 step 13; ...\n"
+    # a final verdict on one node ends the job (it closes the rendezvous): its line, not another's restart
     out.truncate(0), out.seek(0)
-    faults.offer("n1: launch.sh: error: rank 0 (host n1) exited with status 1 at phase1 step 20; no restart left\n")
-    faults.offer("n2: launch.sh: error: rank 1 (host n2) exited with status 7 at phase1 step 20; no restart left\n")
-    assert out.getvalue().startswith("n2: launch.sh: error: rank 1 (host n2) exited with status 7")
+    faults.offer(record("n1", 0, "died of SIGKILL", 2, restart=1))
+    faults.offer(record("n2", 1, "exited with status 1", 5, restart=1, restarts=False))
+    assert out.getvalue().startswith("n2: launch.sh: error: rank 1 (host n2) exited with status 1")
+    # a node that does not tell (its ranks restarted for the other's rendezvous): the next event shows the line first
+    out.truncate(0), out.seek(0)
+    faults.offer(record("n1", 0, "died of SIGKILL", 2, restart=2))
+    faults.offer(record("n1", 0, "made no progress", 0, restart=3))
+    assert out.getvalue().startswith("n1: launch.sh: fault: rank 0 (host n1) died of SIGKILL")
+    faults.show_all()
+    out.truncate(0), out.seek(0)
+    faults.offer(record("n2", 1, "exited with status 1", 5, restart=2))  # too late: attempt 2 was told
+    faults.show_all()
+    assert out.getvalue() == ""
     alone = FaultLines(out, nodes_running=lambda: 1, settle_s=60)
-    alone.offer("n1: launch.sh: fault: rank 0 (host n1) exited with status 1 at phase1 step 33 (restart 2 of 3)\n")
-    assert out.getvalue().endswith("(restart 2 of 3)\n")
+    alone.offer(record("n1", 0, "exited with status 1", 5, restart=2))
+    assert out.getvalue().endswith("exited with status 1 at phase1 step 13; ...\n")
 
 
 def test_a_node_that_never_tells_does_not_hold_the_line_back() -> None:
     out = io.StringIO()
     faults = FaultLines(out, nodes_running=lambda: 2, settle_s=0.2)
-    faults.offer("n1: launch.sh: fault: rank 0 (host n1) made no progress in 10 min (stopped by SIGSTOP): killed"
-                 " at phase1 step 3; restarting from the start (no checkpoint yet) (restart 1 of 3); log: L\n")
+    faults.offer(record("n1", 0, "made no progress in 10 min (stopped by SIGSTOP; x): killed", 0))
     deadline = time.monotonic() + 10
     while not out.getvalue() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert "made no progress" in out.getvalue()
+
+
+def test_a_node_that_ends_by_itself_does_not_cut_the_other_nodes_word_short() -> None:
+    from pretrain.launch.nodes import relay
+
+    out = io.StringIO()
+    strict = job()
+    faults = FaultLines(out, lambda: strict.nodes_left, settle_s=60)
+    lines = io.StringIO(record("n2", 1, "died of SIGKILL", 2, restarts=False) + "pdsh@n1: n2: ssh exited with exit code 1\n"
+                        + record("n1", 0, "exited with status 1", 5, restarts=False))
+    relay(lines, out, strict, faults)
+    assert out.getvalue().count("launch.sh: error:") == 1 and "died of SIGKILL" in out.getvalue()
+
+
+def test_an_agents_last_word_is_noted_not_shown() -> None:
+    from pretrain.launch.nodes import relay
+
+    elastic = job(min_nodes=1)
+    out = io.StringIO()
+    lines = io.StringIO(f"n2: {AgentEnd('n2', 2).to_line()}\npdsh@n1: n2: ssh exited with exit code 2\n")
+    relay(lines, out, elastic, FaultLines(out, lambda: 2))
+    assert out.getvalue() == "" and elastic.agents_ended == {"n2": 2} and elastic.lost == []
+
+
+def test_the_rendezvous_endpoint_is_parsed_and_this_machine_told_by_binding() -> None:
+    assert parse_endpoint("login1:29500") == ("login1", 29500) and parse_endpoint("[::1]:7") == ("::1", 7)
+    for bad in ("login1", "login1:0", "login1:70000", ":29500", "a b:1"):
+        with pytest.raises(ClusterError, match="--rdzv-endpoint must be HOST:PORT"):
+            parse_endpoint(bad)
+    assert is_this_machine("127.0.0.1") and is_this_machine("localhost")
+    assert not is_this_machine("192.0.2.1") and not is_this_machine("no-such-host.invalid")
+    assert this_machine(["127.0.0.1", "localhost"]) == "127.0.0.1"  # a rehearsal on one machine
+    assert is_this_machine(this_machine(["192.0.2.1"]))  # the route's source address toward a node
+    with listen(0) as sock:
+        with pytest.raises(ClusterError, match=f"rendezvous port {sock.getsockname()[1]} of this machine"):
+            listen(sock.getsockname()[1])
+
+
+def test_an_endpoint_elsewhere_that_nobody_serves_is_one_line_before_any_node_starts(
+        tmp_path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    with listen(0) as sock:  # a port nothing listens on once this closes
+        port = sock.getsockname()[1]
+    monkeypatch.setattr("pretrain.launch.nodes.is_this_machine", lambda host: False)  # as if it were another machine
+    hosts = tmp_path / "hosts"
+    hosts.write_text("n1 slots=1\nn2 slots=1\n")
+    status = main(["--hostfile", str(hosts), "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                   "--", "--config", "r.json"])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"launch.sh: error: --rdzv-endpoint 127.0.0.1:{port}: no rendezvous store answers there")
 
 
 def test_ssh_keeps_its_sessions_alive_so_a_vanished_machine_is_noticed(monkeypatch: pytest.MonkeyPatch) -> None:

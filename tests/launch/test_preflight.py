@@ -172,6 +172,34 @@ def test_batch_arithmetic_is_checked_for_the_world_size_of_the_launch(job: dict[
         check_command_line(args, LaunchShape(8, "cpu"))
 
 
+def test_a_node_range_is_checked_for_every_node_count_before_any_node_starts(job: dict[str, Path],
+                                                                              shards: Path) -> None:
+    """--nodes MIN:MAX: a restart without a lost node must keep each phase's global batch. The shipped tiny_cpu
+    recipe fixes gradient_accumulation_steps (its batch follows the ranks): `--nodes 1:2` is refused in one line,
+    seconds after the command, naming the node count and the setting; the batch and micro-batch set instead pass."""
+    tiny = REPO_ROOT / "ds_configs" / "recipes" / "tiny_cpu.json"
+    (job["cwd"] / "hosts").write_text("127.0.0.1 slots=2\nlocalhost slots=2\n")
+    command = ["bash", str(LAUNCH), "pretrain", "--cpu", "--gpus", "1", "--hostfile", "hosts", "--nodes", "1:2",
+               "--config", str(tiny), f"--data.shards={shards}", "--phase1.seq_len=32", "--phase2.seq_len=64",
+               f"--run.dir={job['run_dir']}"]
+    proc = subprocess.run(command, cwd=job["cwd"], env=launch_env(job), capture_output=True, text=True, timeout=120)
+    assert_refused_before_any_rank(proc, job, (
+        "phase1.gradient_accumulation_steps: with --nodes 1:2 a restart on 1 node(s) would change phase1's global "
+        "batch of 16 sequences (1 node(s): 8 sequences there): it is micro_batch_size x gradient_accumulation_steps x "
+        "ranks; set phase1.batch_size=16 and phase1.micro_batch_size and leave phase1.gradient_accumulation_steps "
+        "unset (derived for the ranks a restart has)"))
+    derived = ["--config", str(job["run_json"]), *(f"--phase{n}.{key}" for n in (1, 2)
+                                                   for key in ("batch_size=16", "gradient_accumulation_steps=null"))]
+    assert "batch 16 = 4 x 2 accumulation x 2 ranks" in check_command_line(derived, LaunchShape(2, "cpu", 1, (1,)))
+    # BERT-Large's 64K batch at micro-batch 64 on nodes of 8 GPUs: 4 nodes divide it, 3 do not
+    with pytest.raises(ConfigError, match=r"^phase1.batch_size: with --nodes 3:4 a restart on 3 node\(s\) cannot "
+                                          r"keep phase1's global batch of 65536 sequences \(3 node\(s\): 65536 is not "
+                                          r"divisible by phase1.micro_batch_size 64 x data-parallel size 24\)"):
+        big = ["--config", str(job["run_json"]), "--phase1.batch_size=65536", "--phase1.micro_batch_size=64",
+               "--phase1.gradient_accumulation_steps=null", '--run.phases=["phase1"]']
+        check_command_line(big, LaunchShape(32, "cpu", 8, (3,)))
+
+
 def test_codistillation_batches_are_checked_per_group(job: dict[str, Path]) -> None:
     """Each codistillation group splits its own batch: 2 groups of a 4-rank job are data-parallel over 2."""
     args = ["--config", str(job["run_json"]), "--codistill.enabled=true", "--codistill.groups=2",

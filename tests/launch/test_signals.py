@@ -6,7 +6,8 @@ and exit; a SIGKILL of launch.sh or of its group must leave no process of the jo
 command then resumes, and completes with every step logged once. A stale build lock planted in the
 job's own TORCH_EXTENSIONS_DIR is removed with one line.
 The batch script must requeue itself after a SIGUSR1 stop only: not after a cancel (SIGTERM), a
-completed run or a configuration error.
+completed run or a configuration error. Each signal comes while the ranks wait before a known step (a hold file,
+tests/support/launching.py Hold), so it lands mid-phase however fast the machine is.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.launching import child_env, copy_machine_op_build, free_port
+from tests.support.launching import Hold, child_env, copy_machine_op_build, free_port
 from tests.support.paths import REPO_ROOT
 from tests.support.pretrain_fixtures import build_shards, tiny_run_config
 
@@ -57,10 +58,12 @@ def start(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[by
 
 def signal_once_training(
     proc: subprocess.Popen[bytes], run_dir: Path, log: Path, signum: int, whole_group: bool = False,
-    check: Callable[[], None] | None = None,
+    check: Callable[[], None] | None = None, hold: Hold | None = None,
 ) -> int:
     """Wait for the first optimizer step of this launch (the trainer's handlers are installed), run `check`,
-    send `signum` to its pid (or its whole process group), and return its exit status."""
+    send `signum` to its pid (or its whole process group), and return its exit status. With `hold` (set before the
+    launch at its second step), the ranks wait before that step until the signal is out: it lands mid-phase
+    whatever the machine's speed."""
     before = logged_steps(run_dir)
     deadline = time.monotonic() + 600
     while logged_steps(run_dir) <= before:
@@ -73,7 +76,16 @@ def signal_once_training(
         os.killpg(proc.pid, signum)
     else:
         os.kill(proc.pid, signum)
+    if hold is not None:
+        hold.release()
     return proc.wait(timeout=600)
+
+
+def hold_second_step(hold: Hold, run_dir: Path) -> Hold:
+    """Hold the next launch of `run_dir` before its second step: the one after its resume point's next."""
+    path = run_dir / "checkpoints" / "latest"
+    done = int(path.read_text().strip().rpartition("step")[2]) if path.is_file() else 0
+    return hold.at(done + 2)
 
 
 def processes_mentioning(text: str) -> list[str]:
@@ -139,14 +151,16 @@ def test_signals_stop_with_a_checkpoint_and_leave_no_process_behind(run_config: 
     log = tmp_path / "launch.log"
     extensions = tmp_path / "extensions"
     stale_lock = private_extensions(extensions)
-    env = job_env(TORCH_EXTENSIONS_DIR=str(extensions))
+    hold = Hold(tmp_path / "hold")
+    env = job_env(TORCH_EXTENSIONS_DIR=str(extensions), **hold.env)
     cmd = ["bash", str(REPO_ROOT / "launch.sh"), "pretrain", "--cpu", "--gpus", "2", "--master-port",
            str(free_port()), "--config", str(run_config), *overrides(run_dir)]
 
     # 1. Ctrl-C (SIGINT to launch.sh): a checkpoint, one line, no traceback, exit 130. The planted stale lock
     #    was removed with one line, and the ranks loaded the op from the private extensions folder.
     proc = start(cmd, log, env)
-    status = signal_once_training(proc, run_dir, log, signal.SIGINT, check=lambda: loaded_from(run_dir, extensions))
+    status = signal_once_training(proc, run_dir, log, signal.SIGINT, check=lambda: loaded_from(run_dir, extensions),
+                                  hold=hold_second_step(hold, run_dir))
     text = log.read_text()
     assert status == 130, text[-4000:]
     assert text.count("SIGINT: stopping with a checkpoint") == 1 and "done: SIGINT" in text
@@ -158,15 +172,17 @@ def test_signals_stop_with_a_checkpoint_and_leave_no_process_behind(run_config: 
 
     # 2. The same command resumes; SIGHUP to its whole process group (a closed terminal) is passed on as SIGTERM:
     #    a checkpoint again, exit 0. (SIGTERM itself takes the same path in launch.sh and the ranks.)
-    status = signal_once_training(start(cmd, log, env), run_dir, log, signal.SIGHUP, whole_group=True)
+    hold_second_step(hold, run_dir)
+    status = signal_once_training(start(cmd, log, env), run_dir, log, signal.SIGHUP, whole_group=True, hold=hold)
     assert status == 0, log.read_text()[-4000:]
     assert wait_for_no_process_of(run_dir) == []
     third = latest_state(run_dir)
     assert first["step"] < third["step"] < STEPS
 
     # 3. SIGKILL of launch.sh alone, mid-training: its watchdog stops the ranks (they checkpoint on its SIGTERM).
+    hold_second_step(hold, run_dir)
     proc = start(cmd, log, env)
-    signal_once_training(proc, run_dir, log, signal.SIGKILL)
+    signal_once_training(proc, run_dir, log, signal.SIGKILL, hold=hold)
     assert wait_for_no_process_of(run_dir) == []
     assert "launch.sh (pid " in log.read_text()
     assert third["step"] < latest_state(run_dir)["step"] < STEPS
@@ -210,7 +226,8 @@ def test_batch_script_requeues_only_after_a_usr1_stop(run_config: Path, tmp_path
     calls = tmp_path / "scontrol.calls"
     (fake_bin / "scontrol").write_text(f'#!/usr/bin/env bash\necho "$*" >> {calls}\n')
     (fake_bin / "scontrol").chmod(0o755)
-    env = job_env(SLURM_JOB_ID="4242", PATH=f"{fake_bin}:{os.environ['PATH']}")
+    hold = Hold(tmp_path / "hold")
+    env = job_env(SLURM_JOB_ID="4242", PATH=f"{fake_bin}:{os.environ['PATH']}", **hold.env)
     run_dir = tmp_path / "run"
     log = tmp_path / "sbatch.log"
     # One plain CPU process, so that no srun is needed; the script's own logic runs unchanged.
@@ -221,7 +238,8 @@ def test_batch_script_requeues_only_after_a_usr1_stop(run_config: Path, tmp_path
         return calls.read_text().splitlines() if calls.exists() else []
 
     # SIGUSR1 to the batch shell, as `#SBATCH --signal=B:USR1@600` sends it: checkpoint, exit 0, requeue.
-    status = signal_once_training(start(cmd, log, env), run_dir, log, signal.SIGUSR1)
+    hold_second_step(hold, run_dir)
+    status = signal_once_training(start(cmd, log, env), run_dir, log, signal.SIGUSR1, hold=hold)
     assert status == 0, log.read_text()[-4000:]
     assert "done: SIGUSR1" in log.read_text()
     assert requeues() == ["requeue 4242"]
@@ -229,7 +247,8 @@ def test_batch_script_requeues_only_after_a_usr1_stop(run_config: Path, tmp_path
     assert not first["complete"]
 
     # scancel (SIGTERM): the ranks checkpoint, and the job is not requeued.
-    status = signal_once_training(start(cmd, log, env), run_dir, log, signal.SIGTERM)
+    hold_second_step(hold, run_dir)
+    status = signal_once_training(start(cmd, log, env), run_dir, log, signal.SIGTERM, hold=hold)
     assert status == 0, log.read_text()[-4000:]
     assert requeues() == ["requeue 4242"]
     assert first["step"] < latest_state(run_dir)["step"] < STEPS

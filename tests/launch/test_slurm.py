@@ -44,7 +44,7 @@ from tests.support.cluster.runs import (
     tail,
     wait_for,
 )
-from tests.support.launching import REPO_ROOT, child_env
+from tests.support.launching import REPO_ROOT, Hold, child_env
 from tests.support.pretrain_fixtures import build_shards
 
 pytestmark = pytest.mark.cluster
@@ -112,11 +112,11 @@ class PreemptionRecord:
 class SlurmJobs:
     """sbatch / wait / signal against the local cluster, with the test's environment."""
 
-    def __init__(self, slurm: LocalSlurm, logs: Path) -> None:
+    def __init__(self, slurm: LocalSlurm, logs: Path, hold: Hold | None = None) -> None:
         self.slurm, self.logs = slurm, logs
         # no SLURM_* of an allocation pytest itself might run in; the job finds python through $PYTHON
         env = {key: value for key, value in child_env().items() if not key.startswith("SLURM_")}
-        self.env = {**env, **slurm.env, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+        self.env = {**env, **slurm.env, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", **(hold.env if hold else {})}
 
     def output_file(self, job_id: int) -> Path:
         return self.logs / f"job-{job_id}.out"
@@ -157,7 +157,8 @@ def slurm_shape(ntasks: int, cpus_per_task: int) -> list[str]:
 def preemption(slurm: LocalSlurm, workdir: Path) -> PreemptionRecord:
     """Job 1: scancel (SIGTERM) while training. Job 2 (the same sbatch): resumes, then SIGUSR1 as before the
     time limit -> checkpoint, `scontrol requeue` by the batch file, resumed again, complete."""
-    jobs = SlurmJobs(slurm, workdir)
+    hold = Hold(workdir / "hold-preemption").at(3)  # each signal comes while the ranks wait before a known step
+    jobs = SlurmJobs(slurm, workdir, hold)
     run_dir = workdir / "slurm_run"
     config = run_config(workdir / "slurm_run.json", workdir / "shards", run_dir)
     cpus_per_task = 2 if slurm.cpus >= 4 else 1  # 2 when the machine has room: srun must pass it on to the tasks
@@ -169,15 +170,18 @@ def preemption(slurm: LocalSlurm, workdir: Path) -> PreemptionRecord:
              lambda: tail(jobs.output_file(first)))
     ranks = probe_ranks(str(config))
     jobs.scancel(first)  # SIGTERM to every process of the job, SIGKILL after KillWait (30 s)
+    hold.release()
     cancelled = jobs.wait_final(first, 300)
     checkpoint = latest_checkpoint(run_dir)
     records_after_cancel = len(step_records(run_dir))
 
     usr1_options, usr1_target = usr1_as_the_time_limit_sends_it()
+    hold.at(records_after_cancel + 3)
     second = jobs.submit(shape, command)
     wait_for(lambda: len(step_records(run_dir)) >= records_after_cancel + 2, 480, "job 2 to train two steps",
              lambda: tail(jobs.output_file(second)))
     jobs.scancel(second, *usr1_options)
+    hold.release()
     requeued = jobs.wait_final(second, 600)
     return PreemptionRecord(run_dir, ranks, cpus_per_task, cancelled, checkpoint, requeued, usr1_target,
                             records_after_cancel, step_records(run_dir))

@@ -5,12 +5,15 @@ Inside the allocation each node's elastic agent is one task of one srun step (pr
 transports.py). One job, with `--nodes 1:2` (and sbatch's `--no-kill`, as docs/faults.md says):
 
 1. kill -9 of rank 1 after the first checkpoint: both nodes' ranks restart inside the allocation, no requeue;
-2. then the loss of node 2 (its agent and its rank killed, as a dying machine takes both): the job carries on
-   with one node and resumes on one rank;
+2. then, past the next checkpoint, node 2's agent killed alone: its rank dies with it (a node fault, never a stop),
+   the job carries on with one node and resumes on one rank;
 
 and the job completes, its export equal to an uninterrupted 2-rank run's to float rounding (the world size
 changed: dropout off). Each fault is one line, no traceback. A second job without `--nodes MIN:MAX` loses its
-node 2: one error line naming it, the job fails, nothing of it left running.
+node 2 (agent and rank): one error line naming it, the job fails, nothing of it left running.
+
+Each act waits for the run to hold before a known step (tests/support/launching.py Hold), whatever the machine's
+speed: an idle machine once finished the 40 steps before the second act.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from tests.support.cluster.runs import (
     tail,
     wait_for,
 )
+from tests.support.launching import Hold
 
 pytestmark = pytest.mark.cluster
 
@@ -60,8 +64,8 @@ def slurm() -> Iterator[LocalSlurm]:
     cluster.stop()
 
 
-def node_processes(marker: str, node: str) -> list[int]:
-    """The agent of SLURM node `node` (an srun task: SLURMD_NODENAME in its environment) and its ranks."""
+def node_processes(marker: str, node: str, ranks: bool = True) -> list[int]:
+    """The agent of SLURM node `node` (an srun task: SLURMD_NODENAME in its environment), and its ranks."""
     agents = []
     for pid in processes_mentioning(marker):
         try:
@@ -71,7 +75,15 @@ def node_processes(marker: str, node: str) -> list[int]:
             continue
         if b"pretrain.launch.agent" in argv and b"python" in argv[0] and f"SLURMD_NODENAME={node}".encode() in environ:
             agents.append(pid)
-    return agents + [pid for pid in rank_processes(marker) if parent(pid) in agents]
+    return agents + ([pid for pid in rank_processes(marker) if parent(pid) in agents] if ranks else [])
+
+
+def held_at(run_dir: Path, step: int, checkpoint: int | None = None) -> bool:
+    """The run logged `step` (the hold stops it before the next) and its checkpoint of step `checkpoint` is whole."""
+    records = step_records(run_dir)
+    done = latest_checkpoint(run_dir)
+    whole = checkpoint is None or (done is not None and done[1]["step"] >= checkpoint)
+    return bool(records) and records[-1]["step"] >= step and whole
 
 
 def faults(output: str) -> list[str]:
@@ -90,7 +102,8 @@ class SlurmFaultRecord:
 
 @pytest.fixture(scope="module")
 def slurm_faults(slurm: LocalSlurm, workdir: Path, elastic_reference: ElasticReference) -> SlurmFaultRecord:
-    jobs = SlurmJobs(slurm, workdir)
+    hold = Hold(workdir / "hold").at(13)
+    jobs = SlurmJobs(slurm, workdir, hold)
     config = elastic_reference.config  # the steps are the same on 1 or 2 ranks (tests/launch/conftest.py)
     # The nodes' names resolve nowhere: the agents meet on 127.0.0.1 (on a cluster, the first node's name).
     common = [str(config), "--cpu", "--gpus", "1", "--master-addr", "127.0.0.1"]
@@ -99,22 +112,25 @@ def slurm_faults(slurm: LocalSlurm, workdir: Path, elastic_reference: ElasticRef
     healed_dir = workdir / "healed"
     job = jobs.submit([*SHAPE, "--no-kill"], [*common, "--nodes", "1:2", f"--run.dir={healed_dir}"])
     output = jobs.output_file(job)
-    wait_for(lambda: latest_checkpoint(healed_dir) is not None, 480, "the first checkpoint", lambda: tail(output))
+    wait_for(lambda: held_at(healed_dir, 12, 10), 480, "the run to hold after step 12", lambda: tail(output))
+    hold.at(23)
     os.kill(next(pid for pid, rank in rank_processes(str(healed_dir)).items() if rank == 1), signal.SIGKILL)
-    wait_for(lambda: "restart 1 of 3" in output.read_text() and len(step_records(healed_dir)) > 0
-             and (latest_checkpoint(healed_dir) or ("", {}))[1].get("step", 0) >= 20, 480,
-             "the restarted ranks to pass their next checkpoint", lambda: tail(output))
-    assert node_processes(str(healed_dir), second), f"node {second} not running:\n{tail(output)}"
-    for pid in node_processes(str(healed_dir), second):
+    wait_for(lambda: held_at(healed_dir, 22, 20), 480, "the restarted run to hold after step 22", lambda: tail(output))
+    agent = node_processes(str(healed_dir), second, ranks=False)
+    assert agent, f"node {second} not running:\n{tail(output)}"
+    for pid in agent:  # its agent alone: the rank must die with it
         os.kill(pid, signal.SIGKILL)
+    hold.release()
     healed = jobs.wait_final(job, 600)
 
     strict_dir = workdir / "strict"
+    hold.at(3)
     job = jobs.submit(SHAPE, [*common, f"--run.dir={strict_dir}"])
     output = jobs.output_file(job)
-    wait_for(lambda: len(step_records(strict_dir)) >= 2, 480, "two steps", lambda: tail(output))
+    wait_for(lambda: held_at(strict_dir, 2), 480, "two steps", lambda: tail(output))
     for pid in node_processes(str(strict_dir), second):
         os.kill(pid, signal.SIGKILL)
+    hold.release()
     strict = jobs.wait_final(job, 300)
     return SlurmFaultRecord(healed, healed_dir, elastic_reference, strict,
                             sorted(rank_processes(str(strict_dir))), second)

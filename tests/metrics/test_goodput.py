@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from pretrain.metrics.clock import ProcessSpan, downtime, redone_steps, run_goodput
+from pretrain.launch.faults import FaultHistory, FaultRecord
+from pretrain.metrics.clock import ProcessSpan, downtime, last_fault_time, redone_steps, run_goodput
+from pretrain.run_folder import faults_dir
 
 
 def test_goodput_counts_redone_steps_and_fault_downtime_against_the_run() -> None:
@@ -22,3 +26,15 @@ def test_goodput_counts_redone_steps_and_fault_downtime_against_the_run() -> Non
     assert run_goodput([]) == 0.0
     unlogged = ProcessSpan(started_at=0.0, ranks=1, seconds=5.0)  # died during start-up: all of it is lost time
     assert run_goodput([unlogged, a]) == pytest.approx(20.0 / 65.0)
+
+
+def test_a_restart_reads_the_time_of_the_last_fault_the_agents_recorded(tmp_path: Path) -> None:
+    """The clock reads the agents' own fault records as plain JSON (the launcher sits above it): the latest time of
+    any node's record, whatever order the files were written in, and None in a run with no fault yet."""
+    assert last_fault_time(tmp_path) is None
+    history = FaultHistory(faults_dir(tmp_path))
+    for when, host in ((1062.0, "n2"), (1000.0, "n1")):
+        history.add(FaultRecord(when, "job", host, 0, "signal", 1, "died of SIGKILL", "phase1 step 3", None, None,
+                                True, 0, 2, "rank 1 died of SIGKILL"))
+    (faults_dir(tmp_path) / "not-ours.json").write_text("{", encoding="utf-8")
+    assert last_fault_time(tmp_path) == 1062.0

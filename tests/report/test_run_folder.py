@@ -11,9 +11,9 @@ from pretrain import run_folder
 from tests.support.paths import REPO_ROOT
 
 FILE_NAMES = (run_folder.RESOLVED_CONFIG, run_folder.CLOCK_FILE, run_folder.JOB_LOCK, run_folder.EXPORT_INFO,
-              run_folder.METRICS_FILE, run_folder.REPORT_MD, run_folder.REPORT_PNG, run_folder.LAST_FAILURE)
+              run_folder.METRICS_FILE, run_folder.REPORT_MD, run_folder.REPORT_PNG)
 FOLDER_NAMES = (run_folder.CHECKPOINTS, run_folder.EXPORT, run_folder.TENSORBOARD, run_folder.EXCHANGE,
-                run_folder.LOGS)
+                run_folder.LOGS, run_folder.FAULTS)
 # fine-tune output folders have a tensorboard/ of their own, the demo's output folder a logs/: not run folders
 OTHER_FOLDERS = ("pretrain/finetune/", "pretrain/demo/")
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pretrain.distributed.step_watch import HOLD_FILE_ENV, step_scope
 from tests.support.paths import REPO_ROOT
 
 
@@ -127,3 +128,27 @@ def leave_without_teardown(status: int = 0) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
+
+
+class Hold:
+    """A test's hold file (pretrain/distributed/step_watch.py HOLD_FILE_ENV): every rank of a run started with `env`
+    waits before the step the file names, for as long as it does. A fault test holds the run at a known step, acts
+    (kills, freezes), then moves the hold on or releases it: paced by the run's own progress, never by the machine's
+    speed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {HOLD_FILE_ENV: str(self.path)}
+
+    def at(self, step: int, phase: str = "phase1") -> Hold:
+        """Hold before `phase` step `step` (and any later one) from now on."""
+        temporary = self.path.with_suffix(".tmp")
+        temporary.write_text(step_scope(phase, step), encoding="utf-8")
+        os.replace(temporary, self.path)
+        return self
+
+    def release(self) -> None:
+        self.path.unlink(missing_ok=True)

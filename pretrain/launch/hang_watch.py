@@ -1,0 +1,148 @@
+"""The agent's timer server: torch's FileTimerServer, started once per agent, serving every attempt's ranks.
+
+Each rank holds one of torch's expiration timers at every moment (pretrain/distributed/step_watch.py): START_UP,
+armed here the moment the agent starts the rank, then the stages and steps the rank announces over the named pipe.
+What this server adds to torch's (the private hooks it relies on are listed in pretrain/launch/agent.py):
+
+- it never kills its own process: torch's server ends the agent after reaping a hung worker; this one kills the
+  rank only, and the agent restarts the group;
+- evidence first: a hung rank is sent STACKS_SIGNAL (its Python stacks go to its log) and on GPUs a word on NCCL's
+  dump pipe (its recent collectives to a file), given a moment to write them, then killed. A rank stopped by a
+  signal is named as such and not asked: it could answer only if it were let run again;
+- a rank frozen between two timers' ends (its peer, waiting in a collective, runs out first) is found in /proc
+  (state T), named, asked for its stacks and killed with it;
+- the fault line's words: the timer each rank held last ("phase1 step 12", "start-up") and under which limit it
+  ran (step_watch.startup_limited: run.startup_timeout_minutes or run.hang_timeout_minutes).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from torch.distributed.elastic.timer import FileTimerRequest, FileTimerServer
+
+from pretrain.distributed.step_watch import STACKS_SIGNAL, START_UP, startup_limited
+from pretrain.launch.faults import catches, hang_description, process_state
+
+STACKS_WAIT_S = 1.0  # how long a hung rank gets to write its stacks before it is killed
+NCCL_DUMP_WAIT_S = 3.0  # and its NCCL watchdog to notice the dump request (it looks about once a second) and write
+NCCL_PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The two limits a rank's timers run under (seconds), as the run config names them."""
+
+    hang_s: float
+    startup_s: float
+
+    def of(self, startup: bool) -> tuple[float, str]:
+        """(seconds, the run config's key) of the start-up limit or of the hang limit."""
+        return (self.startup_s, "run.startup_timeout_minutes") if startup else (self.hang_s, "run.hang_timeout_minutes")
+
+
+class HangWatch(FileTimerServer):
+    """torch's timer server for the ranks of every attempt of one agent (module docstring)."""
+
+    def __init__(self, file_path: str, limits: Limits) -> None:
+        super().__init__(file_path, run_id="", max_interval=0.1, daemon=True)
+        self.path, self.limits = file_path, limits
+        self.last_step: dict[int, str] = {}  # pid -> the timer it took last
+        self.startup: dict[int, bool] = {}  # pid -> whether that timer runs under the start-up limit
+        self.hung: dict[int, str] = {}  # pid -> "made no progress in ..." for the fault line
+        self.ranks: dict[int, int] = {}  # pid -> global rank, for NCCL's dump pipe
+        self.stacks: set[int] = set()  # pids asked for their stacks before they were killed
+
+    def arm(self, pid: int, rank: int) -> None:
+        """Time rank `pid`'s start-up from now: it cannot announce itself before its imports are done. Sent through
+        the pipe as a rank's own request would be (the server reads nothing until someone writes to it)."""
+        self.ranks[pid] = rank
+        request = FileTimerRequest(pid, START_UP, time.time() + self.limits.startup_s, signal.SIGKILL)
+        for _ in range(50):  # the server's thread opens its end as it starts: wait for it, briefly
+            try:
+                pipe = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)
+                break
+            except OSError as err:
+                if err.errno != errno.ENXIO:
+                    raise
+                time.sleep(0.02)
+        else:
+            raise RuntimeError(f"the timer server does not read {self.path}")
+        try:
+            os.write(pipe, (request.to_json() + "\n").encode())
+        finally:
+            os.close(pipe)
+
+    def register_timers(self, timer_requests: list[Any]) -> None:
+        # the agent's START_UP for a rank that already took a timer of its own (it cannot happen: imports take
+        # seconds) would outlive that rank's start-up: dropped
+        requests = [r for r in timer_requests if not (r.scope_id == START_UP and r.worker_pid in self.last_step)]
+        for request in requests:
+            previous = self.last_step.get(request.worker_pid)
+            if request.expiration_time >= 0 and request.scope_id != previous:
+                self.startup[request.worker_pid] = startup_limited(request.scope_id, previous)
+                self.last_step[request.worker_pid] = request.scope_id
+        super().register_timers(requests)
+
+    def _reap_worker(self, worker_pid: int, signal: int) -> bool:
+        if worker_pid == os.getpid():  # torch ends the agent too; we restart instead
+            return True
+        # A rank frozen between two timers holds none that runs out; the peer waiting for it in a collective times
+        # out instead. Name the frozen one too (primary_failure puts a stopped rank first), and end it with its peer.
+        frozen = [pid for pid in self.last_step if pid != worker_pid and process_state(pid) in ("T", "t")]
+        for pid in [worker_pid, *frozen]:
+            self.hung.setdefault(pid, self.no_progress(pid))  # its state before it is continued for its stacks
+        self.stacks |= ask_for_stacks([worker_pid, *frozen], self.ranks)
+        for pid in frozen:
+            super()._reap_worker(pid, signal)
+        return super()._reap_worker(worker_pid, signal)
+
+    def no_progress(self, pid: int) -> str:
+        seconds, key = self.limits.of(self.startup.get(pid, True))
+        return f"made no progress in {seconds / 60:g} min ({hang_description(process_state(pid))}; {key})"
+
+
+def ask_for_stacks(pids: list[int], ranks: dict[int, int]) -> set[int]:
+    """STACKS_SIGNAL to each that can answer and, on GPUs, a word on NCCL's dump pipe (its flight recorder's
+    collectives to a file); then the time to write them. Returns the pids asked. Not asked: a rank that has no handler
+    yet (the signal's default action would end it), and a stopped one (state T: it could write its stacks only if it
+    were let run again, and then it would go on training while its peers are being killed; "stopped by SIGSTOP" is
+    its evidence)."""
+    asked: set[int] = set()
+    traced = False
+    for pid in pids:
+        if process_state(pid) in ("T", "t") or not catches(pid, STACKS_SIGNAL):
+            continue
+        try:
+            os.kill(pid, STACKS_SIGNAL)
+        except ProcessLookupError:
+            continue
+        asked.add(pid)
+        traced = ask_nccl_for_trace(ranks.get(pid)) or traced
+    if asked:
+        time.sleep(STACKS_WAIT_S + (NCCL_DUMP_WAIT_S if traced else 0.0))
+    return asked
+
+
+def ask_nccl_for_trace(rank: int | None) -> bool:
+    """Write to NCCL's dump pipe of `rank` (TORCH_NCCL_DEBUG_INFO_PIPE_FILE + rank + ".pipe", created by its process
+    group when the flight recorder is on): its watchdog thread then dumps the trace, whatever the main thread does."""
+    prefix = os.environ.get(NCCL_PIPE_ENV)
+    if not prefix or rank is None:
+        return False
+    try:
+        pipe = os.open(f"{prefix}{rank}.pipe", os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # no pipe: not an NCCL rank, or not that far yet
+        return False
+    try:
+        os.write(pipe, b"1")
+    except OSError:
+        return False
+    finally:
+        os.close(pipe)
+    return True
