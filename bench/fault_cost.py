@@ -44,6 +44,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from bench.train_step import synthetic_shards  # noqa: E402
+from pretrain.launch.faults import process_state  # noqa: E402
 from pretrain.metrics.clock import ProcessSpan, productive_seconds, read_clock_file, redone_steps  # noqa: E402
 from pretrain.run_folder import CLOCK_FILE, shards_verified_path  # noqa: E402
 
@@ -83,11 +84,7 @@ def rank_pids() -> list[int]:
 
 
 def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
+    return process_state(pid) not in ("", "Z")  # gone, or dead and not yet reaped
 
 
 def add_ballast(shards: Path, gigabytes: float, seed: int = 1) -> None:
@@ -135,14 +132,6 @@ def write_run(out: Path, steps: int, ranks: int, corpus_gb: float) -> Path:
     path = out / "run.json"
     path.write_text(json.dumps(config, indent=1), encoding="utf-8")
     return path
-
-
-def latest_span(run_dir: Path) -> ProcessSpan | None:
-    try:
-        spans = read_clock_file(run_dir / CLOCK_FILE)["processes"]
-    except (OSError, ValueError):
-        return None
-    return spans[-1] if spans else None
 
 
 def drive(run_json: Path, run_dir: Path, args: argparse.Namespace) -> Observed:

@@ -15,6 +15,7 @@ import pytest
 
 from pretrain.distributed import extension_builds
 from pretrain.distributed.lifetime import RunFolderBusyError, hold_run_folder, release_run_folder
+from pretrain.launch.faults import process_state
 from tests.support.launching import child_env
 from tests.support.paths import REPO_ROOT
 
@@ -22,12 +23,7 @@ BOUND_S = 60  # only limits a failing wait
 
 
 def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat").read_text() if Path(f"/proc/{pid}/stat").exists() else ""
-    return bool(stat) and stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return process_state(pid) not in ("", "Z")  # gone, or dead and not yet reaped
 
 
 def wait_gone(pids: list[int]) -> list[int]:

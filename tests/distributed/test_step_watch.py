@@ -18,6 +18,7 @@ from torch.distributed.elastic.timer import FileTimerClient, FileTimerServer
 
 from pretrain.checkpointing.commit import SaveAttempt
 from pretrain.distributed.step_watch import STACKS_SIGNAL, START_UP, StepWatch, parse_step, startup_limited
+from pretrain.launch.faults import process_state
 from tests.support.paths import REPO_ROOT
 
 
@@ -134,11 +135,6 @@ def test_without_the_agent_the_watch_is_off() -> None:
     assert watch.client is None and watch.scope is None
 
 
-def _blocked_in_a_sleep(pid: int) -> bool:
-    """The kernel's word for the child's state: 'S' once it sleeps, not while it still runs Python."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "S"
-
-
 def test_a_rank_writes_its_stacks_to_stderr_on_the_agents_signal() -> None:
     """faulthandler from C: the stacks come out while the main thread is blocked (here: in a sleep).
 
@@ -151,7 +147,7 @@ def test_a_rank_writes_its_stacks_to_stderr_on_the_agents_signal() -> None:
     try:
         assert child.stdout is not None and child.stdout.readline() == "ready\n"
         deadline = time.monotonic() + 30
-        while not _blocked_in_a_sleep(child.pid) and time.monotonic() < deadline:
+        while process_state(child.pid) != "S" and time.monotonic() < deadline:
             time.sleep(0.01)
         child.send_signal(STACKS_SIGNAL)
         time.sleep(0.5)

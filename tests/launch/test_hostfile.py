@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from pretrain.launch.faults import process_state
 from tests.launch.conftest import ElasticReference
 from tests.support.cluster.local_cluster import LoopbackSsh
 from tests.support.cluster.processes import ClusterUnavailable, free_port, parent, processes_mentioning
@@ -225,10 +226,7 @@ def kill_node(marker: str, node: str, ranks: bool = True) -> tuple[list[int], li
 
 
 def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
+    return process_state(pid) not in ("", "Z")  # gone, or dead and not yet reaped
 
 
 @dataclass
