@@ -41,6 +41,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from data_prep.atomic_io import atomic_write_bytes
 from pretrain.errors import ERROR_PREFIXES, NONFINITE_EXIT, SAVE_FAILED_EXIT, USER_ERROR_EXIT
 from pretrain.run_folder import CHECKPOINTS
 
@@ -235,14 +236,11 @@ class FaultHistory:
         return sorted(found, key=lambda record: record.time)
 
     def add(self, record: FaultRecord) -> None:
-        """Write `record` (temp file, rename). A run folder that cannot take it (a full disk) costs the record, not
-        the job: the line is printed all the same."""
+        """Write `record` atomically (a reader never sees half of it; a failed write leaves no temp file). A run
+        folder that cannot take it (a full disk) costs the record, not the job: the line is printed all the same."""
         name = f"{time.time_ns()}-{re.sub(r'[^A-Za-z0-9_.-]', '_', record.host)}-{os.getpid()}.json"
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            temporary = self.folder / f".{name}.tmp"
-            temporary.write_text(record.to_json(), encoding="utf-8")
-            os.replace(temporary, self.folder / name)
+            atomic_write_bytes(self.folder / name, record.to_json().encode("utf-8"))
         except OSError:
             pass
 
