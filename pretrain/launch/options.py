@@ -41,8 +41,9 @@ NO_CHECK_OPTION = ("--no-check", ("pretrain: skip the launch-time check of the r
                                   "the ranks still check"))
 # Where the ranks run when no --launcher is given, between --hostfile and --launcher in the usage text.
 AUTO_CHOICES = (
-    ("SLURM", ("inside an allocation (SLURM_JOB_ID set): one srun task per GPU, RANK/WORLD_SIZE/",
-               "LOCAL_RANK from SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, MASTER_ADDR = first node")),
+    ("SLURM", ("inside an allocation (SLURM_JOB_ID set): pretrain: one srun task per node, our elastic agent;",
+               "fine-tunes: one srun task per GPU, RANK/WORLD_SIZE/LOCAL_RANK from SLURM_PROCID/SLURM_NTASKS/",
+               "SLURM_LOCALID, MASTER_ADDR = first node")),
     ("local", ("otherwise: this machine's GPUs (pretrain: torch's elastic agent, docs/faults.md)",)),
 )  # fmt: skip
 @dataclass
