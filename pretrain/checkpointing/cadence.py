@@ -33,6 +33,8 @@ SAVE_SECONDS_TAG = "checkpoint/save_s"  # every save's cost, logged with the ste
 # one per 8,192 GPU-hours (docs/faults.md projects with it). Meta's Llama 3 run met 466 interruptions in 54
 # days on 16K GPUs, one per ~45,000 GPU-hours: a gentler rate; this one errs towards saving often.
 GPU_HOURS_PER_FAILURE = 8.0 * 1024
+# A write speed for the first save-cost estimate (a shared file system per job; measured saves replace it).
+ASSUMED_WRITE_BYTES_PER_S = 1e9
 
 
 def young_daly_seconds(save_seconds: float, mtbf_seconds: float) -> float:
@@ -74,6 +76,16 @@ def interval_advice(save_seconds: float, devices: int, mtbf_hours: float | None 
     rate = "" if mtbf_hours else f", one per {GPU_HOURS_PER_FAILURE:,.0f} GPU-hours on {devices} devices"
     return (f"save every {interval / 60:.3g} min (checkpoint.every_minutes; Young/Daly for a {save_seconds:.3g} s save "
             f"and a failure every {hours(mtbf)} h{rate}: {lost:.2%} of the time lost)")
+
+
+def advised_interval(run_dir: Path, checkpoint_bytes: int, devices: int) -> str:
+    """The interval advice for a job of `devices` whose checkpoints take `checkpoint_bytes`: from the save cost the
+    run measured (its metrics.jsonl), else estimated from the checkpoint's size (the launch-time check and
+    `./launch.sh scale` print it)."""
+    measured = measured_save_seconds(run_dir)
+    save = measured or max(checkpoint_bytes / ASSUMED_WRITE_BYTES_PER_S, 1.0)
+    how = "measured" if measured else f"estimated at {ASSUMED_WRITE_BYTES_PER_S / 1e9:g} GB/s until a save is measured"
+    return f"{interval_advice(save, devices)} (save cost {how})"
 
 
 def hours(seconds: float) -> str:

@@ -35,17 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pretrain.checkpointing.cadence import interval_advice, measured_save_seconds
-from pretrain.checkpointing.footprint import (
-    CheckpointShape,
-    checkpoint_bytes,
-    model_fields,
-    parameter_tensors,
-)
-from pretrain.config.deepspeed import phase_ds_config, precision_of
+from pretrain.checkpointing.cadence import advised_interval
+from pretrain.checkpointing.footprint import JobSizing, model_fields, run_footprint
+from pretrain.config.deepspeed import phase_ds_config
 from pretrain.config.load import PHASE_NAMES, ConfigError, RunConfig, load_config
 from pretrain.errors import exit_on_error
-from pretrain.model.presets import bert_parameter_count
 
 # What the shipped micro batches are taken to be sized for (not yet measured on a GPU: bench/gpu_check/gpu_check.sh).
 REFERENCE_GPU_MEMORY_GB = 80.0
@@ -310,20 +304,11 @@ BERT_VOCAB = 30522  # bert-base-uncased's: the size estimate's vocab before the 
 
 def checkpoint_interval_line(config: RunConfig, gpus: int) -> str:
     """The checkpoint interval that fits the job's failure rate at `gpus` GPUs (Young/Daly): from the run's
-    measured save cost when its folder has one, else from the largest phase's checkpoint size at 1 GB/s."""
-    measured = measured_save_seconds(Path(config.run.dir))
-    if measured is not None:
-        return f"Checkpoints: {interval_advice(measured, gpus)} (save cost measured in {config.run.dir})"
+    measured save cost when its folder has one, else from the largest phase's checkpoint (run_footprint's size)."""
     fields = model_fields(config.model.preset, dict(config.model.overrides), BERT_VOCAB, 512)
-    sizes = []
-    for name in config.run.phases:
-        ds = phase_ds_config(config, name, gpus, "cuda", bf16_supported=True)
-        shape = CheckpointShape(bert_parameter_count(fields), parameter_tensors(fields), precision_of(ds),
-                                int(ds.get("zero_optimization", {}).get("stage", 0)), gpus)
-        sizes.append(checkpoint_bytes(shape))
-    save = max(max(sizes) / 1e9, 1.0)
-    return (f"Checkpoints: {interval_advice(save, gpus)} (save cost estimated from a {max(sizes) / 1e9:.3g} GB "
-            "checkpoint at 1 GB/s; ./launch.sh --dry-run pretrain repeats this with the measured cost once a run saved)")
+    ds_configs = {name: phase_ds_config(config, name, gpus, "cuda", bf16_supported=True) for name in config.run.phases}
+    footprint = run_footprint(config, JobSizing(fields, 0, ds_configs, dp_size=gpus, models=1))
+    return f"Checkpoints: {advised_interval(Path(config.run.dir), footprint.checkpoint, gpus)}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pretrain.checkpointing.cadence import interval_advice, measured_save_seconds
+from pretrain.checkpointing.cadence import advised_interval
 from pretrain.checkpointing.footprint import (
     JobSizing,
     RunFootprint,
@@ -60,9 +60,6 @@ from pretrain.config.sections import ConfigError, RunConfig
 from pretrain.data.shard_checks import PhaseShards, check_run_shards, model_overrides
 from pretrain.errors import exit_on_error
 from pretrain.launch.nodes import node_range
-
-# A write speed for the first save-cost estimate (a shared file system per job; measured saves replace it).
-ASSUMED_WRITE_BYTES_PER_S = 1e9
 
 
 @dataclass(frozen=True)
@@ -201,17 +198,8 @@ def check_command_line(module_args: Sequence[str], shape: LaunchShape) -> str:
         parts.append(text)
     if checked.footprint is not None:
         parts.append(f"disk at most {checked.footprint.summary()}")
-        parts.append(save_interval_advice(Path(config.run.dir), checked.footprint.checkpoint, shape.world_size))
+        parts.append(advised_interval(Path(config.run.dir), checked.footprint.checkpoint, shape.world_size))
     return f"checked {config_path} for {shape.world_size} rank(s): {'; '.join(parts)}"
-
-
-def save_interval_advice(run_dir: Path, checkpoint_bytes: int, devices: int) -> str:
-    """The checkpoint interval that fits the job's failure rate (Young/Daly, pretrain/checkpointing/cadence.py),
-    from the save cost the run measured (its metrics.jsonl), else an estimate from the checkpoint's size."""
-    measured = measured_save_seconds(run_dir)
-    save = measured or max(checkpoint_bytes / ASSUMED_WRITE_BYTES_PER_S, 1.0)
-    how = "measured" if measured else f"estimated at {ASSUMED_WRITE_BYTES_PER_S / 1e9:g} GB/s until a save is measured"
-    return f"{interval_advice(save, devices)} (save cost {how})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

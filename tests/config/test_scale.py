@@ -164,6 +164,9 @@ def test_launch_sh_scale(tmp_path: Path) -> None:
     assert proc.stdout.startswith("+ ") and "-m pretrain.config.scale" in proc.stdout.splitlines()[0]
     assert "0.006 -> 0.0015" in proc.stdout and "7,038 -> 112,608" in proc.stdout
     assert load_config(out).phase1.steps == 112608
+    # the checkpoint interval for 8 GPUs, from the largest phase's checkpoint (BERT-Large, ZeRO, bf16) at 1 GB/s
+    assert ("Checkpoints: save every 98.2 min (checkpoint.every_minutes; Young/Daly for a 4.71 s save and a failure "
+            "every 1,024 h, one per 8,192 GPU-hours on 8 devices") in proc.stdout, proc.stdout
     bad = subprocess.run(
         ["bash", str(REPO_ROOT / "launch.sh"), "scale", str(LARGE_64K), "--phase1-batch", "4100",
          "--gpus", "8",
