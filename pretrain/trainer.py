@@ -333,9 +333,10 @@ class PhaseTrainer:
         started = time.monotonic()
         self.checkpoints.save(self.engine, make_tag(self.state.phase, self.state.step), self.state.state_dict(),
                               self.resolved_config, phase_end=phase_end, may_fail=routine)
-        self.cadence.saved(time.monotonic())
+        done = time.monotonic()
+        self.cadence.saved(done)
         # what a save costs: the input of the checkpoint interval that fits a failure rate (checkpointing/cadence.py)
-        self.metrics.scalars(self.global_step, {SAVE_SECONDS_TAG: time.monotonic() - started},
+        self.metrics.scalars(self.global_step, {SAVE_SECONDS_TAG: done - started},
                              extra={"samples": self.state.samples_seen})
 
     def _stop_requested(self, result: StepResult) -> str | None:
