@@ -8,12 +8,15 @@ byte. Random "next" segments come from any document of the same split, across th
 the packing starts afresh at every chunk, so a chunk never waits for the one before it and the
 output stays independent of how chunks are spread over workers and nodes. The cost is one instance
 per chunk and split that may end short (one per `--docs-per-chunk` documents, 256 by default);
-fairseq, which RoBERTa trained with, likewise packs each data shard on its own.
+fairseq, which RoBERTa trained with, likewise packs each data shard on its own. The short pieces of
+over-long sentences that packing drops (data_prep/instances.py: `packed_instances`) are counted per
+chunk in a small JSON beside the chunk's parts, which the manifest sums per length and split.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,11 +25,13 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from data_prep.atomic_io import atomic_write_json
 from data_prep.config import FULL_SENTENCES, NSP
 from data_prep.corpus import TokenCorpus, token_part_path
 from data_prep.instances import (
     Instance,
     MaskedInstance,
+    Packed,
     SpecialIds,
     instances_from_document,
     mask_instance,
@@ -38,6 +43,11 @@ from data_prep.vocab import load_vocab
 
 def instance_part_path(out: Path, seq_len: int, chunk: int, split: str) -> Path:
     return out / "work" / "instances" / f"seq{seq_len}" / f"part-{chunk:05d}-{split}.arrow"
+
+
+def dropped_part_path(out: Path, seq_len: int, chunk: int) -> Path:
+    """The packed modes' count of dropped short pieces of one (sequence length, chunk), per split."""
+    return out / "work" / "instances" / f"seq{seq_len}" / f"part-{chunk:05d}-dropped.json"
 
 
 def validation_documents(num_documents: int, val_fraction: float, seed: int) -> np.ndarray:
@@ -120,7 +130,11 @@ def make_instances(task: InstanceTask) -> dict[str, int]:
     if task.segments == NSP:
         made = _nsp_instances(task, corpus, held_out, split_docs, special, rng)
     else:
-        made = _packed_instances(task, corpus, held_out, special)
+        packed = _pack_splits(task, corpus, held_out, special, vocab.continuation_mask())
+        atomic_write_json(dropped_part_path(task.out, task.seq_len, task.chunk), {
+            split: {"pieces": p.dropped_pieces, "tokens": p.dropped_tokens} for split, p in packed.items()
+        })  # before the parts: the train part's presence marks the chunk as done
+        made = _packed_rounds(packed, task.dupe_factor)
     # Each instance is masked as soon as it is made, so the rng serves both in one fixed order.
     for split, inst in made:
         if task.static_masking:
@@ -161,25 +175,42 @@ def _nsp_instances(
                 yield split, inst
 
 
-def _packed_instances(
-    task: InstanceTask, corpus: TokenCorpus, held_out: np.ndarray, special: SpecialIds
-) -> Iterator[tuple[str, Instance]]:
-    """The chunk's documents of each split packed in order. The packing draws nothing, so the
-    `dupe_factor` rounds repeat the same instances: only static masking differs between them."""
-    packed = {
+def _pack_splits(
+    task: InstanceTask, corpus: TokenCorpus, held_out: np.ndarray, special: SpecialIds, continuation: np.ndarray
+) -> dict[str, Packed]:
+    """The chunk's documents of each split packed in order (cut at word starts: `continuation`)."""
+    return {
         split: packed_instances(
             (corpus.document(doc) for doc in corpus.part_range(task.chunk) if held_out[doc] == (split == "val")),
             task.seq_len,
             task.segments == FULL_SENTENCES,
             special,
+            continuation,
         )
         for split in SPLITS
     }
-    for _round in range(task.dupe_factor):
+
+
+def _packed_rounds(packed: dict[str, Packed], dupe_factor: int) -> Iterator[tuple[str, Instance]]:
+    """The packing draws nothing, so the `dupe_factor` rounds repeat the same instances: only static
+    masking differs between them."""
+    for _round in range(dupe_factor):
         for split in SPLITS:
-            for inst in packed[split]:
+            for inst in packed[split].instances:
                 yield split, inst
 
 
-def instance_chunk_done(out: Path, seq_len: int, chunk: int) -> bool:
-    return all(instance_part_path(out, seq_len, chunk, split).is_file() for split in SPLITS)
+def instance_chunk_done(out: Path, seq_len: int, chunk: int, packed: bool = False) -> bool:
+    """Both parts written, and in a packed mode the count of dropped pieces too (a folder that an
+    older build left without it makes its instances again, with today's rule)."""
+    parts = all(instance_part_path(out, seq_len, chunk, split).is_file() for split in SPLITS)
+    return parts and (not packed or dropped_part_path(out, seq_len, chunk).is_file())
+
+
+def dropped_pieces(out: Path, seq_len: int, split: str, num_chunks: int) -> dict[str, int]:
+    """The manifest's count of one (sequence length, split) in a packed mode: short pieces of over-long
+    sentences that no sentence joined, and their tokens, over all chunks (once, whatever `dupe_factor`)."""
+    counts = [json.loads(dropped_part_path(out, seq_len, c).read_text(encoding="utf-8"))[split]
+              for c in range(num_chunks)]
+    return {"pieces_dropped_short": sum(c["pieces"] for c in counts),
+            "tokens_dropped_short": sum(c["tokens"] for c in counts)}

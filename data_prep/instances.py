@@ -10,7 +10,8 @@ only one segment is left, a span from a *different* random document (and the unu
 are put back); the pair is truncated to `seq_len - 3` by trimming the longer side at a random
 end; the instance is `[CLS] A [SEP] B [SEP]`. Masking (any mode) picks `mask_prob` (BERT: 15%) of
 the positions among the non-special ones (whole words optionally), at most `max_predictions`, and
-replaces 80% with [MASK], 10% with a random token, 10% unchanged.
+replaces 80% with [MASK], 10% with a random token (never a special one: `never_replacements`),
+10% unchanged.
 
 Packed semantics follow RoBERTa (Liu et al. 2019, section 4.2) and fairseq's `complete` /
 `complete_doc` block modes, re-stated at `packed_instances`.
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -120,9 +121,49 @@ def instances_from_document(
     return instances
 
 
+@dataclass
+class Packed:
+    """What `packed_instances` made, and the text it left out: short pieces of over-long sentences that
+    found no sentence to join (the manifest reports them per length and split)."""
+
+    instances: list[Instance] = field(default_factory=list)
+    dropped_pieces: int = 0
+    dropped_tokens: int = 0
+
+
+def sentence_pieces(sentence: Sentence, seq_len: int, is_continuation: np.ndarray | None) -> list[Sentence]:
+    """`sentence` cut into pieces of at most the budget (`seq_len - 2`); `[sentence]` when it fits.
+
+    Each cut goes before the first piece of a word (never before a '##' piece, which would start an
+    instance mid-word), as late as the budget allows. Where that would leave a piece under a quarter of
+    `seq_len` (the word the budget ends in is nearly as long as the budget, or longer), the cut goes at the
+    budget, inside the word:
+    a piece that short is not worth an instance. Only the last piece may be short.
+    `is_continuation[id]` marks '##' pieces; None: every token starts a word.
+    """
+    budget = seq_len - 2
+    shortest = -(-seq_len // 4)  # a quarter of seq_len, rounded up
+    pieces: list[Sentence] = []
+    start = 0
+    while len(sentence) - start > budget:
+        cut = start + budget
+        while is_continuation is not None and cut - start >= shortest and is_continuation[sentence[cut]]:
+            cut -= 1
+        if cut - start < shortest:
+            cut = start + budget
+        pieces.append(sentence[start:cut])
+        start = cut
+    pieces.append(sentence[start:])
+    return pieces
+
+
 def packed_instances(
-    documents: Iterable[Document], seq_len: int, cross_documents: bool, special: SpecialIds
-) -> list[Instance]:
+    documents: Iterable[Document],
+    seq_len: int,
+    cross_documents: bool,
+    special: SpecialIds,
+    is_continuation: np.ndarray | None = None,
+) -> Packed:
     """RoBERTa's inputs without NSP: `[CLS] whole sentences [SEP]`, one segment, packed greedily.
 
     Sentences are taken in order and added to the instance being filled while its content stays
@@ -132,45 +173,56 @@ def packed_instances(
     instance (never at an instance's start or end; it counts against the budget). Otherwise
     (DOC-SENTENCES) every document ends its last instance, which may be short.
 
-    A sentence longer than the budget is never packed with others: fairseq's `complete` modes give
-    it a block of its own, longer than the model takes, which fairseq's training iterator then
-    skips. Here its block is cut into consecutive pieces of the budget (the last one shorter), each
-    an instance of its own, so no text is lost and no instance is longer than `seq_len`.
+    A sentence longer than the budget: fairseq's `complete` modes give it a block of its own, longer
+    than the model takes, which fairseq's training iterator then skips. Here it is cut at word starts
+    (`sentence_pieces`); every piece but the last is an instance of its own, and the last, the
+    sentence's rest, is packed like a sentence: the sentences after it fill its instance. So no text
+    is lost and no instance is longer than `seq_len`, with one exception: a last piece under a quarter
+    of `seq_len` that no sentence joins (the end of the document in DOC-SENTENCES or of the chunk, or a
+    next sentence that does not fit beside it, an over-long one included) would be an instance of a few
+    tokens, mostly [CLS] and [SEP]. It is dropped and counted instead (`Packed.dropped_pieces`).
 
     Deterministic: no rng (RoBERTa's packing draws nothing; BERT's `short_seq_prob` does not apply).
     """
     budget = seq_len - 2
-    instances: list[Instance] = []
+    packed = Packed()
     content: list[int] = []
+    lone_short_piece = False  # `content` is only the short last piece of an over-long sentence
 
     def close() -> None:
-        if content:
+        nonlocal lone_short_piece
+        if lone_short_piece:
+            packed.dropped_pieces += 1
+            packed.dropped_tokens += len(content)
+        elif content:
             ids = [special.cls, *content, special.sep]
-            instances.append(Instance(ids, len(ids), None))
-            content.clear()
+            packed.instances.append(Instance(ids, len(ids), None))
+        content.clear()
+        lone_short_piece = False
 
     for document in documents:
         if not cross_documents:
             close()
-        first = True
+        new_document = True
         for sentence in document:
             if not sentence:  # the tokenized corpus has none; nothing to pack, no separator to place
                 continue
-            separator = [special.sep] if first and content else []
-            first = False
-            if len(sentence) > budget:
+            *whole, rest = sentence_pieces(sentence, seq_len, is_continuation)
+            for piece in whole:
                 close()
-                for start in range(0, len(sentence), budget):
-                    content.extend(sentence[start : start + budget])
-                    close()
-                continue
-            if len(content) + len(separator) + len(sentence) > budget:
+                content.extend(piece)
+                close()
+            separator = [special.sep] if new_document and content else []
+            new_document = False
+            if len(content) + len(separator) + len(rest) > budget:
                 close()
                 separator = []
+            joins = bool(content)
             content.extend(separator)
-            content.extend(sentence)
+            content.extend(rest)
+            lone_short_piece = bool(whole) and not joins and 4 * len(rest) < seq_len
     close()
-    return instances
+    return packed
 
 
 def mask_instance(
@@ -187,6 +239,7 @@ def mask_instance(
     `is_continuation[id]` marks '##' pieces; when given, whole words are masked together.
     """
     specials = {special.cls, special.sep, special.pad}
+    never_drawn = never_replacements(special)
     groups: list[list[int]] = []
     for pos, token in enumerate(input_ids):
         if token in specials:
@@ -213,11 +266,26 @@ def mask_instance(
         elif draw < 0.9:
             output[pos] = input_ids[pos]
         else:
-            output[pos] = _random_ordinary_token(vocab_size, specials | {special.mask, special.unk}, rng)
+            output[pos] = _random_ordinary_token(vocab_size, never_drawn, rng)
     return MaskedInstance(output, chosen, [int(input_ids[pos]) for pos in chosen])
 
 
-def _random_ordinary_token(vocab_size: int, excluded: set[int], rng: random.Random) -> int:
+def never_replacements(special: SpecialIds) -> frozenset[int]:
+    """The ids a random MLM replacement never takes, in static masking here and dynamic masking in the
+    loader (pretrain/data/batches.py) alike: [CLS], [SEP], [PAD], [MASK] and [UNK]. None of them stands
+    inside text, so a model shown one there would learn about the masking, not about the language."""
+    return frozenset((special.cls, special.sep, special.pad, special.mask, special.unk))
+
+
+def replacement_ids(vocab_size: int, special: SpecialIds) -> np.ndarray:
+    """The ids a random replacement may take, ascending: every id but `never_replacements`. Dynamic masking
+    indexes it with one vectorised draw; static masking draws from the same set by rejection, which keeps
+    its draws (and the bytes of static shards) what they were."""
+    never = np.fromiter(never_replacements(special), dtype=np.int64)
+    return np.setdiff1d(np.arange(vocab_size, dtype=np.int64), never)
+
+
+def _random_ordinary_token(vocab_size: int, excluded: frozenset[int], rng: random.Random) -> int:
     while True:
         token = rng.randrange(vocab_size)
         if token not in excluded:

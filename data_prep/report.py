@@ -29,8 +29,13 @@ def summary_text(manifest: dict[str, Any], seconds: float | None = None) -> str:
         f"segments: {manifest.get('segments', NSP)}, masking: {manifest['masking']['mode']} "
         f"(mask_prob {manifest['masking']['mask_prob']}), seed {manifest['seed']}",
     ]
+    by_length = sorted(manifest["seq_lens"].items(), key=lambda kv: int(kv[0]))
+    # Packed modes: the short pieces of over-long sentences that no sentence joined (data_prep/instances.py).
+    dropped = any("pieces_dropped_short" in entry for _, by_split in by_length for entry in by_split.values())
+    header = ["seq_len", "split", "shards", "instances", "per shard", "nsp random"]
+    header += ["short pieces dropped"] if dropped else []
     rows = []
-    for seq_len, by_split in sorted(manifest["seq_lens"].items(), key=lambda kv: int(kv[0])):
+    for seq_len, by_split in by_length:
         for split, entry in by_split.items():
             counts = [s["num_instances"] for s in entry["shards"]]
             nsp = entry["nsp_random_fraction"]
@@ -39,7 +44,9 @@ def summary_text(manifest: dict[str, Any], seconds: float | None = None) -> str:
                 f"{min(counts)}..{max(counts)}" if counts else "-",
                 f"{nsp:.3f}" if nsp is not None else "-",
             ])
-    lines.append(_table(["seq_len", "split", "shards", "instances", "per shard", "nsp random"], rows))
+            if dropped:
+                rows[-1].append(f"{entry['pieces_dropped_short']:,} ({entry['tokens_dropped_short']:,} tokens)")
+    lines.append(_table(header, rows))
     if seconds is not None:
         tokens = totals.get("tokens", 0)
         lines.append(f"time: {seconds:.1f}s ({tokens / max(seconds, 1e-9):,.0f} tokens/s)")

@@ -33,6 +33,7 @@ from torch.utils.data import Dataset
 
 from data_prep.atomic_io import sha256_file
 from data_prep.config import BERT_MASK_PROB
+from data_prep.instances import SpecialIds, replacement_ids
 from data_prep.shards import Manifest, ShardReader
 from pretrain.config.sections import ConfigError
 from pretrain.data.packing import pack_masked_instances
@@ -69,6 +70,7 @@ class Vocab:
     mask_id: int
     pad_id: int
     is_continuation: np.ndarray  # bool[size]: WordPiece "##" pieces, for whole-word masking
+    replacements: np.ndarray  # the ids a random replacement may take (data_prep.instances.replacement_ids)
 
     @classmethod
     def load(cls, path: Path) -> Vocab:
@@ -77,15 +79,13 @@ class Vocab:
         missing = [t for t in SPECIAL_TOKENS if t not in index]
         if missing:
             raise DataConfigError(f"{path}: vocab lacks the special tokens {missing}")
-        return cls(
-            size=len(tokens),
-            sha256=sha256_file(path),
-            cls_id=index["[CLS]"],
-            sep_id=index["[SEP]"],
-            mask_id=index["[MASK]"],
-            pad_id=index["[PAD]"],
-            is_continuation=np.array([t.startswith("##") for t in tokens], dtype=bool),
-        )
+        # A vocab without [UNK] (data_prep's always has one) has one id fewer to keep out: [PAD] stands in.
+        special = SpecialIds(index["[CLS]"], index["[SEP]"], index["[MASK]"], index["[PAD]"],
+                             index.get("[UNK]", index["[PAD]"]))
+        return cls(size=len(tokens), sha256=sha256_file(path), cls_id=special.cls, sep_id=special.sep,
+                   mask_id=special.mask, pad_id=special.pad,
+                   is_continuation=np.array([t.startswith("##") for t in tokens], dtype=bool),
+                   replacements=replacement_ids(len(tokens), special))
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,8 @@ def phase_data(checked: PhaseShards, seq_len: int) -> PhaseData:
 def mask_instance(
     ids: np.ndarray, vocab: Vocab, mask_prob: float, max_predictions: int, whole_word: bool, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """BERT masking of one instance: returns (masked ids, positions, original ids). 80/10/10 mask/random/keep."""
+    """BERT masking of one instance: returns (masked ids, positions, original ids). 80/10/10 mask/random/keep,
+    the random ids drawn from `vocab.replacements` (never a special token), as static masking draws them."""
     candidates = np.flatnonzero((ids != vocab.cls_id) & (ids != vocab.sep_id))
     target = min(max_predictions, max(1, int(round(len(ids) * mask_prob))))
     if whole_word and len(candidates):
@@ -157,7 +158,7 @@ def mask_instance(
     labels = ids[positions].copy()
     masked = ids.copy()
     roll = rng.random(len(positions))
-    random_ids = rng.integers(0, vocab.size, len(positions))
+    random_ids = vocab.replacements[rng.integers(0, len(vocab.replacements), len(positions))]
     masked[positions] = np.where(roll < 0.8, vocab.mask_id, np.where(roll < 0.9, random_ids, labels))
     return masked, positions, labels
 

@@ -47,22 +47,27 @@ def test_packed_shards_equal_the_restated_rule_chunk_by_chunk(segments: str, cor
     out = tmp_path / "out"
     assert build(corpus, out, "--segments", segments, "--seq-lens", "64", "--val-fraction", "0.2",
                  "--num-shards", "2", "--docs-per-chunk", "8", "--workers", "1") == 0
-    special = load_vocab(out / "vocab.txt").special_ids
+    vocab = load_vocab(out / "vocab.txt")
+    special = vocab.special_ids
     assert (special["[CLS]"], special["[SEP]"]) == (2, 3)  # the ids restated_packing writes
     num_chunks = len(list((out / "work" / "tokens").glob("part-*.arrow")))
     assert num_chunks == 5
     tokens = TokenCorpus([token_part_path(out, c) for c in range(num_chunks)])
     held_out = validation_documents(len(tokens), 0.2, SEED)
+    manifest = Manifest.load(out)
     for split in ("train", "val"):
-        expected = []
+        expected, dropped = [], []
         for chunk in range(num_chunks):
             docs = [[list(s) for s in tokens.document(d)] for d in tokens.part_range(chunk) if held_out[d] == (split == "val")]
-            expected += restated_packing(docs, 64, segments == "full-sentences")
+            instances, pieces = restated_packing(docs, 64, segments == "full-sentences", vocab.continuation_mask())
+            expected += instances
+            dropped += pieces
         got = rows(out, 64, split)
         assert sorted(got["input_ids"]) == sorted(expected), split  # shards are a shuffle of the instances
         assert got["a_len"] == [len(ids) for ids in got["input_ids"]]  # one segment: token types all 0
         assert set(got["next_sentence_label"]) == {NO_NEXT_SENTENCE_LABEL}
-    manifest = Manifest.load(out)
+        entry = manifest.data["seq_lens"]["64"][split]
+        assert (entry["pieces_dropped_short"], entry["tokens_dropped_short"]) == (len(dropped), sum(map(len, dropped)))
     assert manifest.segments == segments and not manifest.next_sentence_labels
     assert manifest.data["segments"] == segments and manifest.data["config"]["segments"] == segments
     assert manifest.data["seq_lens"]["64"]["train"]["nsp_random_fraction"] is None
@@ -152,6 +157,7 @@ def test_manifest_reads_segments_and_inspect_shows_them(corpus: Path, tmp_path: 
     assert main(["inspect", str(out), "--num-examples", "2"]) == 0
     shown = capsys.readouterr().out
     assert "segments: full-sentences" in shown and shown.count("one segment, no NSP label") == 2
+    assert "short pieces dropped" in shown  # the packed modes' count, per length and split
     data = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
     data.pop("segments")  # as a manifest written before the key existed
     (out / "manifest.json").write_text(json.dumps(data), encoding="utf-8")
