@@ -139,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     batches = RankBatches(phase.data, "train", 0, 0, 1, args.micro_batch)
     job = TrainerJob(work / "run", plan.resolved, dist_info, CheckpointManager(work / "ckpt", 1, 0),
                      MetricsWriter(None, False), StopRequest())
-    trainer = PhaseTrainer(job, phase.trainer, engine_like_the_driver(), batches, None, Throughput(1.0, args.seq_len, 1, None),
-                           PhaseState("phase1"))
+    trainer = PhaseTrainer(job, phase.trainer, engine_like_the_driver(), batches, None,
+                           Throughput.of(phase.throughput, 1), PhaseState("phase1"))
 
     # --- baseline 1: a bare loop on an identical engine over the same micro-batches, already on the device
     same_engine = engine_like_the_driver()

@@ -17,15 +17,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pretrain.data.unpadded import attention_pairs, device_rows, real_tokens
+from pretrain.data.unpadded import attention_pairs, device_rows, is_unpadded, real_tokens
 from pretrain.model.bert import IGNORE_INDEX, PretrainingOutput
 
 # summed on the device, one slot each
 DEVICE_SUMS = ("mlm_loss_sum", "nsp_loss_sum", "mlm_correct", "nsp_correct", "nonfinite")
 # summed on the host: labelled MLM slots, instances (labelled NSP slots: packed rows pad theirs), rows of
-# seq_len the device ran, non-padding tokens, MLM head rows, attention's query-key pairs (sum of instance length
-# squared); then this rank's stop / checkpoint requests
-HOST_COUNTS = ("mlm_labelled", "instances", "rows", "real_tokens", "head_rows", "attention_pairs", "stop", "save_due")
+# seq_len the device ran, non-padding tokens, MLM head rows, attention's query-key pairs (sum of instance
+# length squared), the pairs the device's attention computed (padding included); then this rank's stop /
+# checkpoint requests
+HOST_COUNTS = ("mlm_labelled", "instances", "rows", "real_tokens", "head_rows", "attention_pairs",
+               "device_pairs", "stop", "save_due")
 
 
 def host_values_to_device(values: list[float], device: torch.device) -> torch.Tensor:
@@ -44,6 +46,31 @@ def labelled_slots(host_batch: dict[str, torch.Tensor]) -> int:
     return int((host_batch["masked_labels"] != IGNORE_INDEX).sum())
 
 
+def device_attention_pairs(host_batch: dict[str, Any]) -> int:
+    """The query-key pairs the device's attention computes in a collated micro-batch, padding included: the
+    device's twin of `attention_pairs` (the model's), for perf/device_tflops. Padded and packed rows run
+    dense SDPA over every row, seq_len^2 pairs each (the masked ones are computed too); the unpadded varlen
+    kernel runs each segment, its bucket tail included (pretrain/data/unpadded.py)."""
+    if is_unpadded(host_batch):
+        return int((host_batch["cu_seqlens"].diff().long() ** 2).sum())
+    rows, row_len = host_batch["input_ids"].shape
+    return int(rows) * int(row_len) ** 2
+
+
+def host_counts(host_batch: dict[str, Any]) -> dict[str, float]:
+    """What one collated micro-batch adds to the step's HOST_COUNTS, from its host copy (no device work). One
+    function so that the trainer's sums and a test's are counted by the same code."""
+    return {
+        "mlm_labelled": labelled_slots(host_batch),
+        "instances": int((host_batch["next_sentence_label"] != IGNORE_INDEX).sum()),
+        "rows": device_rows(host_batch),  # unpadded: its tokens / seq_len
+        "real_tokens": real_tokens(host_batch),
+        "head_rows": host_batch["masked_labels"].numel(),
+        "attention_pairs": attention_pairs(host_batch),
+        "device_pairs": device_attention_pairs(host_batch),
+    }
+
+
 @dataclass(frozen=True)
 class StepCounts:
     """What one optimizer step processed, summed over micro-batches and the model's ranks."""
@@ -53,6 +80,18 @@ class StepCounts:
     real_tokens: float  # non-padding tokens
     predictions: float  # MLM head rows computed (slots of masked_positions, labelled or not)
     attention_pairs: float | None = None  # sum over instances of length squared (None: not counted, full rows)
+    labelled: float | None = None  # MLM predictions with a label: the head's model work (None: not counted)
+    device_pairs: float | None = None  # query-key pairs the device computed, with padding (None: full rows)
+
+    def __add__(self, other: StepCounts) -> StepCounts:
+        """Two steps' counts summed (a benchmark's steps); an optional count stays if both have it."""
+        def both(mine: float | None, theirs: float | None) -> float | None:
+            return None if mine is None or theirs is None else mine + theirs
+
+        return StepCounts(self.rows + other.rows, self.instances + other.instances,
+                          self.real_tokens + other.real_tokens, self.predictions + other.predictions,
+                          both(self.attention_pairs, other.attention_pairs),
+                          both(self.labelled, other.labelled), both(self.device_pairs, other.device_pairs))
 
     def data_stats(self, seq_len: int) -> dict[str, float]:
         """Instances per row and padding share of the step's rows (all ranks), logged as data/*."""
@@ -74,6 +113,13 @@ class StepTotals:
 
     def __getitem__(self, name: str) -> float:
         return self.sums[name]
+
+    def counts(self) -> StepCounts:
+        """What the step processed, every count the FLOP model reads (pretrain/metrics/throughput.py)."""
+        sums = self.sums
+        return StepCounts(rows=sums["rows"], instances=sums["instances"], real_tokens=sums["real_tokens"],
+                          predictions=sums["head_rows"], attention_pairs=sums["attention_pairs"],
+                          labelled=sums["mlm_labelled"], device_pairs=sums["device_pairs"])
 
 
 @dataclass
@@ -104,13 +150,8 @@ class StepSums:
             zero if output.nsp_logits is None else (output.nsp_logits.argmax(-1) == batch["next_sentence_label"]).sum().double(),
             1.0 - finite,
         ])
-        host = self.on_host
-        host["mlm_labelled"] += labelled_slots(host_batch)
-        host["instances"] += int((host_batch["next_sentence_label"] != IGNORE_INDEX).sum())
-        host["rows"] += device_rows(host_batch)  # unpadded: its tokens / seq_len
-        host["real_tokens"] += real_tokens(host_batch)
-        host["head_rows"] += host_batch["masked_labels"].numel()
-        host["attention_pairs"] += attention_pairs(host_batch)
+        for name, value in host_counts(host_batch).items():
+            self.on_host[name] += value
         for key, value in extra.items():
             value = torch.as_tensor(value, dtype=torch.float64).to(self.device, non_blocking=True)
             self.extras[key] = self.extras.get(key, zero) + value

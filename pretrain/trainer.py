@@ -48,7 +48,7 @@ from pretrain.model.bert import PretrainingOutput
 from pretrain.model.compiled import compile_metrics
 from pretrain.optim.unwrap import optimizer_metrics, unwrapped_grad_norm
 from pretrain.plugin import ExtraLoss, StepAgreement, TrainingPlugin
-from pretrain.step_stats import StepCounts, StepResult, StepSums, host_values_to_device, labelled_slots
+from pretrain.step_stats import StepResult, StepSums, host_values_to_device, labelled_slots
 
 if TYPE_CHECKING:  # a type only: importing the checkpoint module would load DeepSpeed
     from pretrain.checkpointing.checkpoint import CheckpointManager
@@ -241,8 +241,7 @@ class PhaseTrainer:
         totals = sums.reduce(bool(self.stop.signal_name), self.cadence.time_due(time.monotonic()),
                              self.replica_group, self.dist_info.world_size)
         nonfinite = totals["nonfinite"]
-        counts = StepCounts(rows=totals["rows"], instances=totals["instances"], real_tokens=totals["real_tokens"],
-                            predictions=totals["head_rows"], attention_pairs=totals["attention_pairs"])
+        counts = totals.counts()
         aborting_here = bool(nonfinite) and (
             self.state.consecutive_nonfinite + 1 >= self.settings.max_consecutive_nonfinite)
         # a plug-in that runs several models in one job makes the stop and a NaN abort common to all of them

@@ -141,19 +141,8 @@ def loop_step(trainer: PhaseTrainer) -> StepResult:
     return result
 
 
-def real_token_mfu(mfu: float | None, counts: StepCounts, seq_len: int) -> float | None:
-    """MFU counted on the real tokens only: the trainer's MFU counts every token the device ran (padding
-    in padded rows; the < 64-token bucket tail of an unpadded micro-batch)."""
-    if mfu is None or not counts.rows:
-        return None
-    return mfu * counts.real_tokens / (counts.rows * seq_len)
-
-
 def total_counts(results: list[StepResult]) -> StepCounts:
-    return StepCounts(rows=sum(r.counts.rows for r in results), instances=sum(r.counts.instances for r in results),
-                      real_tokens=sum(r.counts.real_tokens for r in results),
-                      predictions=sum(r.counts.predictions for r in results),
-                      attention_pairs=sum(r.counts.attention_pairs or 0.0 for r in results))
+    return sum((r.counts for r in results[1:]), results[0].counts)
 
 
 def data_wait_ms(results: list[StepResult]) -> float | None:
@@ -219,8 +208,9 @@ def train_row(built: GroupEngine, group: GroupSpec, row: RowSpec, args: argparse
             "steps": steps, "step_s": step_s, "step_s_min": min(times), "step_s_max": max(times),
             "micro_ms": step_s / trainer.accumulation * 1e3, "seq_time_ms": seconds / counts.instances * 1e3,
             "inst_per_s": rates["perf/instances_per_s"], "rows_per_step": counts.rows / steps,
-            "real_tokens_per_s": rates["perf/real_tokens_per_s"], "tflops": rates["perf/tflops"],
-            "mfu": rates.get("perf/mfu"), "mfu_real": real_token_mfu(rates.get("perf/mfu"), counts, group.seq_len),
+            "real_tokens_per_s": rates["perf/real_tokens_per_s"], "tflops": rates["perf/device_tflops"],
+            # tflops and mfu: the device's work, padding included; mfu_real: the model's, on real tokens
+            "mfu": rates.get("perf/device_mfu"), "mfu_real": rates.get("perf/mfu"),
             **counts.data_stats(group.seq_len), **memory(device),
             "data_wait_ms": data_wait_ms(results),
             "loss": results[-1].values["loss/total"], "build_s": built.build_s, "first_step_s": first_step_s,

@@ -1,26 +1,36 @@
 """Throughput, the FLOP model and MFU of each optimizer step (pretrain/metrics/writer.py writes them).
 
-FLOP model (training = forward + backward = 3 x forward, 2 FLOPs per multiply-add), per step:
+Two FLOP counts per step, each training = forward + backward = 3 x forward, 2 FLOPs per multiply-add.
+The MODEL's work, on real tokens only: the same for the same instances on every layout (padded, packed,
+unpadded), so that MFU compares layouts and runs honestly (perf/tflops, perf/mfu):
 
-    6 * N_enc * tokens       every encoder weight (and the pooler) touches every token the device ran
-  + 12 * L * d * sum(n_i^2)  attention scores QK^T and the weighted sum AV, per layer, per instance i of n_i
-                             tokens: the pairs attention needs, the same on every layout
-  + 6 * N_head * m           MLM head (transform + tied decoder) on the m prediction slots it ran on
+    6 * N_enc * real_tokens    every encoder weight (and the pooler) touches every non-padding token
+  + 12 * L * d * sum(n_i^2)    attention scores QK^T and the weighted sum AV, per layer, per instance i
+                               of n_i tokens: the pairs attention needs
+  + 6 * N_head * labelled      MLM head (transform + tied decoder) on the predictions that have a label
+
+and the DEVICE's work, what the hardware computed, padding included (perf/device_tflops, perf/device_mfu):
+
+    6 * N_enc * rows * seq_len   every token the device ran: padded and packed rows with their padding,
+                                 the unpadded path's T_b (its real tokens and the bucket tail)
+  + 12 * L * d * device_pairs    padded and packed rows: rows x seq_len^2 (dense SDPA computes the
+                                 masked pairs too); unpadded: each segment's n^2, the bucket tail's too
+  + 6 * N_head * slots           the head runs on every prediction slot, labelled or not
 
 N_enc = encoder parameters, L layers, d hidden size, N_head = MLM head parameters including the vocab x d
-decoder. tokens = rows x seq_len: padded and packed rows with their padding, the unpadded path's T_b (its real
-tokens and the bucket tail). sum(n_i^2) is counted on the host from each collated micro-batch
-(pretrain/data/unpadded.py `attention_pairs`): the unpadded path's segments (its tail excluded), the padded
-rows' instances, the packed rows' instances. Before it was counted, the attention term was rows x seq_len^2:
-right for full padded rows, an overstatement of every short instance (padded SDPA computes the masked pairs
-too, but they are not the model's work) and of the unpadded path's T_b x seq_len. Embedding lookups and the
-NSP head are negligible and not counted. MFU = achieved model FLOP/s / (devices x peak FLOP/s of one device at
-the training precision).
+decoder. Every count is taken on the host from each collated micro-batch (pretrain/step_stats.py
+`host_counts`): no device work. The model's head term counts the labelled predictions, not the slots: a
+short instance has fewer masks than max_predictions, and its empty slots are the head's padding; where a
+caller did not count them (`StepCounts.labelled` None) it counts the slots. The padded path's padding costs
+6 N_enc per padding token, seq_len^2 - n^2 pairs per row and its empty head slots: BERT-Large at seq 512 with
+lengths uniform in [128, 512] spends 37 % of what its device computes on padding
+(tests/metrics/test_mfu_layouts.py). Embedding lookups and the NSP head are negligible and not counted.
+MFU = FLOP/s / (devices x peak FLOP/s of one device at the training precision).
 
 What is counted (`StepCounts`, summed over the model's ranks by the trainer's one all-reduce per step):
-device work counts ROWS of seq_len tokens, padding included (perf/seq_per_s, perf/tokens_per_s, and the
-linear term of perf/tflops / perf/mfu), useful work counts INSTANCES and REAL (non-padding) tokens
-(perf/instances_per_s, perf/real_tokens_per_s). Unpacked, rows == instances; a packed row holds several.
+device work counts ROWS of seq_len tokens, padding included (perf/seq_per_s, perf/tokens_per_s,
+perf/device_tflops), useful work counts INSTANCES and REAL (non-padding) tokens (perf/instances_per_s,
+perf/real_tokens_per_s, perf/tflops). Unpacked, rows == instances; a packed row holds several.
 """
 
 from __future__ import annotations
@@ -105,37 +115,43 @@ class ThroughputSettings:
         return attention_flops_per_pair(self.layers, self.hidden)
 
 
+@dataclass(frozen=True)
+class StepFlops:
+    """A step's FLOPs twice: the model's on real tokens, the device's with its padding (above)."""
+
+    model: float
+    device: float
+
+
+def step_flops(settings: ThroughputSettings, counts: StepCounts) -> StepFlops:
+    """The FLOP model of the module docstring applied to a step's `counts`. An optional count left uncounted
+    (None) falls back to what full unpacked rows imply: rows x seq_len^2 pairs, the head's slots."""
+    full_rows_pairs = counts.rows * settings.seq_len**2
+    model_pairs = full_rows_pairs if counts.attention_pairs is None else counts.attention_pairs
+    device_pairs = full_rows_pairs if counts.device_pairs is None else counts.device_pairs
+    predictions = counts.predictions if counts.labelled is None else counts.labelled
+    per_token, per_prediction = 6.0 * settings.encoder_params, 6.0 * settings.head_params
+    per_pair = settings.attention_flops_per_pair
+    return StepFlops(
+        model=per_token * counts.real_tokens + per_pair * model_pairs + per_prediction * predictions,
+        device=(per_token * counts.rows * settings.seq_len + per_pair * device_pairs
+                + per_prediction * counts.predictions),
+    )
+
+
 class Throughput:
-    """Wall time between optimizer steps -> rows/s, tokens/s, TFLOP/s, MFU, instances/s (whole job).
+    """Wall time between optimizer steps -> rows/s, tokens/s, instances/s, model and device TFLOP/s and MFU
+    (whole job), from a phase's FLOP model (`ThroughputSettings`) and a step's `StepCounts`."""
 
-    `flops_per_seq` is `flops_per_sequence` of a full row with `predictions_per_seq` MLM predictions.
-    The head's FLOPs follow the predictions actually computed: a packed step runs the head on
-    instances x max_predictions rows, not rows x max_predictions, so with `head_flops_per_prediction`
-    (6 x N_head) the difference is added; left at 0, every row is counted as one full unpacked row.
-    The attention term follows the pairs counted (`StepCounts.attention_pairs`): with `attention_flops_per_pair`
-    (12 x L x d) a full row's seq_len^2 pairs are replaced by them; left at 0 (or uncounted), a full row's.
-    """
-
-    def __init__(
-        self, flops_per_seq: float, seq_len: int, world_size: int, peak_tflops_per_device: float | None,
-        head_flops_per_prediction: float = 0.0, predictions_per_seq: int = 0, attention_flops_per_pair: float = 0.0,
-    ) -> None:
-        self.flops_per_seq, self.seq_len, self.world_size = flops_per_seq, seq_len, world_size
-        self.peak = peak_tflops_per_device
-        if head_flops_per_prediction and predictions_per_seq <= 0:
-            raise ValueError(f"Throughput: head_flops_per_prediction={head_flops_per_prediction} needs the "
-                             f"predictions_per_seq that flops_per_seq includes, got {predictions_per_seq}")
-        self.head_flops_per_prediction = head_flops_per_prediction
-        self.predictions_per_seq = predictions_per_seq
-        self.attention_flops_per_pair = attention_flops_per_pair
+    def __init__(self, settings: ThroughputSettings, world_size: int) -> None:
+        self.settings, self.world_size = settings, world_size
+        self.seq_len = settings.seq_len
         self._last = time.perf_counter()
 
     @classmethod
     def of(cls, settings: ThroughputSettings, world_size: int) -> Throughput:
         """A phase's meter, from its plan's settings, for `world_size` devices."""
-        return cls(settings.flops_per_sequence, settings.seq_len, world_size, settings.peak_tflops,
-                   head_flops_per_prediction=6.0 * settings.head_params, predictions_per_seq=settings.predictions,
-                   attention_flops_per_pair=settings.attention_flops_per_pair)
+        return cls(settings, world_size)
 
     def restart(self) -> None:
         self._last = time.perf_counter()
@@ -148,19 +164,19 @@ class Throughput:
 
     def rates(self, counts: StepCounts, seconds: float) -> dict[str, float]:
         """perf/* of a step of `seconds` that processed `counts` (all ranks)."""
-        extra_predictions = counts.predictions - counts.rows * self.predictions_per_seq
-        flops = counts.rows * self.flops_per_seq + extra_predictions * self.head_flops_per_prediction
-        if counts.attention_pairs is not None:  # the pairs the instances need, for a full row's seq_len^2 each
-            flops += (counts.attention_pairs - counts.rows * self.seq_len**2) * self.attention_flops_per_pair
-        tflops = flops / seconds / 1e12
+        flops = step_flops(self.settings, counts)
+        tflops, device_tflops = flops.model / seconds / 1e12, flops.device / seconds / 1e12
         stats = {
             "perf/seq_per_s": counts.rows / seconds,
             "perf/tokens_per_s": counts.rows * self.seq_len / seconds,
             "perf/tflops": tflops,
+            "perf/device_tflops": device_tflops,
             "perf/step_s": seconds,
             "perf/instances_per_s": counts.instances / seconds,
             "perf/real_tokens_per_s": counts.real_tokens / seconds,
         }
-        if self.peak:
-            stats["perf/mfu"] = tflops / (self.peak * self.world_size)
+        peak = self.settings.peak_tflops
+        if peak:
+            stats["perf/mfu"] = tflops / (peak * self.world_size)
+            stats["perf/device_mfu"] = device_tflops / (peak * self.world_size)
         return stats

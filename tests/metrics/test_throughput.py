@@ -9,7 +9,7 @@ import torch
 from transformers import BertForPreTraining
 
 from pretrain.data.packing import pack_masked_instances
-from pretrain.metrics.throughput import Throughput, flops_per_sequence
+from pretrain.metrics.throughput import Throughput, ThroughputSettings, flops_per_sequence
 from pretrain.model.bert import bert_config, build_model, count_parameters
 from pretrain.step_stats import StepCounts
 
@@ -107,33 +107,47 @@ def test_flop_model_and_mfu() -> None:
     flops = flops_per_sequence(encoder, d * d + 3 * d + vocab * d + vocab, layers, d, 128, 20)
     assert flops == pytest.approx(6 * encoder * 128 + 12 * layers * d * 128**2 + 6 * (d * d + 3 * d + vocab * d + vocab) * 20)
     assert 2.0e11 < flops < 2.6e11  # ~0.23 TFLOP per BERT-Large sequence at 128
-    meter = Throughput(flops, 128, world_size=8, peak_tflops_per_device=312.0)
-    stats = meter.step(StepCounts(rows=65536, instances=65536, real_tokens=65536 * 100, predictions=65536 * 20))
+    head = d * d + 3 * d + vocab * d + vocab
+    meter = Throughput.of(ThroughputSettings(encoder, head, layers, d, 128, 20, peak_tflops=312.0), world_size=8)
+    rows = 65536
+    stats = meter.step(StepCounts(rows=rows, instances=rows, real_tokens=rows * 128, predictions=rows * 20))
     assert stats["perf/mfu"] == pytest.approx(stats["perf/tflops"] / (312.0 * 8))
+    # full rows and no optional counts: the model's work is the device's, a full row's flops_per_sequence each
+    assert stats["perf/device_tflops"] == pytest.approx(stats["perf/tflops"], rel=1e-12)
+    assert stats["perf/device_mfu"] == pytest.approx(stats["perf/mfu"], rel=1e-12)
 
 
 def test_throughput_counts_rows_for_device_work_and_instances_for_useful_work() -> None:
-    """Known counts of one step over all ranks, 2 s: each rate exactly. Packed: 25 instances in 10 rows of 128
-    (1000 real tokens), the head on 25 x 20 predictions; unpacked: rows == instances, the numbers as before."""
-    row_flops, head = 1.0e9, 6.0e6  # a full row (head at 20 predictions included), one more head prediction
-    meter = Throughput(row_flops, 128, world_size=2, peak_tflops_per_device=0.01, head_flops_per_prediction=head,
-                       predictions_per_seq=20)
-    packed = StepCounts(rows=10, instances=25, real_tokens=1000, predictions=25 * 20)
+    """Known counts of one step over all ranks, 2 s: each rate exactly. Packed: 25 instances in 10 rows of
+    128 (1000 real tokens, 40,000 query-key pairs, 400 labelled of 25 x 20 head slots): the model's FLOPs on
+    those, the device's on 10 full rows and every slot. Unpacked without the optional counts: full rows, every
+    slot."""
+    settings = ThroughputSettings(encoder_params=1000, head_params=100, layers=2, hidden=8, seq_len=128,
+                                  predictions=20, peak_tflops=0.01)
+    per_token, per_pair, per_slot = 6 * 1000, 12 * 2 * 8, 6 * 100
+    meter = Throughput.of(settings, world_size=2)
+    packed = StepCounts(rows=10, instances=25, real_tokens=1000, predictions=25 * 20, attention_pairs=40_000,
+                        labelled=400, device_pairs=10 * 128**2)
     stats = meter.rates(packed, seconds=2.0)
-    tflops = (10 * row_flops + (25 - 10) * 20 * head) / 2.0 / 1e12
+    model = (per_token * 1000 + per_pair * 40_000 + per_slot * 400) / 2.0 / 1e12
+    device = (per_token * 10 * 128 + per_pair * 10 * 128**2 + per_slot * 500) / 2.0 / 1e12
     assert stats == pytest.approx({
         "perf/seq_per_s": 5.0, "perf/tokens_per_s": 640.0, "perf/instances_per_s": 12.5,
-        "perf/real_tokens_per_s": 500.0, "perf/tflops": tflops, "perf/mfu": tflops / 0.02, "perf/step_s": 2.0,
+        "perf/real_tokens_per_s": 500.0, "perf/tflops": model, "perf/mfu": model / 0.02,
+        "perf/device_tflops": device, "perf/device_mfu": device / 0.02, "perf/step_s": 2.0,
     }, rel=1e-12)
     assert packed.data_stats(128) == pytest.approx(
         {"data/packing_factor": 2.5, "data/padding_fraction": 1 - 1000 / 1280}, rel=1e-12)
     unpacked = StepCounts(rows=8, instances=8, real_tokens=600, predictions=8 * 20)
     stats = meter.rates(unpacked, seconds=2.0)
     assert stats["perf/seq_per_s"] == stats["perf/instances_per_s"] == 4.0
-    assert stats["perf/tflops"] == pytest.approx(8 * row_flops / 2.0 / 1e12, rel=1e-12)  # = sequences x flops_per_seq
+    full_rows = 8 * settings.flops_per_sequence / 2.0 / 1e12
+    assert stats["perf/device_tflops"] == pytest.approx(full_rows, rel=1e-12)
+    padding = per_token * (8 * 128 - 600) / 2.0 / 1e12  # uncounted pairs and labels: full rows', every slot
+    assert stats["perf/tflops"] == pytest.approx(stats["perf/device_tflops"] - padding, rel=1e-12)
     assert unpacked.data_stats(128)["data/packing_factor"] == 1.0
-    with pytest.raises(ValueError, match="predictions_per_seq"):
-        Throughput(row_flops, 128, 1, None, head_flops_per_prediction=head)
+    assert sum([packed, unpacked], packed) == StepCounts(28, 58, 2600, 1160)  # an uncounted count stays None
+    assert (packed + packed).labelled == 800
 
 
 def test_attention_pairs_are_the_instances_lengths_squared_on_every_layout(tmp_path) -> None:
@@ -155,10 +169,11 @@ def test_attention_pairs_are_the_instances_lengths_squared_on_every_layout(tmp_p
 
 
 def test_mfu_counts_the_attention_the_instances_need() -> None:
-    """perf/tflops by hand: 6 N_enc per token the device ran + 12 L d per query-key pair of each instance + 6 N_head
-    per head slot; and the size of what the old count (a full row's seq^2 per row) overstated: BERT-Large at seq 512,
-    lengths uniform in [128, 512], unpadded: about 2.4 % of the encoder's FLOPs (the review's "+2.5 %")."""
-    from pretrain.metrics.throughput import ThroughputSettings
+    """perf/tflops by hand: 6 N_enc per real token + 12 L d per query-key pair of each instance + 6 N_head
+    per labelled prediction (here uncounted: per head slot); perf/device_tflops: 6 N_enc per token the device
+    ran and the bucket tail's pairs too. And the size of what the old attention count (a full row's seq^2 per
+    row) overstated: BERT-Large at seq 512, lengths uniform in [128, 512], unpadded: about 2.4 % of the
+    encoder's FLOPs (the review's "+2.5 %")."""
     from pretrain.model.presets import PRESETS, flop_parameter_counts
 
     fields = {**PRESETS["bert-large"], "vocab_size": 30522}
@@ -169,14 +184,19 @@ def test_mfu_counts_the_attention_the_instances_need() -> None:
     lengths = list(range(128, 513))  # one instance of each length: uniform in [128, 512]
     tokens = 64 * -(-sum(lengths) // 64)  # the unpadded micro-batch: T rounded up to the 64-token bucket
     pairs = sum(n * n for n in lengths)
+    tail = tokens - sum(lengths)
     counts = StepCounts(rows=tokens / seq, instances=len(lengths), real_tokens=sum(lengths),
-                        predictions=len(lengths) * predictions, attention_pairs=pairs)
+                        predictions=len(lengths) * predictions, attention_pairs=pairs,
+                        device_pairs=pairs + tail**2)
     stats = meter.rates(counts, seconds=1.0)
-    by_hand = 6 * encoder * tokens + 12 * layers * d * pairs + 6 * head * len(lengths) * predictions
+    head_flops = 6 * head * len(lengths) * predictions
+    by_hand = 6 * encoder * sum(lengths) + 12 * layers * d * pairs + head_flops
     assert stats["perf/tflops"] == pytest.approx(by_hand / 1e12, rel=1e-12)
     assert stats["perf/mfu"] == pytest.approx(by_hand / 1e12 / 989.0, rel=1e-12)
+    device = 6 * encoder * tokens + 12 * layers * d * (pairs + tail**2) + head_flops
+    assert stats["perf/device_tflops"] == pytest.approx(device / 1e12, rel=1e-12)
     old = meter.rates(StepCounts(counts.rows, counts.instances, counts.real_tokens, counts.predictions), 1.0)
-    encoder_flops = 6 * encoder * tokens + 12 * layers * d * pairs
+    encoder_flops = 6 * encoder * sum(lengths) + 12 * layers * d * pairs
     overstated = (old["perf/tflops"] - stats["perf/tflops"]) * 1e12 / encoder_flops
     assert overstated == pytest.approx(12 * layers * d * (tokens * seq - pairs) / encoder_flops, rel=1e-9)
     assert 0.022 < overstated < 0.026
