@@ -8,6 +8,7 @@ report (pretrain/report/records.py) reads them back. Standard library only.
     OUT/tensorboard/              SQuAD: train/loss, train/lr, squad/*; GLUE: one run per seed, seed-N/
     OUT/seed-N/results.json       GLUE: one seed's scores; seed-N/dev/, seed-N/test/ its predictions (TSV)
     OUT/submission/               GLUE: the test predictions of the seed best on dev
+    OUT/model/                    --save-model: the fine-tuned model + tokenizer (GLUE: the seed best on dev)
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ NBEST_PREDICTIONS = "nbest_predictions.json"
 NULL_ODDS = "null_odds.json"
 TENSORBOARD = "tensorboard"
 SUBMISSION = "submission"
+MODEL = "model"
 RESULTS_GLOB = "*" + RESULTS  # what the run report looks for in a folder beside the run
 
 

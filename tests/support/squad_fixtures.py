@@ -90,10 +90,16 @@ def fixture_vocab() -> dict[str, int]:
 
 def build_tokenizer():
     """A BERT WordPiece fast tokenizer over ``fixture_vocab`` (lower case, BERT's splitting and specials)."""
+    return wordpiece_tokenizer(fixture_vocab())
+
+
+def wordpiece_tokenizer(vocab: dict[str, int]):
+    """A BERT WordPiece fast tokenizer over `vocab` (token -> id; it must hold SPECIAL_TOKENS): lower case,
+    BERT's splitting and specials. Built from a `tokenizers` object, as transformers 5 ignores
+    ``BertTokenizerFast(vocab_file=...)`` (issue 40: it gives a 5-token tokenizer); check ``len()``."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    vocab = fixture_vocab()
     backend = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
     backend.normalizer = normalizers.BertNormalizer(lowercase=True)
     backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -122,6 +128,14 @@ def build_tiny_bert(folder: Path, head: str = "pretraining", seed: int = 0) -> P
     classes = {"pretraining": BertForPreTraining, "masked_lm": BertForMaskedLM, "qa": BertForQuestionAnswering}
     model = classes[head](config)
     model.save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    return folder
+
+
+def replace_tokenizer(folder: Path, tokenizer) -> Path:
+    """`folder` (a model folder) with `tokenizer` in place of its own: the tokenizer files go, the new ones are saved."""
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        (folder / name).unlink(missing_ok=True)
     tokenizer.save_pretrained(str(folder))
     return folder
 

@@ -2,16 +2,19 @@
 
 Order of work, as in SQuAD (pretrain/finetune/squad/finetune.py): every input is validated first (the task's
 data files, the model folder, the DeepSpeed JSON), before the process group, the model or the
-tokenizer is touched, so a wrong file fails in seconds. Then the sets are tokenised once, and each
+tokenizer is touched, so a wrong file fails in seconds. The tokenizer is checked against the model and
+the text (``vocab_check``: refused when the text reads as [UNK]s). Then the sets are tokenised once, and each
 seed builds a fresh ``BertForSequenceClassification`` from --model (a regression head, num_labels=1,
 for STS-B) and an engine from ``pretrain.engine.build_engine`` (optimizer and ZeRO from the JSON; lr,
 batch and precision from the flags), trains with linear warmup and decay, and predicts every dev and
 test example once across all ranks; rank 0 scores and writes.
 
-Outputs in ``--out``: ``results.json`` (every seed's scores, their median, the best seed),
+Outputs in ``--out``: ``results.json`` (every seed's scores, their median, the best seed, ``vocab_check``: the
+share of [UNK] in the text the fine-tune read),
 ``seed-N/dev/TASK.tsv`` and ``seed-N/test/TASK.tsv`` (GLUE submission format; MNLI: MNLI-m.tsv and
 MNLI-mm.tsv), ``submission/`` (the test files of the seed best on dev, as BERT's paper picked its
-test-server runs), ``tensorboard/seed-N/`` (``train/loss``, ``train/lr``, ``glue/SET/METRIC``).
+test-server runs), ``tensorboard/seed-N/`` (``train/loss``, ``train/lr``, ``glue/SET/METRIC``) and, with
+``--save-model``, ``model/`` (the seed best on dev, save_pretrained + tokenizer).
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from __future__ import annotations
 import gc
 import json
 import math
+import os
 import shutil
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +51,8 @@ from pretrain.finetune.glue.finetune_args import GlueConfig
 from pretrain.finetune.glue.metric import score
 from pretrain.finetune.glue.submission import write_predictions
 from pretrain.finetune.glue.tasks import Task
-from pretrain.finetune.layout import RESULTS, SUBMISSION, seed_dir, seed_tensorboard
+from pretrain.finetune.layout import MODEL, RESULTS, SUBMISSION, seed_dir, seed_tensorboard
+from pretrain.finetune.vocab_check import VocabCheck, check_vocab
 from pretrain.schedule import WarmupPolyDecay
 
 
@@ -208,6 +214,8 @@ def run_seed(job: Job, seed: int) -> dict[str, Any] | None:
                 result["scores"][eval_set.name] = scores
                 for name, value in scores.items():
                     writer.add_scalar(f"glue/{eval_set.name}/{name}", value, job.total_steps)
+    if job.config.save_model and writer is not None:  # ZeRO 0-2: rank 0's module holds every weight
+        engine.module.save_pretrained(str(folder / MODEL))
     engine.destroy()
     del engine
     gc.collect()
@@ -243,6 +251,25 @@ def summarise(job: Job, runs: list[dict[str, Any]], data: TaskData) -> dict[str,
     }
 
 
+def keep_best_model(out: Path, best_seed: int, tokenizer: Any) -> None:
+    """--save-model: OUT/model is the seed best on dev, with the tokenizer (as submission/ holds its test files);
+    the other seeds' models are removed (each was saved before the best was known)."""
+    shutil.rmtree(out / MODEL, ignore_errors=True)
+    os.replace(seed_dir(out, best_seed) / MODEL, out / MODEL)
+    for folder in out.glob(f"seed-*/{MODEL}"):
+        shutil.rmtree(folder)
+    tokenizer.save_pretrained(str(out / MODEL))
+
+
+def glue_texts(data: TaskData) -> Iterator[str]:
+    """The raw text a fine-tune tokenizes: both sentences of every example (vocab_check samples them)."""
+    for glue_set in (data.train, *data.dev.values(), *data.test.values()):
+        for example in glue_set.examples:
+            yield example.text_a
+            if example.text_b is not None:
+                yield example.text_b
+
+
 def limited(data: TaskData, config: GlueConfig) -> TaskData:
     """--max-train-examples / --max-eval-examples applied (the first N rows of each set)."""
     def cut(glue_set: GlueSet, limit: int | None) -> GlueSet:
@@ -253,8 +280,9 @@ def limited(data: TaskData, config: GlueConfig) -> TaskData:
                     {k: cut(v, config.max_eval_examples) for k, v in data.test.items()})
 
 
-def check_inputs(config: GlueConfig) -> TaskData:
-    """Everything a user can get wrong, checked before torch does any work: exit 2 with one line."""
+def check_inputs(config: GlueConfig) -> tuple[TaskData, dict[str, Any]]:
+    """Everything a user can get wrong, checked before torch does any work: exit 2 with one line. Returns the
+    task's data and the model's config.json (the tokenizer is checked against it once loaded)."""
     try:
         model_config = check_model_dir(config.model)
         if not config.ds_config.is_file():
@@ -269,12 +297,12 @@ def check_inputs(config: GlueConfig) -> TaskData:
     unlabelled = [s.source for s in (data.train, *data.dev.values()) if not s.labelled]
     if unlabelled:
         raise GlueFormatError(f"{unlabelled[0]}: has unlabelled rows; training and dev sets must be labelled")
-    return data
+    return data, model_config
 
 
 def finetune(config: GlueConfig) -> dict[str, Any] | None:
     """The whole job: every seed; the summary (rank 0) or None (other ranks)."""
-    data = check_inputs(config)
+    data, model_config = check_inputs(config)
     from transformers import AutoTokenizer  # heavy imports only once the inputs are known to be good
 
     from pretrain.distributed.process_group import init_distributed
@@ -285,7 +313,12 @@ def finetune(config: GlueConfig) -> dict[str, Any] | None:
         ds = engine_ds_config(config, dist_info.world_size, dist_info.device.type, bf16_supported)
     except ConfigError as err:
         raise GlueFormatError(str(err)) from None
+    if config.save_model and ds.get("zero_optimization", {}).get("stage", 0) == 3:
+        raise GlueFormatError(f"--save-model: not supported with ZeRO-3 ({config.ds_config}); use stage 0-2")
     tokenizer = AutoTokenizer.from_pretrained(str(config.model))
+    # The model's own tokenizer, reading this text as words (not [UNK]s), checked before anything is tokenised.
+    vocab = check_vocab(VocabCheck(tokenizer, config.model, model_config, glue_texts(data), config.allow_unk,
+                                   GlueFormatError, speak=dist_info.rank == 0))
     length = config.max_seq_length
     train_set = encode(tokenizer, data.train, length)
     total_steps = config.max_steps or max(1, math.ceil(config.epochs * len(train_set) / ds["train_batch_size"]))
@@ -295,7 +328,9 @@ def finetune(config: GlueConfig) -> dict[str, Any] | None:
     runs = [run_seed(job, seed) for seed in config.seed_list]
     if dist_info.rank != 0:
         return None
-    results = summarise(job, [run for run in runs if run is not None], data)
+    results = {**summarise(job, [run for run in runs if run is not None], data), "vocab_check": vocab.as_json()}
+    if config.save_model:
+        keep_best_model(config.out, results["best_seed"], tokenizer)
     atomic_write_json(config.out / RESULTS, results)
     print(json.dumps({"task": job.task.title, "seeds": results["seeds"], "median": results["median"]}), flush=True)
     return results

@@ -24,6 +24,7 @@ from pretrain.finetune.common import (
 from pretrain.finetune.common import config_from_args as common_config_from_args
 from pretrain.finetune.glue.data import GlueFormatError
 from pretrain.finetune.glue.tasks import TASKS, Task, task_named
+from pretrain.finetune.vocab_check import ALLOW_UNK_DOC
 
 TASK_NAMES = ", ".join(task.name for task in TASKS.values())
 
@@ -56,6 +57,10 @@ class GlueConfig(EngineFlags):
     max_train_examples: int | None = flag(None, "first N training examples only (smoke runs)")
     max_eval_examples: int | None = flag(None, "first N examples of each dev and test set only")
     log_every: int = flag(50, "optimizer steps between TensorBoard / console logs")
+    save_model: bool = flag(False, "save_pretrained the fine-tuned model of the seed best on dev (+ tokenizer) "
+                                   "into OUT/model (ZeRO 0-2)")
+    # Refused by default (pretrain/finetune/vocab_check.py): a tokenizer that reads the text as [UNK]s trains on nothing.
+    allow_unk: bool = flag(False, ALLOW_UNK_DOC)
 
     def __post_init__(self) -> None:
         for name in ("task", "model", "data", "out"):

@@ -2,14 +2,16 @@
 
 Order of work: every input is validated (data files, model folder, DeepSpeed JSON) before the
 process group, the model or the tokenizer is touched, so a typo fails in seconds, not after
-tokenising. Training is a plain loop over an engine from ``pretrain.engine.build_engine`` (AdamW
-or our ExactLamb and ZeRO from the JSON; lr, batch and precision from the flags: auto = fp32 on CPU,
-bf16 or fp16 on GPU), with linear warmup and linear decay. Evaluation scores every dev window once across all ranks (``inference.gather_logits``);
-rank 0 post-processes, writes the files and scores them with ``metric``.
+tokenising; then the tokenizer is checked against the model and the text (``vocab_check``: refused
+when the text reads as [UNK]s) before the model loads. Training is a plain loop over an engine from
+``pretrain.engine.build_engine`` (AdamW or our ExactLamb and ZeRO from the JSON; lr, batch and precision
+from the flags: auto = fp32 on CPU, bf16 or fp16 on GPU), with linear warmup and linear decay. Evaluation
+scores every dev window once across all ranks (``inference.gather_logits``); rank 0 post-processes, writes
+the files and scores them with ``metric``.
 
 Outputs in ``--out``: predictions.json, nbest_predictions.json, null_odds.json (v2 only),
-results.json, tensorboard/ (scalars ``train/loss``, ``train/lr``, ``squad/*``) and, with
-``--save-model``, model/ (save_pretrained + tokenizer).
+results.json (with ``vocab_check``: the share of [UNK] in the text the fine-tune read), tensorboard/ (scalars
+``train/loss``, ``train/lr``, ``squad/*``) and, with ``--save-model``, model/ (save_pretrained + tokenizer).
 """
 
 from __future__ import annotations
@@ -38,13 +40,14 @@ from pretrain.finetune.common import (  # noqa: F401 (FINETUNE_OWNERS re-exporte
     skip_lone_rank_allreduce,
 )
 from pretrain.finetune.common import read_engine_json as common_read_engine_json
-from pretrain.finetune.layout import NBEST_PREDICTIONS, NULL_ODDS, PREDICTIONS, RESULTS, TENSORBOARD
+from pretrain.finetune.layout import MODEL, NBEST_PREDICTIONS, NULL_ODDS, PREDICTIONS, RESULTS, TENSORBOARD
 from pretrain.finetune.squad.data import SquadFormatError, SquadSet, load_hf_squad, load_squad
 from pretrain.finetune.squad.features import FeatureConfig, Features, build_features, pad_batch
 from pretrain.finetune.squad.finetune_args import FinetuneConfig
 from pretrain.finetune.squad.inference import gather_logits
 from pretrain.finetune.squad.metric import evaluate_v1, evaluate_v2
 from pretrain.finetune.squad.postprocess import PostprocessConfig, postprocess
+from pretrain.finetune.vocab_check import VocabCheck, check_vocab
 from pretrain.schedule import WarmupPolyDecay
 
 # Where the settings a SQuAD DeepSpeed JSON must not set live: the finetune flags (pretrain/finetune/common.py).
@@ -167,6 +170,14 @@ def load_and_limit(config: FinetuneConfig) -> tuple[SquadSet | None, SquadSet, i
     return train_set, dev_set, version
 
 
+def squad_texts(*sets: SquadSet | None) -> Iterator[str]:
+    """The raw text a fine-tune tokenizes: every context and question (vocab_check samples them)."""
+    for squad_set in sets:
+        for example in squad_set.examples if squad_set is not None else ():
+            yield example.context
+            yield example.question
+
+
 def finetune(config: FinetuneConfig) -> dict[str, Any] | None:
     """Run the whole job; returns results (rank 0) or None (other ranks)."""
     model_config = check_model_dir(config.model)
@@ -195,6 +206,9 @@ def finetune(config: FinetuneConfig) -> dict[str, Any] | None:
     tokenizer = AutoTokenizer.from_pretrained(str(config.model))
     if not tokenizer.is_fast:
         raise SquadFormatError(f"--model {config.model}: the tokenizer is not a fast tokenizer (offsets needed)")
+    # The model's own tokenizer, reading this text as words (not [UNK]s), checked before the model loads.
+    vocab = check_vocab(VocabCheck(tokenizer, config.model, model_config, squad_texts(train_set, dev_set),
+                                   config.allow_unk, SquadFormatError, speak=dist_info.rank == 0))
     if config.random_init:  # same architecture, BERT's own initialisation (normal, std initializer_range)
         model = BertForQuestionAnswering(BertConfig.from_pretrained(str(config.model)))
     else:
@@ -206,7 +220,7 @@ def finetune(config: FinetuneConfig) -> dict[str, Any] | None:
     writer = _summary_writer(config.out / TENSORBOARD) if dist_info.rank == 0 else None
     results: dict[str, Any] = {"model": str(config.model), "world_size": dist_info.world_size,
                                "precision": precision_of(ds),
-                               "init": "random" if config.random_init else "model"}
+                               "init": "random" if config.random_init else "model", "vocab_check": vocab.as_json()}
     if train_set is not None:
         train_features = build_features(train_set.examples, tokenizer, feature_config, with_labels=True)
         global_batch = ds["train_batch_size"]
@@ -235,7 +249,7 @@ def finetune(config: FinetuneConfig) -> dict[str, Any] | None:
     gathered = gather_logits(forward, dev_features, config.eval_batch_size, pad_id, dist_info.device)
     results["eval_seconds"] = time.perf_counter() - started
     if config.save_model:
-        _save_model(module, tokenizer, config.out / "model", dist_info.rank)
+        _save_model(module, tokenizer, config.out / MODEL, dist_info.rank)
     if gathered is None:
         return None
 

@@ -18,6 +18,7 @@ from pretrain.finetune.common import (
 )
 from pretrain.finetune.common import config_from_args as common_config_from_args
 from pretrain.finetune.squad.data import SquadFormatError
+from pretrain.finetune.vocab_check import ALLOW_UNK_DOC
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ class FinetuneConfig(EngineFlags):
     # without pretraining, the baseline that shows what pretraining bought (the demo runs both).
     random_init: bool = flag(False, "--model's architecture + tokenizer, fresh weights: the no-pretraining "
                                      "baseline")
+    # Refused by default (pretrain/finetune/vocab_check.py): a tokenizer that reads the text as [UNK]s trains on nothing.
+    allow_unk: bool = flag(False, ALLOW_UNK_DOC)
 
     def __post_init__(self) -> None:
         for name in ("model", "out"):

@@ -13,13 +13,14 @@ import pytest
 
 from pretrain.finetune.glue.__main__ import main
 from pretrain.finetune.glue.tasks import task_named
-from tests.finetune.glue.glue_files import TITLES, write_task
+from tests.finetune.glue.glue_files import SENTENCES, TITLES, write_task
 from tests.finetune.glue.test_data import _hf_dataset_dict
+from tests.finetune.pipeline_contract import check_text_classification
 from tests.support.launching import REPO_ROOT, child_env
 
 # Tiny and quick: the shipped DeepSpeed JSON (squad_adamw_zero1.json, the default) with small flags.
 QUICK = ["--seeds", "2", "--max-steps", "2", "--batch-size", "4", "--lr", "1e-3", "--max-seq-length", "32",
-         "--log-every", "1"]
+         "--log-every", "1", "--save-model"]
 
 
 def _finetune(model: Path, task: str, data: Path, out: Path, *flags: str) -> dict:
@@ -58,6 +59,13 @@ def _check_outputs(title: str, results: dict, out: Path, data: Path | None,
                 seed["scores"][eval_set.name], nan_ok=True)
     assert results["submission"] == sorted(e.submission for e in task.evals)
     assert list((out / "tensorboard" / "seed-43").glob("events.out.tfevents.*"))
+    assert results["vocab_check"]["unk_share"] == 0.0 and results["vocab_check"]["tokens"] > 0
+    # --save-model: the best seed's model, and the saved folder's contract (issue 40): it labels a sentence (pair)
+    # with the task's labels through transformers' Auto classes and pipeline.
+    assert (out / "model" / "config.json").is_file() and not list(out.glob("seed-*/model"))
+    pairs = [(a, b if task.train.text_b is not None else None) for a, b in zip(SENTENCES[:3], SENTENCES[3:6],
+                                                                                strict=True)]
+    check_text_classification(out / "model", task, pairs)
 
 
 @pytest.mark.parametrize("title", TITLES)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from pretrain.finetune.squad.__main__ import main
+from tests.finetune.pipeline_contract import check_question_answering
 from tests.support import squad_fixtures
 from tests.support.launching import REPO_ROOT, run_ranks
 from tests.support.paths import SCRIPTS
@@ -48,6 +49,7 @@ def test_two_rank_finetune_and_exactly_once_evaluation(work: Path, capsys: pytes
     # several ranks keep the JSON's ZeRO-1: each holds its partition of AdamW's state
     assert (results["zero_stage"], results["optimizer_wrapper"]) == (1, "DeepSpeedZeroOptimizer")
     assert set(results["scores"]) == {"exact_match", "f1"} and 0 <= results["scores"]["f1"] <= 100
+    assert results["vocab_check"]["unk_share"] == 0.0  # the fixture's tokenizer reads every word
     predictions = json.loads((trained / "predictions.json").read_text())
     assert set(predictions) == _dev_ids(work)  # a prediction for every question
     assert list((trained / "tensorboard").glob("events.out.tfevents.*"))
@@ -114,6 +116,9 @@ def test_single_process_finetune_with_exact_lamb(work: Path, capsys: pytest.Capt
     before, after = load_file(work / "qa" / "model.safetensors"), load_file(out / "model" / "model.safetensors")
     moved = [name for name in before if name in after and not torch.equal(before[name], after[name])]
     assert len(moved) >= 0.9 * len(before), f"{len(moved)} of {len(before)} tensors changed"
+    # The saved folder's contract (issue 40): it answers through transformers' Auto classes and pipeline.
+    context, questions = squad_fixtures.PARAGRAPHS[1]
+    check_question_answering(out / "model", context, questions[0][0])
 
 
 def test_a_one_rank_fp32_finetune_builds_no_zero_partitioning(work: Path) -> None:
