@@ -10,20 +10,29 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from data_prep import __version__
 from data_prep.atomic_io import atomic_write_json, sha256_file
 from data_prep.config import NSP, BuildConfig
+from data_prep.corpus import read_table, text_part_path
 from data_prep.corpus_stage import VOCAB_NAME, clean_all, corpus_stats, prepare_vocab, tokenize_all
-from data_prep.instance_stage import InstanceTask, instance_chunk_done, make_instances, validation_documents
+from data_prep.instance_stage import (
+    InstanceTask,
+    dropped_pieces,
+    instance_chunk_done,
+    make_instances,
+    validation_documents,
+)
 from data_prep.parallel import Workers
 from data_prep.report import print_summary
 from data_prep.shard_stage import ShardTask, count_instances, shard_file, shard_plan, write_one_shard
 from data_prep.shards import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, SPLITS
 from data_prep.sources import SourceError, check_readable_file, list_text_files
-from data_prep.vocab import load_vocab
+from data_prep.tokenizer_files import write_tokenizer_files
+from data_prep.vocab import Vocab, load_vocab
 
 CONFIG_NAME = "build_config.json"
 
@@ -128,6 +137,9 @@ def merge(cfg: BuildConfig, workers: Workers) -> dict[str, Any]:
             f"(--min-doc-chars {cfg.min_doc_chars}; inputs {describe_inputs(cfg)})"
         )
     vocab = load_vocab(out / VOCAB_NAME)
+    lowercase = vocab.lowercase if cfg.vocab is not None else cfg.lowercase  # what the tokenize stage used
+    tokenizer_entry = write_tokenizer_files(Vocab(vocab.path, vocab.tokens, lowercase), corpus_sentences(out, num_chunks),
+                                            out)
     held_out = validation_documents(totals["documents"], cfg.val_fraction, cfg.seed)
     totals["val_documents"] = int(held_out.sum())
     make_all_instances(cfg, num_chunks, workers)
@@ -140,8 +152,9 @@ def merge(cfg: BuildConfig, workers: Workers) -> dict[str, Any]:
             "file": VOCAB_NAME,
             "sha256": sha256_file(out / VOCAB_NAME),
             "size": vocab.size,
-            "lowercase": vocab.lowercase if cfg.vocab is not None else cfg.lowercase,
+            "lowercase": lowercase,
         },
+        "tokenizer": tokenizer_entry,
         "masking": {
             "mode": cfg.masking,
             "mask_prob": cfg.mask_prob,
@@ -159,6 +172,13 @@ def merge(cfg: BuildConfig, workers: Workers) -> dict[str, Any]:
     return manifest
 
 
+def corpus_sentences(out: Path, num_chunks: int) -> Iterator[str]:
+    """The cleaned sentences in corpus order, read chunk by chunk only as far as the caller asks."""
+    for chunk in range(num_chunks):
+        for document in read_table(text_part_path(out, chunk)).column("sentences").to_pylist():
+            yield from document
+
+
 def make_all_instances(cfg: BuildConfig, num_chunks: int, workers: Workers) -> None:
     """Instance parts of every (sequence length, chunk) still missing, all lengths in one pool
     pass so that a corpus of few, long documents (books) still keeps every worker busy."""
@@ -170,7 +190,7 @@ def make_all_instances(cfg: BuildConfig, num_chunks: int, workers: Workers) -> N
         )
         for c in range(num_chunks)
         for seq_len in cfg.seq_lens
-        if not instance_chunk_done(out, seq_len, c)
+        if not instance_chunk_done(out, seq_len, c, packed=cfg.segments != NSP)
     ]
     started = time.perf_counter()
     for _ in workers.map(make_instances, tasks):
@@ -185,8 +205,10 @@ def make_shards(cfg: BuildConfig, seq_len: int, num_chunks: int, workers: Worker
     for split in SPLITS:
         count, random_next = count_instances(out, seq_len, split, num_chunks)
         num_shards = cfg.num_shards if split == "train" else cfg.num_val_shards
+        # Packed modes only: what the packing dropped (nsp manifests keep their keys, and their bytes).
+        dropped = dropped_pieces(out, seq_len, split, num_chunks) if cfg.segments != NSP else {}
         if count == 0:
-            entry[split] = {"num_instances": 0, "nsp_random_fraction": None, "shards": []}
+            entry[split] = {"num_instances": 0, "nsp_random_fraction": None, "shards": [], **dropped}
             continue
         if count < num_shards:
             flag = "--num-shards" if split == "train" else "--num-val-shards"
@@ -202,6 +224,7 @@ def make_shards(cfg: BuildConfig, seq_len: int, num_chunks: int, workers: Worker
             "num_instances": count,
             "nsp_random_fraction": round(random_next / count, 6) if cfg.segments == NSP else None,
             "shards": shards,
+            **dropped,
         }
     print(f"stage shards seq {seq_len}: {time.perf_counter() - started:.1f}s", flush=True)
     return entry

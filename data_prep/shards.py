@@ -4,6 +4,8 @@ Layout of an output folder ``OUT``::
 
     OUT/manifest.json              written last, atomically: only complete shards are ever listed
     OUT/vocab.txt                  the WordPiece vocab the ids refer to (sha256 in the manifest)
+    OUT/tokenizer.json             the `tokenizers` object that made the ids (vocab + normalisation), and
+    OUT/tokenizer_probe.json       a few hundred corpus sentences with their ids (data_prep/tokenizer_files.py)
     OUT/seq128/train-00000.arrow   Apache Arrow IPC *file* format, one record batch per shard
     OUT/seq128/val-00000.arrow
     OUT/seq512/...
@@ -33,6 +35,8 @@ The manifest (``manifest.json``)::
      "masking": {"mode": "dynamic"|"static", "mask_prob": 0.15, "whole_word": false,
                  "dupe_factor": 1, "max_predictions": {"128": 20, "512": 80}},
      "segments": "nsp"|"full-sentences"|"doc-sentences",
+     "tokenizer": {"file": "tokenizer.json", "sha256": "...", "probe": "tokenizer_probe.json",
+                   "probe_sha256": "...", "probe_sentences": 256},
      "seed": 12345, "config": {... the full build config ...},
      "totals": {"documents": ..., "sentences": ..., "tokens": ..., ...},
      "seq_lens": {"128": {"train": {"num_instances": N, "nsp_random_fraction": 0.5,
@@ -175,6 +179,18 @@ class Manifest:
     @property
     def vocab_path(self) -> Path:
         return self.root / self.data["vocab"]["file"]
+
+    @property
+    def tokenizer_path(self) -> Path | None:
+        """tokenizer.json, the tokenizer that made the ids; None for shards built before it was written."""
+        entry = self.data.get("tokenizer")
+        return self.root / entry["file"] if entry else None
+
+    @property
+    def probe_path(self) -> Path | None:
+        """tokenizer_probe.json, sentences and their ids (data_prep/tokenizer_files.py); None before it existed."""
+        entry = self.data.get("tokenizer")
+        return self.root / entry["probe"] if entry else None
 
     @property
     def static_masking(self) -> bool:

@@ -136,6 +136,10 @@ def plan_run(config: RunConfig, dist_info: DistInfo, verify_checksums: bool, fac
             "model_config": model_config.to_dict(),
             "vocab_file": str(first.manifest.vocab_path.resolve()),
             "vocab_sha256": first.vocab.sha256,
+            # the tokenizer that made the shards' ids and its probe (None: shards older than them): the export wraps
+            # the one and checks the other (pretrain/checkpointing/export.py)
+            "tokenizer_file": _resolved_path(first.manifest.tokenizer_path),
+            "tokenizer_probe_file": _resolved_path(first.manifest.probe_path),
             "lowercase": bool(first.manifest.data["vocab"].get("lowercase", True)),
             "ds_configs": {name: phase.ds_config for name, phase in phases.items()},
             "world_size": dist_info.world_size,
@@ -318,3 +322,7 @@ def announce(phases: dict[str, PhasePlan], rank: int) -> None:
     for (path, why), names in choices.items():
         kind = "unpadded (real tokens, varlen kernel)" if path == "unpadded" else "padded (transformers' SDPA)"
         print(f"attention: {kind} for {', '.join(names)}: {why}", flush=True)
+
+
+def _resolved_path(path: Path | None) -> str | None:
+    return str(path.resolve()) if path is not None else None

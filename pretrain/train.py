@@ -34,7 +34,6 @@ if __name__ == "__main__":
 
 import functools
 import gc
-import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -45,7 +44,6 @@ import torch
 import torch.distributed as dist
 from safetensors import SafetensorError
 from tqdm import tqdm
-from transformers import BertConfig
 
 from data_prep.atomic_io import atomic_write_json
 from data_prep.shards import ShardFormatError
@@ -53,13 +51,13 @@ from pretrain.checkpointing.checkpoint import (
     CheckpointManager,
     SaveError,
     consolidated_state_dict,
-    read_run_config,
-    split_checkpoint_path,
 )
 from pretrain.checkpointing.commit import ExportError, agree_on_failures, first_line, out_of_space
 from pretrain.checkpointing.elastic import prepare_resume
-from pretrain.checkpointing.export import export_checkpoint, folder_class, load_weights
+from pretrain.checkpointing.export import export_checkpoint, load_weights
+from pretrain.checkpointing.export_tokenizer import TokenizerExportError
 from pretrain.checkpointing.manifest import resolve_resume_tag
+from pretrain.checkpointing.weights_source import VocabIdentity, check_checkpoint_vocab, initial_weights
 from pretrain.config.cli import parse_args
 from pretrain.config.load import load_config
 from pretrain.config.sections import ConfigError, RunConfig
@@ -94,28 +92,6 @@ class PhaseStart:
     init_weights: WeightReader | None = None
     samples_seen: int = 0
     steps_done_in_process: int = 0
-
-
-def initial_weights(path: str, expected_vocab_sha: str, key: str) -> dict[str, torch.Tensor]:
-    """fp32 weights from a checkpoint (folder or tag) or a Hugging Face export of this toolkit."""
-    folder = Path(path)
-    if (folder / "config.json").is_file():
-        info = folder / EXPORT_INFO
-        if info.is_file():
-            sha = json.loads(info.read_text(encoding="utf-8")).get("vocab_sha256")
-            if sha and sha != expected_vocab_sha:
-                raise ConfigError(f"{key}: {path} was trained with another vocab (sha256 {sha[:12]})")
-        # the class it was saved as: an MLM-only export has no NSP head to load (load_weights says so if one is needed)
-        saved_as = folder_class(BertConfig.from_pretrained(str(folder), local_files_only=True))
-        return saved_as.from_pretrained(str(folder), local_files_only=True).state_dict()
-    try:
-        root, tag = split_checkpoint_path(folder)
-    except FileNotFoundError as err:
-        raise ConfigError(f"{key}: {err}") from err
-    sha = read_run_config(root, tag)["resolved"]["vocab_sha256"]
-    if sha != expected_vocab_sha:
-        raise ConfigError(f"{key}: {root / tag} was trained with another vocab (sha256 {sha[:12]})")
-    return consolidated_state_dict(root, tag)
 
 
 def build_phase(plan: PhasePlan, job: TrainerJob, start: PhaseStart) -> PhaseTrainer:
@@ -213,6 +189,10 @@ def export_phase(plugin: TrainingPlugin, phase: str, source: Path, out: Path, ra
             failure = (f"could not write the export {folder} ({first_line(err)}); the checkpoint in {checkpoint} is "
                        f"whole; {fix}, then rerun the same command (it redoes the export)")
             break
+        except TokenizerExportError as err:  # the model is fine; the library around it changed: fix, then rerun
+            failure = (f"{err}; the checkpoint in {checkpoint} is whole: rerun the same command once fixed "
+                       f"(it redoes the export)")
+            break
     failures = agree_on_failures(failure)  # every rank stops together, with the exporting rank's words
     if failures:
         raise ExportError(failures[0])
@@ -263,7 +243,7 @@ class RunProgress:
     samples_seen: int = 0
     steps_done: int = 0
 
-    def start(self, phase: PhasePlan, checkpoints: CheckpointManager, vocab_sha256: str) -> PhaseStart | None:
+    def start(self, phase: PhasePlan, checkpoints: CheckpointManager, vocab: VocabIdentity) -> PhaseStart | None:
         """How `phase` starts, or None when the newest checkpoint is already past it."""
         saved, resume_tag, init = self.saved, None, None
         if saved is not None and saved["phase"] == phase.name:
@@ -273,7 +253,7 @@ class RunProgress:
         elif saved is not None and saved["phase"] > phase.name:
             return None
         elif phase.init_from:
-            init = functools.partial(initial_weights, phase.init_from, vocab_sha256, f"{phase.name}.init_from")
+            init = functools.partial(initial_weights, phase.init_from, vocab, f"{phase.name}.init_from")
         elif saved is not None:  # the previous phase's end checkpoint
             init = functools.partial(consolidated_state_dict, checkpoints.root, self.latest)
         return PhaseStart(resume_tag, init, self.samples_seen, self.steps_done)
@@ -287,12 +267,16 @@ def train_plan(plan: RunPlan, dist_info: DistInfo, plugin: TrainingPlugin, stop:
     watch = StepWatch.from_env()
     checkpoints = CheckpointManager(settings.checkpoint_dir, settings.keep_last, dist_info.rank,
                                     extra_state=plugin, progress=watch.progress)
-    if dist_info.rank == 0:
-        atomic_write_json(settings.run_dir / RESOLVED_CONFIG, plan.resolved)
-    # The newest checkpoint, verified against its manifest (a damaged one is set aside for the newest intact one),
-    # then, if this job has another number of ranks than the one that wrote it, converted once for them.
+    # The newest checkpoint, verified against its manifest (a damaged one is set aside for the newest intact one) and
+    # trained on the shards' vocab (else refused before anything is written), then, if this job has another number of
+    # ranks than the one that wrote it, converted once for them.
     watch.stage("the resume checks")  # timed as start-up (run.startup_timeout_minutes), as is each phase's set-up
     latest = resolve_resume_tag(checkpoints.root, checkpoints.rank)
+    if latest is not None:
+        check_checkpoint_vocab(checkpoints.root, latest, VocabIdentity.of(plan.resolved["resolved"]),
+                               f"resume from {checkpoints.root}")
+    if dist_info.rank == 0:
+        atomic_write_json(settings.run_dir / RESOLVED_CONFIG, plan.resolved)
     saved = checkpoints.trainer_state(latest) if latest else None
     if latest is not None:
         prepare_resume(checkpoints.root, latest, plan.ds_configs, dist_info.rank, dist_info.world_size,
@@ -325,7 +309,7 @@ def train_phase(phase: PhasePlan, job: TrainerJob, progress: RunProgress, export
     exported (`export_at_end`); `progress` moves on to its end checkpoint."""
     dist_info, checkpoints = job.dist_info, job.checkpoints
     out = export_dir(job.run_dir, phase.name)
-    start = progress.start(phase, checkpoints, job.resolved_config["resolved"]["vocab_sha256"])
+    start = progress.start(phase, checkpoints, VocabIdentity.of(job.resolved_config["resolved"]))
     if start is None:
         if export_at_end and progress.saved is not None and progress.saved["phase"] == phase.name:
             export_phase(job.plugin, phase.name, checkpoints.root / progress.latest, out, dist_info.rank,

@@ -5,8 +5,9 @@
 CHECKPOINT is a checkpoint folder (its `latest` is used) or one tag folder. The fp32 weights are
 consolidated from the ZeRO partitions of every rank (stages 0-3), loaded into a plain
 `BertForPreTraining` (a run that trained MLM + NSP) or `BertForMaskedLM` (MLM alone: no NSP head is
-shipped untrained), and written with `save_pretrained` (safetensors) plus the vocab/tokenizer the shards
-were built with. The folder is then re-loaded with `AutoModelForPreTraining` / `AutoModelForMaskedLM`
+shipped untrained), and written with `save_pretrained` (safetensors) plus the tokenizer the shards were built
+with (export_tokenizer.py: data prep's own `tokenizers` object, reloaded with `AutoTokenizer` and checked on the
+shards' probe sentences). The folder is then re-loaded with `AutoModelForPreTraining` / `AutoModelForMaskedLM`
 (offline, the way a user will) and its MLM logits compared with the training model's on one batch; a
 mismatch is an error, not a warning. The folder appears under its final name only once complete.
 """
@@ -42,12 +43,16 @@ from transformers import (
     BertConfig,
     BertForMaskedLM,
     BertForPreTraining,
-    BertTokenizerFast,
     PreTrainedModel,
 )
 
 from data_prep.atomic_io import atomic_write_json
 from pretrain.checkpointing.checkpoint import consolidated_state_dict, read_run_config, split_checkpoint_path
+from pretrain.checkpointing.export_tokenizer import (
+    TokenizerExportError,
+    check_saved_tokenizer,
+    save_tokenizer,
+)
 from pretrain.model.bert import SparseBertForPreTraining, trains_nsp
 from pretrain.report.model_card import card_facts, write_model_card
 from pretrain.run_folder import EXPORT_INFO
@@ -125,16 +130,18 @@ def export_state_dict(
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         plain.save_pretrained(str(staging), safe_serialization=True)
-        tokenizer = BertTokenizerFast(vocab_file=resolved["vocab_file"], do_lower_case=resolved.get("lowercase", True))
-        tokenizer.model_max_length = config.max_position_embeddings
-        tokenizer.save_pretrained(str(staging))
-        shutil.copyfile(resolved["vocab_file"], staging / "vocab.txt")  # for tools that want the plain WordPiece file
+        probe = save_tokenizer(resolved, staging, config.max_position_embeddings)
+        try:  # loaded as a user loads it, or no export
+            tokenizer_facts = check_saved_tokenizer(staging, resolved, probe)
+        except TokenizerExportError as err:
+            raise TokenizerExportError(f"export of {source} to {out} refused: {err}") from None
         difference = max_logit_difference(staging, reference)
         if not difference <= tolerance:
             raise RuntimeError(
                 f"export of {source}: MLM logits of the saved model differ from the checkpoint's by {difference:.3g}"
             )
-        info = {"source": source, "max_abs_logit_difference": difference, "vocab_sha256": resolved.get("vocab_sha256")}
+        info = {"source": source, "max_abs_logit_difference": difference, "vocab_sha256": resolved.get("vocab_sha256"),
+                "tokenizer": tokenizer_facts}
         atomic_write_json(staging / EXPORT_INFO, info)
         write_model_card(staging, card or {"source": source, "run_config": {"resolved": resolved}}, str(out))
         if out.exists():
@@ -159,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         info = export_checkpoint(args.checkpoint, args.out, args.tag)
-    except (FileNotFoundError, ValueError, RuntimeError) as err:
+    except (FileNotFoundError, ValueError, RuntimeError, TokenizerExportError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"exported {info['source']} -> {args.out} (max |logit diff| {info['max_abs_logit_difference']:.2e})")

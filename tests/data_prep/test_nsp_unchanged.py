@@ -66,8 +66,9 @@ def row_digest(path: Path) -> str:
 
 
 def manifest_digest(manifest: dict) -> str:
-    """Without `config` (absolute paths), `tool_version`, and the `segments` key that records the mode."""
-    kept = {k: v for k, v in manifest.items() if k not in ("config", "tool_version", "segments")}
+    """Without `config` (absolute paths), `tool_version`, and the keys added since: `segments` (the mode) and
+    `tokenizer` (the files that record the tokenizer beside the shards; the shards are the same)."""
+    kept = {k: v for k, v in manifest.items() if k not in ("config", "tool_version", "segments", "tokenizer")}
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()
 
 

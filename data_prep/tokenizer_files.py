@@ -1,0 +1,115 @@
+"""The tokenizer the shards were built with, as a file, and its fingerprint: a probe of real sentences and their ids.
+
+The ids in the shards mean something only through the exact tokenizer that made them: the vocab, the
+normalisation (lower-casing, accent stripping, text cleaning) and the WordPiece rules. The vocab file alone does
+not carry the normalisation, and a library that rebuilds a tokenizer from it may silently build another one (the
+transformers 5 `BertTokenizerFast(vocab_file=...)` of an earlier export kept 5 tokens and turned every word into
+`[UNK]`). So a build writes, beside `vocab.txt`:
+
+    OUT/tokenizer.json          the `tokenizers` object that tokenized the corpus, saved whole
+    OUT/tokenizer_probe.json    {"sentences": [...], "ids": [[...], ...]}: a few hundred cleaned sentences of the
+                                corpus and the ids data prep gave them (no [CLS]/[SEP])
+
+and the manifest lists both with their sha256 (`manifest["tokenizer"]`). Whoever hands the model to a user (the
+export) loads the tokenizer the way the user will and checks that it reproduces the probe (`probe_mismatch`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+from tokenizers.implementations import BaseTokenizer
+
+from data_prep.atomic_io import atomic_write_bytes, atomic_write_json, sha256_file
+from data_prep.vocab import Vocab
+
+TOKENIZER_NAME = "tokenizer.json"
+PROBE_NAME = "tokenizer_probe.json"
+PROBE_SENTENCES = 256  # enough to meet most of a corpus's frequent words, accents and punctuation; ~100 KB
+PROBE_POOL = 8192  # the probe is spread evenly over the first this-many sentences, not the first few paragraphs
+PROBE_MAX_CHARS = 400  # longer sentences are skipped: the probe stays small and readable
+
+# Sentences for a vocab that came with no corpus probe (shards built before the probe existed): they still catch a
+# tokenizer that lost its vocab, its lower-casing or its accent stripping.
+FALLBACK_SENTENCES = (
+    "The capital of France is Paris, and its river is the Seine.",
+    "In 1905, Albert Einstein published four papers on physics.",
+    "Zürich's Café Odéon serves naïve tourists a crème brûlée!",
+    "She didn't say \"no\" -- she said: maybe (later).",
+    "HTTP/2 runs over TCP port 443; the RFC is number 7540.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Tokyo (東京) is the largest city of Japan.",
+    "unbelievably, the committee's decision was reconsidered",
+)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Sentences and the ids data prep's tokenizer gave them (no special tokens)."""
+
+    sentences: tuple[str, ...]
+    ids: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def made_by(cls, tokenizer: Tokenizer | BaseTokenizer, sentences: Sequence[str]) -> Probe:
+        encodings = tokenizer.encode_batch(list(sentences), add_special_tokens=False)
+        return cls(tuple(sentences), tuple(tuple(e.ids) for e in encodings))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Probe:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        if len(data["sentences"]) != len(data["ids"]):
+            raise ValueError(f"{path}: {len(data['sentences'])} sentences but {len(data['ids'])} id lists")
+        return cls(tuple(data["sentences"]), tuple(tuple(int(i) for i in ids) for ids in data["ids"]))
+
+    def to_json(self) -> dict[str, list]:
+        return {"sentences": list(self.sentences), "ids": [list(ids) for ids in self.ids]}
+
+
+def probe_mismatch(probe: Probe, encode: Callable[[str], list[int]]) -> str | None:
+    """None when `encode` gives every probe sentence the recorded ids; else what differs, for one short line."""
+    for index, (sentence, expected) in enumerate(zip(probe.sentences, probe.ids, strict=True)):
+        got = list(encode(sentence))
+        if got != list(expected):
+            shown = sentence if len(sentence) <= 60 else sentence[:57] + "..."
+            first = next((k for k, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b),
+                         min(len(got), len(expected)))
+            return (f"probe sentence {index + 1} of {len(probe.sentences)} ({shown!r}): ids {got[first:first + 4]} "
+                    f"at token {first} where data prep gave {list(expected[first:first + 4])} "
+                    f"({len(got)} ids vs {len(expected)})")
+    return None
+
+
+def pick_probe_sentences(sentences: Iterable[str], count: int = PROBE_SENTENCES) -> list[str]:
+    """`count` non-empty sentences spread evenly over the first PROBE_POOL of the corpus (deterministic: the order of
+    the cleaned corpus is fixed whatever the number of workers or nodes)."""
+    pool: list[str] = []
+    for sentence in sentences:
+        if sentence.strip() and len(sentence) <= PROBE_MAX_CHARS:
+            pool.append(sentence)
+            if len(pool) >= PROBE_POOL:
+                break
+    if len(pool) <= count:
+        return pool
+    return [pool[k * len(pool) // count] for k in range(count)]
+
+
+def write_tokenizer_files(vocab: Vocab, sentences: Iterable[str], out: Path) -> dict[str, object]:
+    """OUT/tokenizer.json and OUT/tokenizer_probe.json for `vocab` (with its lower-casing); returns the manifest's
+    `tokenizer` entry."""
+    tokenizer = vocab.tokenizer()  # built as the tokenize stage builds it (corpus_stage.py), so the same object
+    atomic_write_bytes(out / TOKENIZER_NAME, tokenizer.to_str(pretty=True).encode("utf-8"))
+    probe = Probe.made_by(tokenizer, pick_probe_sentences(sentences))
+    saved = Tokenizer.from_file(str(out / TOKENIZER_NAME))
+    mismatch = probe_mismatch(probe, lambda text: saved.encode(text, add_special_tokens=False).ids)
+    if mismatch:  # `tokenizers` failed to round-trip its own file: no shard should claim it
+        raise ValueError(f"{out / TOKENIZER_NAME}: does not tokenize as the tokenizer it was saved from: {mismatch}")
+    atomic_write_json(out / PROBE_NAME, probe.to_json())
+    return {
+        "file": TOKENIZER_NAME, "sha256": sha256_file(out / TOKENIZER_NAME),
+        "probe": PROBE_NAME, "probe_sha256": sha256_file(out / PROBE_NAME), "probe_sentences": len(probe.sentences),
+    }

@@ -1,0 +1,85 @@
+"""The export's tokenizer: data prep's own `tokenizers` object, wrapped for transformers, and proven on reload.
+
+A user loads an export with `AutoTokenizer.from_pretrained(folder)`. What they get must tokenize text exactly as the
+shards were tokenized, or the model sees other ids than it was trained on (or, as with transformers 5's
+`BertTokenizerFast(vocab_file=...)`, which ignores the argument, nothing but `[UNK]`). So the export does not rebuild
+a tokenizer from the vocab through transformers' constructors, whose arguments change between releases: it wraps
+the very `tokenizers` object data prep saved beside the shards (`tokenizer.json`; for older shards the same object
+rebuilt from `vocab.txt` as data prep builds it), then loads the saved folder back the way a user does and refuses
+the export unless
+
+- `len(tokenizer)` is the vocab's size and the special tokens have the vocab's ids, and
+- it gives data prep's ids to every sentence of the shards' probe (`tokenizer_probe.json`; older shards: a fixed set
+  of sentences tokenized by data prep's tokenizer).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import transformers
+from tokenizers import Tokenizer
+from transformers import AutoTokenizer, BertTokenizer
+
+from data_prep.tokenizer_files import FALLBACK_SENTENCES, Probe, probe_mismatch
+from data_prep.vocab import SPECIAL_TOKENS, Vocab, load_vocab
+
+
+class TokenizerExportError(RuntimeError):
+    """The tokenizer written into an export does not tokenize as the shards were tokenized; one line says how (the
+    caller names the export)."""
+
+
+def data_prep_tokenizer(resolved: dict[str, Any]) -> tuple[Tokenizer, Vocab]:
+    """The `tokenizers` object the shards were made with, and their vocab (lower-casing as data prep recorded it)."""
+    vocab = load_vocab(resolved["vocab_file"])
+    vocab = Vocab(vocab.path, vocab.tokens, bool(resolved.get("lowercase", vocab.lowercase)))
+    saved = resolved.get("tokenizer_file")
+    if saved:
+        if not Path(saved).is_file():
+            raise FileNotFoundError(f"{saved}: the tokenizer the shards were built with is missing")
+        return Tokenizer.from_file(saved), vocab
+    return vocab.tokenizer()._tokenizer, vocab  # shards older than tokenizer.json: rebuilt as data prep builds it
+
+
+def probe_of(resolved: dict[str, Any], tokenizer: Tokenizer) -> Probe:
+    """The shards' probe; for shards older than it, fixed sentences tokenized by data prep's tokenizer."""
+    path = resolved.get("tokenizer_probe_file")
+    if path:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{path}: the tokenizer probe the shards were built with is missing")
+        return Probe.load(path)
+    return Probe.made_by(tokenizer, FALLBACK_SENTENCES)
+
+
+def save_tokenizer(resolved: dict[str, Any], folder: Path, model_max_length: int) -> Probe:
+    """Write data prep's tokenizer into `folder` as transformers' BertTokenizer files (tokenizer.json,
+    tokenizer_config.json) and vocab.txt; returns the probe the folder must reproduce (`check_saved_tokenizer`)."""
+    tokenizer, vocab = data_prep_tokenizer(resolved)
+    wrapped = BertTokenizer(tokenizer_object=tokenizer, do_lower_case=vocab.lowercase,
+                            model_max_length=model_max_length)
+    wrapped.save_pretrained(str(folder))
+    (folder / "vocab.txt").write_bytes(vocab.path.read_bytes())  # for tools that want the plain WordPiece file
+    return probe_of(resolved, tokenizer)
+
+
+def check_saved_tokenizer(folder: Path, resolved: dict[str, Any], probe: Probe) -> dict[str, Any]:
+    """Load `folder`'s tokenizer as a user would and prove it is the shards' one; raises TokenizerExportError.
+    Returns what was checked, for export_info.json."""
+    vocab = load_vocab(resolved["vocab_file"])
+    loaded = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    version = f"transformers {transformers.__version__}"
+    if len(loaded) != vocab.size:
+        raise TokenizerExportError(
+            f"its tokenizer loads with {len(loaded)} tokens, the shards' vocab {vocab.path} has {vocab.size} "
+            f"({version})")
+    ids = {token: loaded.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
+    if ids != vocab.special_ids:
+        raise TokenizerExportError(f"its tokenizer's special token ids are {ids}, the vocab's are {vocab.special_ids} ({version})")
+    mismatch = probe_mismatch(probe, lambda text: loaded(text, add_special_tokens=False)["input_ids"])
+    if mismatch:
+        raise TokenizerExportError(f"its tokenizer does not tokenize as data prep did: {mismatch} ({version})")
+    return {"class": type(loaded).__name__, "size": len(loaded), "probe_sentences": len(probe.sentences),
+            "probe_source": "shards" if resolved.get("tokenizer_probe_file") else "fixed sentences",
+            "checked_with": version}

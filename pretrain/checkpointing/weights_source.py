@@ -1,0 +1,70 @@
+"""Where a run's weights come from, and the proof that they were trained on the same vocab as the shards it reads.
+
+A phase starts from a checkpoint of this run (resume), from another run's checkpoint or a Hugging Face export of
+this toolkit (`init_from`). Token id 2,345 means a word only through the vocab the weights were trained with: weights
+read with shards of another vocab train on noise, and nothing fails. So each source's vocab sha256 (the run config a
+checkpoint carries, an export's export_info.json) is compared with the shards' before any weight is read, and a
+difference is refused in one line that names both vocabs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import BertConfig
+
+from pretrain.checkpointing.checkpoint import consolidated_state_dict, read_run_config, split_checkpoint_path
+from pretrain.checkpointing.export import folder_class
+from pretrain.errors import ConfigError
+from pretrain.run_folder import EXPORT_INFO
+
+
+@dataclass(frozen=True)
+class VocabIdentity:
+    """A vocab as a run records it (the resolved block of its run config): the file and its sha256."""
+
+    sha256: str
+    file: str
+
+    @classmethod
+    def of(cls, resolved: dict[str, Any]) -> VocabIdentity:
+        return cls(str(resolved["vocab_sha256"]), str(resolved.get("vocab_file", "?")))
+
+    def __str__(self) -> str:
+        return f"{self.file} (sha256 {self.sha256[:12]})"
+
+
+def refuse_other_vocab(source: str, theirs: VocabIdentity, shards: VocabIdentity, what: str) -> None:
+    """One line naming both vocabs when `source` (weights) was trained with another vocab than the shards'."""
+    if theirs.sha256 != shards.sha256:
+        raise ConfigError(f"{what}: {source} was trained with the vocab {theirs}, the shards use {shards}; use the "
+                          f"shards it was trained on, or other weights")
+
+
+def check_checkpoint_vocab(root: Path, tag: str, shards: VocabIdentity, what: str) -> None:
+    """Refuse a checkpoint trained with another vocab than the shards'; `what` names the key or the action."""
+    refuse_other_vocab(str(root / tag), VocabIdentity.of(read_run_config(root, tag)["resolved"]), shards, what)
+
+
+def initial_weights(path: str, shards: VocabIdentity, key: str) -> dict[str, torch.Tensor]:
+    """fp32 weights from a checkpoint (folder or tag) or a Hugging Face export of this toolkit."""
+    folder = Path(path)
+    if (folder / "config.json").is_file():
+        info = folder / EXPORT_INFO
+        if info.is_file():
+            sha = json.loads(info.read_text(encoding="utf-8")).get("vocab_sha256")
+            if sha:
+                refuse_other_vocab(path, VocabIdentity(sha, str(folder / "vocab.txt")), shards, key)
+        # the class it was saved as: an MLM-only export has no NSP head to load (load_weights says so if one is needed)
+        saved_as = folder_class(BertConfig.from_pretrained(str(folder), local_files_only=True))
+        return saved_as.from_pretrained(str(folder), local_files_only=True).state_dict()
+    try:
+        root, tag = split_checkpoint_path(folder)
+    except FileNotFoundError as err:
+        raise ConfigError(f"{key}: {err}") from err
+    check_checkpoint_vocab(root, tag, shards, key)
+    return consolidated_state_dict(root, tag)
