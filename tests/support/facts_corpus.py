@@ -1,4 +1,4 @@
-"""A corpus in which facts repeat in varied sentences among filler, and the probes that ask for them.
+"""A corpus in which facts repeat among varied sentences and filler, and the probes that ask for them.
 
 The learning test (tests/pretrain/test_learns_facts.py) prepares it with data prep, pretrains on it and asks the
 export, through `pipeline("fill-mask")`, for each fact's last word. A model that learned nothing (random weights)
@@ -12,19 +12,13 @@ from pathlib import Path
 
 CAPITALS = {
     "france": "paris", "italy": "rome", "spain": "madrid", "japan": "tokyo", "egypt": "cairo", "kenya": "nairobi",
-    "peru": "lima", "chile": "santiago", "norway": "oslo", "sweden": "stockholm", "poland": "warsaw",
-    "greece": "athens", "cuba": "havana", "iran": "tehran", "india": "delhi", "china": "beijing",
+    "peru": "lima", "chile": "santiago",
 }
-# The probe's wording is one of the training sentences: the test asks whether the fact was learned, not whether a
-# two-layer model generalises across wordings.
+# Each fact is stated in one phrasing, the one the probe asks in, amid varied sentences that name the country. A
+# two-layer model learns that within a few hundred steps; stated in five phrasings it needed several times as many
+# (measured with a plain transformers training loop on the same corpus), too long for a test.
 PROBE = "the capital of {country} is {mask} ."
-FACT_TEMPLATES = (
-    "the capital of {country} is {capital} .",
-    "{capital} is the capital of {country} .",
-    "the capital city of {country} is {capital} .",
-    "many people in {country} live in {capital} .",
-    "{country} is a country , and {capital} is its largest city .",
-)
+FACT = "the capital of {country} is {capital} ."
 COUNTRY_SENTENCES = (
     "{country} is a country with a long history .", "the people of {country} are proud of it .",
     "we travelled to {country} last summer .", "the flag of {country} has bright colours .",
@@ -38,22 +32,17 @@ FILLERS = (
 )
 
 
-def filler_sentence(rng: random.Random) -> str:
-    sentence = rng.choice(FILLERS)
-    return sentence[0].upper() + sentence[1:]
-
-
 def write_facts_corpus(path: Path, documents: int = 480, seed: int = 0) -> Path:
     """One sentence per line, a blank line between documents (data prep's --text format). Each document is about one
-    country: its capital once (one fact sentence, in one of several wordings), the country named again in other
-    sentences, and filler. The capital is never elsewhere in the document to be copied: it can only be predicted
+    country: its capital once (the fact sentence), the country named again in two other sentences, and filler, in
+    shuffled order. The capital is never elsewhere in the document to be copied: it can only be predicted
     from the country, as in a probe."""
     rng = random.Random(seed)
     countries = sorted(CAPITALS)
     lines: list[str] = []
     for index in range(documents):
         country = countries[index % len(countries)]
-        sentences = [rng.choice(FACT_TEMPLATES).format(country=country, capital=CAPITALS[country]),
+        sentences = [FACT.format(country=country, capital=CAPITALS[country]),
                      *(template.format(country=country) for template in rng.sample(COUNTRY_SENTENCES, 2)),
                      rng.choice(FILLERS)]
         rng.shuffle(sentences)
