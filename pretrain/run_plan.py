@@ -29,14 +29,16 @@ from transformers import BertConfig
 
 from data_prep.atomic_io import atomic_write_json, sha256_file
 from data_prep.shards import ShardFormatError
+from pretrain.checkpointing.cadence import CadenceSettings
 from pretrain.config.attention import PADDED_HINT, AttentionPlan, attention_plan
 from pretrain.config.deepspeed import phase_ds_config, precision_of
-from pretrain.config.sections import ConfigError, RunConfig
+from pretrain.config.sections import RunConfig
 from pretrain.data.batches import DataConfigError, PhaseData, StreamSettings, phase_data
 from pretrain.data.shard_checks import check_run_shards, model_overrides
 from pretrain.distributed.info import DistInfo, Launch
 from pretrain.distributed.lifetime import RunFolderBusyError, hold_run_folder
 from pretrain.engine import check_ds_config
+from pretrain.errors import ConfigError
 from pretrain.metrics.quality import QualitySettings
 from pretrain.metrics.throughput import ThroughputSettings, peak_tflops
 from pretrain.model.bert import OBJECTIVES, bert_config
@@ -165,7 +167,8 @@ def phase_plan(config: RunConfig, name: str, model_config: BertConfig, ds: dict[
             phase=name, steps=phase.steps, seq_len=phase.seq_len, seed=config.run.seed,
             num_workers=config.data.num_workers, val_every_steps=config.logging.val_every_steps,
             val_instances=config.logging.val_instances, val_batches=config.logging.val_batches,
-            checkpoint=config.checkpoint, max_consecutive_nonfinite=config.failures.max_consecutive_nonfinite,
+            checkpoint=CadenceSettings(config.checkpoint.every_steps, config.checkpoint.every_minutes),
+            max_consecutive_nonfinite=config.failures.max_consecutive_nonfinite,
             stop_after_steps=config.run.stop_after_steps,
             step_offset=config.phase1.steps if name == "phase2" else 0, progress_bar=config.logging.progress_bar,
             nsp=data.trains_nsp,

@@ -60,7 +60,7 @@ from pretrain.checkpointing.manifest import resolve_resume_tag
 from pretrain.checkpointing.weights_source import VocabIdentity, check_checkpoint_vocab, initial_weights
 from pretrain.config.cli import parse_args
 from pretrain.config.load import load_config
-from pretrain.config.sections import ConfigError, RunConfig
+from pretrain.config.sections import RunConfig
 from pretrain.data.batches import DataConfigError
 from pretrain.distributed.info import DistInfo, Launch
 from pretrain.distributed.lifetime import release_run_folder
@@ -68,7 +68,7 @@ from pretrain.distributed.process_group import init_distributed
 from pretrain.distributed.step_watch import StepWatch
 from pretrain.distributed.stop_request import StopRequest
 from pretrain.engine import build_engine, rebind_optimizer
-from pretrain.errors import NONFINITE_EXIT, SAVE_FAILED_EXIT, USER_ERROR_EXIT, UserError
+from pretrain.errors import NONFINITE_EXIT, SAVE_FAILED_EXIT, USER_ERROR_EXIT, ConfigError, UserError
 from pretrain.metrics.clock import last_fault_time
 from pretrain.metrics.throughput import Throughput
 from pretrain.metrics.writer import MetricsWriter

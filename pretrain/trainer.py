@@ -34,9 +34,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pretrain.checkpointing.cadence import SAVE_SECONDS_TAG, CheckpointCadence
+from pretrain.checkpointing.cadence import SAVE_SECONDS_TAG, CadenceSettings, CheckpointCadence
 from pretrain.checkpointing.layout import make_tag
-from pretrain.config.sections import PHASE_NAMES, CheckpointSection
+from pretrain.config.sections import PHASE_NAMES
 from pretrain.data.batches import RankBatches, ValidationBatches
 from pretrain.data.loader import model_inputs, stream_batches
 from pretrain.distributed.info import DistInfo
@@ -70,7 +70,7 @@ class TrainerSettings:
     val_every_steps: int = 0  # logging.val_every_steps: steps between evaluations (0: never)
     val_instances: int | None = None  # logging.val_instances: held-out instances per evaluation (None: val_batches)
     val_batches: int = 1  # logging.val_batches: micro-batches per rank per evaluation when val_instances is None
-    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)  # when step checkpoints are due
+    checkpoint: CadenceSettings = field(default_factory=CadenceSettings)  # checkpoint.every_*: when steps save
     max_consecutive_nonfinite: int = 5  # failures.max_consecutive_nonfinite: NaN/inf steps in a row before the abort
     stop_after_steps: int | None = None  # run.stop_after_steps: this process's step budget (None: to the end)
     step_offset: int = 0  # global step of the phase's step 0 on the TensorBoard axis (phase 2: phase 1's steps)

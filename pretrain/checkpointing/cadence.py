@@ -15,6 +15,9 @@ decides with `should_save(step, due_anywhere)`, the same inputs giving the same 
 
 No torch and no clock of its own: `now` is passed in (the trainer passes `time.monotonic()`), so the
 rule is tested without DeepSpeed or sleeping, and the run config can check the keys without torch.
+
+No config type either: the rule takes two plain numbers (`CadenceSettings`, which the run plan fills from
+the checkpoint section), so the trainer that holds it names no section of the run config.
 """
 
 from __future__ import annotations
@@ -22,10 +25,10 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 from pretrain.config.checks import check_cadence
-from pretrain.config.sections import CheckpointSection
 from pretrain.run_folder import metrics_path
 
 SAVE_SECONDS_TAG = "checkpoint/save_s"  # every save's cost, logged with the step it follows (metrics.jsonl)
@@ -94,14 +97,24 @@ def hours(seconds: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
+@dataclass(frozen=True)
+class CadenceSettings:
+    """When step checkpoints are due, in plain numbers: the run plan copies checkpoint.every_steps and
+    checkpoint.every_minutes here, so the trainer and this rule hold no config section. The defaults are
+    the keys' own (a test compares them), for a TrainerSettings made without a config."""
+
+    every_steps: int | None = 500  # optimizer steps between checkpoints (None: none by step count)
+    every_minutes: float | None = None  # wall-clock minutes between checkpoints (None: by step count only)
+
+
 class CheckpointCadence:
     """The save rule of one phase on one rank. `started`: when this process began (or resumed) the phase,
     on the clock the trainer passes as `now` (the first minutes interval counts from there)."""
 
-    def __init__(self, section: CheckpointSection, started: float) -> None:
-        check_cadence(section.every_steps, section.every_minutes)
-        self.every_steps = section.every_steps
-        self.every_seconds = None if section.every_minutes is None else 60.0 * section.every_minutes
+    def __init__(self, every: CadenceSettings, started: float) -> None:
+        check_cadence(every.every_steps, every.every_minutes)  # ConfigError naming the key, hand-made too
+        self.every_steps = every.every_steps
+        self.every_seconds = None if every.every_minutes is None else 60.0 * every.every_minutes
         self.last_saved = started
 
     def step_due(self, step: int) -> bool:

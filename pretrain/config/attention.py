@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pretrain.config.deepspeed import precision_of
-from pretrain.config.sections import ConfigError, RunConfig
+from pretrain.config.sections import RunConfig
+from pretrain.errors import ConfigError
 from pretrain.model.kernel_support import DeviceFacts, unpadded_kernel, unpadded_problem
 
 PADDED_HINT = "model.attention=padded runs there"

@@ -21,7 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pretrain.config.sections import ConfigError, RunConfig
+from pretrain.config.sections import RunConfig
+from pretrain.errors import ConfigError
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 PHASE_BATCH_KEYS = ("batch_size", "micro_batch_size", "gradient_accumulation_steps")

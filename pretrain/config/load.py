@@ -30,7 +30,8 @@ from typing import Any
 
 from pretrain.config.checks import ScheduleError, check_cadence, check_schedule, check_targets
 from pretrain.config.plugins import INSTALLED, PluginRegistry
-from pretrain.config.sections import PHASE_NAMES, PLUGINS_FIELD, ConfigError, DataSection, RunConfig
+from pretrain.config.sections import PHASE_NAMES, PLUGINS_FIELD, DataSection, RunConfig
+from pretrain.errors import ConfigError
 
 # The schedule's names for a phase's keys: its own check (pretrain/schedule.py) reports in its names.
 SCHEDULE_KEYS = {"total_steps": "steps", "warmup_fraction": "warmup_fraction", "power": "decay_power"}

@@ -18,7 +18,7 @@ from typing import Any
 from pretrain.errors import ConfigError
 from pretrain.run_folder import CHECKPOINTS
 
-__all__ = ["DOC", "PHASE_NAMES", "PLUGINS_FIELD", "ConfigError", "RunConfig", "setting"]
+__all__ = ["DOC", "PHASE_NAMES", "PLUGINS_FIELD", "RunConfig", "setting"]
 
 PHASE_NAMES = ("phase1", "phase2")
 DOC = "doc"  # the field metadata key of a key's documentation
@@ -79,9 +79,12 @@ class RunSection:
     )
     max_restarts: int = setting(
         3,
-        "./launch.sh pretrain restarts the whole job this many times when a rank dies (a signal, a non-zero "
-        "exit, a lost node, a hang), each time from the newest whole checkpoint; 0: none. Config errors and "
-        "a failure at the same step again are not restarted (docs/faults.md)",
+        "./launch.sh pretrain restarts the whole job when a rank dies (a signal, a non-zero exit, a lost node, "
+        "a hang), each time from the newest whole checkpoint, up to this many times between two checkpoints: "
+        "the count is of the faults since the checkpoint the job restarts from, and a newer checkpoint (progress) "
+        "starts it again, so a long job outlives any number of faults that each leave progress behind; 0: none. "
+        "Config errors and the same failure again (same step, no newer checkpoint) are not restarted "
+        "(docs/faults.md)",
     )
     hang_timeout_minutes: float = setting(
         10.0,

@@ -35,11 +35,10 @@ from data_prep.atomic_io import sha256_file
 from data_prep.config import BERT_MASK_PROB
 from data_prep.instances import SpecialIds, replacement_ids
 from data_prep.shards import Manifest, ShardReader
-from pretrain.config.sections import ConfigError
 from pretrain.data.packing import pack_masked_instances
 from pretrain.data.shard_checks import SPECIAL_TOKENS, PhaseShards, check_phase_shards
 from pretrain.data.unpadded import unpad_masked_instances
-from pretrain.errors import DataError
+from pretrain.errors import ConfigError, DataError
 from pretrain.model.bert import IGNORE_INDEX
 
 VAL_SEED_SALT = 0x5EED_7A1  # validation masks: fixed, independent of the training seed's epochs

@@ -15,7 +15,8 @@ from typing import Any
 from data_prep.atomic_io import sha256_file
 from data_prep.config import max_predictions_for
 from data_prep.shards import Manifest, ShardFormatError
-from pretrain.config.sections import ConfigError, RunConfig
+from pretrain.config.sections import RunConfig
+from pretrain.errors import ConfigError
 
 SPECIAL_TOKENS = ("[CLS]", "[SEP]", "[MASK]", "[PAD]")  # what collate and masking look up in the vocab
 

@@ -35,8 +35,7 @@ from pretrain.config.deepspeed import (
     resolve_batch,
     resolve_precision,
 )
-from pretrain.config.sections import ConfigError
-from pretrain.errors import FinetuneFormatError
+from pretrain.errors import ConfigError, FinetuneFormatError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")

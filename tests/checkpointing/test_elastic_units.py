@@ -15,9 +15,8 @@ from data_prep.atomic_io import atomic_write_json
 from pretrain.checkpointing.checkpoint import CheckpointManager
 from pretrain.checkpointing.elastic import prepare_resume
 from pretrain.checkpointing.manifest import MANIFEST, damage, file_owner, own_entries, resolve_resume_tag
-from pretrain.config.load import ConfigError
 from pretrain.data.batches import RankBatches, ValidationBatches, open_phase_data
-from pretrain.errors import ResumeError
+from pretrain.errors import ConfigError, ResumeError
 from pretrain.model.bert import IGNORE_INDEX
 from pretrain.trainer import PhaseState
 from tests.support.pretrain_fixtures import build_shards

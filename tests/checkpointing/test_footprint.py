@@ -23,7 +23,7 @@ from pretrain.checkpointing.footprint import (
 )
 from pretrain.checkpointing.layout import LATEST, MANIFEST
 from pretrain.checkpointing.manifest import manifest_bytes, resolve_resume_tag
-from pretrain.config.sections import ConfigError
+from pretrain.errors import ConfigError
 from pretrain.metrics.writer import MetricsWriter
 from pretrain.model.bert import bert_config, build_model
 from pretrain.model.presets import bert_parameter_count

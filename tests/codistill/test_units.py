@@ -74,7 +74,8 @@ def test_separate_job_layout_is_the_whole_world_as_one_group() -> None:
 
 
 def test_codistillation_owns_the_data_parts(tmp_path) -> None:  # noqa: ANN001
-    from pretrain.config.load import ConfigError, load_config
+    from pretrain.config.load import load_config
+    from pretrain.errors import ConfigError
     from tests.support.pretrain_fixtures import tiny_run_config
 
     run_json = tiny_run_config(tmp_path / "run.json", tmp_path / "shards", tmp_path / "run")
@@ -171,7 +172,8 @@ def test_tied_parameter_map_matches_deepspeed_convention(tmp_path) -> None:  # n
 
 
 def test_run_config_has_a_typed_codistill_section() -> None:
-    from pretrain.config.load import ConfigError, from_dict
+    from pretrain.config.load import from_dict
+    from pretrain.errors import ConfigError
 
     config = from_dict({"codistill": {"enabled": True, "groups": 3, "alpha": 1, "targets": ["mlm", "nsp"]}})
     section = config.plugins["codistill"]

@@ -12,7 +12,8 @@ import torch
 
 from pretrain.config.attention import attention_plan
 from pretrain.config.deepspeed import resolve_precision
-from pretrain.config.sections import ConfigError, RunConfig
+from pretrain.config.sections import RunConfig
+from pretrain.errors import ConfigError
 from pretrain.model.kernel_support import DeviceFacts, read_device_facts
 
 H100 = DeviceFacts("cuda", (9, 0), flash_built=True, bf16=True)

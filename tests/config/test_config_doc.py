@@ -14,8 +14,9 @@ import pytest
 
 from pretrain.config.checks import ScheduleError
 from pretrain.config.doc import DOC, DOC_FILE, markdown_table, replace_table, setting
-from pretrain.config.load import ConfigError, RunConfig, check_values, from_dict
+from pretrain.config.load import RunConfig, check_values, from_dict
 from pretrain.config.plugins import installed_plugins, plugin_spec
+from pretrain.errors import ConfigError
 from pretrain.schedule import WarmupPolyDecay
 
 

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from pretrain.config.deepspeed import OWNED_KEYS, phase_ds_config, phase_owners, refuse_owned_keys
-from pretrain.config.load import ConfigError, load_config
+from pretrain.config.load import load_config
+from pretrain.errors import ConfigError
 from tests.support.paths import REPO_ROOT
 from tests.support.pretrain_fixtures import tiny_run_config
 

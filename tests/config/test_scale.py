@@ -14,7 +14,8 @@ import pytest
 
 from pretrain.config import scale
 from pretrain.config.deepspeed import phase_ds_config
-from pretrain.config.load import ConfigError, load_config
+from pretrain.config.load import load_config
+from pretrain.errors import ConfigError
 from tests.support.paths import REPO_ROOT
 
 LARGE_64K = REPO_ROOT / "ds_configs" / "recipes" / "bert_large_64k.json"

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.config.sections import ConfigError
 from pretrain.data.shard_checks import check_phase_shards
+from pretrain.errors import ConfigError
 from pretrain.launch.preflight import LaunchShape, check_command_line
 from tests.support.launching import child_env
 from tests.support.paths import REPO_ROOT

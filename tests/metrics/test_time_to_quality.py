@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.config.load import ConfigError, load_config
+from pretrain.config.load import load_config
+from pretrain.errors import ConfigError
 from pretrain.metrics.clock import RunClock
 from pretrain.metrics.quality import QualitySettings, TimeToQuality
 from pretrain.metrics.writer import MetricsWriter

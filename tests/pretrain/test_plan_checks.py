@@ -60,7 +60,7 @@ def test_the_ranks_word_a_problem_as_the_launch_time_check_does(
     tmp_path: Path, shards: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Run without launch.sh (or on another world size), the driver refuses with the launch check's own line."""
-    from pretrain.config.sections import ConfigError
+    from pretrain.errors import ConfigError
     from pretrain.launch.preflight import LaunchShape, check_command_line
 
     run_json = tiny_run_config(tmp_path / "run.json", shards, tmp_path / "run")

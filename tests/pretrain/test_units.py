@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pretrain.config.deepspeed import resolve_batch, resolve_precision
-from pretrain.config.load import ConfigError, RunConfig, load_config
+from pretrain.config.load import RunConfig, load_config
 from pretrain.data.batches import (
     DataConfigError,
     RankBatches,
@@ -21,6 +21,7 @@ from pretrain.data.batches import (
     open_phase_data,
     partition_indices,
 )
+from pretrain.errors import ConfigError
 from pretrain.schedule import WarmupPolyDecay
 from tests.support.paths import REPO_ROOT
 from tests.support.pretrain_fixtures import build_shards, tiny_run_config

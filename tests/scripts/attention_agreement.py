@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from pretrain.config.sections import ConfigError
+from pretrain.errors import ConfigError
 from pretrain.model.self_test import kernel_self_test
 from pretrain.run_plan import settle_attention
 from tests.support.attention_plans import Place, across_segments, run_plan_stub

@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from pretrain.config.load import ConfigError
 from pretrain.distributed.process_group import init_distributed
+from pretrain.errors import ConfigError
 from pretrain.model.bert import bert_config, build_model
 from pretrain.train import load_initial_weights
 from tests.support.launching import leave_without_teardown

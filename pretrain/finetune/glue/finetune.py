@@ -37,8 +37,7 @@ import torch.distributed as dist
 
 from data_prep.atomic_io import atomic_write_json
 from pretrain.config.deepspeed import precision_of
-from pretrain.config.sections import ConfigError
-from pretrain.errors import FinetuneFormatError
+from pretrain.errors import ConfigError, FinetuneFormatError
 from pretrain.finetune.common import (
     check_model_dir,
     engine_ds_config,

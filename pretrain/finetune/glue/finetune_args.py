@@ -14,7 +14,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from pretrain.config.sections import ConfigError
+from pretrain.errors import ConfigError
 from pretrain.finetune.common import (
     EngineFlags,
     add_config_arguments,

@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from data_prep.atomic_io import atomic_write_json
 from pretrain.config.deepspeed import precision_of
-from pretrain.config.load import ConfigError
+from pretrain.errors import ConfigError
 from pretrain.finetune.common import (  # noqa: F401 (FINETUNE_OWNERS re-exported)
     FINETUNE_OWNERS,
     check_model_dir,
