@@ -143,7 +143,8 @@ def export_state_dict(
         info = {"source": source, "max_abs_logit_difference": difference, "vocab_sha256": resolved.get("vocab_sha256"),
                 "tokenizer": tokenizer_facts}
         atomic_write_json(staging / EXPORT_INFO, info)
-        write_model_card(staging, card or {"source": source, "run_config": {"resolved": resolved}}, str(out))
+        facts = {**(card or {"source": source, "run_config": {"resolved": resolved}}), "tokenizer": tokenizer_facts}
+        write_model_card(staging, facts, str(out))
         if out.exists():
             shutil.rmtree(out)
         os.replace(staging, out)

@@ -12,7 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
+from data_prep.tokenizer_files import PROBE_NAME, Probe
 from pretrain.metrics.clock import read_clock_file, run_goodput
+from pretrain.report.fill_mask import read_fill_mask
 from pretrain.report.records import objective_text
 from pretrain.run_folder import CLOCK_FILE, METRICS_FILE, REPORT_MD, REPORT_PNG, RESOLVED_CONFIG
 
@@ -70,6 +72,13 @@ READING_NOTES = (
     ("perf/seq_per_s (median)", "sequences of seq_len (padding included) per second over all ranks: the global "
                                 "batch / the wall time between optimizer steps, median over the phase's steps"),
     ("perf/tokens_per_s (median)", "seq/s x seq_len, padding included"),
+    ("fill-mask", "one whole word (4+ letters) hidden in each of the corpus sentences data prep kept as its "
+                  "tokenizer probe: the share the export puts back exactly, the share among its 10 best guesses, and "
+                  "the hidden word's median rank among all tokens (1 = first guess); beside it the same model with "
+                  "random weights, which knows nothing (pretrain/report/fill_mask.py)"),
+    ("fill-mask example", "a probe sentence, the word hidden in it, and the export's three best guesses"),
+    ("SQuAD [UNK] share", "share of the fine-tune's tokens that its tokenizer could not name: above 1 % the "
+                          "fine-tune refuses to start (--allow-unk)"),
     ("SQuAD v1.1 dev", "exact match and token F1 on the dev subset; near 0 at toy scale: a 4-layer model "
                        "pretrained for minutes on a small sample knows too little English to find answer spans"),
     ("SQuAD from random weights", "the same fine-tune without pretraining: the F1 gained over it is what the "
@@ -169,7 +178,9 @@ def summary_rows(out: Path, steps: Sequence[StepResult], corpus: str, squad: str
         if "perf/" in tag and values:
             # The first steps include warm-up (allocation, first collectives): report the median.
             rows.append((tag + " (median)", f"{statistics.median(v for _, v in values):,.3g}"))
+    rows += fill_mask_rows(out)
     rows += squad_rows(steps, squad)
+    rows += unk_rows(out)
     rows += [(f"time: {step.name}", f"{step.seconds:.0f} s") for step in steps]
     rows += [
         ("shards + manifest", str(out / "data")),
@@ -180,6 +191,34 @@ def summary_rows(out: Path, steps: Sequence[StepResult], corpus: str, squad: str
     ]
     if squad:
         rows.append(("SQuAD predictions", f"{out / 'squad'}  (random weights: {out / RANDOM_SQUAD_DIR})"))
+    return rows
+
+
+def fill_mask_rows(out: Path, sentences: int = 200) -> list[tuple[str, str]]:
+    """Does the export know words? One word hidden in each of the shards' probe sentences, filled by the export
+    and by random weights of its shape (pretrain/report/fill_mask.py), with a few examples."""
+    model_dir, probe = out / "model", out / "data" / PROBE_NAME
+    if not (model_dir / "config.json").is_file() or not probe.is_file():
+        return []
+    readout = read_fill_mask(model_dir, list(Probe.load(probe).sentences[:sentences]))
+    ours, floor = readout.trained, readout.random
+    rows = [("fill-mask", f"one word hidden in each of {readout.sentences} corpus sentences: exact {ours.top1:.1%}, "
+                          f"in the top 10 {ours.top10:.1%}, median rank {ours.median_rank:,.0f} (random weights: "
+                          f"{floor.top1:.1%}, {floor.top10:.1%}, median rank {floor.median_rank:,.0f})")]
+    rows += [("fill-mask example", f"{text!r}: {answer!r} hidden, the model says {', '.join(top)}")
+             for text, answer, top in readout.examples]
+    return rows
+
+
+def unk_rows(out: Path) -> list[tuple[str, str]]:
+    """The share of [UNK] in the text each SQuAD fine-tune read (pretrain/finetune/vocab_check.py)."""
+    rows = []
+    for folder, name in (("squad", "SQuAD [UNK] share"), (RANDOM_SQUAD_DIR, "SQuAD [UNK] share, random weights")):
+        results = out / folder / "results.json"
+        check = json.loads(results.read_text(encoding="utf-8")).get("vocab_check") if results.is_file() else None
+        if check:
+            rows.append((name, f"{check['unk_share']:.2%} of {check['tokens']:,} tokens of {check['texts']:,} texts "
+                               f"(tokenizer of {check['tokenizer']})"))
     return rows
 
 

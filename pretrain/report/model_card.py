@@ -131,6 +131,18 @@ def introduction(nsp: bool, resolved: dict[str, Any]) -> str:
             "random weights). Its logits were checked against the training checkpoint's at export.")
 
 
+def _tokenizer_line(facts: dict[str, Any]) -> list[str]:
+    """How the tokenizer was proven at export: the shards' own, reloaded with AutoTokenizer, ids checked."""
+    checked = facts.get("tokenizer")
+    if not checked:
+        return []
+    probe = ("the shards' probe" if checked.get("probe_source") == "shards" else "a fixed set") + " of " + \
+        f"{checked.get('probe_sentences')} sentences"
+    return [f"The tokenizer (`tokenizer.json`) is the one data prep tokenized the training data with; at export it "
+            f"loaded with `AutoTokenizer` as {checked.get('class')} of {_count(checked.get('size'))} tokens and gave "
+            f"data prep's ids to {probe} ({checked.get('checked_with')})."]
+
+
 def _body(facts: dict[str, Any], name: str, folder_text: str, finetune: Sequence[FinetuneResult]) -> list[str]:
     config = facts.get("run_config", {})
     resolved = config.get("resolved", {})
@@ -148,8 +160,8 @@ def _body(facts: dict[str, Any], name: str, folder_text: str, finetune: Sequence
               f"{model.get('max_position_embeddings', '?')} positions (preset `{config.get('model', {}).get('preset')}`).",
               "", "## Vocabulary", "",
               f"WordPiece, {_count(model.get('vocab_size'))} tokens, lowercase: {resolved.get('lowercase')}, "
-              f"sha256 `{str(resolved.get('vocab_sha256'))[:16]}…` (`vocab.txt` in this folder).", "",
-              "## Data", ""]
+              f"sha256 `{str(resolved.get('vocab_sha256'))[:16]}…` (`vocab.txt` in this folder).", *_tokenizer_line(facts),
+              "", "## Data", ""]
     data = facts.get("data") or {}
     sources = [*(f"Wikipedia dump `{d}`" for d in data.get("wiki_dumps", [])),
                *(f"books `{b}`" for b in data.get("books", [])),
