@@ -12,9 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from data_prep.tokenizer_files import PROBE_NAME, Probe
 from pretrain.metrics.clock import read_clock_file, run_goodput
-from pretrain.report.fill_mask import read_fill_mask
 from pretrain.report.records import objective_text
 from pretrain.run_folder import CLOCK_FILE, METRICS_FILE, REPORT_MD, REPORT_PNG, RESOLVED_CONFIG
 
@@ -82,7 +80,8 @@ READING_NOTES = (
     ("SQuAD v1.1 dev", "exact match and token F1 on the dev subset; near 0 at toy scale: a 4-layer model "
                        "pretrained for minutes on a small sample knows too little English to find answer spans"),
     ("SQuAD from random weights", "the same fine-tune without pretraining: the F1 gained over it is what the "
-                                  "pretraining bought"),
+                                  "pretraining bought; one seed each, so at this scale a few points either way is "
+                                  "noise (the fill-mask ranks above show what the model learned)"),
     ("SQuAD published (full recipe)", "what the full recipe reaches, for scale"),
 )
 
@@ -196,7 +195,11 @@ def summary_rows(out: Path, steps: Sequence[StepResult], corpus: str, squad: str
 
 def fill_mask_rows(out: Path, sentences: int = 200) -> list[tuple[str, str]]:
     """Does the export know words? One word hidden in each of the shards' probe sentences, filled by the export
-    and by random weights of its shape (pretrain/report/fill_mask.py), with a few examples."""
+    and by random weights of its shape (pretrain/report/fill_mask.py), with a few examples. Imported here: the
+    demo's first checks run without site-packages (tokenizers, torch)."""
+    from data_prep.tokenizer_files import PROBE_NAME, Probe
+    from pretrain.report.fill_mask import read_fill_mask
+
     model_dir, probe = out / "model", out / "data" / PROBE_NAME
     if not (model_dir / "config.json").is_file() or not probe.is_file():
         return []

@@ -20,7 +20,8 @@ import torch
 from data_prep.__main__ import main as data_prep_main
 from pretrain.checkpointing.export import export_state_dict
 from pretrain.model.bert import build_model
-from tests.support.facts_corpus import CAPITALS, probes, write_facts_corpus
+from pretrain.report.fill_mask import masked_position, read_fill_mask
+from tests.support.facts_corpus import CAPITALS, COUNTRY_SENTENCES, FACT, probes, write_facts_corpus
 from tests.support.launching import run_ranks
 from tests.support.paths import REPO_ROOT
 
@@ -96,3 +97,22 @@ def test_random_weights_of_the_same_shape_do_not(exports: dict[str, Path], objec
     named = capitals_named(exports[f"random:{objective}"])
     assert sum(word == capital for word, capital in named.values()) <= 1, named
     assert all(word.strip() for word, _ in named.values())  # real tokens, not the empty strings of a 5-token tokenizer
+
+
+@pytest.mark.multirank
+def test_the_fill_mask_readout_tells_the_trained_export_from_random_weights(exports: dict[str, Path]) -> None:
+    """pretrain/report/fill_mask.py, the demo's readout: one whole word hidden per sentence (here the country of a
+    corpus sentence, which the context narrows to eight), ranked by the export and by random weights."""
+    sentences = [template.format(country=country, capital=capital) for country, capital in CAPITALS.items()
+                 for template in (FACT, *COUNTRY_SENTENCES)]
+    readout = read_fill_mask(exports["mlm"], sentences)
+    assert readout.sentences == len(sentences)
+    assert readout.trained.top10 >= 0.9 > 0.1 >= readout.random.top10, readout
+    assert readout.trained.median_rank < 10 < 50 < readout.random.median_rank, readout
+    assert len(readout.examples) == 3 and all("[MASK]" in text for text, _, _ in readout.examples)
+
+
+def test_the_readout_hides_a_whole_word_of_four_letters_or_more() -> None:
+    tokens = ["[CLS]", "the", "capital", "of", "fra", "##nce", "is", "paris", ".", "[SEP]"]
+    assert masked_position(list(range(len(tokens))), tokens, special_ids={0, 9}) == 7  # capital, paris: the middle
+    assert masked_position([0, 1, 2], ["[CLS]", "of", "[SEP]"], special_ids={0, 2}) is None
