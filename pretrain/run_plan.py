@@ -42,6 +42,7 @@ from pretrain.errors import ConfigError
 from pretrain.metrics.quality import QualitySettings
 from pretrain.metrics.throughput import ThroughputSettings, peak_tflops
 from pretrain.model.bert import OBJECTIVES, bert_config
+from pretrain.model.compiled_check import compiled_self_test
 from pretrain.model.kernel_support import DeviceFacts, read_device_facts
 from pretrain.model.presets import flop_parameter_counts
 from pretrain.model.self_test import SelfTestResult, kernel_self_test
@@ -266,28 +267,37 @@ def gather(verdict: Verdict) -> list[Verdict]:
     return verdicts
 
 
-def settle_attention(plan: RunPlan, dist_info: DistInfo, test: SelfTest = kernel_self_test) -> RunPlan:
+def settle_attention(plan: RunPlan, dist_info: DistInfo, test: SelfTest = kernel_self_test,
+                     compiled_test: SelfTest = compiled_self_test) -> RunPlan:
     """The planned attention path, confirmed on the device before training, the same on every rank.
 
     Each node's first local rank runs the kernel self-test (pretrain/model/self_test.py) where a phase plans the
     unpadded path; every rank's plan and test are gathered. A phase runs unpadded only if every rank planned it and
     no test failed: otherwise `auto` runs padded (the line gives the numbers) and an explicit `unpadded` is refused
-    (ConfigError on every rank). Rank 0 says the choice and why; config.resolved.json records it. `test`: the
-    tests' seam."""
+    (ConfigError on every rank). Where a phase also compiles its layers, the node then tests the compiled layer,
+    forward and backward, against the same reference (pretrain/model/compiled_check.py): what will train is what
+    was checked. If that fails anywhere, the layers run eager (`model.compile=true`: refused). Rank 0 says the
+    choice and why; config.resolved.json records it. `test`, `compiled_test`: the tests' seams."""
     phases = list(plan.phases.values())
     planned = tuple(p.attention.unpadded for p in phases)
     unpadded = [p for p in phases if p.attention.unpadded]
-    result = None
+    result = compiled = None
     if unpadded and dist_info.local_rank == 0:
         result = test(dist_info.device, unpadded[0].precision, head_dim(unpadded[0].model_config),
                       max(p.trainer.seq_len for p in unpadded))
-    verdicts = gather((socket.gethostname(), planned, result))
-    tests = [(f"{host} (rank {rank})", r) for rank, (host, _, r) in enumerate(verdicts) if r is not None]
+        compiling = [p for p in unpadded if p.attention.compile]
+        if compiling and result.passed:
+            compiled = compiled_test(dist_info.device, compiling[0].precision, head_dim(compiling[0].model_config),
+                                     max(p.trainer.seq_len for p in compiling))
+    verdicts = gather((socket.gethostname(), planned, result, compiled))
+    tests = [(f"{host} (rank {rank})", r) for rank, (host, _, r, _) in enumerate(verdicts) if r is not None]
     failed = next((f"{node}: {r.numbers()}" for node, r in tests if not r.passed), None)
+    compile_failed = next((f"{host} (rank {rank}): {c.numbers()}" for rank, (host, _, _, c) in enumerate(verdicts)
+                           if c is not None and not c.passed), None)
     settled = {}
     for index, phase in enumerate(phases):
         attention = phase.attention
-        unable = [f"{host} (rank {rank})" for rank, (host, flags, _) in enumerate(verdicts) if not flags[index]]
+        unable = [f"{host} (rank {rank})" for rank, (host, flags, _, _) in enumerate(verdicts) if not flags[index]]
         if attention.unpadded and failed is not None:
             attention = fall_back(attention, f"the unpadded kernel's self-test failed on {failed}")
         elif attention.unpadded and unable:
@@ -295,6 +305,8 @@ def settle_attention(plan: RunPlan, dist_info: DistInfo, test: SelfTest = kernel
         elif attention.unpadded and tests:  # the same words on every rank: the first node's numbers
             attention = dataclasses.replace(attention, why=f"{attention.why}; self-test passed ({len(tests)} "
                                             f"node{'s' * (len(tests) > 1)}): {tests[0][1].numbers()}")
+        if attention.unpadded and attention.compile and compile_failed is not None:
+            attention = eager_layers(attention, f"the compiled layer's self-test failed on {compile_failed}")
         settled[phase.name] = dataclasses.replace(
             phase, attention=attention, stream=dataclasses.replace(phase.stream, unpadded=attention.unpadded))
     announce(settled, dist_info.rank)
@@ -302,6 +314,13 @@ def settle_attention(plan: RunPlan, dist_info: DistInfo, test: SelfTest = kernel
         name: {"requested": p.attention.requested, "path": p.attention.path, "compile": p.attention.compile,
                "why": p.attention.why} for name, p in settled.items()}}
     return dataclasses.replace(plan, phases=settled, resolved={**plan.resolved, "resolved": resolved})
+
+
+def eager_layers(attention: AttentionPlan, why: str) -> AttentionPlan:
+    """The unpadded path with eager layers for `why`; model.compile=true is refused, in one line."""
+    if attention.compile_strict:
+        raise ConfigError(f"model.compile=true: {why}; model.compile=null runs the layers eager with a warning")
+    return dataclasses.replace(attention, compile=False, why=f"{attention.why}; layers eager: {why}")
 
 
 def fall_back(attention: AttentionPlan, why: str) -> AttentionPlan:

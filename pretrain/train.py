@@ -73,6 +73,7 @@ from pretrain.metrics.clock import last_fault_time
 from pretrain.metrics.throughput import Throughput
 from pretrain.metrics.writer import MetricsWriter
 from pretrain.model.bert import build_model
+from pretrain.model.compiled import amend_resolved
 from pretrain.model.setup import prepare_model_path
 from pretrain.plugin import PluginStack, TrainingPlugin, build_plugin
 from pretrain.run_folder import EXPORT_INFO, RESOLVED_CONFIG, TENSORBOARD, export_dir
@@ -103,7 +104,7 @@ def build_phase(plan: PhasePlan, job: TrainerJob, start: PhaseStart) -> PhaseTra
     if start.init_weights is not None:
         load_initial_weights(model, start.init_weights, f"{plan.name} initial weights", dist_info, plugin.first_rank,
                              plugin.replica_group)
-    prepare_model_path(model, plan.attention, announce=dist_info.rank == 0)  # refuses what cannot run; compiles
+    prepare_model_path(model, plan.attention, announce=dist_info.rank == 0, ledger=job.compile_ledger)  # refuses what cannot run; compiles
     engine = build_engine(model, plan.ds_config, lr_schedule=plan.schedule, mpu=plugin.mpu)
     job.metrics.mark("engine_built")
     state = PhaseState(phase=plan.name, samples_seen=start.samples_seen)
@@ -259,6 +260,14 @@ class RunProgress:
         return PhaseStart(resume_tag, init, self.samples_seen, self.steps_done)
 
 
+def record_compile_fallback(job: TrainerJob, why: str) -> None:
+    """The layer runs eager for the rest of the run (said once): config.resolved.json and every later checkpoint's
+    run config say so. In place: the phase's trainer holds the same dict."""
+    job.resolved_config.update(amend_resolved(job.resolved_config, why))
+    if job.dist_info.rank == 0:
+        atomic_write_json(job.run_dir / RESOLVED_CONFIG, job.resolved_config)
+
+
 def train_plan(plan: RunPlan, dist_info: DistInfo, plugin: TrainingPlugin, stop: StopRequest) -> str:
     """Run (or resume) the planned phases in order (see `train`)."""
     settings = plan.job
@@ -291,6 +300,7 @@ def train_plan(plan: RunPlan, dist_info: DistInfo, plugin: TrainingPlugin, stop:
     if launch.restart:  # the elastic agent restarted the job after a fault: what it costs goes on the run's clock
         metrics.after_fault(launch.restart, last_fault_time(settings.run_dir))
     job = TrainerJob(settings.run_dir, plan.resolved, dist_info, checkpoints, metrics, stop, plugin, watch=watch)
+    job.compile_ledger.on_fallback = functools.partial(record_compile_fallback, job)
     progress = RunProgress(latest, saved, saved["samples_seen"] if saved else 0)
     try:
         for phase in plan.phases.values():

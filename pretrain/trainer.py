@@ -45,7 +45,7 @@ from pretrain.distributed.stop_request import StopRequest
 from pretrain.metrics.throughput import Throughput, memory_stats
 from pretrain.metrics.writer import MetricsWriter
 from pretrain.model.bert import PretrainingOutput
-from pretrain.model.compiled import compile_metrics
+from pretrain.model.compiled import CompileLedger, compile_metrics
 from pretrain.optim.unwrap import optimizer_metrics, unwrapped_grad_norm
 from pretrain.plugin import ExtraLoss, StepAgreement, TrainingPlugin
 from pretrain.step_stats import StepResult, StepSums, host_values_to_device, labelled_slots
@@ -118,6 +118,7 @@ class TrainerJob:
     stop: StopRequest
     plugin: TrainingPlugin = field(default_factory=TrainingPlugin)
     watch: StepWatch = field(default_factory=StepWatch.from_env)  # progress timed by the elastic agent: hangs
+    compile_ledger: CompileLedger = field(default_factory=CompileLedger)  # the compiled layer over the process
 
 
 def step_seed(*parts: int) -> int:

@@ -14,8 +14,8 @@ import torch
 from torch._dynamo.exc import FailOnRecompileLimitHit, TorchDynamoException, Unsupported
 from torch._dynamo.utils import compilation_time_metrics, counters
 
-from pretrain.config.sections import ConfigError
 from pretrain.data.batches import PhaseData
+from pretrain.errors import ConfigError
 from pretrain.model.compiled import COMPILE_TIME, CompiledLayer, compile_metrics
 from pretrain.model.unpadded import LAYER_FORWARD_ATTRIBUTE, unpadded_layer
 from pretrain.model.varlen_attention import reference_varlen_attention

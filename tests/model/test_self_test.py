@@ -9,7 +9,7 @@ import functools
 import pytest
 import torch
 
-from pretrain.config.sections import ConfigError
+from pretrain.errors import ConfigError
 from pretrain.model.self_test import SelfTestResult, edge_case_lengths, kernel_self_test
 from pretrain.model.varlen_attention import reference_varlen_attention
 from pretrain.run_plan import RunPlan, settle_attention
@@ -46,7 +46,7 @@ def test_the_reference_kernel_passes_and_planted_wrong_kernels_fail() -> None:
         for precision in ("fp32", "bf16"):
             result = kernel_self_test(CPU, precision, 32, 64, kernel=wrong)
             assert not result.passed and result.logits_error > 2 * result.logits_limit, (wrong, result)
-            assert result.numbers().startswith(f"cpu {precision}: logits error ")
+            assert result.numbers().startswith(f"cpu {precision}: kernel error ")
     failed = kernel_self_test(CPU, "bf16", 32, 64, kernel=raising)
     assert not failed.passed and failed.failure == "RuntimeError: FlashAttention only supports Ampere GPUs or newer."
     assert failed.numbers() == ("cpu bf16: the unpadded path raised RuntimeError: FlashAttention only supports Ampere "
@@ -70,7 +70,7 @@ def test_auto_falls_back_to_padded_on_every_phase_with_the_numbers(capsys: pytes
     assert calls == [(CPU, "fp32", 32, 32)]  # once, at the run's head size and longest unpadded seq_len
     (line,) = capsys.readouterr().out.splitlines()
     assert line.startswith("attention: padded (transformers' SDPA) for phase1, phase2: model.attention=auto: the "
-                           "unpadded kernel's self-test failed on ") and ": cpu fp32: logits error " in line
+                           "unpadded kernel's self-test failed on ") and ": cpu fp32: kernel error " in line
     for p in settled.phases.values():
         assert (p.attention.unpadded, p.attention.compile, p.stream.unpadded, p.attention.path) == (
             False, False, False, "padded")
@@ -82,7 +82,7 @@ def test_auto_falls_back_to_padded_on_every_phase_with_the_numbers(capsys: pytes
 def test_an_explicit_unpadded_or_compile_is_refused_when_the_self_test_fails() -> None:
     wrong = functools.partial(kernel_self_test, kernel=blind_to_the_tail)
     with pytest.raises(ConfigError, match=r"^model.attention=unpadded: the unpadded kernel's self-test failed on .*: "
-                                          r"cpu fp32: logits error .*; model.attention=padded runs there$"):
+                                          r"cpu fp32: kernel error .*, logits error .*; model.attention=padded runs there$"):
         settle_attention(run_plan_stub("unpadded"), ME, test=wrong)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"^model.compile=true: compiles the unpadded encoder layers, and "
                                           r"model.attention=auto runs padded SDPA here \(the unpadded kernel's"):
@@ -93,7 +93,7 @@ def test_a_passed_self_test_keeps_the_path_and_says_so(capsys: pytest.CaptureFix
     settled = settle_attention(run_plan_stub("auto"), ME)  # type: ignore[arg-type]
     (line,) = capsys.readouterr().out.splitlines()
     assert line.startswith("attention: unpadded (real tokens, varlen kernel) for phase1, phase2: model.attention=auto:")
-    assert "; self-test passed (1 node): cpu fp32: logits error" in line
+    assert "; self-test passed (1 node): cpu fp32: kernel error 0.0e+00 (output; limit 1.0e-05), logits error" in line
     assert all(p.attention.unpadded and p.stream.unpadded for p in settled.phases.values())
     assert settled.resolved["resolved"]["attention"]["phase2"]["path"] == "unpadded"
     padded = {"phase1": phase_stub("phase1", "padded", unpadded=False)}
