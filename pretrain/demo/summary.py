@@ -195,8 +195,8 @@ def summary_rows(out: Path, steps: Sequence[StepResult], corpus: str, squad: str
 
 def fill_mask_rows(out: Path, sentences: int = 200) -> list[tuple[str, str]]:
     """Does the export know words? One word hidden in each of the shards' probe sentences, filled by the export
-    and by random weights of its shape (pretrain/report/fill_mask.py), with a few examples. Imported here: the
-    demo's first checks run without site-packages (tokenizers, torch)."""
+    and by random weights of its shape (pretrain/report/fill_mask.py), with a few examples."""
+    # deferred: the demo's first checks run without site-packages (tokenizers, torch)
     from data_prep.tokenizer_files import PROBE_NAME, Probe
     from pretrain.report.fill_mask import read_fill_mask
 

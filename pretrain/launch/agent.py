@@ -12,8 +12,9 @@ on several nodes pretrain/launch/nodes.py runs one per node (over pdsh with --no
 one dies. What is ours on top (HealingAgent):
 
 - every failure is judged once (pretrain/launch/faults.py) into a FaultRecord: one line (which rank and host, how
-  it died, where, the checkpoint it restarts from, "restart k of N"; when no restart is left, one error line with
-  the command that resumes, and the job's exit status), kept in RUN/logs/faults/ for every node to read. A config
+  it died, where, the checkpoint it restarts from, "restart k of N": k faults since that checkpoint, the budget
+  being run.max_restarts between two checkpoints; when no restart is left, one error line with the command that
+  resumes, and the job's exit status), kept in RUN/logs/faults/ for every node to read. A config
   error the ranks find is printed once, exit 2, never restarted. Under nodes.py the record goes to it as one JSON
   line instead, and nodes.py shows the most telling node's. The rank's stderr goes to
   RUN/logs/<launch>/attempt-K/rank-R.log; stdout stays on the terminal; torch's own log lines go to agent.log.
@@ -37,8 +38,9 @@ checks each of these, in seconds and without ranks, and pyproject.toml bounds to
 (2.13.0 and 2.14.1):
 
 1. `SimpleElasticAgent._remaining_restarts`, read and written: torch's run loop (`_invoke_run`) restarts while it is
-   positive; a final verdict sets it to 0, and a restart torch does not count (another node's failure: the group is
-   healthy and `num_nodes_waiting()` > 0) is counted here, so "restart k of N" is the same on every node.
+   positive (from TORCH_ATTEMPTS: the budget is judged here, not by torch); a final verdict sets it to 0, and a
+   restart torch does not count (another node's failure: the group is healthy and `num_nodes_waiting()` > 0) is
+   counted here, so the attempt's number (its records, its attempt-K folder) is the same on every node.
 2. `SimpleElasticAgent._monitor_workers`, overridden (torch's documented hook for extending the agent): each failure
    is judged where torch sees it; also where new ranks get their start-up timer and lost nodes are acted on.
 3. `SimpleElasticAgent._restart_workers`, overridden: the count of (1) for a healthy group.
@@ -47,6 +49,10 @@ checks each of these, in seconds and without ranks, and pyproject.toml bounds to
 5. `LocalElasticAgent._setup_local_watchdog`'s behaviour: with TORCHELASTIC_ENABLE_FILE_TIMER unset and
    TORCHELASTIC_TIMER_FILE set, it starts no server of its own and hands that path to the ranks.
 6. The environment switch TORCH_DISABLE_SHARE_RDZV_TCP_STORE: each attempt's ranks get a store of their own.
+7. TORCHELASTIC_SIGNALS_TO_HANDLE, read by torch's `PContext.start`: torch handles SIGQUIT alone, the agent forwards
+   the rest (HealingAgent.forward).
+8. TORCHELASTIC_RUN_ID, set by `_start_workers` for the ranks: pretrain/distributed/info.py tells a restart by it.
+9. The rendezvous key `last_call_timeout` (LAST_CALL_SECONDS), read by the c10d handler's `create_handler`.
 """
 
 from __future__ import annotations
@@ -98,6 +104,10 @@ PREFIX = "launch.sh"
 LAST_CALL_SECONDS = 10  # with --nodes MIN:MAX: how long a rendezvous that has MIN nodes waits for more
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 PIPE_READ_S = 0.3  # the timer server reads the ranks' pipe every 0.1 s (pretrain/launch/hang_watch.py)
+# torch's own count of restarts (WorkerSpec.max_restarts): never what stops the job. The budget is ours,
+# run.max_restarts faults since the last checkpoint (pretrain/launch/faults.py judge); a final verdict sets
+# _remaining_restarts to 0. torch's count still numbers the attempts (attempt-K folders, TORCHELASTIC_RESTART_COUNT).
+TORCH_ATTEMPTS = 1_000_000
 
 
 def say(line: str) -> None:
@@ -160,9 +170,9 @@ class HealingAgent(LocalElasticAgent):
     def _restart_workers(self, worker_group: Any) -> None:
         # torch restarts a healthy group without counting it when another node waits in the rendezvous: that
         # node's ranks failed (it counted it). A failed group was counted by torch before this call. Counted here
-        # too, every node spends the job's restarts alike and "restart k of N" means the same k on every node.
+        # too, every node numbers the attempts alike (the records' `restart`, by which the nodes' lines are matched).
         if worker_group.state == WorkerState.HEALTHY and self._remaining_restarts > 0:
-            self._remaining_restarts -= 1
+            self._remaining_restarts -= 1  # the attempt's number: TORCH_ATTEMPTS - _remaining_restarts
         super()._restart_workers(worker_group)
 
     # ------------------------------------------------------------------ ours
@@ -200,13 +210,13 @@ class HealingAgent(LocalElasticAgent):
         group = self.get_worker_group()
         attempt = group.spec.max_restarts - self._remaining_restarts
 
-        def failure(rank: int, pid: int, exitcode: int) -> RankFailure:
+        def failure(rank: int, pid: int, exitcode: int, noticed: float | None = None) -> RankFailure:
             watch = self.watch
             return RankFailure(rank, self.node.host, exitcode, watch.last_step.get(pid), self.logs.path(attempt, rank),
                                watch.hung.get(pid), pid in self.stopped_for_lost_node, nccl_trace(rank),
-                               pid in watch.stacks)
+                               pid in watch.stacks, noticed)
 
-        failed = [failure(rank, found.pid, found.exitcode) for rank, found in result.failures.items()]
+        failed = [failure(rank, found.pid, found.exitcode, found.timestamp) for rank, found in result.failures.items()]
         # A rank named by the timers (a frozen peer) may not be reaped yet: a failure too.
         return failed + [failure(rank, pid, -signal.SIGKILL) for rank, pid in self.pids().items()
                          if pid in self.watch.hung and rank not in result.failures]
@@ -297,7 +307,7 @@ def build_agent(args: argparse.Namespace, module_args: list[str]) -> HealingAgen
     spec = WorkerSpec(role="rank", local_world_size=args.nproc_per_node, entrypoint=sys.executable,
                       args=("-u", "-m", "pretrain.launch.pin", "--", *rank) if args.slurm else rank,
                       rdzv_handler=rendezvous_registry.get_rendezvous_handler(parameters),
-                      max_restarts=config.run.max_restarts, monitor_interval=0.2, local_addr=local_addr)
+                      max_restarts=TORCH_ATTEMPTS, monitor_interval=0.2, local_addr=local_addr)
     logging.getLogger("torch.distributed.elastic").info("ranks run: %r", [sys.executable, *spec.args])
     run_dir = Path(config.run.dir)
     context = FaultContext(job, config.run.max_restarts, run_dir, config.checkpoint_dir, args.resume_command)

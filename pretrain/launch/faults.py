@@ -12,20 +12,27 @@ words the lines the terminal shows:
 
 Which rank is named (`failure_order`): a frozen rank, then one whose timer ran out, then one killed by a signal
 other than SIGTERM (the agent's own stop) and SIGABRT (a peer that NCCL's watchdog aborted because of another),
-then a rank's own error (exit 2-4), then another non-zero exit, then exit 1 and SIGABRT (a collective that lost
-its peer), then a rank its agent stopped because a node was lost. The others died of its death, as their logs say.
+then a rank's own error (exit 2-4), then an exception of its own (exit 1 with any exception but a victim's) or
+another non-zero exit, then the victims: exit 1 on a lost peer (VICTIM_TEXTS: a closed or reset connection, NCCL's
+"remote process exited", a watchdog timeout), and SIGABRT; then a rank its agent stopped because a node was lost.
+Among equals the one that failed first (RankFailure.failed_at), never the lower rank. The others died of its death,
+as their logs say.
 
 Kinds of failure that are no fault, and are never restarted: exit status 2 (a config, data or resume error the
 ranks found: its line is shown once, and the job exits 2), 3 (NaN/inf losses, after a checkpoint) and 4 (a
 checkpoint or export that could not be written: the rank's own line says why). The same failure again (the same
 kind, cause, step and error line as one of the attempt before, with no newer checkpoint since) is a bug rather
-than a fault: restarting would fail there again, so restarts stop.
+than a fault: restarting would fail there again, so restarts stop. A victim's record (a rank that died of another's
+failure) is never the same failure again: its line is the same whatever killed its peer. The restart budget,
+run.max_restarts, counts the faults since the checkpoint the job restarts from (FaultHistory.spent_since): a newer
+checkpoint is progress and starts it again, so a long job that commits checkpoints between faults outlives any
+number of them, and a job that fails again and again without progress stops after run.max_restarts.
 
-`FaultRecord` is the one definition of a judged fault. Each agent writes one per failure into RUN/logs/faults/
-(one file per record: the nodes share the run folder, and a file renamed into place needs no lock), so every node
-judges "the same failure again" against the same history, and what the faults cost can be read back (time, kind,
-restart, the checkpoint restarted from). An agent under pretrain/launch/nodes.py also prints it as one JSON line
-(RECORD_PREFIX); nodes.py reads it back with `FaultRecord.from_line` and shows the most telling node's line.
+`FaultRecord` (pretrain/launch/fault_records.py) is the one definition of a judged fault. Each agent writes one per
+failure into RUN/logs/faults/ (FaultHistory), so every node judges "the same failure again" and the budget against
+the same history, and what the faults cost can be read back (time, kind, restart, the checkpoint restarted from).
+An agent under pretrain/launch/nodes.py also prints it as one JSON line (RECORD_PREFIX); nodes.py reads it back
+with `FaultRecord.from_line` and shows the most telling node's line.
 
 Standard library only (and pretrain/errors.py, the driver's exit statuses and error prefixes; pretrain/run_folder.py).
 """
@@ -33,7 +40,7 @@ Standard library only (and pretrain/errors.py, the driver's exit statuses and er
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
 import os
 import re
 import signal
@@ -43,14 +50,27 @@ from pathlib import Path
 
 from data_prep.atomic_io import atomic_write_bytes
 from pretrain.errors import ERROR_PREFIXES, NONFINITE_EXIT, SAVE_FAILED_EXIT, USER_ERROR_EXIT
+from pretrain.launch.fault_records import (  # noqa: F401 - AgentEnd, RECORD_PREFIX: importers read them here too
+    RECORD_PREFIX,
+    VICTIM_ORDER,
+    AgentEnd,
+    FaultRecord,
+)
 from pretrain.run_folder import CHECKPOINTS
 
 NOT_RESTARTED = {USER_ERROR_EXIT: "a config, data or resume error", NONFINITE_EXIT: "NaN/inf losses",
                  SAVE_FAILED_EXIT: "a checkpoint or export that could not be written"}
 KINDS = {USER_ERROR_EXIT: "config", NONFINITE_EXIT: "nonfinite", SAVE_FAILED_EXIT: "save"}
-RECORD_PREFIX = "launch.sh: fault record: "  # an agent's record on its stdout, for pretrain/launch/nodes.py
 NODE_LOST = "stopped by its agent: a node of the job was lost"
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b.*")
+# What a rank's last exception says when it died of another's failure: a peer gone in a collective (gloo: the
+# connection closed or reset; NCCL's DistBackendError "remote process exited"), NCCL's watchdog timing out a
+# collective a peer never joined, the ranks' store gone with the rank that served it. Not DistBackendError as such:
+# a rank whose own GPU fails (an Xid under NCCL) raises it too, and is a culprit.
+VICTIM_TEXTS = ("remote process exited", "Connection closed by peer", "Connection reset by peer",
+                "ConnectionResetError", "Broken pipe", "BrokenPipeError", "Watchdog caught collective operation timeout",
+                "watchdog timeout", "NCCL communicator was aborted")
 
 
 @dataclass(frozen=True)
@@ -66,6 +86,18 @@ class RankFailure:
     node_lost: bool = False  # its agent killed it: a node of the job was lost
     trace: Path | None = None  # where NCCL's flight recorder dumps this rank's collectives (when it does)
     stacks: bool = False  # asked for its stacks (they are in its log) before it was killed
+    noticed: float | None = None  # when torch saw it end (ProcessFailure.timestamp: whole seconds)
+
+    @property
+    def failed_at(self) -> float:
+        """When it failed, as near as can be told: its log's last write (a rank's traceback is its last word, and a
+        victim writes its own only after its peer is gone), no later than torch saw it end (whole seconds, so + 1).
+        What breaks a tie between two equally telling failures; infinite when nothing tells."""
+        try:
+            written = self.log.stat().st_mtime
+        except OSError:
+            written = math.inf
+        return min(written, self.noticed + 1) if self.noticed is not None else written
 
     @property
     def kind(self) -> str:
@@ -114,17 +146,27 @@ def failure_order(failure: RankFailure) -> int:
     if failure.hang:
         return 0 if "stopped by SIGSTOP" in failure.hang else 1
     if failure.node_lost:
-        return 6
+        return VICTIM_ORDER + 1
     if failure.exitcode < 0:
-        return 7 if -failure.exitcode == signal.SIGTERM else 5 if -failure.exitcode in victims else 2
+        return 7 if -failure.exitcode == signal.SIGTERM else VICTIM_ORDER if -failure.exitcode in victims else 2
     if failure.exitcode in NOT_RESTARTED:
         return 3
-    return 5 if failure.exitcode == 1 else 4
+    if failure.exitcode == 1 and not error_line(failure.log):  # the driver's own error line: never a victim's
+        return VICTIM_ORDER if is_victim(exception_line(failure.log)) else 4
+    return 4
+
+
+def is_victim(exception: str | None) -> bool:
+    """Whether a rank that exited with status 1 died of another's failure: its last exception says a peer is gone
+    (VICTIM_TEXTS). None (no exception in its log) is not a victim: nothing says a peer is gone, and a victim's
+    record never stops the restarts, so one with no evidence must still be able to."""
+    return exception is not None and any(text in exception for text in VICTIM_TEXTS)
 
 
 def primary_failure(failures: list[RankFailure]) -> RankFailure:
-    """The failure that ended the group: the most telling (failure_order), then the lowest rank."""
-    return min(failures, key=lambda failure: (failure_order(failure), failure.rank))
+    """The failure that ended the group: the most telling (failure_order), then the one that failed first
+    (RankFailure.failed_at); the rank number only when nothing tells the times apart."""
+    return min(failures, key=lambda failure: (failure_order(failure), failure.failed_at, failure.rank))
 
 
 def latest_checkpoint(checkpoint_dir: Path) -> str | None:
@@ -136,10 +178,12 @@ def latest_checkpoint(checkpoint_dir: Path) -> str | None:
 
 
 def log_lines(log: Path) -> list[str]:
+    """The rank's log, each line without the `[rankN]: ` torch puts before the lines of an uncaught exception."""
     try:
-        return log.read_text(encoding="utf-8", errors="replace").splitlines()
+        text = log.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return []
+    return [_RANK_PREFIX.sub("", line, count=1) for line in text.splitlines()]
 
 
 def error_line(log: Path) -> str | None:
@@ -150,74 +194,6 @@ def error_line(log: Path) -> str | None:
 def exception_line(log: Path) -> str | None:
     """The last exception a rank's log shows ("RuntimeError: ..."): what tells two failures at one step apart."""
     return next((line.strip()[:200] for line in reversed(log_lines(log)) if _EXCEPTION.match(line.strip())), None)
-
-
-@dataclass(frozen=True)
-class FaultRecord:
-    """One judged fault: what the terminal showed, and the data a report needs to cost it."""
-
-    time: float  # when the agent judged it (seconds since the epoch)
-    job: str  # the launch's rendezvous id: the nodes of one launch share it
-    host: str
-    restart: int  # restarts of this launch before it (0: its first attempt)
-    kind: str  # hang | signal | exit | node | config | nonfinite | save | stuck
-    rank: int | None
-    cause: str  # "died of SIGKILL", "made no progress in 10 min (...): killed"
-    step: str | None  # the timer the rank held: "phase1 step 12", "start-up", ...
-    detail: str | None  # the rank's own error line, else the last exception in its log
-    checkpoint: str | None  # what `latest` named: the checkpoint a restart resumes from (None: the start)
-    restarts: bool  # the verdict: the job restarts (True) or stops
-    exit_status: int  # the job's status when it stops here
-    order: int  # how telling (failure_order)
-    line: str  # the terminal line, without "launch.sh: "
-
-    @property
-    def key(self) -> tuple[str, str, str | None, str | None]:
-        """What "the same failure" means: the same kind, cause, step and error line."""
-        return self.kind, self.cause, self.step, self.detail
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> FaultRecord:
-        fields = {field.name for field in dataclasses.fields(cls)}
-        return cls(**{name: value for name, value in json.loads(text).items() if name in fields})
-
-    @classmethod
-    def from_line(cls, line: str) -> FaultRecord | None:
-        """The record an agent printed as one line (RECORD_PREFIX + JSON), anywhere in `line` (pdsh puts the host in
-        front); None for any other line."""
-        _, found, text = line.partition(RECORD_PREFIX)
-        if not found:
-            return None
-        try:
-            return cls.from_json(text)
-        except (ValueError, TypeError):
-            return None
-
-
-@dataclass(frozen=True)
-class AgentEnd:
-    """An agent's last word under pretrain/launch/nodes.py: its node and the status it exits with. A node whose agent
-    said it ended by itself; whatever its transport reports after (srun's "Out Of Memory" for a rank the kernel
-    killed earlier), it is no lost node."""
-
-    host: str
-    status: int
-
-    PREFIX = "launch.sh: agent end: "
-
-    def to_line(self) -> str:
-        return f"{self.PREFIX}{json.dumps(dataclasses.asdict(self))}"
-
-    @classmethod
-    def from_line(cls, line: str) -> AgentEnd | None:
-        _, found, text = line.partition(cls.PREFIX)
-        try:
-            return cls(**json.loads(text)) if found else None
-        except (ValueError, TypeError):
-            return None
 
 
 @dataclass
@@ -253,6 +229,14 @@ class FaultHistory:
         last = earlier[-1]
         return [r for r in earlier if (r.job, r.restart) == (last.job, last.restart)]
 
+    def spent_since(self, job: str, checkpoint: str | None, restart: int) -> int:
+        """The restarts this launch spent on faults since `checkpoint` was committed: its attempts before `restart`
+        whose fault restarted from that same checkpoint (None: from the start). One per attempt, however many nodes
+        wrote a record of it. Progress (a newer checkpoint) starts the count again: run.max_restarts bounds the
+        faults between two checkpoints, not over the job's life."""
+        return len({r.restart for r in self.records()
+                    if r.job == job and r.restart < restart and r.checkpoint == checkpoint})
+
 
 @dataclass(frozen=True)
 class FaultContext:
@@ -283,9 +267,10 @@ def judge(failure: RankFailure, restarts_done: int, context: FaultContext, histo
     checkpoint = context.checkpoint_name(tag) if tag else None
     found = error_line(failure.log)
     detail = found or exception_line(failure.log)
+    failed_at = failure.failed_at
     fields = dict(job=context.job, host=failure.host, restart=restarts_done, kind=failure.kind, rank=failure.rank,
                  cause=failure.cause, step=failure.step, detail=detail, checkpoint=checkpoint,
-                 order=failure_order(failure))
+                 order=failure_order(failure), failed_at=failed_at if math.isfinite(failed_at) else None)
     log = failure.files()
     if failure.exitcode in NOT_RESTARTED and not (failure.hang or failure.node_lost):
         if found and failure.exitcode in (USER_ERROR_EXIT, SAVE_FAILED_EXIT):  # the rank's own words say it all
@@ -295,18 +280,21 @@ def judge(failure: RankFailure, restarts_done: int, context: FaultContext, histo
                     f"{': ' + found if found else ''}; {log}")
             status = failure.exit_status
         return _keep(history, FaultRecord(time.time(), **fields, restarts=False, exit_status=status, line=line))
-    previous = history.previous_attempt(context.job, restarts_done)
+    previous = [r for r in history.previous_attempt(context.job, restarts_done) if not r.victim]
     probe = FaultRecord(time.time(), **fields, restarts=True, exit_status=0, line="")
-    # a lost node is the world's doing, never a bug of the run's: it is not "the same failure" however often it comes
-    if failure.kind != "node" and any(r.key == probe.key and r.checkpoint == checkpoint for r in previous):
+    spent = history.spent_since(context.job, checkpoint, restarts_done)
+    # a victim (a lost node, a peer gone, NCCL's abort) is another's doing: never "the same failure", however often
+    if not probe.victim and any(r.key == probe.key and r.checkpoint == checkpoint for r in previous):
         why = (f"the same failure as the last one, at the same step with no newer checkpoint: a bug, not a fault, "
                f"so no restart; last checkpoint {checkpoint or 'none'}")
-    elif restarts_done >= context.max_restarts:
-        why = f"no restart left (run.max_restarts={context.max_restarts}); last checkpoint {checkpoint or 'none'}"
+    elif spent >= context.max_restarts:
+        spent_line = ", all spent since that checkpoint" if context.max_restarts else ""
+        why = (f"no restart left (run.max_restarts={context.max_restarts}){spent_line}; last checkpoint "
+               f"{checkpoint or 'none'}")
     else:
         start = f"checkpoint {checkpoint}" if checkpoint else "the start (no checkpoint yet)"
-        line = (f"fault: {failure.line()}; restarting from {start} (restart {restarts_done + 1} of "
-                f"{context.max_restarts}); {log}")
+        budget = f"restart {spent + 1} of {context.max_restarts}"
+        line = f"fault: {failure.line()}; restarting from {start} ({budget}); {log}"
         return _keep(history, dataclasses.replace(probe, line=line))
     # status 1, not the rank's: a status >= 128 from a node means the node was lost (pretrain/launch/nodes.py)
     line = f"error: {failure.line()}; {why}; {log}; resume with: {context.resume_command}"

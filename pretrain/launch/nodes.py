@@ -19,12 +19,16 @@ lost the connection, SLURM declared the node failed or its task out of memory). 
 - otherwise: one error line naming the node, and the other nodes are stopped at once (their ranks would
   otherwise wait in the rendezvous, or in a collective until run.dist_timeout_minutes).
 
-The agents' fault records (pretrain/launch/faults.py FaultRecord, one JSON line each) become one line per fault:
+A node whose own rank fails during start-up at DROP_AFTER starts in a row, with no newer checkpoint between (a GPU that
+fails at every start), is dropped under --nodes MIN:MAX with a hostfile (NodeJob.failed_to_start): one line, its agent
+killed, the survivors told as for a lost node.
+
+The agents' fault records (pretrain/launch/fault_records.py FaultRecord, one JSON line each) become one line per fault:
 the most telling node's (FaultLines). The store's death ends the job with one line: the nodes could not meet again.
 Signals (launch.sh passes them here) reach every node's agent through the transport (pdsh + pkill of this
 launch's mark, or scancel of the agents' step); the agents pass them on to their ranks.
 
-Standard library only: launch/plan.py reads `node_range` from here with a bare python3.
+Standard library only: pretrain/launch/plan.py reads `node_range` from here with a bare python3.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ LOST_STATUS = 128  # an agent ends by itself with 0-4 (pretrain/launch/agent.py)
 # whole step) it reaches the ranks too, which must not end on it.
 NODE_LOST_SIGNAL = signal.SIGURG
 _RANGE = re.compile(r"([0-9]+)(?::([0-9]+))?", re.ASCII)
+DROP_AFTER = 2  # with --nodes MIN:MAX: start-up failures of a node's own rank, no progress between, that drop it
 
 
 class NodeRangeError(ClusterError):
@@ -86,6 +91,8 @@ class Transport(Protocol):
 
     def signal(self, signum: int, hosts: Sequence[str]) -> None: ...
 
+    def drop(self, host: str) -> bool: ...
+
 
 @dataclass
 class NodeJob:
@@ -103,6 +110,7 @@ class NodeJob:
     agents_ended: dict[str, int] = field(default_factory=dict)  # host -> the status its agent said it ends with
     stopping: bool = False  # a signal to pass on, or a lost node the job cannot do without
     failed: bool = False  # the latter
+    failed_starts: dict[str, tuple[str | None, int]] = field(default_factory=dict)  # host -> (checkpoint, count)
 
     @property
     def nodes_left(self) -> int:
@@ -138,6 +146,32 @@ class NodeJob:
             f"resume with: {self.resume_command}")
         return signal.SIGTERM, left
 
+    def failed_to_start(self, record: FaultRecord, first: Callable[[], None] = lambda: None
+                        ) -> tuple[int, list[str]] | None:
+        """A node whose own rank fails during start-up at DROP_AFTER starts with no newer checkpoint between (a GPU
+        that fails at every start: Xid, ECC, memory still held) would spend every restart on the same fault. With
+        --nodes MIN:MAX and MIN nodes left without it, it is dropped: one line, its agent killed (its ranks die with
+        it), the survivors told as for a lost node. Only the node's own failure counts (a victim's record is its
+        peer's doing); under SLURM no node is dropped (its task cannot be ended alone: transports.Srun.drop)."""
+        host = record.host
+        if record.victim or not record.restarts or host in self.lost or self.stopping:
+            return None
+        checkpoint, count = self.failed_starts.get(host, (record.checkpoint, 0))
+        starting = record.step is None or " step " not in record.step
+        count = count + 1 if starting and checkpoint == record.checkpoint else int(starting)
+        self.failed_starts[host] = (record.checkpoint, count)
+        left = [other for other in self.hosts if other not in self.lost and other != host]
+        if count < DROP_AFTER or len(left) < self.min_nodes or self.min_nodes == len(self.hosts):
+            return None
+        if not self.transport.drop(host):
+            return None
+        self.lost.append(host)
+        first()
+        say(f"fault: node {host} dropped: its rank failed during start-up at {count} starts in a row with no newer "
+            f"checkpoint (last: {record.cause} during {record.step or 'start-up'}); carrying on with {len(left)} "
+            f"node(s) (--nodes {self.min_nodes}:{len(self.hosts)})")
+        return NODE_LOST_SIGNAL, left
+
     def store_ended(self, status: int) -> None:
         """The rendezvous store this process served is gone while the nodes run: they could not meet again."""
         if self.stopping:
@@ -157,8 +191,10 @@ class FaultLines:
     the rank that died: "died of SIGKILL"; on the others: "exited with status 1", their ranks having lost a peer) and
     sends its FaultRecord. The records of one attempt are held until every running node has sent its own, or
     `settle_s` passed, or until a later event (a later attempt's record, a lost node) must follow it; then one line is
-    shown: a final verdict's if any node reached one (it ends the job), else the most telling (FaultRecord.order),
-    with the node's name in front as pdsh put it."""
+    shown: a final verdict's if any node reached one (it ends the job), else the most telling (FaultRecord.telling:
+    its order, then the earliest failure, never the lower rank), with the node's name in front as pdsh put it. A
+    victim's record (a rank that lost its peer) reaches no final verdict of its own but a spent budget, which every
+    node reaches alike (pretrain/launch/faults.py), so the line names the culprit."""
 
     def __init__(self, out: IO[str], nodes_running: Callable[[], int], settle_s: float = 10.0) -> None:
         self.out, self.nodes_running, self.settle_s = out, nodes_running, settle_s
@@ -194,7 +230,7 @@ class FaultLines:
             self.shown.add(key)
         final = [(node, record) for node, record in told if not record.restarts]
         if told:
-            node, record = min(final or told, key=lambda pair: (pair[1].order, pair[1].rank or 0))
+            node, record = min(final or told, key=lambda pair: pair[1].telling)
             self.out.write(f"{node}{PREFIX}: {record.line}\n")
             self.out.flush()
 
@@ -217,7 +253,13 @@ def relay(stream: IO[str], out: IO[str], job: NodeJob, faults: FaultLines) -> No
         if agent:
             job.agents_ended[agent.host] = agent.status
             continue
-        if not job.transport.quiet(line) and not faults.offer(line):
+        record = FaultRecord.from_line(line)
+        if record is not None:
+            faults.offer(line)
+            act = job.failed_to_start(record, faults.show_all)
+            if act:
+                job.signal_agents(*act)
+        elif not job.transport.quiet(line):
             out.write(line)
             out.flush()
 

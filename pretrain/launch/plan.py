@@ -278,7 +278,7 @@ def check_run(options: LaunchOptions, ranks_per_node: int, node_counts: list[int
     False (after one line on stderr) when the launch must not start. Under --dry-run a problem is a note: an
     earlier step of a pipeline (the demo's data prep) may not have run yet."""
     try:
-        from pretrain.config.sections import ConfigError
+        from pretrain.errors import ConfigError
         from pretrain.launch.preflight import LaunchShape, check_command_line
     except ImportError as err:  # a --dry-run on a bare python3: the check needs the toolkit's environment
         problem = f"error: the launch-time check needs the toolkit's environment: {err}"

@@ -56,9 +56,9 @@ from pretrain.config.cli import parse_args
 from pretrain.config.deepspeed import phase_ds_config, phase_ds_json
 from pretrain.config.load import load_config
 from pretrain.config.plugins import plugin_spec
-from pretrain.config.sections import ConfigError, RunConfig
+from pretrain.config.sections import RunConfig
 from pretrain.data.shard_checks import PhaseShards, check_run_shards, model_overrides
-from pretrain.errors import exit_on_error
+from pretrain.errors import ConfigError, exit_on_error
 from pretrain.launch.nodes import node_range
 
 

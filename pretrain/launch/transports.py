@@ -100,6 +100,18 @@ class Pdsh:
         subprocess.run(self._pdsh(hosts, ["pkill", f"-{signal.Signals(signum).name[3:]}", "-f", agents]),
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env(), check=False)
 
+    def drop(self, host: str) -> bool:
+        """Kill `host`'s agent alone (its ranks die with it: PR_SET_PDEATHSIG): the node leaves the job as a lost
+        one. pkill matches its --node, so on a machine that runs several nodes' agents only that one ends."""
+        agent = shlex.quote(self.agent_pattern(host))
+        subprocess.run(self._pdsh([host], ["pkill", "-KILL", "-f", agent]), stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, env=self.env(), check=False)
+        return True
+
+    def agent_pattern(self, host: str) -> str:
+        """The extended regex (pkill -f) of `host`'s agent command line, as `command` starts it."""
+        return f"^[^ ]*python[^ ]* -u -m pretrain[.]launch[.]agent .*--job {self.mark} --node {re.escape(host)}( |$)"
+
     @staticmethod
     def _pdsh(hosts: Sequence[str], command: Sequence[str]) -> list[str]:
         return ["pdsh", "-S", "-f", "1024", "-w", ",".join(hosts), *command]
@@ -167,6 +179,12 @@ class Srun:
             self.signalled = True
             subprocess.run(["scancel", f"--signal={signal.Signals(signum).name[3:]}", step],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+
+    @staticmethod
+    def drop(host: str) -> bool:
+        """Not under SLURM: a step is signalled whole (scancel), so one node's task cannot be ended alone."""
+        del host
+        return False
 
     def _step_id(self, wait_s: float = 30.0) -> str:
         """JOB.STEP of the agents' step, found by its name (the mark); waits while srun is still starting it."""

@@ -4,7 +4,9 @@ node writes and reads, on real files (a run folder's `latest`, a rank's log, the
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -12,6 +14,7 @@ import time
 from pathlib import Path
 
 from pretrain.launch.faults import (
+    RECORD_PREFIX,
     AgentEnd,
     FaultContext,
     FaultHistory,
@@ -21,6 +24,7 @@ from pretrain.launch.faults import (
     primary_failure,
     process_state,
 )
+from pretrain.launch.nodes import FaultLines
 from tests.support.paths import REPO_ROOT
 
 
@@ -43,12 +47,16 @@ def history(tmp_path: Path) -> FaultHistory:
 
 
 def test_the_rank_that_failed_first_is_named_not_the_ones_that_followed(tmp_path: Path) -> None:
+    (tmp_path / "rank-0.log").write_text("[rank0]: RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed "
+                                         "by peer [127.0.0.1]:4242\n")
     peer = failure(tmp_path, rank=0, exitcode=1)  # its collective lost the peer
     stopped_by_agent = failure(tmp_path, rank=2, exitcode=-signal.SIGTERM)
     aborted = failure(tmp_path, rank=4, exitcode=-signal.SIGABRT)  # NCCL's watchdog ended it: a victim
     killed = failure(tmp_path, rank=3, exitcode=-signal.SIGKILL)
     assert primary_failure([peer, stopped_by_agent, aborted, killed]) is killed
-    assert primary_failure([aborted, stopped_by_agent, peer]) is peer  # the lower rank of two victims
+    assert primary_failure([aborted, stopped_by_agent, peer]) is peer  # two victims: only the peer's log tells when
+    silent = failure(tmp_path, rank=6, exitcode=1)  # exit 1, no exception in its log: nothing says a peer is gone
+    assert primary_failure([peer, silent]) is silent
     assert primary_failure([stopped_by_agent, aborted]) is aborted
     lost = failure(tmp_path, rank=0, exitcode=-signal.SIGKILL, node_lost=True)  # its agent ended it: a node was lost
     assert primary_failure([lost, aborted]) is aborted and "a node of the job was lost" in lost.cause
@@ -63,15 +71,106 @@ def test_a_fault_restarts_with_one_line_until_the_budget_is_spent(tmp_path: Path
     assert record.restarts and record.line == (
         f"fault: rank 1 (host node7) died of SIGKILL at phase1 step 12; restarting from checkpoint "
         f"phase1-step0000010 (restart 1 of 3); log: {tmp_path / 'rank-1.log'}")
+    for restart, code in ((1, -signal.SIGSEGV), (2, -signal.SIGBUS)):  # other faults, no checkpoint in between
+        assert judge(failure(tmp_path, exitcode=code), restart, context(tmp_path), history(tmp_path)).restarts
     later = failure(tmp_path, exitcode=1, step="phase1 step 15")
     record = judge(later, 3, context(tmp_path), history(tmp_path))
     assert not record.restarts and record.exit_status == 1
     assert record.line.startswith("error: rank 1 (host node7) exited with status 1 at phase1 step 15; no restart "
-                                  "left (run.max_restarts=3); last checkpoint phase1-step0000010; log: ")
+                                  "left (run.max_restarts=3), all spent since that checkpoint; last checkpoint "
+                                  "phase1-step0000010; log: ")
     assert record.line.endswith("; resume with: ./launch.sh pretrain --config run.json")
     fresh = judge(failure(tmp_path, step="start-up"), 0, context(tmp_path / "new", latest=None),
                   history(tmp_path / "new"))
     assert "during start-up; restarting from the start (no checkpoint yet) (restart 1 of 3)" in fresh.line
+
+
+def test_the_budget_counts_the_faults_since_the_last_checkpoint_so_a_long_job_outlives_it(tmp_path: Path) -> None:
+    """run.max_restarts=3 and eight faults: four with a checkpoint committed between each (progress starts the count
+    again), then four at one checkpoint, each attempt told by two nodes (one restart spent per attempt, not per
+    node's record): the fourth fault with no progress ends the job."""
+    shared = history(tmp_path)
+    tags = ["phase1-step0000004", "phase1-step0000008", "phase1-step0000012", "phase1-step0000016"]
+    for restart, tag in enumerate(tags):
+        record = judge(failure(tmp_path, step=f"phase1 step {restart * 4 + 6}"), restart,
+                       context(tmp_path, latest=tag), shared)
+        assert record.restarts and f"from checkpoint {tag} (restart 1 of 3)" in record.line, record.line
+    causes = [-signal.SIGKILL, -signal.SIGSEGV, -signal.SIGBUS, -signal.SIGILL]
+    for restart, code in enumerate(causes, start=len(tags)):
+        peer = judge(failure(tmp_path, rank=0, exitcode=-signal.SIGABRT), restart, context(tmp_path), shared)
+        own = judge(failure(tmp_path, exitcode=code), restart, context(tmp_path), shared)
+        assert peer.restarts == own.restarts  # every node reaches the same verdict
+        if restart < len(tags) + 3:
+            assert own.restarts and f"(restart {restart - len(tags) + 1} of 3)" in own.line, own.line
+    assert not own.restarts and "no restart left (run.max_restarts=3), all spent since that checkpoint" in own.line
+
+
+def node_line(host: str, record: FaultRecord) -> str:
+    return f"{host}: {RECORD_PREFIX}{record.to_json()}\n"  # as pdsh relays it
+
+
+def test_a_victims_record_never_ends_the_job_and_the_line_names_the_culprit(tmp_path: Path) -> None:
+    """The review's case: node A fails twice during phase1 set-up, for two causes (SIGKILL, then CUDA OOM); node B's
+    rank loses its peer both times with the same line. Before, B judged "the same failure again" and its verdict,
+    naming B's rank, ended the job."""
+    shared, a, b = history(tmp_path), tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    (b / "rank-2.log").write_text("[rank2]: Traceback (most recent call last):\n[rank2]: torch.distributed."
+                                  "DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1: remote process exited or "
+                                  "there was a network error\n")  # torch's prefix before an uncaught exception
+    out = io.StringIO()
+    lines = FaultLines(out, nodes_running=lambda: 2, settle_s=60)
+    for restart, (code, exception) in enumerate([(-signal.SIGKILL, ""), (1, "torch.OutOfMemoryError: CUDA out of "
+                                                                           "memory. Tried to allocate 2.00 GiB")]):
+        (a / "rank-0.log").write_text(f"Traceback (most recent call last):\n{exception}\n")
+        culprit = RankFailure(0, "nodeA", code, "phase1 set-up", a / "rank-0.log")
+        victim = RankFailure(2, "nodeB", 1, "phase1 set-up", b / "rank-2.log")
+        told = judge(victim, restart, context(tmp_path, latest=None), shared)  # the victim's node judges first
+        assert told.restarts and told.victim, told.line
+        lines.offer(node_line("nodeB", told))
+        lines.offer(node_line("nodeA", judge(culprit, restart, context(tmp_path, latest=None), shared)))
+    shown = out.getvalue().splitlines()
+    assert [line.split(";")[0] for line in shown] == [
+        "nodeA: launch.sh: fault: rank 0 (host nodeA) died of SIGKILL during phase1 set-up",
+        "nodeA: launch.sh: fault: rank 0 (host nodeA) exited with status 1 during phase1 set-up"], shown
+    assert "(restart 2 of 3)" in shown[1]
+
+
+def test_a_culprits_exit_1_is_named_before_a_sigabrt_victim_and_before_an_earlier_lower_rank(tmp_path: Path) -> None:
+    """Rank 7 exits 1 on CUDA OOM; rank 3, its peer, is aborted by NCCL's watchdog (SIGABRT), its log written
+    earlier: the culprit is named, on one node (primary_failure) and across nodes (the records, FaultLines)."""
+    (tmp_path / "rank-7.log").write_text("Traceback (most recent call last):\ntorch.OutOfMemoryError: CUDA out of "
+                                         "memory\n")
+    (tmp_path / "rank-3.log").write_text("[rank3]: Watchdog caught collective operation timeout\n")
+    os.utime(tmp_path / "rank-3.log", (1000.0, 1000.0))
+    culprit = failure(tmp_path, rank=7, exitcode=1)
+    aborted = failure(tmp_path, rank=3, exitcode=-signal.SIGABRT)
+    assert primary_failure([aborted, culprit]) is culprit
+    (tmp_path / "rank-5.log").write_text("[rank5]: torch.distributed.DistBackendError: NCCL error in: x.cpp:1, "
+                                         "unhandled cuda error\n")  # its own GPU: NCCL's error, but no lost peer
+    assert primary_failure([aborted, failure(tmp_path, rank=5, exitcode=1)]).rank == 5
+    out = io.StringIO()
+    lines = FaultLines(out, nodes_running=lambda: 2, settle_s=60)
+    lines.offer(node_line("n0", judge(aborted, 0, context(tmp_path), history(tmp_path))))
+    lines.offer(node_line("n1", judge(culprit, 0, context(tmp_path), history(tmp_path))))
+    assert out.getvalue().startswith("n1: launch.sh: fault: rank 7 (host node7) exited with status 1 at phase1 "), \
+        out.getvalue()
+
+
+def test_of_two_equally_telling_failures_the_earlier_is_named_not_the_lower_rank(tmp_path: Path) -> None:
+    for rank, written in ((1, 2000.0), (5, 1000.0)):  # rank 5 wrote its traceback first
+        (tmp_path / f"rank-{rank}.log").write_text(f"Traceback (most recent call last):\nRuntimeError: bug {rank}\n")
+        os.utime(tmp_path / f"rank-{rank}.log", (written, written))
+    late, early = failure(tmp_path, rank=1, exitcode=1), failure(tmp_path, rank=5, exitcode=1)
+    assert primary_failure([late, early]) is early
+    # torch noticed rank 1's end first (whole seconds): that bounds its time, and it is then the earlier
+    noticed_first = failure(tmp_path, rank=1, exitcode=1, noticed=500.0)
+    assert primary_failure([early, noticed_first]) is noticed_first
+    out = io.StringIO()
+    lines = FaultLines(out, nodes_running=lambda: 2, settle_s=60)
+    for host, each in (("n0", late), ("n1", early)):
+        lines.offer(node_line(host, judge(each, 0, context(tmp_path), history(tmp_path))))
+    assert out.getvalue().startswith("n1: launch.sh: fault: rank 5 "), out.getvalue()
 
 
 def test_every_judged_fault_is_kept_with_its_time_kind_restart_and_checkpoint(tmp_path: Path) -> None:

@@ -134,9 +134,10 @@ def fault_lines(text: str) -> list[str]:
 def test_a_killed_and_two_frozen_ranks_heal_to_the_same_weights(work: Path, reference: dict, tmp_path: Path) -> None:
     """kill -9 of rank 1; then, in the restart, rank 1 frozen before its first step (the start-up limit names it);
     then rank 0 frozen mid-phase: three restarts, one line each, the frozen ranks' stacks in their logs, and the
-    weights of the uninterrupted run."""
+    weights of the uninterrupted run. With run.max_restarts=2: the budget counts the faults since the checkpoint the
+    job restarts from, and the third fault comes after a newer one (before, it ended the job: 3 restarts > 2)."""
     run_dir, log, hold = tmp_path / "run", tmp_path / "launch.log", Hold(tmp_path / "hold").at(7)
-    proc = start(command(work, run_dir, f"--run.hang_timeout_minutes={HANG_MINUTES}",
+    proc = start(command(work, run_dir, f"--run.hang_timeout_minutes={HANG_MINUTES}", "--run.max_restarts=2",
                          f"--run.startup_timeout_minutes={STARTUP_MINUTES}"), log, job_env(**hold.env))
     try:
         when(run_dir, log, 6, faults=0)  # held before step 7
@@ -155,13 +156,13 @@ def test_a_killed_and_two_frozen_ranks_heal_to_the_same_weights(work: Path, refe
     assert status == 0, text[-4000:]
     killed_line, start_up, frozen = fault_lines(text)
     assert re.search(r"rank 1 \(host \S+\) died of SIGKILL at phase1 step 6; restarting from checkpoint "
-                     r"phase1-step0000004 \(restart 1 of 3\); log: \S+rank-1\.log$", killed_line), killed_line
+                     r"phase1-step0000004 \(restart 1 of 2\); log: \S+rank-1\.log$", killed_line), killed_line
     assert re.search(r"rank 1 \(host \S+\) made no progress in 0\.25 min \(stopped by SIGSTOP; "
                      r"run\.startup_timeout_minutes\): killed during start-up; restarting from checkpoint "
-                     r"phase1-step0000004 \(restart 2 of 3\); log: \S+rank-1\.log$", start_up), start_up
+                     r"phase1-step0000004 \(restart 2 of 2\); log: \S+rank-1\.log$", start_up), start_up
     assert re.search(r"rank 0 \(host \S+\) made no progress in 0\.1 min \(stopped by SIGSTOP; "
                      r"run\.hang_timeout_minutes\): killed at phase1 step 14; restarting from checkpoint "
-                     r"phase1-step0000012 \(restart 3 of 3\)", frozen), frozen
+                     r"phase1-step0000012 \(restart 1 of 2\)", frozen), frozen
     assert Path(killed_line.rpartition("log: ")[2]).is_file()
     for line, waiting in ((start_up, "rank-0.log"), (frozen, "rank-1.log")):  # the peer that waited for the frozen
         peer = Path(line.rpartition("log: ")[2].split(";")[0]).with_name(waiting)  # one: its stacks, in its log

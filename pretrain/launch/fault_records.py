@@ -1,0 +1,97 @@
+"""The fault record: the one form in which a judged fault is kept (RUN/logs/faults/, one file each, read by every
+node: pretrain/launch/faults.py FaultHistory) and handed on (one JSON line to pretrain/launch/nodes.py); and an
+agent's last word under nodes.py.
+
+pretrain/launch/faults.py judges failures into records. Standard library only: the ground floor, so that the
+modules that read records sit no higher for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+RECORD_PREFIX = "launch.sh: fault record: "  # an agent's record on its stdout, for pretrain/launch/nodes.py
+VICTIM_ORDER = 5  # failure_order of a rank that died of another's failure (pretrain/launch/faults.py)
+
+
+@dataclass(frozen=True)
+class FaultRecord:
+    """One judged fault: what the terminal showed, and the data a report needs to cost it."""
+
+    time: float  # when the agent judged it (seconds since the epoch)
+    job: str  # the launch's rendezvous id: the nodes of one launch share it
+    host: str
+    restart: int  # restarts of this launch before it (0: its first attempt)
+    kind: str  # hang | signal | exit | node | config | nonfinite | save | stuck
+    rank: int | None
+    cause: str  # "died of SIGKILL", "made no progress in 10 min (...): killed"
+    step: str | None  # the timer the rank held: "phase1 step 12", "start-up", ...
+    detail: str | None  # the rank's own error line, else the last exception in its log
+    checkpoint: str | None  # what `latest` named: the checkpoint a restart resumes from (None: the start)
+    restarts: bool  # the verdict: the job restarts (True) or stops
+    exit_status: int  # the job's status when it stops here
+    order: int  # how telling (failure_order): VICTIM_ORDER and above, a rank that died of another's failure
+    line: str  # the terminal line, without "launch.sh: "
+    failed_at: float | None = None  # when the rank failed, as near as its agent could tell (RankFailure.failed_at)
+
+    @property
+    def victim(self) -> bool:
+        """A rank that died of another's failure (a lost peer, NCCL's abort, its agent's stop): never "the same
+        failure again", however often it comes; the culprit's record says what happened."""
+        return self.order >= VICTIM_ORDER
+
+    @property
+    def telling(self) -> tuple[int, float]:
+        """How one record is chosen among several of one attempt (the nodes' lines): the most telling failure, then
+        the earliest; never the lower rank (rank numbers say nothing of what failed first)."""
+        return self.order, self.failed_at if self.failed_at is not None else self.time
+
+    @property
+    def key(self) -> tuple[str, str, str | None, str | None]:
+        """What "the same failure" means: the same kind, cause, step and error line."""
+        return self.kind, self.cause, self.step, self.detail
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> FaultRecord:
+        fields = {field.name for field in dataclasses.fields(cls)}
+        return cls(**{name: value for name, value in json.loads(text).items() if name in fields})
+
+    @classmethod
+    def from_line(cls, line: str) -> FaultRecord | None:
+        """The record an agent printed as one line (RECORD_PREFIX + JSON), anywhere in `line` (pdsh puts the host in
+        front); None for any other line."""
+        _, found, text = line.partition(RECORD_PREFIX)
+        if not found:
+            return None
+        try:
+            return cls.from_json(text)
+        except (ValueError, TypeError):
+            return None
+
+
+@dataclass(frozen=True)
+class AgentEnd:
+    """An agent's last word under pretrain/launch/nodes.py: its node and the status it exits with. A node whose agent
+    said it ended by itself; whatever its transport reports after (srun's "Out Of Memory" for a rank the kernel
+    killed earlier), it is no lost node."""
+
+    host: str
+    status: int
+
+    PREFIX = "launch.sh: agent end: "
+
+    def to_line(self) -> str:
+        return f"{self.PREFIX}{json.dumps(dataclasses.asdict(self))}"
+
+    @classmethod
+    def from_line(cls, line: str) -> AgentEnd | None:
+        _, found, text = line.partition(cls.PREFIX)
+        try:
+            return cls(**json.loads(text)) if found else None
+        except (ValueError, TypeError):
+            return None
