@@ -117,6 +117,38 @@ def _columns(rows: list[Instance | tuple[Instance, MaskedInstance]], vocab_size:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
+# Instances held as Python objects before they become Arrow columns (~40 bytes per token as lists of
+# ints; 8,192 instances at 512 are ~170 MB). A chunk counts documents, not tokens, so without a bound
+# 256 books would be ~1 GB in one worker.
+BATCH_ROWS = 8192
+
+
+class _RowBatches:
+    """One split's instances, converted to Arrow every BATCH_ROWS rows. The written file is one record
+    batch of the same rows whatever the batching (write_shard_table combines the chunks), so its bytes
+    do not depend on BATCH_ROWS."""
+
+    def __init__(self, vocab_size: int, static: bool) -> None:
+        self._vocab_size = vocab_size
+        self._static = static
+        self._pending: list[Instance | tuple[Instance, MaskedInstance]] = []
+        self._tables: list[pa.Table] = []
+
+    def append(self, row: Instance | tuple[Instance, MaskedInstance]) -> None:
+        self._pending.append(row)
+        if len(self._pending) >= BATCH_ROWS:
+            self._convert()
+
+    def _convert(self) -> None:
+        self._tables.append(_columns(self._pending, self._vocab_size, self._static))
+        self._pending = []
+
+    def table(self) -> pa.Table:
+        if self._pending or not self._tables:
+            self._convert()
+        return pa.concat_tables(self._tables)
+
+
 def make_instances(task: InstanceTask) -> dict[str, int]:
     """All instances whose first tokens come from this chunk's documents, split by document."""
     vocab = load_vocab(task.out / "vocab.txt")
@@ -126,7 +158,7 @@ def make_instances(task: InstanceTask) -> dict[str, int]:
     corpus = _corpus(task.out, task.num_chunks)
     held_out, split_docs = _splits(len(corpus), task.val_fraction, task.seed)
     rng = random.Random(f"instances:{task.seed}:{task.seq_len}:{task.chunk}")
-    rows: dict[str, list] = {split: [] for split in SPLITS}
+    rows = {split: _RowBatches(vocab.size, task.static_masking) for split in SPLITS}
     if task.segments == NSP:
         made = _nsp_instances(task, corpus, held_out, split_docs, special, rng)
     else:
@@ -147,7 +179,7 @@ def make_instances(task: InstanceTask) -> dict[str, int]:
     stats: dict[str, int] = {}
     # val first, train last: the train file's presence marks the chunk as done.
     for split in ("val", "train"):
-        table = _columns(rows[split], vocab.size, task.static_masking)
+        table = rows[split].table()
         write_shard_table(instance_part_path(task.out, task.seq_len, task.chunk, split), table)
         stats[f"{split}_instances"] = table.num_rows
     return stats

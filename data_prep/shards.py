@@ -52,18 +52,19 @@ with MLM + NSP; ``full-sentences`` / ``doc-sentences`` = RoBERTa's packed single
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from data_prep.atomic_io import atomic_write_bytes, sha256_file
+from data_prep.atomic_io import atomic_write_stream, sha256_file
 from data_prep.config import NSP, SEGMENT_MODES
 
 FORMAT_NAME = "bert-ds-shards"
@@ -117,13 +118,40 @@ def write_shard_table(path: str | os.PathLike[str], table: pa.Table) -> tuple[in
     """Write a table with the shard schema as one record batch, atomically; (rows, sha256).
 
     One batch whatever the table's chunking, so the bytes depend only on the rows.
+    The file is streamed into its temp file and hashed on the way: no copy of its bytes in memory
+    (an in-memory buffer and its bytes object were two more copies of every shard).
     """
     table = table.combine_chunks()
-    sink = pa.BufferOutputStream()
-    with ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table, max_chunksize=max(1, table.num_rows))
-    atomic_write_bytes(path, sink.getvalue().to_pybytes())
-    return table.num_rows, sha256_file(path)
+    sink = _HashingSink()
+
+    def write(handle: BinaryIO) -> None:
+        sink.handle = handle
+        with ipc.new_file(pa.PythonFile(sink, mode="w"), table.schema) as writer:
+            writer.write_table(table, max_chunksize=max(1, table.num_rows))
+
+    atomic_write_stream(path, write)
+    return table.num_rows, sink.digest.hexdigest()
+
+
+class _HashingSink:
+    """A binary file object that hashes what passes to the real file (set as `handle` once open).
+    Closing it leaves the file open: atomic_write_stream fsyncs and renames it afterwards."""
+
+    def __init__(self) -> None:
+        self.handle: BinaryIO | None = None
+        self.digest = hashlib.sha256()
+        self.closed = False
+
+    def write(self, data: bytes | memoryview) -> int:
+        assert self.handle is not None
+        self.digest.update(data)
+        return self.handle.write(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def read_table(path: str | os.PathLike[str]) -> pa.Table:
