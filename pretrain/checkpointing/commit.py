@@ -221,7 +221,8 @@ def discard(folder: Path) -> None:
 
 def report_failure(folder: Path, failures: list[str], engine: Any, rank: int, stop: bool) -> str:
     """Every rank, after a failed save: rank 0 discards the folder and prints the one line, then a barrier
-    (the line is out before any rank can exit). Returns the line's text (SaveError's message)."""
+    (the line is out before any rank can exit). Returns the line's text (SaveError's message; rank 0's also gives
+    the sizes)."""
     root = folder.parent
     more = f" (and {len(failures) - 1} more rank{'s' * (len(failures) > 2)})" if len(failures) > 1 else ""
     last = pointer(root)
@@ -229,14 +230,15 @@ def report_failure(folder: Path, failures: list[str], engine: Any, rank: int, st
     fix = "free space" if space else "remove the cause of that error"
     then = (f"stopping: {fix}, then rerun the same command (it resumes from there)" if stop
             else "training on: the next checkpoint tries again")
-    text = ""
+    sizes = ""
     if rank == 0:
         discard(folder)
         sizes = (f"a checkpoint needs about {human(needed_bytes(root, engine))}, {human(free_bytes(root))} is free "
                  "there; " if space else "")
-        text = (f"could not write {folder} ({failures[0]}{more}); {sizes}latest still names "
-                f"{last or 'nothing (no checkpoint yet)'}; {then}")
-        if not stop:  # training goes on: said here; a stop's line is the SaveError's (the driver's, or its agent's)
-            print(f"{SaveError.prefix}{text}", flush=True)
+    # every rank's words say what to do: the agent may show any rank's (the earliest failure), not rank 0's
+    text = (f"could not write {folder} ({failures[0]}{more}); {sizes}latest still names "
+            f"{last or 'nothing (no checkpoint yet)'}; {then}")
+    if rank == 0 and not stop:  # training goes on: said here; a stop's line is the SaveError's (driver's or agent's)
+        print(f"{SaveError.prefix}{text}", flush=True)
     barrier()
-    return text or f"could not write {folder} ({failures[0]}{more})"
+    return text
