@@ -26,7 +26,7 @@ from tests.support.launching import run_ranks
 from tests.support.paths import REPO_ROOT
 
 OBJECTIVES = {"mlm+nsp": "nsp", "mlm": "full-sentences"}  # objective -> the shards that train it
-STEPS = 600  # 8 of 8 facts after 600 steps on either objective (about 40 s each on 2 idle cores); 6 of 8 after 400
+STEPS = 600  # 8 of 8 facts after 600 steps on either objective (about 40 s each on 2 idle cores); 6 of 8 after 500 (MLM + NSP)
 MOST = 6  # of the 8 probes
 
 
