@@ -243,9 +243,14 @@ class HealingAgent(LocalElasticAgent):
             self._remaining_restarts = 0
 
     def forward(self, signum: int, _frame: Any = None) -> None:
-        """launch.sh's signal, passed on to every rank; nothing is restarted after it."""
+        """launch.sh's signal, passed on to every rank; nothing is restarted after it. The same stop may come twice (a
+        hang-up to the whole group, then launch.sh's own SIGTERM): once the ranks have stopped for the first, the
+        second changes nothing (raising here would turn their clean stop into status 143)."""
+        told_before = self.stop_signal is not None
         self.stop_signal = self.stop_signal or signum
         pids = [pid for pid in self.pids().values() if Path(f"/proc/{pid}").exists()]
+        if not pids and told_before:
+            return
         if not pids:  # in a rendezvous: end it
             raise SignalException(f"{signal.Signals(signum).name} between attempts", signal.Signals(signum))
         for pid in pids:
