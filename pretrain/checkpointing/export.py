@@ -130,9 +130,9 @@ def export_state_dict(
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         plain.save_pretrained(str(staging), safe_serialization=True)
-        probe = save_tokenizer(resolved, staging, config.max_position_embeddings)
+        saved = save_tokenizer(resolved, staging, config.max_position_embeddings)
         try:  # loaded as a user loads it, or no export
-            tokenizer_facts = check_saved_tokenizer(staging, resolved, probe)
+            tokenizer_facts = check_saved_tokenizer(staging, saved)
         except TokenizerExportError as err:
             raise TokenizerExportError(f"export of {source} to {out} refused: {err}") from None
         difference = max_logit_difference(staging, reference)

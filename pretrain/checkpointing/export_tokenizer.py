@@ -15,6 +15,7 @@ the export unless
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,15 @@ class TokenizerExportError(RuntimeError):
     caller names the export)."""
 
 
+@dataclass(frozen=True)
+class SavedTokenizer:
+    """What an export's tokenizer must prove on reload: the shards' vocab and the probe (and where it came from)."""
+
+    vocab: Vocab
+    probe: Probe
+    probe_source: str  # "shards" (tokenizer_probe.json) or "fixed sentences" (shards older than the probe)
+
+
 def data_prep_tokenizer(resolved: dict[str, Any]) -> tuple[Tokenizer, Vocab]:
     """The `tokenizers` object the shards were made with, and their vocab (lower-casing as data prep recorded it)."""
     vocab = load_vocab(resolved["vocab_file"])
@@ -40,34 +50,35 @@ def data_prep_tokenizer(resolved: dict[str, Any]) -> tuple[Tokenizer, Vocab]:
         if not Path(saved).is_file():
             raise FileNotFoundError(f"{saved}: the tokenizer the shards were built with is missing")
         return Tokenizer.from_file(saved), vocab
-    return vocab.tokenizer()._tokenizer, vocab  # shards older than tokenizer.json: rebuilt as data prep builds it
+    # shards older than tokenizer.json: rebuilt as data prep builds it (through the public serialised form)
+    return Tokenizer.from_str(vocab.tokenizer().to_str()), vocab
 
 
-def probe_of(resolved: dict[str, Any], tokenizer: Tokenizer) -> Probe:
+def probe_of(resolved: dict[str, Any], tokenizer: Tokenizer) -> tuple[Probe, str]:
     """The shards' probe; for shards older than it, fixed sentences tokenized by data prep's tokenizer."""
     path = resolved.get("tokenizer_probe_file")
     if path:
         if not Path(path).is_file():
             raise FileNotFoundError(f"{path}: the tokenizer probe the shards were built with is missing")
-        return Probe.load(path)
-    return Probe.made_by(tokenizer, FALLBACK_SENTENCES)
+        return Probe.load(path), "shards"
+    return Probe.made_by(tokenizer, FALLBACK_SENTENCES), "fixed sentences"
 
 
-def save_tokenizer(resolved: dict[str, Any], folder: Path, model_max_length: int) -> Probe:
+def save_tokenizer(resolved: dict[str, Any], folder: Path, model_max_length: int) -> SavedTokenizer:
     """Write data prep's tokenizer into `folder` as transformers' BertTokenizer files (tokenizer.json,
-    tokenizer_config.json) and vocab.txt; returns the probe the folder must reproduce (`check_saved_tokenizer`)."""
+    tokenizer_config.json) and vocab.txt; returns what the folder must reproduce (`check_saved_tokenizer`)."""
     tokenizer, vocab = data_prep_tokenizer(resolved)
     wrapped = BertTokenizer(tokenizer_object=tokenizer, do_lower_case=vocab.lowercase,
                             model_max_length=model_max_length)
     wrapped.save_pretrained(str(folder))
     (folder / "vocab.txt").write_bytes(vocab.path.read_bytes())  # for tools that want the plain WordPiece file
-    return probe_of(resolved, tokenizer)
+    return SavedTokenizer(vocab, *probe_of(resolved, tokenizer))
 
 
-def check_saved_tokenizer(folder: Path, resolved: dict[str, Any], probe: Probe) -> dict[str, Any]:
+def check_saved_tokenizer(folder: Path, saved: SavedTokenizer) -> dict[str, Any]:
     """Load `folder`'s tokenizer as a user would and prove it is the shards' one; raises TokenizerExportError.
     Returns what was checked, for export_info.json."""
-    vocab = load_vocab(resolved["vocab_file"])
+    vocab, probe = saved.vocab, saved.probe
     loaded = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     version = f"transformers {transformers.__version__}"
     if len(loaded) != vocab.size:
@@ -81,5 +92,4 @@ def check_saved_tokenizer(folder: Path, resolved: dict[str, Any], probe: Probe) 
     if mismatch:
         raise TokenizerExportError(f"its tokenizer does not tokenize as data prep did: {mismatch} ({version})")
     return {"class": type(loaded).__name__, "size": len(loaded), "probe_sentences": len(probe.sentences),
-            "probe_source": "shards" if resolved.get("tokenizer_probe_file") else "fixed sentences",
-            "checked_with": version}
+            "probe_source": saved.probe_source, "checked_with": version}
