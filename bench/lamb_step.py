@@ -205,7 +205,7 @@ def bias_growth_run(args: argparse.Namespace, adapt_all_override: bool | None) -
     from pretrain.config.load import load_config
     from pretrain.engine import build_engine
     from pretrain.model.bert import bert_config, build_model
-    from pretrain.schedule import WarmupPolyDecay
+    from pretrain.schedule import build_schedule
 
     micro, seq, vocab, predictions = 32, 32, 1000, 5
     config = load_config(args.recipe, [f"--phase1.batch_size={micro}", f"--phase1.micro_batch_size={micro}"])
@@ -217,7 +217,7 @@ def bias_growth_run(args: argparse.Namespace, adapt_all_override: bool | None) -
     model = build_model(bert_config("tiny", vocab, 64))
     zero_biases = [p for n, p in model.named_parameters() if n.endswith("bias") and not p.detach().any()]
     decoder_bias = model.cls.predictions.bias
-    engine = build_engine(model, ds, lr_schedule=WarmupPolyDecay(phase.steps, phase.warmup_fraction, phase.decay_power))
+    engine = build_engine(model, ds, lr_schedule=build_schedule(phase, phase.steps))
     zipf = 1.0 / torch.arange(1, vocab - 4, dtype=torch.float64)
     generator = torch.Generator().manual_seed(1)
     report, losses = {}, []

@@ -203,7 +203,7 @@ def main() -> None:
     pad_id = tokenizer.pad_token_id or 0
     ds = load_ds_config(config, 1, "cpu", False)
     data = TrainData.of(features, ds, pad_id, config.seed)
-    schedule = WarmupPolyDecay(args.steps, config.warmup_fraction, power=1.0)
+    schedule = WarmupPolyDecay(args.steps, config.warmup_fraction, decay_power=1.0)
     loops = (driver_loop(config, data, schedule), plain_loop(config, data, schedule))
     if args.profile is not None:
         for loop in loops:

@@ -45,7 +45,7 @@ def phase_owners(name: str) -> dict[str, str]:
         **{key: f"{name}.{key}" for key in PHASE_BATCH_KEYS},
         "lr": f"{name}.lr",
         "precision": "run.precision",
-        "schedule": f"{name}.warmup_fraction and {name}.decay_power",
+        "schedule": f"{name}.lr_schedule and its keys",  # pretrain/schedule.py: each schedule's, in --help
     }
 
 

@@ -28,13 +28,11 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from pretrain.config.checks import ScheduleError, check_cadence, check_schedule, check_targets
+from pretrain.config.checks import check_cadence, check_targets
 from pretrain.config.plugins import INSTALLED, PluginRegistry
 from pretrain.config.sections import PHASE_NAMES, PLUGINS_FIELD, DataSection, RunConfig
 from pretrain.errors import ConfigError
-
-# The schedule's names for a phase's keys: its own check (pretrain/schedule.py) reports in its names.
-SCHEDULE_KEYS = {"total_steps": "steps", "warmup_fraction": "warmup_fraction", "power": "decay_power"}
+from pretrain.schedule import build_schedule
 
 
 def _check_type(key: str, value: Any, annotation: Any) -> Any:
@@ -190,10 +188,7 @@ def check_values(config: RunConfig, registry: PluginRegistry = INSTALLED) -> Non
         raise ConfigError(f"run.phases: {config.run.phases} must be in order phase1, phase2")
     for name in config.run.phases:
         phase = config.phase(name)
-        try:
-            check_schedule(phase.steps, phase.warmup_fraction, phase.decay_power)
-        except ScheduleError as err:
-            raise ConfigError(f"{name}.{SCHEDULE_KEYS[err.field]}: {err.reason}") from err
+        build_schedule(phase, phase.steps, f"{name}.")  # the schedule's own checks, named phaseN.<key>
         if phase.seq_len <= 0:
             raise ConfigError(f"{name}.seq_len: must be > 0, got {phase.seq_len}")
         if not phase.ds_config:

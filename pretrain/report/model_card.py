@@ -22,7 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from pretrain.config.deepspeed import precision_of
-from pretrain.report.records import FinetuneResult, global_step, last_validation, read_json, read_rows
+from pretrain.report.records import (
+    FinetuneResult,
+    global_step,
+    last_validation,
+    read_json,
+    read_rows,
+    schedule_text,
+)
 from pretrain.run_folder import CLOCK_FILE, TENSORBOARD
 
 CARD_FILE = "README.md"
@@ -173,13 +180,13 @@ def _body(facts: dict[str, Any], name: str, folder_text: str, finetune: Sequence
         shown = ", ".join(f"{totals[k]:,} {k}" for k in ("documents", "sentences", "tokens") if isinstance(totals.get(k), int))
         lines.append(f"Corpus: {shown}; masking {data.get('masking', {}).get('mode', '?')}.")
     lines += ["", "## Recipe and steps", "",
-              "| phase | seq len | global batch | steps | lr | warmup | optimizer | precision |",
+              "| phase | seq len | global batch | steps | lr | lr schedule | optimizer | precision |",
               "|---|---|---|---|---|---|---|---|"]
     for phase in config.get("run", {}).get("phases", []):
         section, ds = config.get(phase, {}), resolved.get("ds_configs", {}).get(phase, {})
         precision = precision_of(ds)
         lines.append(f"| {phase} | {section.get('seq_len')} | {ds.get('train_batch_size', section.get('batch_size'))} | "
-                     f"{section.get('steps')} | {section.get('lr')} | {section.get('warmup_fraction')} | "
+                     f"{section.get('steps')} | {section.get('lr')} | {schedule_text(config, phase)} | "
                      f"{ds.get('optimizer', {}).get('type', '?')} | {precision} |")
     lines += ["", f"This export: `{facts.get('source')}`, {state.get('phase', '?')} step {state.get('step', '?')} "
               f"(global step {facts.get('global_step')}), {_count(state.get('samples_seen'))} sequences seen, "

@@ -24,6 +24,7 @@ from typing import Any
 
 from pretrain.finetune.layout import RESULTS, RESULTS_GLOB
 from pretrain.run_folder import CHECKPOINTS, EXPORT_INFO, LOGS, TENSORBOARD, metrics_path
+from pretrain.schedule import ScheduleSettings, schedule_line
 
 SEARCH_DEPTH = 3  # folder levels below RUN_DIR and its parent searched for results and exports
 SKIPPED_FOLDERS = {CHECKPOINTS, TENSORBOARD, LOGS, "data", "squad_data", ".git", "__pycache__"}
@@ -272,3 +273,16 @@ def objective_text(resolved: dict[str, Any]) -> str:
     if objective == "mlm+nsp":
         return f"masked-LM + next-sentence prediction on sentence pairs{rate}"
     return f"masked-LM alone (no NSP) on {resolved.get('segments', 'packed')} inputs{rate}"
+
+
+def schedule_text(config: dict[str, Any], phase: str) -> str:
+    """A phase's lr schedule in words: the line the plan recorded (config.resolved.json's resolved.schedules), or,
+    for a run from before that record, the same line rebuilt from the phase's keys (pretrain/schedule.py)."""
+    recorded = config.get("resolved", {}).get("schedules", {}).get(phase)
+    if recorded:
+        return str(recorded)
+    section = config.get(phase, {})
+    try:
+        return schedule_line(ScheduleSettings.from_keys(section), int(section.get("steps", 0)))
+    except (TypeError, ValueError) as err:  # a hand-edited file (ConfigError is a ValueError): say what is wrong
+        return f"unreadable ({err})"

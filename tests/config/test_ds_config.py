@@ -30,7 +30,7 @@ OWNED_CASES: dict[str, tuple[dict[str, Any], str]] = {
     "optimizer.params.lr": ({"optimizer": {"params": {"lr": 0.006}}}, "phase2.lr=0.006"),
     "bf16.enabled": ({"bf16": {"enabled": True}}, "run.precision=bf16"),
     "fp16.enabled": ({"fp16": {"enabled": True, "loss_scale": 0}}, "run.precision=fp16"),
-    "scheduler": ({"scheduler": {"type": "WarmupLR", "params": {}}}, "phase2.warmup_fraction and phase2.decay_power"),
+    "scheduler": ({"scheduler": {"type": "WarmupLR", "params": {}}}, "phase2.lr_schedule and its keys"),
 }
 
 

@@ -20,23 +20,23 @@ from pretrain.config.load import load_config
 from pretrain.engine import build_engine
 from pretrain.optim.lamb import ExactLamb
 from pretrain.optim.lamb_reference import NaiveLamb
-from pretrain.schedule import WarmupPolyDecay
+from pretrain.schedule import Schedule, build_schedule
 from tests.support.paths import REPO_ROOT
 
 RECIPE = REPO_ROOT / "ds_configs" / "recipes" / "bert_large_64k.json"
 WIDTH, MICRO, STEPS = 16, 8, 6
 
 
-def recipe_phase1(recipe: Path) -> tuple[dict[str, Any], WarmupPolyDecay]:
+def recipe_phase1(recipe: Path) -> tuple[dict[str, Any], Schedule]:
     """Phase 1's DeepSpeed dict and schedule as the driver builds them (pretrain/train.py: plan_run, run_phase)
     from the shipped recipe and its DeepSpeed JSON; only the batch is shrunk (the schedule is the recipe's)."""
     config = load_config(recipe, [f"--phase1.batch_size={MICRO}", f"--phase1.micro_batch_size={MICRO}"])
     phase = config.phase("phase1")
-    schedule = WarmupPolyDecay(phase.steps, phase.warmup_fraction, phase.decay_power)
+    schedule = build_schedule(phase, phase.steps)
     return phase_ds_config(config, "phase1", dp_size=1, device_type="cpu"), schedule
 
 
-def update_sizes(ds: dict[str, Any], schedule: WarmupPolyDecay) -> tuple[float, float, list[float]]:
+def update_sizes(ds: dict[str, Any], schedule: Schedule) -> tuple[float, float, list[float]]:
     """Mean per-element |update| of a zero-initialised bias and of its unit-scale weight over steps 2..STEPS
     (step 1 moves a zero bias by lr * u whatever adapt_all is), and the lr of each step."""
     torch.manual_seed(0)

@@ -29,7 +29,7 @@ from pretrain.config.load import load_config
 from pretrain.distributed.process_group import init_distributed
 from pretrain.engine import build_engine
 from pretrain.model.bert import bert_config, build_model
-from pretrain.schedule import WarmupPolyDecay
+from pretrain.schedule import build_schedule
 from tests.support.paths import REPO_ROOT
 
 RECIPE = REPO_ROOT / "ds_configs" / "recipes" / "bert_large_64k.json"
@@ -64,7 +64,7 @@ def counts() -> Iterator[Counts]:
     ds = phase_ds_config(config, "phase1", dp_size=1, device_type="cuda", bf16_supported=True)
     torch.manual_seed(0)
     model = build_model(bert_config("tiny", VOCAB, 64))
-    engine = build_engine(model, ds, lr_schedule=WarmupPolyDecay(phase.steps, phase.warmup_fraction, phase.decay_power))
+    engine = build_engine(model, ds, lr_schedule=build_schedule(phase, phase.steps))
     result = Counts(wrapper=type(engine.optimizer).__name__, parameters=sum(p.numel() for p in model.parameters()),
                     communication_dtype=engine.communication_data_type)
     syncs: list[int] = [0]

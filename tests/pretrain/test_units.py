@@ -198,13 +198,13 @@ def test_each_rank_reads_each_shard_folder_once(run_json: Path) -> None:
 
 # ---------------------------------------------------------------- schedule
 def test_warmup_then_poly_decay() -> None:
-    schedule = WarmupPolyDecay(total_steps=100, warmup_fraction=0.1, power=0.5)
+    schedule = WarmupPolyDecay(steps=100, warmup_fraction=0.1, decay_power=0.5)
     assert schedule.warmup_steps == 10
     assert schedule(0) == pytest.approx(0.1) and schedule(9) == pytest.approx(1.0)
     assert schedule(10) == pytest.approx(1.0)
     assert schedule(55) == pytest.approx(0.5**0.5)
     assert schedule(100) == 0.0 and schedule(500) == 0.0
-    linear = WarmupPolyDecay(total_steps=100, warmup_fraction=0.0, power=1.0)
+    linear = WarmupPolyDecay(steps=100, warmup_fraction=0.0, decay_power=1.0)
     assert linear(0) == 1.0 and linear(50) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="warmup_fraction"):
         WarmupPolyDecay(10, 1.0)

@@ -75,6 +75,8 @@ def test_the_report_shows_resumes_results_config_and_the_picture(reported: Path)
     assert len(found) == 6, "another run's fine-tune (F1 99) is not this run's"
     config = section(markdown, "Config")
     assert any(line.startswith("| phase1 | 32 |") for line in config) and "```json" in config
+    recipe = {row["phase"]: row for row in table(config)}
+    assert recipe["phase1"]["lr schedule"].startswith("warmup-poly: linear warmup over "), recipe  # the plan's record
     assert json.loads(markdown.split("```json\n")[1].split("\n```")[0])["run"]["dir"] == str(reported)
     assert "![loss, accuracy, throughput and MFU](report.png)" in markdown
     assert (reported / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -95,6 +97,7 @@ def test_the_model_card_is_regenerated_with_the_results_and_parses(reported: Pat
         assert heading in text, heading
     assert "At step 10 on the held-out shards: masked-LM loss 2.5000, masked-LM accuracy 0.7000" in text
     assert "phase2 step 4 (global step 10)" in text and "48 tokens" in text
+    assert "| warmup-poly: linear warmup over " in text  # the lr schedule the plan resolved, in words
     assert f'AutoModelForMaskedLM.from_pretrained("{reported.parent / "model"}")' in text
 
 

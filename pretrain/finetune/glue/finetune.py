@@ -192,7 +192,7 @@ def run_seed(job: Job, seed: int) -> dict[str, Any] | None:
 
     torch.manual_seed(seed)
     writer = summary_writer(seed_tensorboard(job.config.out, seed)) if job.dist_info.rank == 0 else None
-    schedule = WarmupPolyDecay(job.total_steps, job.config.warmup_fraction, power=1.0)
+    schedule = WarmupPolyDecay(job.total_steps, job.config.warmup_fraction, decay_power=1.0)
     engine = build_engine(load_model(job), job.ds, lr_schedule=schedule)
     skip_lone_rank_allreduce(engine, job.dist_info.world_size)
     result: dict[str, Any] = {"seed": seed, **train(engine, job, seed, writer), "scores": {}}

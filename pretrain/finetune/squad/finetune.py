@@ -225,7 +225,7 @@ def finetune(config: FinetuneConfig) -> dict[str, Any] | None:
         train_features = build_features(train_set.examples, tokenizer, feature_config, with_labels=True)
         global_batch = ds["train_batch_size"]
         total_steps = config.max_steps or max(1, math.ceil(config.epochs * len(train_features) / global_batch))
-        schedule = WarmupPolyDecay(total_steps, config.warmup_fraction, power=1.0)
+        schedule = WarmupPolyDecay(total_steps, config.warmup_fraction, decay_power=1.0)
         engine = build_engine(model, ds, lr_schedule=schedule)
         skip_lone_rank_allreduce(engine, dist_info.world_size)
         results.update(train_windows=len(train_features), train_examples=len(train_set.examples),
