@@ -17,9 +17,10 @@ before the first backward (all micro-batches of the step are read first). The NS
 per micro-batch: every micro-batch holds the same number of instances, so the mean of the means is
 the mean over the global batch.
 
-Extension points: one, the job's `TrainingPlugin`, whose hooks pretrain/plugin.py writes out as the loop
-they sit in. The trainer knows no plug-in by name and never sees the run config: it reads its
-`TrainerSettings` (below), which the run plan (pretrain/run_plan.py) builds per phase.
+Extension points: the job's `TrainingPlugin`, whose hooks pretrain/plugin.py writes out as the loop they
+sit in, and the step monitors of its settings (what a step logs beyond losses and rates, pretrain/metrics/monitor.py).
+The trainer knows no plug-in or monitor by name and never sees the run config: it reads its `TrainerSettings`
+(below), which the run plan (pretrain/run_plan.py) builds per phase.
 """
 
 from __future__ import annotations
@@ -42,11 +43,11 @@ from pretrain.data.loader import model_inputs, stream_batches
 from pretrain.distributed.info import DistInfo
 from pretrain.distributed.step_watch import StepWatch
 from pretrain.distributed.stop_request import StopRequest
-from pretrain.metrics.throughput import Throughput, memory_stats
+from pretrain.metrics.monitor import StepMonitor, attach_all
+from pretrain.metrics.throughput import Throughput
 from pretrain.metrics.writer import MetricsWriter
 from pretrain.model.bert import PretrainingOutput
-from pretrain.model.compiled import CompileLedger, compile_metrics
-from pretrain.optim.unwrap import optimizer_metrics, unwrapped_grad_norm
+from pretrain.model.compiled import CompileLedger
 from pretrain.plugin import ExtraLoss, StepAgreement, TrainingPlugin
 from pretrain.step_stats import StepResult, StepSums, host_values_to_device, labelled_slots
 
@@ -76,6 +77,7 @@ class TrainerSettings:
     step_offset: int = 0  # global step of the phase's step 0 on the TensorBoard axis (phase 2: phase 1's steps)
     progress_bar: bool = False  # logging.progress_bar: rank 0's bar with ETA
     nsp: bool = True  # the shards' objective: MLM + NSP (sentence pairs), else MLM alone (no NSP numbers logged)
+    monitors: tuple[StepMonitor, ...] = ()  # what a step logs beyond losses and rates (pretrain/metrics/monitors.py)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -145,7 +147,7 @@ class PhaseTrainer:
         self.loss_term: ExtraLoss | None = self.plugin.loss_term()  # added to every micro-batch's task loss
         # The ranks holding this model's replicas, over which statistics are averaged (None: the world).
         self.replica_group = self.plugin.replica_group
-        self.optimizer_metrics = optimizer_metrics(engine)
+        self.monitors = attach_all(settings.monitors, engine)  # this trainer's own, on its engine
         self.accumulation = engine.gradient_accumulation_steps()
         self.global_batch = engine.train_batch_size()
         self.micro_batches_per_step = self.global_batch // engine.train_micro_batch_size_per_gpu()
@@ -223,7 +225,7 @@ class PhaseTrainer:
         self.state.data_position += self.global_batch
         mlm_scale = self._step_mlm_scale(batches)  # before the first backward (module docstring)
         sums = StepSums(self.dist_info.device)
-        lr, grad_norm = 0.0, None
+        lr = 0.0
         for micro, host_batch in enumerate(batches):
             batch = model_inputs(host_batch, self.dist_info.device)
             torch.manual_seed(step_seed(self.settings.seed, phase_index, self.state.step, micro, self.dist_info.rank))
@@ -235,7 +237,8 @@ class PhaseTrainer:
             if micro == self.accumulation - 1:
                 # the lr this update uses: DeepSpeed steps its scheduler inside the boundary engine.step()
                 lr = float(self.engine.get_lr()[0])
-                grad_norm = unwrapped_grad_norm(self.engine)
+                for monitor in self.monitors:  # the step's gradients: averaged over the ranks, not yet clipped
+                    monitor.before_step()
             self.engine.step()
             sums.add(output, batch, host_batch, loss, extra)
             self._read_ahead()
@@ -268,8 +271,6 @@ class PhaseTrainer:
         divisor = self.accumulation * self.dist_info.world_size
         values.update({key: total / divisor for key, total in totals.extras.items()})
         values["lr"] = lr
-        if grad_norm is not None:
-            values["grad_norm"] = float(grad_norm)  # computed before the step's host read: no extra wait
         values["perf/data_wait_s"] = self._data_wait_s
         return StepResult(applied=applied, nonfinite=nonfinite > 0, values=values, counts=counts,
                           stop_requested=agreed.stop, save_due=agreed.save_due, abort_elsewhere=abort_elsewhere)
@@ -277,23 +278,19 @@ class PhaseTrainer:
     # ------------------------------------------------------------------ loop
     def step_metrics(self, result: StepResult) -> dict[str, float]:
         values = dict(result.values)
-        if "grad_norm" not in values:
-            grad_norm = self.engine.get_global_grad_norm()
-            if grad_norm is not None:
-                values["grad_norm"] = float(grad_norm)
         wrapper = self.engine.optimizer
         values["loss_scale"] = float(getattr(wrapper, "cur_scale", getattr(wrapper, "loss_scale", 1.0)) or 1.0)
         values["failures/nonfinite_steps"] = float(self.state.nonfinite_steps)
         values["failures/skipped_steps"] = float(self.engine.skipped_steps)
         values.update(self.throughput.step(result.counts))  # rows for device work, instances for useful work
-        values.update(memory_stats(self.dist_info.device) | result.counts.data_stats(self.throughput.seq_len))
-        return values | compile_metrics(self.engine.module)  # compile/*: cumulative; none when eager
+        for monitor in self.monitors:  # after the step's host read: a device number read here waits for nothing
+            values.update(monitor.values(result))
+        return values
 
     def log_step(self, values: dict[str, float]) -> None:
-        reported = self.optimizer_metrics()  # the optimizer's own numbers (ExactLamb: trust ratios)
-        values.update(reported.scalars)
-        for tag, tensor in reported.histograms.items():
-            self.metrics.histogram(self.global_step, tag, tensor)
+        for monitor in self.monitors:
+            for tag, tensor in monitor.histograms().items():
+                self.metrics.histogram(self.global_step, tag, tensor)
         self.metrics.scalars(self.global_step, values, extra={"phase": self.state.phase, "phase_step": self.state.step,
                                                               "samples": self.state.samples_seen})
 

@@ -35,7 +35,6 @@ perf/real_tokens_per_s, perf/tflops). Unpacked, rows == instances; a packed row 
 
 from __future__ import annotations
 
-import resource
 import time
 from dataclasses import dataclass
 
@@ -80,16 +79,6 @@ def peak_tflops(device: torch.device, precision: str, override: float | None) ->
         if key in name:
             return peaks.get(precision) or None
     return None
-
-
-def memory_stats(device: torch.device) -> dict[str, float]:
-    if device.type == "cuda":
-        return {
-            "memory/max_allocated_gb": torch.cuda.max_memory_allocated(device) / 2**30,
-            "memory/max_reserved_gb": torch.cuda.max_memory_reserved(device) / 2**30,
-        }
-    # ru_maxrss is in KiB on Linux: the peak resident memory of this rank's process.
-    return {"memory/max_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
 
 
 @dataclass(frozen=True)

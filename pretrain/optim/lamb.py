@@ -202,8 +202,8 @@ class ExactLamb(torch.optim.Optimizer):
         return {"min": low, "mean": mean, "max": high}
 
     def step_metrics(self) -> OptimizerMetrics:
-        """What the trainer logs of the last step (pretrain/optim/unwrap.py): min / mean / max of the adapted
-        tensors' trust ratios as lamb/trust_ratio_*, and all of them as the lamb/trust_ratio histogram."""
+        """What the trainer logs of the last step (pretrain/metrics/optimizer_report.py): min / mean / max of the
+        adapted tensors' trust ratios as lamb/trust_ratio_*, and all of them as the lamb/trust_ratio histogram."""
         ratios = self.last_trust_ratios(adapted_only=True)
         if ratios is None:
             return OptimizerMetrics()

@@ -80,6 +80,25 @@ def test_zero_with_distinct_data_per_rank(results: dict[str, Any], scenario: str
 
 
 @pytest.mark.multirank
+@pytest.mark.parametrize("scenario", [*FP32_EXACT, *DISTINCT_DATA, *BF16, *FUSED])
+def test_gradient_norm_per_group_equals_the_whole_gradients(results: dict[str, Any], scenario: str) -> None:
+    """grad_norm/<group> as the step monitor logs it on 2 ranks (pretrain/metrics/grad_groups.py: each rank's
+    slices of the flat partitions, all-reduced, the clipping undone) equals the norm of the reference's whole
+    gradient before clipping, group by group and step by step; the groups' squares add up to DeepSpeed's own
+    global norm. Straddling parameters, ZeRO-3 padding and sub-groups, round-robin order, offload, clipping and
+    a checkpoint reload are among the scenarios."""
+    result = results[scenario]
+    logged, reference = result["group_norms"], result["ref_group_norms"]
+    assert len(logged) == len(reference) > 0
+    rel = 2e-2 if scenario in BF16 else 1e-5  # bf16 gradients differ from the fp32 reference's
+    for step, (mine, whole) in enumerate(zip(logged, reference, strict=True)):
+        groups = {tag: value for tag, value in mine.items() if tag.startswith("grad_norm/")}
+        assert groups == pytest.approx(whole, rel=rel), (step, groups, whole)
+        if "grad_norm" in mine:  # a wrapper reported its norm (every stage but ZeRO-0)
+            assert sum(v * v for v in groups.values()) ** 0.5 == pytest.approx(mine["grad_norm"], rel=1e-5), step
+
+
+@pytest.mark.multirank
 def test_layouts_exercise_boundaries_padding_and_wrappers(results: dict[str, Any]) -> None:
     # ZeRO-1/2: at least one parameter is cut by the partition boundary (odd sizes, 2 ranks).
     assert results["stage2"]["straddling"] and results["stage2"]["wrapper"] == "DeepSpeedZeroOptimizer"

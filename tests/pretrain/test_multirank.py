@@ -19,6 +19,7 @@ from tests.support.pretrain_fixtures import PRETRAIN_SCENARIOS, build_shards, st
 SCRIPT = PRETRAIN_SCENARIOS
 TB_TAGS = [
     "loss/total", "loss/mlm", "loss/nsp", "acc/mlm", "acc/nsp", "lr", "grad_norm", "loss_scale",
+    "grad_norm/embeddings", "grad_norm/layer_00", "grad_norm/layer_01", "grad_norm/head",
     "lamb/trust_ratio_min", "lamb/trust_ratio_mean", "lamb/trust_ratio_max",
     "perf/seq_per_s", "perf/tokens_per_s", "perf/tflops", "perf/mfu", "memory/max_rss_gb",
     "perf/real_tokens_per_s", "perf/instances_per_s",
@@ -158,6 +159,27 @@ def test_tensorboard_has_every_tag(runs: Path) -> None:
     assert set(TB_TAGS) <= scalars, sorted(set(TB_TAGS) - scalars)
     assert "lamb/trust_ratio" in events.Tags()["histograms"]
     assert len(events.Scalars("loss/total")) == 10  # once per optimizer step, both phases
+
+
+@pytest.mark.multirank
+def test_step_monitors_log_their_documented_tags_and_the_group_norms_add_up(runs: Path) -> None:
+    """Every step row of the 2-rank run (ZeRO-2, ExactLamb, eager on CPU) holds the tags the step monitors list for
+    such a run and no other of their families (tests/metrics/test_monitors.py: the same on one rank); the
+    per-group gradient norms, each rank's half of every partition all-reduced, add up to DeepSpeed's grad_norm."""
+    from pretrain.metrics.monitor import documented_tags
+    from pretrain.metrics.monitors import step_monitors
+    from tests.metrics.test_monitors import tag_mismatches
+
+    docs = [doc for monitor in step_monitors(seq_len=32) for doc in documented_tags(monitor)
+            if "histogram" not in doc.when]  # metrics.jsonl has the scalars (the histogram: test_tensorboard_has_every_tag)
+    families = {doc.tag.split("/")[0] for doc in docs}
+    records = step_records(runs / "r1")
+    assert len(records) == 10
+    for key, record in records.items():
+        scalars = {tag for tag in record if tag.split("/")[0] in families}
+        assert not tag_mismatches(docs, scalars, set(), {"cpu", "ExactLamb"}), key
+        groups = [value for tag, value in record.items() if tag.startswith("grad_norm/")]
+        assert len(groups) == 4 and sum(v * v for v in groups) ** 0.5 == pytest.approx(record["grad_norm"], rel=1e-5)
 
 
 @pytest.mark.multirank

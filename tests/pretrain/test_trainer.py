@@ -60,14 +60,22 @@ def test_the_logged_lr_is_the_lr_each_step_trained_with(tmp_path: Path) -> None:
 
 
 def test_grad_norm_is_logged_at_every_zero_stage_and_agrees(tmp_path: Path) -> None:
-    norms = {}
+    """grad_norm and grad_norm/<group> (pretrain/metrics/grad_groups.py), before clipping, at every ZeRO stage, with
+    a clipping threshold far below the norm (the wrappers hand the client optimizer clipped gradients): the
+    same at every stage as ZeRO-0's, whose gradients are whole on the rank, and the groups add up to the norm."""
+    norms, groups = {}, {}
     for stage in (0, 1, 2, 3):
-        trainer = build_trainer(tmp_path, [f"--phase1.ds_overrides.zero_optimization.stage={stage}"], steps=2)
+        trainer = build_trainer(tmp_path, [f"--phase1.ds_overrides.zero_optimization.stage={stage}",
+                                           "--phase1.ds_overrides.gradient_clipping=1e-4"], steps=2)
         values = trainer.step_metrics(trainer.train_step())
         assert "grad_norm" in values, f"ZeRO-{stage} logs no grad_norm"
         norms[stage] = values["grad_norm"]
+        groups[stage] = {tag: value for tag, value in values.items() if tag.startswith("grad_norm/")}
+        assert set(groups[stage]) == {f"grad_norm/{g}" for g in ("embeddings", "layer_00", "layer_01", "head")}
+        assert sum(v * v for v in groups[stage].values()) ** 0.5 == pytest.approx(norms[stage], rel=1e-5), stage
     # the same first step (same weights, batches, dropout seeds) has the same gradient at every stage
-    assert norms[0] > 0 and all(n == pytest.approx(norms[0], rel=1e-5) for n in norms.values()), norms
+    assert norms[0] > 1e-4 and all(n == pytest.approx(norms[0], rel=1e-5) for n in norms.values()), norms
+    assert all(found == pytest.approx(groups[0], rel=1e-5) for found in groups.values()), groups
 
 
 def test_stream_batches_prepare_each_epoch_before_the_workers_fork(tmp_path: Path) -> None:

@@ -2,7 +2,9 @@
 
 Every rank also trains the reference itself (one process, the whole global batch, no DeepSpeed), so
 no result crosses processes except through the engine under test. Rank 0 writes one JSON with, per
-scenario, the max abs weight difference (max over ranks) and the trust ratios.
+scenario, the max abs weight difference (max over ranks), the trust ratios, and each step's gradient norm per
+parameter group as the step monitor logs it from the partitions (pretrain/metrics/grad_groups.py) and as the
+reference's whole gradients give it before clipping.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ from torch import nn
 
 from pretrain.distributed.process_group import init_distributed
 from pretrain.engine import build_engine
+from pretrain.metrics.grad_groups import GroupGradNorms
 from pretrain.optim.lamb import ExactLamb, UnboundZeroLayoutError, weight_decay_param_groups
 from pretrain.optim.lamb_reference import NaiveLamb
 from pretrain.optim.unwrap import client_optimizer
+from pretrain.step_stats import StepCounts, StepResult
 from tests.support.launching import leave_without_teardown
 
 VOCAB, WIDTH, HIDDEN, SEQ = 37, 15, 33, 6  # odd sizes: padding everywhere, params straddle partitions
@@ -77,7 +81,21 @@ def fresh_model(seed: int = 0) -> TinyLM:
     return TinyLM()
 
 
-def reference_run(sc: Scenario, batches: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def group_of(name: str) -> str:
+    """TinyLM's parameter groups for grad_norm/<group>: one per module (emb, l1, ln, out)."""
+    return name.split(".")[0]
+
+
+def group_norms(model: nn.Module) -> dict[str, float]:
+    """The whole (unpartitioned) gradient's norm per group: what grad_norm/<group> must equal."""
+    squares: dict[str, float] = {}
+    for name, p in model.named_parameters():
+        squares[group_of(name)] = squares.get(group_of(name), 0.0) + float(p.grad.double().square().sum())
+    return {f"grad_norm/{group}": value**0.5 for group, value in squares.items()}
+
+
+def reference_run(sc: Scenario, batches: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor,
+                                                                 list[dict[str, float]]]:
     model = fresh_model()
     params = {**LAMB_PARAMS, **sc.lamb}
     params.pop("scratch_buffers", None)  # the reference always takes ExactLamb's default code path
@@ -85,14 +103,16 @@ def reference_run(sc: Scenario, batches: torch.Tensor) -> tuple[dict[str, torch.
         weight_decay_param_groups(model, params["weight_decay"]),
         **{**params, "betas": tuple(params["betas"])},
     )
+    norms = []
     for step in range(batches.shape[0]):
         opt.zero_grad()
         for micro in range(batches.shape[1]):
             (loss_of(model, batches[step, micro]) / batches.shape[1]).backward()
+        norms.append(group_norms(model))
         if sc.clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), sc.clip)
         opt.step()
-    return {n: p.detach().clone() for n, p in model.named_parameters()}, opt.last_trust_ratios()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}, opt.last_trust_ratios(), norms
 
 
 def ds_config(sc: Scenario, micro: int) -> dict[str, Any]:
@@ -129,15 +149,24 @@ def make_engine(sc: Scenario, micro: int) -> Any:
     return engine
 
 
-def train(engine: Any, batches: torch.Tensor, steps: range, micro: int, rank: int) -> None:
-    """Rank r trains on rows [r*micro, (r+1)*micro) of each global batch (all rows if replicated)."""
+def train(engine: Any, batches: torch.Tensor, steps: range, micro: int, rank: int,
+          monitor: GroupGradNorms | None = None, logged: list[dict[str, float]] | None = None) -> None:
+    """Rank r trains on rows [r*micro, (r+1)*micro) of each global batch (all rows if replicated); `monitor` is
+    called as the trainer calls it and each step's numbers appended to `logged`, with DeepSpeed's grad_norm."""
     if batches.shape[2] == micro:
         rank = 0
     for step in steps:
         for m in range(batches.shape[1]):
             ids = batches[step, m, rank * micro : (rank + 1) * micro].to(engine.device)
             engine.backward(loss_of(engine, ids))
+            if monitor is not None and m == batches.shape[1] - 1:
+                monitor.before_step()
             engine.step()
+        if monitor is not None and logged is not None:
+            result = StepResult(applied=engine.was_step_applied(), nonfinite=False, values={},
+                                counts=StepCounts(0, 0, 0, 0))
+            global_norm = engine.get_global_grad_norm()
+            logged.append({**monitor.values(result), **({} if global_norm is None else {"grad_norm": float(global_norm)})})
 
 
 def full_weights(engine: Any, stage: int, bf16: bool) -> dict[str, torch.Tensor]:
@@ -173,16 +202,19 @@ def straddling_params(engine: Any) -> list[str]:
 def run_scenario(sc: Scenario, micro: int, ckpt_root: Path) -> dict[str, Any]:
     rank, world = dist.get_rank(), dist.get_world_size()
     batches = global_batches(sc.steps, micro, sc.grad_accum, 1 if sc.replicated else world)
-    ref_weights, ref_ratios = reference_run(sc, batches)
+    ref_weights, ref_ratios, ref_norms = reference_run(sc, batches)
     engine = make_engine(sc, micro)
+    monitor, logged = GroupGradNorms(group_of), []
+    monitor.attach(engine)
     split_at = sc.checkpoint_after if sc.checkpoint_after is not None else sc.steps
-    train(engine, batches, range(split_at), micro, rank)
+    train(engine, batches, range(split_at), micro, rank, monitor, logged)
     if sc.checkpoint_after is not None:
         ckpt = ckpt_root / sc.name
         engine.save_checkpoint(str(ckpt), tag="mid")
         engine = make_engine(sc, micro)  # a fresh engine with fresh flat partitions
         engine.load_checkpoint(str(ckpt), tag="mid")
-        train(engine, batches, range(split_at, sc.steps), micro, rank)
+        monitor.attach(engine)
+        train(engine, batches, range(split_at, sc.steps), micro, rank, monitor, logged)
     weights = full_weights(engine, sc.stage, sc.bf16)
     diff = max((weights[n] - ref_weights[n]).abs().max().item() for n in ref_weights)
     rel_l2 = max(((weights[n] - ref_weights[n]).norm() / ref_weights[n].norm()).item() for n in ref_weights)
@@ -195,6 +227,8 @@ def run_scenario(sc: Scenario, micro: int, ckpt_root: Path) -> dict[str, Any]:
         "straddling": straddling_params(engine),
         "zero3_padded": zero3_padded_params(engine),
         "ref_ratios": ref_ratios.tolist(),
+        "group_norms": logged,  # rank 0's: every rank computes the same after the all-reduce
+        "ref_group_norms": ref_norms,
     }
     if not sc.naive:
         ratios = client_optimizer(engine).last_trust_ratios()
