@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from pretrain.metrics.clock import read_clock_file, run_goodput
+from pretrain.metrics.clock import read_clock_file
+from pretrain.metrics.goodput import account, read_faults
 from pretrain.report.records import objective_text
 from pretrain.run_folder import CLOCK_FILE, METRICS_FILE, REPORT_MD, REPORT_PNG, RESOLVED_CONFIG
 
@@ -58,8 +59,8 @@ PHASE_RATES = ("perf/seq_per_s", "perf/tokens_per_s")
 # F1 and an NSP loss at chance are what this scale gives, not a broken pipeline.
 READING_NOTES = (
     ("steps", "optimizer steps the phase ran, one global batch each"),
-    ("goodput", "productive step time over wall time, over the run's processes: what stops, restarts and "
-                "redone steps cost (a toy run's start-up is most of it)"),
+    ("goodput", "productive step time over wall time, over the run's processes: what start-up (step 1 "
+                "included), faults and redone steps cost (a toy run's start-up is most of it)"),
     ("objective", "what the run trained: MLM + NSP on sentence pairs, or MLM alone on packed sentences"),
     ("loss/total", "training loss (MLM, + NSP when trained) at the phase's first step -> its last"),
     ("loss/mlm", "cross-entropy on the masked tokens; a uniform guess scores ln(vocab size), about 9 for 8K"),
@@ -157,9 +158,9 @@ def summary_rows(out: Path, steps: Sequence[StepResult], corpus: str, squad: str
     run_dir = out / "run"
     records = read_step_records(run_dir) if run_dir.is_dir() else []
     clock_path = run_dir / CLOCK_FILE
-    if clock_path.is_file():  # what faults and restarts cost the run (pretrain/metrics/clock.py)
+    if clock_path.is_file():  # what faults and restarts cost the run (pretrain/metrics/goodput.py)
         spans = read_clock_file(clock_path)["processes"]
-        rows.append(("goodput", f"{run_goodput(spans):.1%} over {len(spans)} process(es)"))
+        rows.append(("goodput", f"{account(spans, read_faults(run_dir)).goodput:.1%} over {len(spans)} process(es)"))
     resolved_path = run_dir / RESOLVED_CONFIG
     if resolved_path.is_file():  # what the run trained: MLM + NSP on sentence pairs, or MLM alone
         rows.append(("objective", objective_text(json.loads(resolved_path.read_text(encoding="utf-8")).get("resolved", {}))))

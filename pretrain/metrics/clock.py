@@ -5,20 +5,27 @@ another number of GPUs. "When did this run reach accuracy X, and what did it cos
 of them, so rank 0 keeps one small file in the run folder, `run_clock.json`, rewritten atomically:
 
     {"format": 1,
-     "processes": [{"started_at": 1718000000.0, "ranks": 8, "seconds": 3600.0, "first_step": 0, "last_step": 500},
+     "processes": [{"started_at": 1718000000.0, "ranks": 8, "seconds": 3600.0, "first_step": 1, "last_step": 500,
+                    "steps": 500, "step_seconds": 3400.0, "first_step_s": 150.0, "restart": 0,
+                    "job": "bert-0123456789ab", "startup": {"planned": 40.0, ..., "first_step": 260.0}},
                    ...],
      "targets": {"0.72": {"step": 7000, "samples": ..., "wall_s": ..., "device_hours": ..., "val/mlm_acc": ...}}}
 
 One entry per process that logged: when it started (Unix time), how many ranks it ran (the job's devices),
 how many seconds it ran (from the process's own start, interpreter and imports included, read from
-/proc on Linux), and the first and last global step it logged. The run's wall-clock is the sum of every
-process's seconds: the time the run held its devices, without the queue waits between jobs. Its
-device-hours are the sum of ranks x seconds / 3600. Work a stopped process did after its last checkpoint
+/proc on Linux), the first and last global step it logged, its optimizer steps and their time (the first
+step's apart: it is start-up), its start-up marks, and which launch of the elastic agent and which restart
+of it started it. The run's wall-clock (time/wall_s) is the sum of every process's seconds: the time the
+run held its devices, without the queue waits between jobs. Its device-hours are the sum of ranks x
+seconds / 3600. Work a stopped process did after its last checkpoint
 is repeated by the next one and counted twice, as the devices really spent it.
 
 What can be lost: the seconds since the file's last write when a process dies without running its
-`finally` (kill -9, a node failure). The file is written at every validation, at the end of the process,
-and at least once a minute while steps are logged (`SAVE_EVERY_S`), so at most about a minute.
+`finally` (kill -9, a node failure, the agent's stop after a fault). The file is written at every committed
+checkpoint (`RunClock.save`, called by the metrics writer), at every validation, at the end of the process, and
+at least once a minute while steps are logged (`SAVE_EVERY_S`), so at most about a minute, and never a step a
+checkpoint kept. What the run's time went to (goodput, start-up, downtime, steps redone) is read from this file
+and the fault records by pretrain/metrics/goodput.py, the one definition.
 
 The quality targets reached (pretrain/metrics/quality.py) are kept here too, so each is logged once over
 the run. A resumed process starts logging at the step after its checkpoint, S: what the earlier process
@@ -37,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pretrain.run_folder import CLOCK_FILE, faults_dir
+from pretrain.run_folder import CLOCK_FILE
 
 CLOCK_FORMAT = 1
 SAVE_EVERY_S = 60.0  # the most wall-clock a killed process can lose
@@ -70,52 +77,19 @@ class ProcessSpan:
     seconds: float = 0.0  # how long it ran (until its last write)
     first_step: int | None = None  # the first global step it logged (None: it logged none)
     last_step: int | None = None
-    steps: int = 0  # optimizer steps it logged
+    steps: int = 0  # optimizer steps it logged, its first included
     step_seconds: float = 0.0  # their time (perf/step_s: validation included, checkpoint writes not)
-    restart: int = 0  # which restart of the elastic agent started it (0: a launch)
-    fault_at: float | None = None  # Unix time of the fault that ended the process before it (None: no fault)
+    first_step_s: float | None = None  # its first step's time (compilation, warm-up): start-up, not productive
+    restart: int = 0  # which restart of the elastic agent's launch started it (0: the launch's first start)
+    job: str | None = None  # that launch's id (the agent's run id, as its fault records name it; None: no agent)
     startup: dict[str, float] = field(default_factory=dict)  # seconds from its start to each mark (STARTUP_MARKS)
 
-    @property
-    def ended_at(self) -> float:
-        return self.started_at + self.seconds
 
-    @property
-    def mean_step_seconds(self) -> float:
-        return self.step_seconds / self.steps if self.steps else 0.0
+KNOWN_FIELDS = frozenset(ProcessSpan.__dataclass_fields__)
 
 
 class ClockFileError(ValueError):
     """run_clock.json is not what this module writes; the message names the file."""
-
-
-def redone_steps(span: ProcessSpan, later: list[ProcessSpan]) -> int:
-    """Steps `span` logged that a later process logged again (it resumed from an earlier checkpoint)."""
-    if span.last_step is None:
-        return 0
-    restarts = [other.first_step for other in later if other.first_step is not None]
-    return min(span.steps, max(0, span.last_step - min(restarts) + 1)) if restarts else 0
-
-
-def downtime(before: ProcessSpan, span: ProcessSpan) -> float:
-    """Seconds between `before`'s end and `span`'s start when a fault restarted it (the agent stopping the
-    ranks, the rendezvous, the new processes' launch); 0 after a stop the user asked for."""
-    return max(0.0, span.started_at - before.ended_at) if span.fault_at is not None else 0.0
-
-
-def run_goodput(spans: list[ProcessSpan]) -> float:
-    """Productive step time over wall time, for the run so far.
-
-    Productive: every process's logged steps, less those a later process redid (counted at that process's mean
-    step time). Wall: every process's seconds, plus the gaps between processes that a fault caused (a stop the
-    user asked for, or a SLURM queue wait before a requeue, is not the run's doing and is not counted)."""
-    wall = sum(span.seconds for span in spans) + sum(downtime(a, b) for a, b in zip(spans, spans[1:], strict=False))
-    return productive_seconds(spans) / wall if wall > 0 else 0.0
-
-
-def productive_seconds(spans: list[ProcessSpan]) -> float:
-    """The time of the steps the run kept: every process's logged steps but those a later process redid."""
-    return sum((span.steps - redone_steps(span, spans[i + 1:])) * span.mean_step_seconds for i, span in enumerate(spans))
 
 
 def read_clock_file(path: Path) -> dict[str, Any]:
@@ -124,11 +98,16 @@ def read_clock_file(path: Path) -> dict[str, Any]:
         return {"format": CLOCK_FORMAT, "processes": [], "targets": {}}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        processes = [ProcessSpan(**span) for span in data["processes"]]
+        processes = [span_of(span) for span in data["processes"]]
         targets = dict(data.get("targets", {}))
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise ClockFileError(f"{path}: not a run clock file ({err})") from err
     return {"format": CLOCK_FORMAT, "processes": processes, "targets": targets}
+
+
+def span_of(entry: dict[str, Any]) -> ProcessSpan:
+    """A process of the file, its keys that this version does not know left out (an older file's `fault_at`)."""
+    return ProcessSpan(**{key: value for key, value in entry.items() if key in KNOWN_FIELDS})
 
 
 def read_or_set_aside(path: Path) -> dict[str, Any]:
@@ -195,20 +174,23 @@ class RunClock:
         """This process reached start-up mark `name` (STARTUP_MARKS); the first time counts."""
         self.span.startup.setdefault(name, round(self.elapsed(now), 3))
 
-    def after_fault(self, restart: int, fault_at: float | None) -> None:
-        """This process is the elastic agent's restart `restart`, after a fault at Unix time `fault_at`."""
-        self.span.restart, self.span.fault_at = restart, fault_at
+    def launched(self, job: str | None, restart: int) -> None:
+        """This process was started by launch `job` of the elastic agent (its run id), at its restart `restart`: how
+        the fault records of that launch are matched to it (pretrain/metrics/goodput.py)."""
+        self.span.job, self.span.restart = job, restart
 
-    def goodput(self, now: float | None = None) -> float:
-        """The run's productive step time over its wall time so far (run_goodput)."""
+    def spans(self, now: float | None = None) -> list[ProcessSpan]:
+        """The run's processes so far: the earlier ones, and this one until `now`."""
         self.span.seconds = self.elapsed(now)
-        return run_goodput([*self.earlier, self.span])
+        return [*self.earlier, self.span]
 
     def logged(self, step: int, now: float | None = None, step_seconds: float | None = None) -> None:
         """A row of `step` was logged (a training step's, with its `step_seconds`): remember it, and write the
         file when the last write is a minute old."""
         self.span.last_step = step
         if step_seconds is not None:
+            if not self.span.steps:  # this process's step 1: start-up (pretrain/metrics/goodput.py)
+                self.span.first_step_s = step_seconds
             self.span.steps += 1
             self.span.step_seconds += step_seconds
         now = time.monotonic() if now is None else now
@@ -232,15 +214,3 @@ class RunClock:
         now = time.monotonic() if now is None else now
         self.save(now)
         _closed_in_this_process[:] = [now]
-
-
-def last_fault_time(run_dir: Path) -> float | None:
-    """When the agents judged the last fault (its record's "time", seconds since the epoch), the one this process
-    restarts after; None without a record. Read as plain JSON: the launcher that writes the records sits above us."""
-    times = []
-    for path in faults_dir(run_dir).glob("*.json"):
-        try:
-            times.append(float(json.loads(path.read_text(encoding="utf-8"))["time"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # a record being replaced, or not ours
-    return max(times, default=None)

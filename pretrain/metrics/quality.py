@@ -27,13 +27,14 @@ from typing import Any
 from pretrain.config.checks import check_targets, target_key
 from pretrain.config.sections import LoggingSection
 from pretrain.metrics.clock import RunClock
+from pretrain.metrics.goodput import account, read_faults
 
 # MLPerf's BERT quality target (masked-LM accuracy 0.720) and lower marks that a short or small run reaches
 # (declared with the key, logging.quality_targets).
 DEFAULT_QUALITY_TARGETS = tuple(LoggingSection().quality_targets)
 ACCURACY_TAG = "val/mlm_acc"
 STEP_SECONDS_TAG = "perf/step_s"  # a training step's row carries it (pretrain/metrics/throughput.py)
-GOODPUT_TAG = "time/goodput"  # the run's productive step time over its wall time (pretrain/metrics/clock.py)
+GOODPUT_TAG = "time/goodput"  # the run's productive step time over its wall time (pretrain/metrics/goodput.py)
 
 
 def target_tag(mark: float, field: str) -> str:
@@ -58,6 +59,8 @@ class TimeToQuality:
     def __init__(self, settings: QualitySettings, clock: RunClock | None = None) -> None:
         self.targets = sorted(settings.targets)
         self.clock = clock or RunClock(settings.run_dir, settings.ranks)
+        # the run's faults so far, read once: the next one ends this process (its records come after it)
+        self.faults = read_faults(settings.run_dir)
 
     def begin(self, step: int) -> None:
         self.clock.begin(step)
@@ -68,7 +71,9 @@ class TimeToQuality:
         the time/* and target/* numbers with a row that carries val/mlm_acc."""
         step_seconds = values.get(STEP_SECONDS_TAG)
         self.clock.logged(step, now, step_seconds)
-        numbers: dict[str, float] = {GOODPUT_TAG: self.clock.goodput(now)} if step_seconds is not None else {}
+        numbers: dict[str, float] = {}
+        if step_seconds is not None:  # the same figure as ./launch.sh report's, by the same definition
+            numbers[GOODPUT_TAG] = account(self.clock.spans(now), self.faults).goodput
         if ACCURACY_TAG not in values:
             return numbers
         wall_s, device_hours = self.clock.wall_seconds(now), self.clock.device_hours(now)

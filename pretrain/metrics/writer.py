@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from pretrain.checkpointing.cadence import SAVE_SECONDS_TAG
 from pretrain.metrics.quality import QualitySettings, TimeToQuality
 from pretrain.run_folder import METRICS_FILE
 
@@ -32,7 +33,8 @@ class MetricsWriter:
 
     With `quality` (the driver passes it), the run's clock is kept too (pretrain/metrics/quality.py): every
     row of metrics.jsonl gets "wall_s" (seconds the run has run, over its processes), and a row with
-    val/mlm_acc the time/* numbers and any quality target it reaches first. Host arithmetic only.
+    val/mlm_acc the time/* numbers and any quality target it reaches first; run_clock.json is written with
+    every checkpoint's row (checkpoint/save_s). Host arithmetic only.
     """
 
     def __init__(self, log_dir: Path | None, enabled: bool, quality: QualitySettings | None = None) -> None:
@@ -78,16 +80,22 @@ class MetricsWriter:
             self._tb.add_scalar(tag, value, step)
         self._jsonl.write(json.dumps({"step": step, **extra, **values}) + "\n")
         self._jsonl.flush()
+        if self.quality is not None and SAVE_SECONDS_TAG in values:
+            # a checkpoint was just saved (the trainer logs every save's cost as it returns): the clock is written
+            # with it, so every step a checkpoint keeps is on the clock even when the process is killed before its
+            # next write (pretrain/metrics/goodput.py counts them as productive)
+            self.quality.clock.save()
 
     def mark(self, name: str) -> None:
         """A start-up mark of this process (pretrain/metrics/clock.py STARTUP_MARKS) on the run's clock; rank 0."""
         if self.quality is not None:
             self.quality.mark(name)
 
-    def after_fault(self, restart: int, fault_at: float | None) -> None:
-        """This process restarts the run after a fault (the elastic agent's restart `restart`)."""
+    def launched(self, job: str | None, restart: int) -> None:
+        """Which launch of the elastic agent (its run id) and which restart of it started this process: the run
+        clock matches the launch's fault records by them (pretrain/metrics/goodput.py)."""
         if self.quality is not None:
-            self.quality.clock.after_fault(restart, fault_at)
+            self.quality.clock.launched(job, restart)
 
     def histogram(self, step: int, tag: str, values: torch.Tensor) -> None:
         if self.enabled and values.numel():

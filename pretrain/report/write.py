@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pretrain.metrics.clock import STARTUP_MARKS, ProcessSpan, downtime, redone_steps, run_goodput
+from pretrain.metrics.clock import STARTUP_MARKS, ProcessSpan, span_of
+from pretrain.metrics.goodput import Accounting, account, read_faults
 from pretrain.metrics.quality import DEFAULT_QUALITY_TARGETS
 from pretrain.report.model_card import regenerate
 from pretrain.report.plot import draw_report
@@ -38,6 +39,7 @@ from pretrain.report.records import (
     read_rows,
     row_samples,
     row_wall_s,
+    schedule_text,
 )
 from pretrain.run_folder import CLOCK_FILE, REPORT_MD, REPORT_PNG, RESOLVED_CONFIG, metrics_path
 
@@ -131,11 +133,7 @@ def summary_lines(facts: RunFacts) -> list[str]:
         lines.append(f"| cost | {_num(device_hours * facts.price, 2)} USD at {facts.price:g} USD per device-hour |")
     spans = process_spans(facts.processes)
     if any(span.steps for span in spans):
-        faults = [b for b in spans[1:] if b.fault_at is not None]
-        lost = sum(downtime(a, b) for a, b in zip(spans, spans[1:], strict=False))
-        redone = sum(redone_steps(span, spans[i + 1:]) for i, span in enumerate(spans))
-        lines.append(f"| goodput | {run_goodput(spans):.1%} (productive step time over wall time; {len(faults)} "
-                     f"restart(s) after a fault, {_num(lost, 1)} s between processes, {redone} step(s) redone) |")
+        lines.append(f"| goodput | {goodput_text(run_accounting(facts))} |")
     compiled = [r for r in facts.training if "compile/seconds" in r]
     if compiled:  # cumulative per process: the last process's counts (model.compile, pretrain/model/compiled.py)
         c = compiled[-1]
@@ -164,35 +162,53 @@ def throughput_lines(facts: RunFacts) -> list[str]:
     return lines
 
 
+def goodput_text(costs: Accounting) -> str:
+    """The goodput and what the rest of the wall time went to, by pretrain/metrics/goodput.py's definitions."""
+    ended = costs.launch_ends
+    text = (f"{costs.goodput:.1%} (productive step time over wall time: {_num(costs.productive_s, 1)} s of "
+            f"{_num(costs.wall_s, 1)} s; start-up {_num(costs.startup_s, 1)} s, step 1 of each process included; "
+            f"{len(costs.faults)} fault(s) in the fault records, downtime {_num(costs.downtime_s, 1)} s from the "
+            f"faults to the next first steps; {costs.redone_steps} step(s) redone)")
+    if ended:
+        text += (f"; {len(ended)} fault(s) ended a launch: the time until the run was launched again is not "
+                 "counted")
+    return text
+
+
+def run_accounting(facts: RunFacts) -> Accounting:
+    return account(process_spans(facts.processes), read_faults(facts.run_dir))
+
+
 def process_lines(facts: RunFacts) -> list[str]:
-    """One row per process: when, how long, which steps, its start-up (seconds from its start to each mark) and,
-    after a fault, what the fault cost (the gap before it, the steps it redid)."""
+    """One row per process: when, how long, which steps, its start-up (seconds from its start to each mark), the
+    downtime its first step ended (from the fault before it), and how many of its steps a later process redid."""
     lines = ["| # | started (UTC) | ranks | ran | steps logged | start-up (s): " + " / ".join(STARTUP_MARKS) +
-             " | after a fault: gap, steps redone | |", "|---|---|---|---|---|---|---|---|"]
+             " | downtime before its first step (s) | its steps redone | |", "|---|---|---|---|---|---|---|---|---|"]
     spans = process_spans(facts.processes)
-    for index, span in enumerate(spans):
+    costs = account(spans, read_faults(facts.run_dir))
+    for index, (span, cost) in enumerate(zip(spans, costs.processes, strict=True)):
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(span.started_at))
         first, last = span.first_step, span.last_step
-        if index == 0:
+        outage = costs.outage_before(index)
+        if cost.after is not None:
+            kind = f"restart {span.restart} after a fault"
+        elif span.restart:
+            kind = f"restart {span.restart}, no fault recorded (a node joined)"
+        elif index == 0:
             kind = "start"
         else:
-            kind = f"restart {span.restart} after a fault" if span.fault_at is not None else "resume"
-            kind = kind if first is not None else "nothing logged (a finished run rerun)"
+            kind = "resume" if first is not None else "nothing logged (a finished run rerun)"
         steps = f"{first} - {last}" if first is not None else "none"
         startup = " / ".join(_num(span.startup.get(mark), 1) for mark in STARTUP_MARKS)
-        cost = ""
-        if index and span.fault_at is not None:
-            before = spans[index - 1]
-            cost = f"{_num(downtime(before, span), 1)} s, {redone_steps(before, spans[index:])}"
+        downtime = _num(outage.seconds, 1) if outage is not None else ""
         lines.append(f"| {index + 1} | {started} | {span.ranks} | {_hours(span.seconds)} | {steps} | {startup} | "
-                     f"{cost} | {kind} |")
+                     f"{downtime} | {cost.redone_steps} | {kind} |")
     return lines
 
 
 def process_spans(processes: list[dict[str, Any]]) -> list[ProcessSpan]:
     """run_clock.json's processes as the clock keeps them (a file from before a field was added: its default)."""
-    known = {f for f in ProcessSpan.__dataclass_fields__}
-    return [ProcessSpan(**{k: v for k, v in process.items() if k in known}) for process in processes]
+    return [span_of(process) for process in processes]
 
 
 def finetune_lines(facts: RunFacts) -> list[str]:
@@ -206,13 +222,13 @@ def finetune_lines(facts: RunFacts) -> list[str]:
 
 def recipe_lines(config: dict[str, Any]) -> list[str]:
     resolved = config.get("resolved", {})
-    lines = ["| phase | seq len | global batch | micro-batch | steps | lr | warmup | optimizer | ZeRO |",
+    lines = ["| phase | seq len | global batch | micro-batch | steps | lr | lr schedule | optimizer | ZeRO |",
              "|---|---|---|---|---|---|---|---|---|"]
     for name in config.get("run", {}).get("phases", []):
         section, ds = config.get(name, {}), resolved.get("ds_configs", {}).get(name, {})
         lines.append(f"| {name} | {section.get('seq_len')} | {ds.get('train_batch_size')} | "
                      f"{ds.get('train_micro_batch_size_per_gpu')} | {section.get('steps')} | {section.get('lr')} | "
-                     f"{section.get('warmup_fraction')} | {ds.get('optimizer', {}).get('type')} | "
+                     f"{schedule_text(config, name)} | {ds.get('optimizer', {}).get('type')} | "
                      f"{ds.get('zero_optimization', {}).get('stage', 0)} |")
     model = resolved.get("model_config", {})
     lines += ["", f"Model: preset `{config.get('model', {}).get('preset')}`, {model.get('num_hidden_layers')} layers, "
