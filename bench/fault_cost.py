@@ -20,9 +20,13 @@ were gone), each recovery splits into:
     first step    -> the first new optimizer step done (compile, first allocations, the data loader)
     replay        the steps the old group had done past the checkpoint, done again (at the new step time)
 
-downtime = the kill -> the first new step; recovery = downtime + replay. Goodput is the run's productive step
-time (the steps kept) over the wall time from launch to the end. On 2 CPU cores the figures are this machine's;
-what they tell about a GPU cluster is which part to cut (docs/faults.md projects them).
+downtime = the kill -> the first new step; recovery = downtime + replay. Goodput, start-up, the run's downtime and
+the steps redone are the run's own figures, by the definition the run and `./launch.sh report` use
+(pretrain/metrics/goodput.py: from run_clock.json and the fault records); beside them, what this process's
+stopwatch saw: each downtime from its kill rather than from the agent's record, and the wall time from
+launch.sh's start to its end (the run's wall leaves out launch.sh's checks before the first process). On 2 CPU
+cores the figures are this machine's; what they tell about a GPU cluster is which part to cut (docs/faults.md
+projects them).
 """
 
 from __future__ import annotations
@@ -44,8 +48,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from bench.train_step import synthetic_shards  # noqa: E402
-from pretrain.launch.faults import process_state  # noqa: E402
-from pretrain.metrics.clock import ProcessSpan, productive_seconds, read_clock_file, redone_steps  # noqa: E402
+from pretrain.launch.processes import process_state  # noqa: E402
+from pretrain.metrics.clock import ProcessSpan, read_clock_file  # noqa: E402
+from pretrain.metrics.goodput import Accounting, account, read_faults, steady_step_seconds  # noqa: E402
 from pretrain.run_folder import CLOCK_FILE, shards_verified_path  # noqa: E402
 
 PARTS = ("stop", "rendezvous", "start-up", "engine build", "checkpoint", "first step", "replay")
@@ -70,17 +75,30 @@ class Observed:
     faults: list[Fault] = field(default_factory=list)
 
 
-def rank_pids() -> list[int]:
-    """This machine's running `pretrain.train` ranks (the benchmark's run is the only one it starts)."""
+def rank_pids(launcher: int) -> list[int]:
+    """The running `pretrain.train` ranks under `launcher` (launch.sh's pid): this benchmark's own, never another
+    run's on the same machine (torch starts each rank in a session of its own, so they are told by their parents)."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             words = stat.read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"pretrain.train" in words and b"-m" in words:
+        if b"pretrain.train" in words and b"-m" in words and descends_from(int(stat.parent.name), launcher):
             found.append(int(stat.parent.name))
     return sorted(found)
+
+
+def descends_from(pid: int, ancestor: int) -> bool:
+    """Whether `ancestor` is `pid`'s parent, or its parent's, and so on (/proc/PID/stat's fourth field)."""
+    while pid > 1:
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        if pid == ancestor:
+            return True
+    return False
 
 
 def alive(pid: int) -> bool:
@@ -149,7 +167,7 @@ def drive(run_json: Path, run_dir: Path, args: argparse.Namespace) -> Observed:
             if started is None:
                 break
             time.sleep(max(0.0, started + args.kill_every - time.time()))
-            pids = rank_pids()
+            pids = rank_pids(proc.pid)
             if proc.poll() is not None or not pids:
                 break
             if len(observed.faults) == args.kills:  # every fault made and healed: a user's stop ends the run
@@ -187,8 +205,9 @@ def wait_for_first_step(run_dir: Path, faults: int, proc: subprocess.Popen[bytes
     return None
 
 
-def recovery(fault: Fault, before: ProcessSpan, after: ProcessSpan, later: list[ProcessSpan]) -> dict[str, float]:
-    """One recovery split into PARTS (seconds), with the downtime and the whole."""
+def recovery(fault: Fault, after: ProcessSpan, index: int, costs: Accounting) -> dict[str, float]:
+    """One recovery split into PARTS (seconds, by this process's stopwatch from its kill), with the downtime and the
+    whole; and the run's own downtime of it (from the agent's record of the fault, pretrain/metrics/goodput.py)."""
     marks = after.startup
     planned, built = marks.get("planned", 0.0), marks.get("engine_built", marks.get("planned", 0.0))
     loaded = marks.get("checkpoint_loaded", built)
@@ -201,31 +220,38 @@ def recovery(fault: Fault, before: ProcessSpan, after: ProcessSpan, later: list[
         "engine build": built - planned,
         "checkpoint": loaded - built,
         "first step": first - loaded,
-        "replay": redone_steps(before, later) * after.mean_step_seconds,
+        "replay": costs.processes[index - 1].redone_steps * steady_step_seconds(after),
     }
     parts["downtime"] = after.started_at + first - fault.killed_at
     parts["recovery"] = parts["downtime"] + parts["replay"]
+    outage = costs.outage_before(index)
+    parts["run downtime"] = outage.seconds if outage is not None else 0.0
     return parts
 
 
 def report(observed: Observed, run_dir: Path) -> dict[str, object]:
     spans = read_clock_file(run_dir / CLOCK_FILE)["processes"]
-    recoveries = [recovery(fault, spans[i], spans[i + 1], spans[i + 1:])
+    costs = account(spans, read_faults(run_dir))
+    recoveries = [recovery(fault, spans[i + 1], i + 1, costs)
                   for i, fault in enumerate(observed.faults) if i + 1 < len(spans)]
-    productive = productive_seconds(spans)
-    wall = observed.ended_at - observed.launched_at
-    return {"status": observed.status, "faults": len(observed.faults), "processes": len(spans),
-            "wall_s": wall, "productive_s": productive, "goodput": productive / wall if wall else 0.0,
+    return {"status": observed.status, "faults": len(observed.faults), "faults_recorded": len(costs.faults),
+            "processes": len(spans), "wall_s": costs.wall_s, "productive_s": costs.productive_s,
+            "goodput": costs.goodput, "startup_s": costs.startup_s, "downtime_s": costs.downtime_s,
+            "redone_steps": costs.redone_steps, "stopwatch_wall_s": observed.ended_at - observed.launched_at,
             "recoveries": recoveries,
             "median": {part: statistics.median(r[part] for r in recoveries) for part in
-                       (*PARTS, "downtime", "recovery")} if recoveries else {}}
+                       (*PARTS, "downtime", "recovery", "run downtime")} if recoveries else {}}
 
 
 def print_table(result: dict[str, object]) -> None:
     recoveries, median = result["recoveries"], result["median"]
-    print(f"faults {result['faults']}, processes {result['processes']}, exit status {result['status']}")
-    print(f"goodput {result['goodput']:.1%}: {result['productive_s']:.1f} s of kept steps in {result['wall_s']:.1f} s")
-    header = ["#", *PARTS, "downtime", "recovery"]
+    print(f"faults {result['faults']} ({result['faults_recorded']} in the fault records), processes "
+          f"{result['processes']}, exit status {result['status']}")
+    print(f"goodput {result['goodput']:.1%} (the run's definition, as ./launch.sh report gives it): "
+          f"{result['productive_s']:.1f} s of kept steps in {result['wall_s']:.1f} s; start-up {result['startup_s']:.1f} s, "
+          f"downtime {result['downtime_s']:.1f} s, {result['redone_steps']} step(s) redone; launch.sh ran "
+          f"{result['stopwatch_wall_s']:.1f} s by this process's stopwatch")
+    header = ["#", *PARTS, "downtime", "recovery", "run downtime"]
     print(" | ".join(f"{h:>12}" for h in header))
     for index, parts in enumerate(recoveries, 1):  # type: ignore[arg-type]
         print(" | ".join([f"{index:>12}", *(f"{parts[p]:>12.2f}" for p in header[1:])]))

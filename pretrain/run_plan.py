@@ -18,7 +18,6 @@ import dataclasses
 import json
 import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,15 +38,17 @@ from pretrain.distributed.info import DistInfo, Launch
 from pretrain.distributed.lifetime import RunFolderBusyError, hold_run_folder
 from pretrain.engine import check_ds_config
 from pretrain.errors import ConfigError
+from pretrain.metrics.monitors import step_monitors
 from pretrain.metrics.quality import QualitySettings
 from pretrain.metrics.throughput import ThroughputSettings, peak_tflops
 from pretrain.model.bert import OBJECTIVES, bert_config
 from pretrain.model.compiled_check import compiled_self_test
+from pretrain.model.contained import SelfTest, contained
 from pretrain.model.kernel_support import DeviceFacts, read_device_facts
 from pretrain.model.presets import flop_parameter_counts
 from pretrain.model.self_test import SelfTestResult, kernel_self_test
 from pretrain.run_folder import shards_verified_path
-from pretrain.schedule import WarmupPolyDecay
+from pretrain.schedule import Schedule, build_schedule, schedule_line
 from pretrain.trainer import TrainerSettings
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ class PhasePlan:
     model_config: BertConfig
     ds_config: dict[str, Any]
     precision: str  # bf16 | fp16 | fp32: what ds_config computes in (precision_of)
-    schedule: WarmupPolyDecay
+    schedule: Schedule  # the lr multiplier per optimizer step (SCHEDULES[phaseN.lr_schedule])
     data: PhaseData
     trainer: TrainerSettings
     stream: StreamSettings  # how the phase's instances become this rank's micro-batches
@@ -150,6 +151,8 @@ def plan_run(config: RunConfig, dist_info: DistInfo, verify_checksums: bool, fac
             "mask_probability": {name: d.mask_prob for name, d in data.items()},
             "objective": OBJECTIVES[first.trains_nsp],
             "segments": first.manifest.segments,
+            # each phase's lr schedule in words, as the report's and the model card's recipe tables print it
+            "schedules": {name: schedule_line(config.phase(name), config.phase(name).steps) for name in phases},
         },
     }
     return RunPlan(job=job, phases=phases, resolved=resolved)
@@ -163,7 +166,7 @@ def phase_plan(config: RunConfig, name: str, model_config: BertConfig, ds: dict[
     attention = attention_plan(config, name, ds, facts, head_dim(model_config))  # ConfigError: what cannot run
     return PhasePlan(
         name=name, model_config=model_config, ds_config=ds, precision=precision,
-        schedule=WarmupPolyDecay(phase.steps, phase.warmup_fraction, phase.decay_power), data=data,
+        schedule=build_schedule(phase, phase.steps, f"{name}."), data=data,
         trainer=TrainerSettings(
             phase=name, steps=phase.steps, seq_len=phase.seq_len, seed=config.run.seed,
             num_workers=config.data.num_workers, val_every_steps=config.logging.val_every_steps,
@@ -172,7 +175,7 @@ def phase_plan(config: RunConfig, name: str, model_config: BertConfig, ds: dict[
             max_consecutive_nonfinite=config.failures.max_consecutive_nonfinite,
             stop_after_steps=config.run.stop_after_steps,
             step_offset=config.phase1.steps if name == "phase2" else 0, progress_bar=config.logging.progress_bar,
-            nsp=data.trains_nsp,
+            nsp=data.trains_nsp, monitors=step_monitors(phase.seq_len),
         ),
         stream=StreamSettings(seed=config.run.seed, packing=phase.packing, part=config.data.part,
                               num_parts=config.data.num_parts, unpadded=attention.unpadded),
@@ -254,7 +257,6 @@ def head_dim(model_config: BertConfig) -> int:
     return model_config.hidden_size // model_config.num_attention_heads
 
 
-SelfTest = Callable[[torch.device, str, int, int], SelfTestResult]  # device, precision, head size, seq_len
 Verdict = tuple[str, tuple[bool, ...], SelfTestResult | None]  # host, planned unpadded per phase, its self-test
 
 
@@ -283,12 +285,14 @@ def settle_attention(plan: RunPlan, dist_info: DistInfo, test: SelfTest = kernel
     unpadded = [p for p in phases if p.attention.unpadded]
     result = compiled = None
     if unpadded and dist_info.local_rank == 0:
-        result = test(dist_info.device, unpadded[0].precision, head_dim(unpadded[0].model_config),
-                      max(p.trainer.seq_len for p in unpadded))
+        # on a GPU each test runs in a child process: a device fault cannot poison this rank's context
+        result = contained(test)(dist_info.device, unpadded[0].precision, head_dim(unpadded[0].model_config),
+                                 max(p.trainer.seq_len for p in unpadded))
         compiling = [p for p in unpadded if p.attention.compile]
         if compiling and result.passed:
-            compiled = compiled_test(dist_info.device, compiling[0].precision, head_dim(compiling[0].model_config),
-                                     max(p.trainer.seq_len for p in compiling))
+            compiled = contained(compiled_test)(dist_info.device, compiling[0].precision,
+                                                head_dim(compiling[0].model_config),
+                                                max(p.trainer.seq_len for p in compiling))
     verdicts = gather((socket.gethostname(), planned, result, compiled))
     tests = [(f"{host} (rank {rank})", r) for rank, (host, _, r, _) in enumerate(verdicts) if r is not None]
     failed = next((f"{node}: {r.numbers()}" for node, r in tests if not r.passed), None)

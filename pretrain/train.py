@@ -28,12 +28,17 @@ if __name__ == "__main__" and {"-h", "--help"} & set(sys.argv[1:]):
 
     parse_args(sys.argv[1:])  # prints every key with its doc and exits 0, in a fraction of a second
 if __name__ == "__main__":
+    from pretrain.distributed.lifetime import tie_to_launcher
     from pretrain.distributed.step_watch import dump_stacks_on_signal
+    from pretrain.distributed.stop_request import StopRequest
 
+    tie_to_launcher()  # first: a rank still importing when its agent dies dies with it
     dump_stacks_on_signal()  # before the heavy imports: a rank hung in them gives its stacks too
+    StopRequest.current()  # and a stop during them is a stop (main() takes this request over)
 
 import functools
 import gc
+import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -69,7 +74,6 @@ from pretrain.distributed.step_watch import StepWatch
 from pretrain.distributed.stop_request import StopRequest
 from pretrain.engine import build_engine, rebind_optimizer
 from pretrain.errors import NONFINITE_EXIT, SAVE_FAILED_EXIT, USER_ERROR_EXIT, ConfigError, UserError
-from pretrain.metrics.clock import last_fault_time
 from pretrain.metrics.throughput import Throughput
 from pretrain.metrics.writer import MetricsWriter
 from pretrain.model.bert import build_model
@@ -297,8 +301,7 @@ def train_plan(plan: RunPlan, dist_info: DistInfo, plugin: TrainingPlugin, stop:
                             quality=settings.quality)  # and the run's clock, run_clock.json
     metrics.mark("planned")  # start-up so far: imports, joining the job, the plan, the resume checks
     launch = Launch.from_env()
-    if launch.restart:  # the elastic agent restarted the job after a fault: what it costs goes on the run's clock
-        metrics.after_fault(launch.restart, last_fault_time(settings.run_dir))
+    metrics.launched(launch.run_id, launch.restart)  # the run clock matches the launch's fault records by them
     job = TrainerJob(settings.run_dir, plan.resolved, dist_info, checkpoints, metrics, stop, plugin, watch=watch)
     job.compile_ledger.on_fallback = functools.partial(record_compile_fallback, job)
     progress = RunProgress(latest, saved, saved["samples_seen"] if saved else 0)
@@ -309,7 +312,7 @@ def train_plan(plan: RunPlan, dist_info: DistInfo, plugin: TrainingPlugin, stop:
                 return outcome
         return "complete"
     finally:
-        watch.end()
+        watch.teardown()  # timed from here to the exit (pretrain/distributed/step_watch.py)
         metrics.close()
         release_run_folder(settings.run_dir)
 
@@ -354,8 +357,7 @@ def main(argv: list[str] | None = None, extensions: Sequence[TrainingPlugin] = (
     # SIGTERM/SIGUSR1 caught from here on: one that comes during start-up (rank 0 hashing shards, a
     # resume's conversion) stops the run at its first step, with a checkpoint, instead of killing it
     # (a SLURM time-limit signal to a job that has just started would otherwise end it un-requeued).
-    stop = StopRequest()
-    stop.install()
+    stop = StopRequest.current()
     config_path, overrides = parse_args(argv)
     try:
         config = load_config(config_path, overrides)
@@ -376,13 +378,17 @@ def main(argv: list[str] | None = None, extensions: Sequence[TrainingPlugin] = (
 
 
 def exit_now(status: int) -> None:
-    """End the process with `status`. A failed run ends without the interpreter's teardown: with the process
-    group still up, a C++ thread torch left joinable is destroyed at exit and aborts the process ("terminate
-    called without an active exception", SIGABRT, seen in about one start-up error in four), which turned a
-    config error (2, never restarted) into a crash (restarted by the agent). The run's files are closed by
-    then (train()'s finally); only the streams need a flush."""
-    if status == 0:
-        sys.exit(0)
+    """End the process with `status`, without the interpreter's teardown. With the process group still up, a C++
+    thread torch left joinable is destroyed at exit and aborts the process ("terminate called without an active
+    exception", SIGABRT, seen in about one start-up error in four), which turned a config error (2, never
+    restarted) into a crash (restarted by the agent); and after a run that ended well the interpreter's garbage
+    collection at exit was seen to hang for good (its stacks: "Garbage-collecting", no Python frame). The run's
+    files are closed by then (train()'s finally); only the logs and the streams need a flush. A run that ended well
+    (every rank alike) tears its process group down first. All of it under the rank's teardown timer: a hang there
+    (NCCL's destructors) is named and killed, not a job that never ends."""
+    if status == 0 and dist.is_initialized():
+        dist.destroy_process_group()
+    logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)

@@ -3,8 +3,9 @@
 This is the one place a key is described, with `setting(default, doc)` (below): `python -m
 pretrain.train --help` and the configuration table of docs/pretraining.md are generated from these
 declarations (pretrain/config/doc.py, a floor above). How a RUN.json and command-line overrides
-become a checked `RunConfig` is pretrain/config/load.py. Imports only pretrain/errors.py and the standard
-library: reading a config stays instant, and every floor above can use these types.
+become a checked `RunConfig` is pretrain/config/load.py. Imports only the ground floor (pretrain/errors.py,
+pretrain/run_folder.py, and pretrain/schedule.py, whose keys a phase inherits) and the standard library: reading
+a config stays instant, and every floor above can use these types.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from pretrain.errors import ConfigError
 from pretrain.run_folder import CHECKPOINTS
+from pretrain.schedule import ScheduleSettings
 
 __all__ = ["DOC", "PHASE_NAMES", "PLUGINS_FIELD", "RunConfig", "setting"]
 
@@ -85,6 +87,17 @@ class RunSection:
         "starts it again, so a long job outlives any number of faults that each leave progress behind; 0: none. "
         "Config errors and the same failure again (same step, no newer checkpoint) are not restarted "
         "(docs/faults.md)",
+    )
+    survivor_stacks: bool = setting(
+        True,
+        "after a fault, the ranks still running write their Python stacks (on GPUs also NCCL's recent collectives) to "
+        "their logs before they are killed: about 1 s (4 s on GPUs) added to each fault restart; false: killed at once",
+    )
+    last_call_seconds: float = setting(
+        30.0,
+        "with --nodes MIN:MAX: how long a rendezvous that already has MIN nodes waits for more before it starts. A "
+        "node slow to start (a cold shared file system) that misses it joins later, at the cost of a restart of the "
+        "running nodes (not charged to run.max_restarts)",
     )
     hang_timeout_minutes: float = setting(
         10.0,
@@ -176,12 +189,14 @@ class DataSection:
 
 
 @dataclass
-class PhaseSection:
+class PhaseSection(ScheduleSettings):
     """One pretraining phase (phase1: seq 128, phase2: seq 512): its data, what it tunes (steps, lr schedule,
     batch) and its DeepSpeed JSON of engine mechanics.
 
     One home per setting: lr and the batch sizes live here (and precision in run.precision), never in
-    the DeepSpeed JSON, which pretrain/config/deepspeed.py refuses when it sets them.
+    the DeepSpeed JSON, which pretrain/config/deepspeed.py refuses when it sets them. The lr schedule's keys
+    (lr_schedule, warmup_fraction, ...) are inherited from pretrain/schedule.py, where each schedule declares
+    what it reads, so a new schedule adds its keys there.
     """
 
     seq_len: int = setting(128, "sequence length; the shards must have been built for it")
@@ -198,14 +213,6 @@ class PhaseSection:
         "set are refused here too",
     )
     steps: int = setting(0, "optimizer steps of this phase (required, > 0)")
-    warmup_fraction: float = setting(
-        0.0,
-        "fraction of the steps with a linear warmup to the peak lr, in [0, 1)",
-    )
-    decay_power: float = setting(
-        0.5,
-        "after warmup the lr follows (1 - progress) ** decay_power down to 0 (> 0; 1 = linear)",
-    )
     lr: float | None = setting(
         None,
         "peak learning rate, reached at the end of warmup (required, > 0)",

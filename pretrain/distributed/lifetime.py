@@ -5,7 +5,7 @@ Standard library only. Two pieces (launch.sh's own watchdog, which stops a job w
 pretrain/launch/watchdog.py):
 
 - `die_with_parent`: PR_SET_PDEATHSIG (Linux prctl), so a rank or a demo child gets SIGTERM when the
-  process that started it dies, even of SIGKILL. The kernel sends it when the parent *thread* exits,
+  process that started it dies, even of SIGKILL; `tie_to_launcher` picks the signal by the launcher. The kernel sends it when the parent *thread* exits,
   so children are started from a thread that lives as long as they do (the main thread here).
 - `hold_run_folder`: an exclusive flock on RUN_DIR/.job.lock held by the job's rank 0 for the
   process's life, so a second job refuses a run folder a live job still writes into. The kernel
@@ -45,6 +45,36 @@ def die_with_parent(signum: int = signal.SIGTERM) -> bool:
     if os.getppid() != parent:  # it died between the two reads
         os.kill(os.getpid(), signum)
     return True
+
+
+# The launchers that start every rank from their main thread and live as long as the ranks (not slurmstepd, whose
+# threads come and go), by a word of their command line, and the signal a rank gets when its launcher dies:
+# - our elastic agent (pretrain/launch/agent.py): SIGKILL. The agent's death is a node fault, never a stop: a SIGTERM
+#   would be read as the user's stop request (a checkpoint, exit 0: the job "done" before its last step), and that
+#   save would fail without the agent's timer server. Killed at once, the rank leaves its peers as a dead machine
+#   does, so the job goes on without the node (--nodes MIN:MAX) or stops with the lost node's line.
+# - DeepSpeed's launcher and torchrun (fine-tunes, tests): SIGTERM, a stop; the rank checkpoints.
+PARENT_DEATH_SIGNALS = {b"pretrain.launch.agent": signal.SIGKILL, b"deepspeed.launcher.launch": signal.SIGTERM,
+                        b"torch.distributed.run": signal.SIGTERM}
+
+
+def parent_death_signal() -> int | None:
+    """The signal this process should get when its launcher dies (PARENT_DEATH_SIGNALS); None: no such launcher."""
+    try:
+        parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return next((signum for word, signum in PARENT_DEATH_SIGNALS.items() if word in parent), None)
+
+
+def tie_to_launcher() -> int | None:
+    """The rank's first act (pretrain/train.py, before its heavy imports): die with the launcher that started it
+    (PARENT_DEATH_SIGNALS), so a rank still importing torch when its agent dies goes with it. Returns the signal, or
+    None under no known launcher."""
+    signum = parent_death_signal()
+    if signum is not None:
+        die_with_parent(signum)
+    return signum
 
 
 # ---------------------------------------------------------------------- run folder lock

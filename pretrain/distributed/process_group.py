@@ -10,7 +10,6 @@ the config.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 from datetime import timedelta
 from pathlib import Path
@@ -23,7 +22,7 @@ from deepspeed.accelerator import get_accelerator
 from pretrain.distributed.cluster import device_index, slurm_task_env
 from pretrain.distributed.extension_builds import reporting_builds
 from pretrain.distributed.info import DistInfo
-from pretrain.distributed.lifetime import die_with_parent
+from pretrain.distributed.lifetime import die_with_parent, parent_death_signal
 
 # DeepSpeed's own default; the driver passes run.dist_timeout_minutes (pretrain/config/sections.py says why longer)
 DEFAULT_TIMEOUT_MINUTES = 10
@@ -99,26 +98,6 @@ def process_group_backend(device_name: str, communication_backend: str) -> str:
     if device_name == "cuda":
         return "nccl"
     return communication_backend
-
-
-# The launchers that start every rank from their main thread and live as long as the ranks (not slurmstepd, whose
-# threads come and go), by a word of their command line, and the signal a rank gets when its launcher dies:
-# - our elastic agent (pretrain/launch/agent.py): SIGKILL. The agent's death is a node fault, never a stop: a SIGTERM
-#   would be read as the user's stop request (a checkpoint, exit 0: the job "done" before its last step), and that
-#   save would fail without the agent's timer server. Killed at once, the rank leaves its peers as a dead machine
-#   does, so the job goes on without the node (--nodes MIN:MAX) or stops with the lost node's line.
-# - DeepSpeed's launcher and torchrun (fine-tunes, tests): SIGTERM, a stop; the rank checkpoints.
-PARENT_DEATH_SIGNALS = {b"pretrain.launch.agent": signal.SIGKILL, b"deepspeed.launcher.launch": signal.SIGTERM,
-                        b"torch.distributed.run": signal.SIGTERM}
-
-
-def parent_death_signal() -> int | None:
-    """The signal this process should get when its launcher dies (PARENT_DEATH_SIGNALS); None: no such launcher."""
-    try:
-        parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
-    except OSError:
-        return None
-    return next((signum for word, signum in PARENT_DEATH_SIGNALS.items() if word in parent), None)
 
 
 def init_distributed(timeout_minutes: int = DEFAULT_TIMEOUT_MINUTES) -> DistInfo:

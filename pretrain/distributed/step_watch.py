@@ -12,6 +12,8 @@ every moment, named after what it is doing, so the agent also knows where a rank
     <stage>           `stage()`: the resume checks, building a phase's model and engine
     phaseN step S     `begin()`: from the start of one optimizer step to the start of the next (the step, its
                       validation, metrics and checkpoint; at a phase end its export and the wait for it)
+    teardown          `teardown()`: from the run's end (the last step, a stop, a failure) to the process's exit,
+                      under the start-up limit; never released
 
 Start-up, the stages and the first step after them (compilation, DeepSpeed's first allocations) run under
 `run.startup_timeout_minutes` (STARTUP_TIMEOUT_ENV); every later step under `run.hang_timeout_minutes`
@@ -23,7 +25,8 @@ Evidence: before the agent kills a hung rank it sends STACKS_SIGNAL, on which `d
 first thing by the driver) writes the Python stack of every thread to stderr, the rank's log.
 
 Rehearsal: with HOLD_FILE_ENV naming a file that holds a timer's name ("phase1 step 23"), every rank waits before
-that step (or a later one) begins for as long as the file says so, its timer released. Tests use it to act at a
+that step (or a later one) begins for as long as the file says so, its timer released; a file that says "teardown"
+holds every rank on its way out with its timer running (a rehearsed hang at exit). Tests use it to act at a
 known step whatever the machine's speed; an operator can use it the same way to rehearse a fault.
 
 Without the agent (a plain process, a fine-tune's srun tasks, in-process tests) the watch is off and costs nothing.
@@ -47,6 +50,7 @@ STARTUP_TIMEOUT_ENV = "BERT_DS_STARTUP_TIMEOUT_S"  # likewise
 TIMER_FILE_ENV = "TORCHELASTIC_TIMER_FILE"  # torch's: the agent's timer pipe
 HOLD_FILE_ENV = "BERT_DS_HOLD_FILE"  # rehearsal: hold before the step this file names (module docstring)
 START_UP = "start-up"  # the scope the agent arms for every rank it starts
+TEARDOWN = "teardown"  # the scope a rank holds from its last step to its exit (`teardown`)
 STACKS_SIGNAL = signal.SIGUSR2  # the agent asks a hung rank for its stacks before killing it
 _STEP = re.compile(r"(phase\d+) step (\d+)")
 
@@ -113,8 +117,18 @@ class StepWatch:
         if self.client is not None and self.scope is not None:
             self.client.acquire(self.scope, time.time() + self.limit_s)
 
+    def teardown(self) -> None:
+        """The run is over (done, stopped, or failed): from here to the process's exit, closing the metrics and
+        tearing down the process group, the start-up limit times it, and the timer is never released (the agent's
+        server forgets it once the process is gone). A rank that hangs on its way out (a collective's destructor, a
+        file system that does not answer) is named "at teardown" and killed, not left holding the job. Rehearsal:
+        a hold file that says TEARDOWN holds the rank here with its timer running, as such a hang would."""
+        self._take(TEARDOWN, self.startup_s)
+        while self.hold_file and self._says(TEARDOWN):
+            time.sleep(0.1)
+
     def end(self) -> None:
-        """Nothing timed until the next stage or step (the run is done, or holds)."""
+        """Nothing timed until the next stage or step (the run holds)."""
         if self.client is not None and self.scope is not None:
             self.client.release(self.scope)
         self.scope = None
@@ -137,9 +151,15 @@ class StepWatch:
             time.sleep(0.1)
 
     def _held_at(self, phase: str, step: int) -> bool:
+        target = parse_step(self._hold_text())
+        return target is not None and (phase, step) >= target
+
+    def _says(self, scope: str) -> bool:
+        return self._hold_text() == scope
+
+    def _hold_text(self) -> str | None:
         try:
             with open(str(self.hold_file), encoding="utf-8") as file:
-                target = parse_step(file.read().strip())
+                return file.read().strip()
         except OSError:
-            return False
-        return target is not None and (phase, step) >= target
+            return None

@@ -24,6 +24,18 @@ class StopRequest:
     interrupts: int = 0
     installed: list[tuple[int, Any]] = field(default_factory=list)
 
+    @classmethod
+    def current(cls) -> StopRequest:
+        """The request this process installed (the driver installs one first thing, before its imports: a signal that
+        comes while torch loads is a stop too, acted on at the first step), else a new one, installed."""
+        handler = signal.getsignal(signal.SIGTERM)
+        found = getattr(handler, "__self__", None)
+        if isinstance(found, cls):
+            return found
+        request = cls()
+        request.install()
+        return request
+
     def install(self) -> None:
         for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGINT):
             self.installed.append((signum, signal.signal(signum, self._handle)))

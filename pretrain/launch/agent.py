@@ -28,8 +28,9 @@ one dies. What is ours on top (HealingAgent):
 - one verdict per job: a final verdict closes the rendezvous (as torchrun does when it exits), so no other node
   waits in it; an agent whose rendezvous another node closed ends quietly.
 - signals: launch.sh passes SIGINT/SIGTERM/SIGUSR1/SIGHUP to this process, which passes them on to the ranks (they
-  checkpoint at the step boundary and exit 0) and restarts nothing after. SIGINT goes as SIGTERM to a rank that
-  has no handler yet (still importing torch).
+  checkpoint at the step boundary and exit 0) and restarts nothing after. A rank that has no handler yet (its
+  interpreter still starting) gets the signal once it has one; between two attempts (no rank running) the stop is
+  one line and exit 0 (130 for SIGINT).
 
 torch internals this relies on, every other use being public API (get_worker_group, Worker.id, WorkerSpec,
 LogsSpecs, RendezvousParameters, the rendezvous handler's shutdown, FileTimerServer/FileTimerRequest, the
@@ -52,7 +53,7 @@ checks each of these, in seconds and without ranks, and pyproject.toml bounds to
 7. TORCHELASTIC_SIGNALS_TO_HANDLE, read by torch's `PContext.start`: torch handles SIGQUIT alone, the agent forwards
    the rest (HealingAgent.forward).
 8. TORCHELASTIC_RUN_ID, set by `_start_workers` for the ranks: pretrain/distributed/info.py tells a restart by it.
-9. The rendezvous key `last_call_timeout` (LAST_CALL_SECONDS), read by the c10d handler's `create_handler`.
+9. The rendezvous key `last_call_timeout` (run.last_call_seconds), read by the c10d handler's `create_handler`.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -80,7 +82,6 @@ from pretrain.config.cli import parse_args
 from pretrain.config.load import load_config
 from pretrain.config.plugins import plugin_spec
 from pretrain.config.sections import RunConfig
-from pretrain.distributed.step_watch import HANG_TIMEOUT_ENV, STARTUP_TIMEOUT_ENV, TIMER_FILE_ENV
 from pretrain.errors import UserError
 from pretrain.launch.faults import (
     RECORD_PREFIX,
@@ -89,19 +90,26 @@ from pretrain.launch.faults import (
     FaultHistory,
     FaultRecord,
     RankFailure,
-    catches,
+    hang_description,
     judge,
     judge_stuck,
     primary_failure,
 )
-from pretrain.launch.hang_watch import HangWatch, Limits
+from pretrain.launch.hang_watch import HangWatch, Limits, ask_for_stacks, watch_ranks
 from pretrain.launch.nodes import NODE_LOST_SIGNAL, node_range
-from pretrain.launch.rank_logs import RankLogs, flight_recorder, nccl_trace, quiet_torch_logs
+from pretrain.launch.processes import (
+    catches,
+    ended_badly,
+    kill,
+    process_state,
+    send_when_caught,
+    wait_until_gone,
+)
+from pretrain.launch.rank_logs import RankLogs, nccl_trace, quiet_torch_logs
 from pretrain.plugin import JobShare
 from pretrain.run_folder import faults_dir, launch_logs_dir
 
 PREFIX = "launch.sh"
-LAST_CALL_SECONDS = 10  # with --nodes MIN:MAX: how long a rendezvous that has MIN nodes waits for more
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 PIPE_READ_S = 0.3  # the timer server reads the ranks' pipe every 0.1 s (pretrain/launch/hang_watch.py)
 # torch's own count of restarts (WorkerSpec.max_restarts): never what stops the job. The budget is ours,
@@ -150,18 +158,23 @@ class HealingAgent(LocalElasticAgent):
 
     def __init__(self, spec: WorkerSpec, logs: RankLogs, judging: Judging, watch: HangWatch,
                  node: NodeSettings) -> None:
-        super().__init__(spec, logs, shutdown_timeout=node.shutdown_timeout)
+        # torch's own check of a rank stuck in uninterruptible sleep (D state: a hung driver or file system, which no
+        # signal ends) is off unless given a limit: the hang limit, so judge_stuck names it.
+        super().__init__(spec, logs, shutdown_timeout=node.shutdown_timeout,
+                         uninterruptible_state_timeout=watch.limits.hang_s)
         self.logs, self.judging, self.watch, self.node = logs, judging, watch, node
         self.record: FaultRecord | None = None  # the last fault judged here, and its verdict
         self.stop_signal: int | None = None
         self.nodes_lost = 0  # NODE_LOST_SIGNALs from nodes.py
         self.timed: set[int] = set()  # pids whose start-up is timed
         self.stopped_for_lost_node: set[int] = set()
+        self.ended_by_agent: set[int] = set()  # pids killed here because another rank of their group failed
 
     # ------------------------------------------------------------------ what torch calls
     def _monitor_workers(self, worker_group: Any) -> RunResult:
         self._time_new_ranks()
         self._stop_if_a_node_was_lost()
+        self._end_survivors_of_a_fault()  # before torch's poll, which would stop them with SIGTERM and a 30 s grace
         result = super()._monitor_workers(worker_group)
         if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
             self._judge(result)
@@ -212,9 +225,9 @@ class HealingAgent(LocalElasticAgent):
 
         def failure(rank: int, pid: int, exitcode: int, noticed: float | None = None) -> RankFailure:
             watch = self.watch
-            return RankFailure(rank, self.node.host, exitcode, watch.last_step.get(pid), self.logs.path(attempt, rank),
+            return RankFailure(rank, self.node.host, exitcode, watch.step_of(pid), self.logs.path(attempt, rank),
                                watch.hung.get(pid), pid in self.stopped_for_lost_node, nccl_trace(rank),
-                               pid in watch.stacks, noticed)
+                               pid in watch.stacks, noticed, pid in self.ended_by_agent)
 
         failed = [failure(rank, found.pid, found.exitcode, found.timestamp) for rank, found in result.failures.items()]
         # A rank named by the timers (a frozen peer) may not be reaped yet: a failure too.
@@ -242,6 +255,29 @@ class HealingAgent(LocalElasticAgent):
         if not self.record.restarts:
             self._remaining_restarts = 0
 
+    def _end_survivors_of_a_fault(self) -> None:
+        """Once a rank has ended badly (read from /proc before torch reaps it), the others still running give their
+        stacks (bounded: hang_watch.STACKS_WAIT_S) and are killed with SIGKILL, as a lost node's are; the restart
+        waits until they are gone. torch's poll would send them SIGTERM with a 30 s grace: our ranks read SIGTERM as
+        a user's stop, and on NCCL a rank blocked in a collective never sees it. Not after a user's stop."""
+        pids = self.pids()
+        if self.stop_signal is not None or not any(ended_badly(pid) for pid in pids.values()):
+            return
+        survivors = {rank: pid for rank, pid in pids.items()  # not those the timers are ending (hang_watch.hung)
+                     if pid not in self.ended_by_agent | set(self.watch.hung) and process_state(pid) not in ("", "Z")}
+        if not survivors:
+            return
+        self.ended_by_agent.update(survivors.values())
+        if self.judging.config.run.survivor_stacks:
+            self.watch.stacks |= ask_for_stacks(list(survivors.values()), self.watch.ranks)
+        for pid in survivors.values():
+            kill(pid, signal.SIGKILL)
+        left = wait_until_gone(list(survivors.values()), self.watch.limits.startup_s)
+        if left:
+            say(f"warning: host {self.node.host}: pid {', '.join(map(str, left))} still there "
+                f"{self.watch.limits.startup_s:g} s after SIGKILL ({hang_description(process_state(left[0]))}); "
+                "restarting anyway")
+
     def forward(self, signum: int, _frame: Any = None) -> None:
         """launch.sh's signal, passed on to every rank; nothing is restarted after it. The same stop may come twice (a
         hang-up to the whole group, then launch.sh's own SIGTERM): once the ranks have stopped for the first, the
@@ -254,37 +290,14 @@ class HealingAgent(LocalElasticAgent):
         if not pids:  # in a rendezvous: end it
             raise SignalException(f"{signal.Signals(signum).name} between attempts", signal.Signals(signum))
         for pid in pids:
-            sent = signum
-            if signum == signal.SIGINT and not catches(pid, signal.SIGTERM):
-                sent = signal.SIGTERM  # still importing: no handler yet, a KeyboardInterrupt traceback otherwise
-            kill(pid, sent)
+            if catches(pid, signum):
+                kill(pid, signum)
+            else:  # still starting: the signal's default action would kill it (a fault, status 143), so it waits
+                threading.Thread(target=send_when_caught, args=(pid, signum), daemon=True).start()
 
     def node_lost(self, _signum: int, _frame: Any = None) -> None:
         """nodes.py's word that a node of the job is gone (NODE_LOST_SIGNAL); acted on at the next monitor tick."""
         self.nodes_lost += 1
-
-
-def kill(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
-
-
-def watch_ranks(config: RunConfig, launch_dir: Path) -> HangWatch:
-    """Start our timer server once for every attempt, and set what the ranks inherit: its pipe and limits (torch then
-    starts no server of its own: TORCHELASTIC_ENABLE_FILE_TIMER unset), and on GPUs NCCL's flight recorder."""
-    limits = Limits(config.run.hang_timeout_minutes * 60, config.run.startup_timeout_minutes * 60)
-    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"bert-ds-timers-{uuid.uuid4().hex}")
-    watch = HangWatch(path, limits)
-    watch.start()
-    os.environ.pop("TORCHELASTIC_ENABLE_FILE_TIMER", None)
-    os.environ.update({TIMER_FILE_ENV: path, HANG_TIMEOUT_ENV: str(limits.hang_s),
-                       STARTUP_TIMEOUT_ENV: str(limits.startup_s)})
-    if os.environ.get("DS_ACCELERATOR") != "cpu":  # gloo has no flight recorder
-        for name, value in flight_recorder(launch_dir).items():
-            os.environ.setdefault(name, value)
-    return watch
 
 
 def build_agent(args: argparse.Namespace, module_args: list[str]) -> HealingAgent:
@@ -293,7 +306,8 @@ def build_agent(args: argparse.Namespace, module_args: list[str]) -> HealingAgen
     node_mark = f"-{node}" if node else ""  # the nodes of a multi-node job share the run folder
     launch_dir = launch_logs_dir(Path(config.run.dir), time.strftime("%Y%m%d-%H%M%S") + node_mark)
     quiet_torch_logs(launch_dir / "agent.log")
-    watch = watch_ranks(config, launch_dir)
+    watch = watch_ranks(Limits(config.run.hang_timeout_minutes * 60, config.run.startup_timeout_minutes * 60),
+                        launch_dir)
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGQUIT"  # the others: forwarded by HealingAgent.forward
     # a store of the ranks' own on a fresh port at each attempt: torch's shared agent store would keep the previous
     # attempt's keys (a restarted gloo mesh then dials the dead ranks' ports).
@@ -305,7 +319,7 @@ def build_agent(args: argparse.Namespace, module_args: list[str]) -> HealingAgen
     local_addr = None if args.slurm else args.node or args.master_addr
     endpoint = args.rdzv_endpoint or f"{args.master_addr}:{args.master_port}"
     parameters = RendezvousParameters(backend="c10d", endpoint=endpoint, run_id=job, min_nodes=low, max_nodes=high, local_addr=local_addr,
-                                      is_host=not args.rdzv_endpoint, last_call_timeout=LAST_CALL_SECONDS)
+                                      is_host=not args.rdzv_endpoint, last_call_timeout=round(config.run.last_call_seconds))
     # SLURM gave the node's task all its ranks' CPUs: each rank takes its own share (pretrain/launch/pin.py), as
     # SLURM's per-task binding did when every rank was a task.
     rank = ("-u", "-m", "pretrain.train", *module_args)
@@ -326,8 +340,11 @@ def run(agent: HealingAgent) -> int:
     """The agent's run, its rendezvous closed whatever the end (no other node waits in it), and its status."""
     try:
         result = agent.run()
-    except SignalException as stopped:
-        return 128 + stopped.sigval
+    except SignalException as stopped:  # between two attempts (a restart's rendezvous): no rank to checkpoint
+        name = signal.Signals(stopped.sigval).name
+        say(f"stopped by {name} between two attempts (no rank running); the same command resumes from the newest "
+            f"checkpoint: {agent.judging.context.resume_command}")
+        return 128 + stopped.sigval if stopped.sigval == signal.SIGINT else 0
     except RendezvousClosedError:  # another node's final verdict ended the job; that node told it
         return 1
     except RendezvousError as err:
@@ -361,9 +378,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     try:
         agent = build_agent(args, module_args)
-    except UserError as err:
-        say(err.line())
-        return 2
+    except Exception as err:  # noqa: BLE001 - one line, and under nodes.py this node's last word, whatever it was
+        status, line = (2, err.line()) if isinstance(err, UserError) else (
+            1, f"error: the agent could not start: {type(err).__name__}: {err}")
+        say(line)
+        if args.rdzv_endpoint:  # nodes.py: this node ended before it joined; the others need not wait for it
+            host = os.environ.get("SLURMD_NODENAME", "") if args.slurm else args.node
+            print(AgentEnd(host or socket.gethostname(), status, line).to_line(), file=sys.stderr, flush=True)
+        return status
     for signum in FORWARDED:
         signal.signal(signum, agent.forward)
     signal.signal(NODE_LOST_SIGNAL, agent.node_lost)

@@ -1,6 +1,6 @@
 """The fault record: the one form in which a judged fault is kept (RUN/logs/faults/, one file each, read by every
 node: pretrain/launch/faults.py FaultHistory) and handed on (one JSON line to pretrain/launch/nodes.py); and an
-agent's last word under nodes.py.
+agent's last word under nodes.py; and FaultLines, which makes the nodes' records of one fault one line.
 
 pretrain/launch/faults.py judges failures into records. Standard library only: the ground floor, so that the
 modules that read records sit no higher for it.
@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import IO
 
+PREFIX = "launch.sh"
 RECORD_PREFIX = "launch.sh: fault record: "  # an agent's record on its stdout, for pretrain/launch/nodes.py
 VICTIM_ORDER = 5  # failure_order of a rank that died of another's failure (pretrain/launch/faults.py)
 
@@ -82,6 +86,7 @@ class AgentEnd:
 
     host: str
     status: int
+    line: str = ""  # its own error line when it ends before its ranks ran (a config it could not read)
 
     PREFIX = "launch.sh: agent end: "
 
@@ -95,3 +100,56 @@ class AgentEnd:
             return cls(**json.loads(text)) if found else None
         except (ValueError, TypeError):
             return None
+
+
+class FaultLines:
+    """One line per fault, not one per node: every node's agent judges the failure its own ranks saw (on the node of
+    the rank that died: "died of SIGKILL"; on the others: "exited with status 1", their ranks having lost a peer) and
+    sends its FaultRecord. The records of one attempt are held until every running node has sent its own, or
+    `settle_s` passed, or until a later event (a later attempt's record, a lost node) must follow it; then one line is
+    shown: a final verdict's if any node reached one (it ends the job), else the most telling (FaultRecord.telling:
+    its order, then the earliest failure, never the lower rank), with the node's name in front as pdsh put it. A
+    victim's record (a rank that lost its peer) reaches no final verdict of its own but a spent budget, which every
+    node reaches alike (pretrain/launch/faults.py), so the line names the culprit."""
+
+    def __init__(self, out: IO[str], nodes_running: Callable[[], int], settle_s: float = 10.0) -> None:
+        self.out, self.nodes_running, self.settle_s = out, nodes_running, settle_s
+        self.pending: dict[tuple[str, int], list[tuple[str, FaultRecord]]] = {}
+        self.shown: set[tuple[str, int]] = set()  # an attempt told already: a node's late word on it is dropped
+        self.lock = threading.Lock()
+
+    def offer(self, line: str) -> bool:
+        """Hold `line` when it is a node's fault record (True), else leave it to the caller."""
+        record = FaultRecord.from_line(line)
+        if record is None:
+            return False
+        key = (record.job, record.restart)
+        for earlier in [other for other in list(self.pending) if other[0] == key[0] and other[1] < key[1]]:
+            self.show(earlier)  # a later attempt's word: the earlier fault is told first, with what it has
+        with self.lock:
+            if key in self.shown:
+                return True
+            first = key not in self.pending
+            self.pending.setdefault(key, []).append((line.partition("launch.sh: ")[0], record))
+            complete = len(self.pending[key]) >= self.nodes_running()
+        if complete:
+            self.show(key)
+        elif first:
+            timer = threading.Timer(self.settle_s, self.show, args=(key,))
+            timer.daemon = True
+            timer.start()
+        return True
+
+    def show(self, key: tuple[str, int]) -> None:
+        with self.lock:
+            told = self.pending.pop(key, [])
+            self.shown.add(key)
+        final = [(node, record) for node, record in told if not record.restarts]
+        if told:
+            node, record = min(final or told, key=lambda pair: pair[1].telling)
+            self.out.write(f"{node}{PREFIX}: {record.line}\n")
+            self.out.flush()
+
+    def show_all(self) -> None:
+        for key in list(self.pending):
+            self.show(key)

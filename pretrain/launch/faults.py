@@ -14,7 +14,8 @@ Which rank is named (`failure_order`): a frozen rank, then one whose timer ran o
 other than SIGTERM (the agent's own stop) and SIGABRT (a peer that NCCL's watchdog aborted because of another),
 then a rank's own error (exit 2-4), then an exception of its own (exit 1 with any exception but a victim's) or
 another non-zero exit, then the victims: exit 1 on a lost peer (VICTIM_TEXTS: a closed or reset connection, NCCL's
-"remote process exited", a watchdog timeout), and SIGABRT; then a rank its agent stopped because a node was lost.
+"remote process exited", a watchdog timeout), and SIGABRT; then a rank its agent stopped because a node was lost
+or because another rank had failed (BY_AGENT).
 Among equals the one that failed first (RankFailure.failed_at), never the lower rank. The others died of its death,
 as their logs say.
 
@@ -62,6 +63,7 @@ NOT_RESTARTED = {USER_ERROR_EXIT: "a config, data or resume error", NONFINITE_EX
                  SAVE_FAILED_EXIT: "a checkpoint or export that could not be written"}
 KINDS = {USER_ERROR_EXIT: "config", NONFINITE_EXIT: "nonfinite", SAVE_FAILED_EXIT: "save"}
 NODE_LOST = "stopped by its agent: a node of the job was lost"
+BY_AGENT = "killed by its agent: another rank of the job had failed"
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b.*")
 # What a rank's last exception says when it died of another's failure: a peer gone in a collective (gloo: the
@@ -87,6 +89,7 @@ class RankFailure:
     trace: Path | None = None  # where NCCL's flight recorder dumps this rank's collectives (when it does)
     stacks: bool = False  # asked for its stacks (they are in its log) before it was killed
     noticed: float | None = None  # when torch saw it end (ProcessFailure.timestamp: whole seconds)
+    by_agent: bool = False  # its agent killed it: another rank of its group had failed (a victim)
 
     @property
     def failed_at(self) -> float:
@@ -113,6 +116,8 @@ class RankFailure:
             return f"{self.hang}: killed"
         if self.node_lost:
             return NODE_LOST
+        if self.by_agent:
+            return BY_AGENT
         if self.exitcode < 0:
             try:
                 return f"died of {signal.Signals(-self.exitcode).name}"
@@ -145,7 +150,7 @@ def failure_order(failure: RankFailure) -> int:
     victims = (signal.SIGTERM, signal.SIGABRT)
     if failure.hang:
         return 0 if "stopped by SIGSTOP" in failure.hang else 1
-    if failure.node_lost:
+    if failure.node_lost or failure.by_agent:
         return VICTIM_ORDER + 1
     if failure.exitcode < 0:
         return 7 if -failure.exitcode == signal.SIGTERM else VICTIM_ORDER if -failure.exitcode in victims else 2
@@ -320,23 +325,3 @@ def hang_description(state: str) -> str:
     """A hung process's state letter from /proc (T: stopped, D: uninterruptible I/O, ...) in words."""
     return {"T": "stopped by SIGSTOP", "t": "stopped by a debugger", "D": "in uninterruptible I/O",
             "Z": "a zombie"}.get(state, "running but not progressing")
-
-
-def process_state(pid: int, proc: Path = Path("/proc")) -> str:
-    """The state letter of /proc/PID/stat ("" when unreadable)."""
-    try:
-        stat = (proc / str(pid) / "stat").read_text()
-    except OSError:
-        return ""
-    return stat.rpartition(")")[2].split()[0] if ")" in stat else ""
-
-
-def catches(pid: int, signum: int) -> bool:
-    """Whether process `pid` has a handler for `signum` (SigCgt of /proc/PID/status)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("SigCgt:"):
-                return bool((int(line.split()[1], 16) >> (signum - 1)) & 1)
-    except (OSError, ValueError):
-        pass
-    return False

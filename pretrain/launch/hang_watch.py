@@ -21,17 +21,28 @@ import errno
 import os
 import signal
 import time
+import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from torch.distributed.elastic.timer import FileTimerRequest, FileTimerServer
 
-from pretrain.distributed.step_watch import STACKS_SIGNAL, START_UP, startup_limited
-from pretrain.launch.faults import catches, hang_description, process_state
+from pretrain.distributed.step_watch import (
+    HANG_TIMEOUT_ENV,
+    STACKS_SIGNAL,
+    START_UP,
+    STARTUP_TIMEOUT_ENV,
+    TEARDOWN,
+    TIMER_FILE_ENV,
+    startup_limited,
+)
+from pretrain.launch.faults import hang_description
+from pretrain.launch.processes import catches, process_start, process_state
+from pretrain.launch.rank_logs import NCCL_PIPE_ENV, flight_recorder
 
 STACKS_WAIT_S = 1.0  # how long a hung rank gets to write its stacks before it is killed
 NCCL_DUMP_WAIT_S = 3.0  # and its NCCL watchdog to notice the dump request (it looks about once a second) and write
-NCCL_PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
 
 
 @dataclass(frozen=True)
@@ -57,11 +68,14 @@ class HangWatch(FileTimerServer):
         self.hung: dict[int, str] = {}  # pid -> "made no progress in ..." for the fault line
         self.ranks: dict[int, int] = {}  # pid -> global rank, for NCCL's dump pipe
         self.stacks: set[int] = set()  # pids asked for their stacks before they were killed
+        self.started: dict[int, int | None] = {}  # pid -> its start time (processes.process_start) when armed
+        self.tearing_down: set[int] = set()  # pids past their run's end (step_watch.TEARDOWN)
 
     def arm(self, pid: int, rank: int) -> None:
         """Time rank `pid`'s start-up from now: it cannot announce itself before its imports are done. Sent through
         the pipe as a rank's own request would be (the server reads nothing until someone writes to it)."""
         self.ranks[pid] = rank
+        self.started[pid] = process_start(pid)
         request = FileTimerRequest(pid, START_UP, time.time() + self.limits.startup_s, signal.SIGKILL)
         for _ in range(50):  # the server's thread opens its end as it starts: wait for it, briefly
             try:
@@ -84,7 +98,11 @@ class HangWatch(FileTimerServer):
         requests = [r for r in timer_requests if not (r.scope_id == START_UP and r.worker_pid in self.last_step)]
         for request in requests:
             previous = self.last_step.get(request.worker_pid)
-            if request.expiration_time >= 0 and request.scope_id != previous:
+            if request.expiration_time >= 0 and request.scope_id == TEARDOWN:
+                # on its way out: where it was (the step a failure names) stays what it did last
+                self.startup[request.worker_pid] = True
+                self.tearing_down.add(request.worker_pid)
+            elif request.expiration_time >= 0 and request.scope_id != previous:
                 self.startup[request.worker_pid] = startup_limited(request.scope_id, previous)
                 self.last_step[request.worker_pid] = request.scope_id
         super().register_timers(requests)
@@ -92,6 +110,8 @@ class HangWatch(FileTimerServer):
     def _reap_worker(self, worker_pid: int, signal: int) -> bool:
         if worker_pid == os.getpid():  # torch ends the agent too; we restart instead
             return True
+        if worker_pid in self.started and process_start(worker_pid) != self.started[worker_pid]:
+            return True  # it has exited holding its timer (a rank keeps its teardown timer to its end): nothing to reap
         # A rank frozen between two timers holds none that runs out; the peer waiting for it in a collective times
         # out instead. Name the frozen one too (primary_failure puts a stopped rank first), and end it with its peer.
         frozen = [pid for pid in self.last_step if pid != worker_pid and process_state(pid) in ("T", "t")]
@@ -101,6 +121,11 @@ class HangWatch(FileTimerServer):
         for pid in frozen:
             super()._reap_worker(pid, signal)
         return super()._reap_worker(worker_pid, signal)
+
+    def step_of(self, pid: int) -> str | None:
+        """Where a rank was, for its fault line: the timer it took last, or TEARDOWN when that timer killed it on its
+        way out (a rank that failed and then left names the step it failed at)."""
+        return TEARDOWN if pid in self.tearing_down and pid in self.hung else self.last_step.get(pid)
 
     def no_progress(self, pid: int) -> str:
         seconds, key = self.limits.of(self.startup.get(pid, True))
@@ -146,3 +171,18 @@ def ask_nccl_for_trace(rank: int | None) -> bool:
     finally:
         os.close(pipe)
     return True
+
+
+def watch_ranks(limits: Limits, launch_dir: Path) -> HangWatch:
+    """Start our timer server once for every attempt, and set what the ranks inherit: its pipe and limits (torch then
+    starts no server of its own: TORCHELASTIC_ENABLE_FILE_TIMER unset), and on GPUs NCCL's flight recorder."""
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"bert-ds-timers-{uuid.uuid4().hex}")
+    watch = HangWatch(path, limits)
+    watch.start()
+    os.environ.pop("TORCHELASTIC_ENABLE_FILE_TIMER", None)
+    os.environ.update({TIMER_FILE_ENV: path, HANG_TIMEOUT_ENV: str(limits.hang_s),
+                       STARTUP_TIMEOUT_ENV: str(limits.startup_s)})
+    if os.environ.get("DS_ACCELERATOR") != "cpu":  # gloo has no flight recorder
+        for name, value in flight_recorder(launch_dir).items():
+            os.environ.setdefault(name, value)
+    return watch

@@ -19,6 +19,10 @@ lost the connection, SLURM declared the node failed or its task out of memory). 
 - otherwise: one error line naming the node, and the other nodes are stopped at once (their ranks would
   otherwise wait in the rendezvous, or in a collective until run.dist_timeout_minutes).
 
+A node that ends by itself with a non-zero status while no node has reached a final verdict (its agent could not
+start: a missing mount, venv or checkout) is a node fault as well, its last line quoted: under --nodes MIN:MAX the
+job carries on without it, otherwise the others are stopped at once instead of waiting in the rendezvous.
+
 A node whose own rank fails during start-up at DROP_AFTER starts in a row, with no newer checkpoint between (a GPU that
 fails at every start), is dropped under --nodes MIN:MAX with a hostfile (NodeJob.failed_to_start): one line, its agent
 killed, the survivors told as for a lost node.
@@ -48,7 +52,7 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from pretrain.distributed.cluster import ClusterError, allocation_hosts, pdsh_quote, read_hostfile
-from pretrain.launch.faults import AgentEnd, FaultRecord
+from pretrain.launch.fault_records import AgentEnd, FaultLines, FaultRecord
 from pretrain.launch.rendezvous import answers, is_this_machine, listen, parse_endpoint
 from pretrain.launch.transports import Pdsh, SessionEnd, Srun
 
@@ -93,6 +97,8 @@ class Transport(Protocol):
 
     def drop(self, host: str) -> bool: ...
 
+    def store_problem(self, host: str, store: tuple[str, int]) -> str | None: ...
+
 
 @dataclass
 class NodeJob:
@@ -111,6 +117,8 @@ class NodeJob:
     stopping: bool = False  # a signal to pass on, or a lost node the job cannot do without
     failed: bool = False  # the latter
     failed_starts: dict[str, tuple[str | None, int]] = field(default_factory=dict)  # host -> (checkpoint, count)
+    verdict: bool = False  # a node's agent reached a final verdict: the others end because of it
+    last_lines: dict[str, str] = field(default_factory=dict)  # host -> the last line it printed (pdsh names it)
 
     @property
     def nodes_left(self) -> int:
@@ -126,18 +134,28 @@ class NodeJob:
             self.transport.signal(signum, targets)
 
     def node_ended(self, end: SessionEnd, first: Callable[[], None] = lambda: None) -> tuple[int, list[str]] | None:
-        """The word that `end.host`'s session ended: a lost node when its agent did not end by itself. Returns what
-        to send to whom: NODE_LOST_SIGNAL to the survivors when the job carries on, SIGTERM to the others when it
-        cannot. `first` runs before a line is printed (the fault lines still held go out before it)."""
+        """The word that `end.host`'s session ended: a lost node when its agent did not end by itself; a node fault
+        too when it ended by itself with a non-zero status before the job's end (no node's final verdict, no stop:
+        an agent that could not start, a node without the mount or the venv), which would otherwise leave the
+        others waiting in the rendezvous. Returns what to send to whom: NODE_LOST_SIGNAL to the survivors when the
+        job carries on, SIGTERM to the others when it cannot. `first` runs before a line is printed (the fault
+        lines still held go out before it)."""
         host = end.host
-        self.ended[host] = self.agents_ended.get(host, end.status)
-        if host in self.agents_ended or end.status < LOST_STATUS or self.stopping or host in self.lost:
+        status = self.ended[host] = self.agents_ended.get(host, end.status)
+        if self.stopping or host in self.lost or self.verdict:
+            return None
+        if end.status >= LOST_STATUS and host not in self.agents_ended:
+            how = end.why or "the machine, its agent or its link died"
+            why = f"node {host} lost (its session ended with status {end.status}: {how})"
+        elif status != 0:  # ended by itself, no verdict told: it failed on its own (a missing mount, venv, checkout)
+            said = self.last_lines.get(host)
+            why = (f"node {host} ended by itself with status {status} before the job's end"
+                   + (f" ({said})" if said else ""))
+        else:
             return None
         self.lost.append(host)
         first()
         left = [other for other in self.hosts if other not in self.lost]
-        how = end.why or "the machine, its agent or its link died"
-        why = f"node {host} lost (its session ended with status {end.status}: {how})"
         if len(left) >= self.min_nodes and self.min_nodes < len(self.hosts):
             say(f"fault: {why}; carrying on with {len(left)} node(s) (--nodes {self.min_nodes}:{len(self.hosts)})")
             return NODE_LOST_SIGNAL, left
@@ -148,7 +166,11 @@ class NodeJob:
 
     def failed_to_start(self, record: FaultRecord, first: Callable[[], None] = lambda: None
                         ) -> tuple[int, list[str]] | None:
-        """A node whose own rank fails during start-up at DROP_AFTER starts with no newer checkpoint between (a GPU
+        """A node that ends by itself with a non-zero status while no node has reached a final verdict (its agent could not
+start: a missing mount, venv or checkout) is a node fault as well, its last line quoted: under --nodes MIN:MAX the
+job carries on without it, otherwise the others are stopped at once instead of waiting in the rendezvous.
+
+A node whose own rank fails during start-up at DROP_AFTER starts with no newer checkpoint between (a GPU
         that fails at every start: Xid, ECC, memory still held) would spend every restart on the same fault. With
         --nodes MIN:MAX and MIN nodes left without it, it is dropped: one line, its agent killed (its ranks die with
         it), the survivors told as for a lost node. Only the node's own failure counts (a victim's record is its
@@ -186,59 +208,6 @@ def say(line: str) -> None:
     print(f"{PREFIX}: {line}", file=sys.stderr, flush=True)
 
 
-class FaultLines:
-    """One line per fault, not one per node: every node's agent judges the failure its own ranks saw (on the node of
-    the rank that died: "died of SIGKILL"; on the others: "exited with status 1", their ranks having lost a peer) and
-    sends its FaultRecord. The records of one attempt are held until every running node has sent its own, or
-    `settle_s` passed, or until a later event (a later attempt's record, a lost node) must follow it; then one line is
-    shown: a final verdict's if any node reached one (it ends the job), else the most telling (FaultRecord.telling:
-    its order, then the earliest failure, never the lower rank), with the node's name in front as pdsh put it. A
-    victim's record (a rank that lost its peer) reaches no final verdict of its own but a spent budget, which every
-    node reaches alike (pretrain/launch/faults.py), so the line names the culprit."""
-
-    def __init__(self, out: IO[str], nodes_running: Callable[[], int], settle_s: float = 10.0) -> None:
-        self.out, self.nodes_running, self.settle_s = out, nodes_running, settle_s
-        self.pending: dict[tuple[str, int], list[tuple[str, FaultRecord]]] = {}
-        self.shown: set[tuple[str, int]] = set()  # an attempt told already: a node's late word on it is dropped
-        self.lock = threading.Lock()
-
-    def offer(self, line: str) -> bool:
-        """Hold `line` when it is a node's fault record (True), else leave it to the caller."""
-        record = FaultRecord.from_line(line)
-        if record is None:
-            return False
-        key = (record.job, record.restart)
-        for earlier in [other for other in list(self.pending) if other[0] == key[0] and other[1] < key[1]]:
-            self.show(earlier)  # a later attempt's word: the earlier fault is told first, with what it has
-        with self.lock:
-            if key in self.shown:
-                return True
-            first = key not in self.pending
-            self.pending.setdefault(key, []).append((line.partition("launch.sh: ")[0], record))
-            complete = len(self.pending[key]) >= self.nodes_running()
-        if complete:
-            self.show(key)
-        elif first:
-            timer = threading.Timer(self.settle_s, self.show, args=(key,))
-            timer.daemon = True
-            timer.start()
-        return True
-
-    def show(self, key: tuple[str, int]) -> None:
-        with self.lock:
-            told = self.pending.pop(key, [])
-            self.shown.add(key)
-        final = [(node, record) for node, record in told if not record.restarts]
-        if told:
-            node, record = min(final or told, key=lambda pair: pair[1].telling)
-            self.out.write(f"{node}{PREFIX}: {record.line}\n")
-            self.out.flush()
-
-    def show_all(self) -> None:
-        for key in list(self.pending):
-            self.show(key)
-
-
 def relay(stream: IO[str], out: IO[str], job: NodeJob, faults: FaultLines) -> None:
     """The nodes' lines as they come; the transport's own 'session ended' lines become ours (node_ended), an agent's
     last word is noted, and the nodes' records of one failure become one line (FaultLines)."""
@@ -252,14 +221,20 @@ def relay(stream: IO[str], out: IO[str], job: NodeJob, faults: FaultLines) -> No
         agent = AgentEnd.from_line(line)
         if agent:
             job.agents_ended[agent.host] = agent.status
+            if agent.line:
+                job.last_lines[agent.host] = agent.line
             continue
         record = FaultRecord.from_line(line)
         if record is not None:
+            job.verdict = job.verdict or not record.restarts
             faults.offer(line)
             act = job.failed_to_start(record, faults.show_all)
             if act:
                 job.signal_agents(*act)
         elif not job.transport.quiet(line):
+            host, _, said = line.partition(": ")
+            if host in job.hosts and said.strip():
+                job.last_lines[host] = said.strip()
             out.write(line)
             out.flush()
 
@@ -290,11 +265,33 @@ def watch_store(store: subprocess.Popen[bytes], nodes: subprocess.Popen[str], jo
         job.store_ended(status)
 
 
+def check_before_start(job: NodeJob, serving: bool) -> None:
+    """What can be said before any agent starts: the first node reaches the store (ClusterError if not), and, with
+    --nodes MIN:MAX, when this machine is both a node and the store's host, that it is the one node the job cannot
+    lose."""
+    host, port = parse_endpoint(job.rendezvous)
+    problem = job.transport.store_problem(job.hosts[0], (host, port))
+    if problem:
+        raise ClusterError(f"node {job.hosts[0]} cannot reach the rendezvous store at {job.rendezvous} ({problem}): "
+                           "a firewall between the nodes and this machine, or a name they resolve elsewhere? "
+                           "--rdzv-endpoint HOST:PORT names an address they reach")
+    here = [node for node in job.hosts if is_this_machine(node)]
+    if serving and here and job.min_nodes < len(job.hosts):
+        say(f"warning: this machine ({here[0]}) is a node of the job and serves its rendezvous store: losing it ends "
+            "the job, --nodes MIN:MAX or not. Launch from a machine outside the hostfile (under tmux or nohup), or "
+            "serve the store there (python -m pretrain.launch.store --port P) and pass --rdzv-endpoint HOST:P")
+
+
 def run(job: NodeJob) -> int:
+    store = None
     try:
         store = serve_store(job)
+        check_before_start(job, store is not None)
     except ClusterError as err:
         say(f"error: {err}")
+        if store is not None:
+            store.terminate()
+            store.wait()
         return 2
     proc = subprocess.Popen(job.command(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                             text=True, env=job.transport.env())

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing import LogsDest, LogsSpecs
 
-from pretrain.launch.hang_watch import NCCL_PIPE_ENV
+NCCL_PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"  # the prefix of each rank's NCCL dump pipe (<prefix><rank>.pipe)
+
 
 NCCL_TRACE = "nccl-trace-rank-"  # in a launch's log folder: NCCL's flight recorder dump, + the rank
 

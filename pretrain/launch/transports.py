@@ -108,6 +108,20 @@ class Pdsh:
                        stderr=subprocess.DEVNULL, env=self.env(), check=False)
         return True
 
+    def store_problem(self, host: str, store: tuple[str, int]) -> str | None:
+        """None when `host` reaches the rendezvous store, else what it said (its last line): asked once, before any
+        agent starts, so a firewall between the nodes and this machine is one line, not every agent's join timeout."""
+        code = f'import socket;socket.create_connection(("{store[0]}",{store[1]}),10)'  # no % for pdsh to expand
+        try:
+            proc = subprocess.run(self._pdsh([host], [pdsh_quote(self.python), "-c", shlex.quote(code)]),
+                                  capture_output=True, text=True, env=self.env(), timeout=60, check=False)
+        except subprocess.TimeoutExpired:
+            return "no answer in 60 s"
+        if proc.returncode == 0:
+            return None
+        said = [line.partition(": ")[2] for line in proc.stderr.splitlines() if line.startswith(f"{host}: ")]
+        return (said or proc.stderr.strip().splitlines() or [f"status {proc.returncode}"])[-1]
+
     def agent_pattern(self, host: str) -> str:
         """The extended regex (pkill -f) of `host`'s agent command line, as `command` starts it."""
         return f"^[^ ]*python[^ ]* -u -m pretrain[.]launch[.]agent .*--job {self.mark} --node {re.escape(host)}( |$)"
@@ -179,6 +193,12 @@ class Srun:
             self.signalled = True
             subprocess.run(["scancel", f"--signal={signal.Signals(signum).name[3:]}", step],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+
+    @staticmethod
+    def store_problem(host: str, store: tuple[str, int]) -> str | None:
+        """Not asked: under SLURM the store is served on the batch node, the allocation's first node."""
+        del host, store
+        return None
 
     @staticmethod
     def drop(host: str) -> bool:

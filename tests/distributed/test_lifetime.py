@@ -15,7 +15,7 @@ import pytest
 
 from pretrain.distributed import extension_builds
 from pretrain.distributed.lifetime import RunFolderBusyError, hold_run_folder, release_run_folder
-from pretrain.launch.faults import process_state
+from pretrain.launch.processes import process_state
 from tests.support.launching import child_env
 from tests.support.paths import REPO_ROOT
 
@@ -59,7 +59,7 @@ def test_a_rank_dies_of_sigkill_with_our_agent_and_checkpoints_when_another_laun
     agent's timer server). Another launcher's death stops its ranks (SIGTERM: they checkpoint), as before."""
     rank = ("import signal, time\n"
             "from pretrain.distributed.lifetime import die_with_parent\n"
-            "from pretrain.distributed.process_group import parent_death_signal\n"
+            "from pretrain.distributed.lifetime import parent_death_signal\n"
             "signum = parent_death_signal()\ndie_with_parent(signum)\n"
             "print('death:', signal.Signals(signum).name, flush=True)\ntime.sleep(300)\n")
     parent = python("import subprocess, sys, time\n"  # its command line names the launcher, as the real one's does

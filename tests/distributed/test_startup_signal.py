@@ -1,4 +1,5 @@
-"""A stop signal during start-up is not fatal: the run stops at its first step with a checkpoint.
+"""A stop signal during start-up, from the driver's first line on, is not fatal: the run stops at its first step
+with a checkpoint.
 
 SLURM's time-limit signal (`--signal=B:USR1@600`) reaches a job that started less than ten minutes
 before its limit while rank 0 may still be hashing shards; before, the default action of SIGUSR1
@@ -14,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from pretrain.launch.processes import catches
 from tests.support.launching import deepspeed_cpu_env
 from tests.support.pretrain_fixtures import REPO_ROOT, build_shards, tiny_run_config
 
@@ -24,16 +26,15 @@ def test_usr1_during_startup_stops_at_the_first_step_with_a_checkpoint(tmp_path:
     proc = subprocess.Popen([sys.executable, "-u", "-m", "pretrain.train", "--config", str(config)],
                             cwd=REPO_ROOT, env=deepspeed_cpu_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-    lines = []
+    # The driver installs its handlers first thing, before it imports torch (pretrain/train.py): the signal comes
+    # the moment it can be caught, while the heavy imports still run, long before the process group starts.
     deadline = time.monotonic() + 240
-    assert proc.stdout is not None
-    for line in proc.stdout:  # DeepSpeed prints this when the process group starts: start-up, not training
-        lines.append(line)
-        if "shm_comm_op" in line or time.monotonic() > deadline:
-            proc.send_signal(signal.SIGUSR1)
-            break
-    rest, _ = proc.communicate(timeout=240)
-    output = "".join(lines) + rest
+    while not catches(proc.pid, signal.SIGUSR1):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGUSR1)
+    output, _ = proc.communicate(timeout=240)
+    assert "shm_comm_op" in output  # the process group started after the signal: it came during the imports
     assert proc.returncode == 0, output[-3000:]
     assert "done: SIGUSR1" in output, output[-3000:]
     checkpoints = tmp_path / "run" / "checkpoints"

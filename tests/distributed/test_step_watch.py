@@ -18,7 +18,7 @@ from torch.distributed.elastic.timer import FileTimerClient, FileTimerServer
 
 from pretrain.checkpointing.commit import SaveAttempt
 from pretrain.distributed.step_watch import STACKS_SIGNAL, START_UP, StepWatch, parse_step, startup_limited
-from pretrain.launch.faults import process_state
+from pretrain.launch.processes import process_state
 from tests.support.paths import REPO_ROOT
 
 

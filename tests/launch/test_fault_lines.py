@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from pretrain.launch.fault_records import FaultLines
 from pretrain.launch.faults import (
     RECORD_PREFIX,
     AgentEnd,
@@ -22,9 +23,8 @@ from pretrain.launch.faults import (
     RankFailure,
     judge,
     primary_failure,
-    process_state,
 )
-from pretrain.launch.nodes import FaultLines
+from pretrain.launch.processes import process_state
 from tests.support.paths import REPO_ROOT
 
 

@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import load_file
 
 from pretrain.distributed.step_watch import STACKS_SIGNAL
-from pretrain.launch.faults import catches
+from pretrain.launch.processes import catches
 from tests.launch.test_signals import job_env, processes_mentioning, start, wait_for_no_process_of
 from tests.support.launching import Hold, free_port
 from tests.support.paths import REPO_ROOT
@@ -133,28 +133,33 @@ def fault_lines(text: str) -> list[str]:
 
 def test_a_killed_and_two_frozen_ranks_heal_to_the_same_weights(work: Path, reference: dict, tmp_path: Path) -> None:
     """kill -9 of rank 1; then, in the restart, rank 1 frozen before its first step (the start-up limit names it);
-    then rank 0 frozen mid-phase: three restarts, one line each, the frozen ranks' stacks in their logs, and the
-    weights of the uninterrupted run. With run.max_restarts=2: the budget counts the faults since the checkpoint the
-    job restarts from, and the third fault comes after a newer one (before, it ended the job: 3 restarts > 2)."""
+    then rank 0 frozen mid-phase; then both ranks hung on their way out after the last step: four restarts, one line
+    each, the frozen ranks' stacks in their logs, and the weights of the uninterrupted run. With
+    run.max_restarts=2: the budget counts the faults since the checkpoint the job restarts from, and the third and
+    fourth faults come after newer ones (before, the third ended the job: 3 restarts > 2). The rank the fault did not
+    hit is killed at once, its stacks written (run.survivor_stacks), not asked to stop: no 'done: stopped'."""
     run_dir, log, hold = tmp_path / "run", tmp_path / "launch.log", Hold(tmp_path / "hold").at(7)
     proc = start(command(work, run_dir, f"--run.hang_timeout_minutes={HANG_MINUTES}", "--run.max_restarts=2",
                          f"--run.startup_timeout_minutes={STARTUP_MINUTES}"), log, job_env(**hold.env))
     try:
         when(run_dir, log, 6, faults=0)  # held before step 7
         killed = rank_pid(run_dir, 1)
-        hold.at(15)
         os.kill(killed, signal.SIGKILL)
+        when(run_dir, log, 6, faults=1)  # rank 0, still held, was asked for its stacks and killed
+        hold.at(15)
         freeze_once_it_can_tell(rank_pid(run_dir, 1, other_than=killed, wait_s=120))
         when(run_dir, log, 14, faults=2)  # held before step 15
         os.kill(rank_pid(run_dir, 0), signal.SIGSTOP)
-        hold.release()  # rank 1 goes on alone into step 15's collective
+        hold.at_teardown()  # rank 1 goes on alone into step 15's collective; after the restart, both hang at the end
+        when(run_dir, log, STEPS, faults=4)  # the teardown limit (start-up's, 15 s) ran out
+        hold.release()
         status = proc.wait(timeout=600)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     text = log.read_text()
     assert status == 0, text[-4000:]
-    killed_line, start_up, frozen = fault_lines(text)
+    killed_line, start_up, frozen, teardown = fault_lines(text)
     assert re.search(r"rank 1 \(host \S+\) died of SIGKILL at phase1 step 6; restarting from checkpoint "
                      r"phase1-step0000004 \(restart 1 of 2\); log: \S+rank-1\.log$", killed_line), killed_line
     assert re.search(r"rank 1 \(host \S+\) made no progress in 0\.25 min \(stopped by SIGSTOP; "
@@ -163,17 +168,23 @@ def test_a_killed_and_two_frozen_ranks_heal_to_the_same_weights(work: Path, refe
     assert re.search(r"rank 0 \(host \S+\) made no progress in 0\.1 min \(stopped by SIGSTOP; "
                      r"run\.hang_timeout_minutes\): killed at phase1 step 14; restarting from checkpoint "
                      r"phase1-step0000012 \(restart 1 of 2\)", frozen), frozen
+    assert re.search(r"rank \d \(host \S+\) made no progress in 0\.25 min \(running but not progressing; "
+                     r"run\.startup_timeout_minutes\): killed during teardown; restarting from checkpoint "
+                     r"phase1-step0000024 \(restart 1 of 2\)", teardown), teardown
     assert Path(killed_line.rpartition("log: ")[2]).is_file()
     for line, waiting in ((start_up, "rank-0.log"), (frozen, "rank-1.log")):  # the peer that waited for the frozen
         peer = Path(line.rpartition("log: ")[2].split(";")[0]).with_name(waiting)  # one: its stacks, in its log
         assert "most recent call first" in peer.read_text(), line
+    survivor = Path(killed_line.rpartition("log: ")[2]).with_name("rank-0.log").read_text()  # stacks, then SIGKILL
+    assert "most recent call first" in survivor and "in _hold" in survivor, survivor[-3000:]
     assert "Traceback" not in text and text.count("done: complete") == 2
+    assert "stopped (" not in text and not re.search(r"^done: (?!complete)", text, re.MULTILINE)  # no rank stopped
     assert same_weights(run_dir, reference)
     assert wait_for_no_process_of(run_dir) == []
     records = [json.loads(path.read_text()) for path in sorted((run_dir / "logs" / "faults").glob("*.json"))]
     assert [(r["restart"], r["kind"], r["step"], r["checkpoint"]) for r in records] == [
         (0, "signal", "phase1 step 6", "phase1-step0000004"), (1, "hang", "start-up", "phase1-step0000004"),
-        (2, "hang", "phase1 step 14", "phase1-step0000012")]
+        (2, "hang", "phase1 step 14", "phase1-step0000012"), (3, "hang", "teardown", "phase1-step0000024")]
 
 
 def test_with_restarts_off_one_line_names_the_rank_and_the_resume_command(work: Path, reference: dict,

@@ -29,7 +29,11 @@ from typing import Any
 
 import pytest
 
-from pretrain.launch.faults import process_state
+from pretrain.distributed.cluster import ClusterError
+from pretrain.launch.nodes import NodeJob, check_before_start
+from pretrain.launch.processes import process_state
+from pretrain.launch.rendezvous import listen
+from pretrain.launch.transports import Pdsh
 from tests.launch.conftest import ElasticReference
 from tests.support.cluster.local_cluster import LoopbackSsh
 from tests.support.cluster.processes import ClusterUnavailable, free_port, parent, processes_mentioning
@@ -52,6 +56,8 @@ pytestmark = pytest.mark.cluster
 # A folder name the remote shell and pdsh would mangle if unquoted: space, quotes, $, %n (pdsh: node
 # rank), a brace list (bash brace expansion).
 AWKWARD_NAME = "run dir/it's \"quoted\" $HOME 5%n {a,b}"
+# --nodes 1:2 with one node left: its rendezvous waits this long for the other (run.last_call_seconds, 30 by default)
+LAST_CALL = "--run.last_call_seconds=3"
 QUOTED_OVERRIDES = [
     '--run.phases=["phase1","phase2"]',
     "--phase1.gradient_accumulation_steps=1",
@@ -248,7 +254,7 @@ def lost_node_runs(ssh_nodes: LoopbackSsh, workdir: Path, elastic_reference: Ela
     uninterrupted run on this machine's 2 ranks (tests/launch/conftest.py: the same steps on 1 or 2 ranks)."""
     config = elastic_reference.config
     record: dict[str, Any] = {}
-    for name, extra, node in (("elastic", ["--nodes", "1:2"], "127.0.0.1"), ("strict", [], "localhost")):
+    for name, extra, node in (("elastic", ["--nodes", "1:2", LAST_CALL], "127.0.0.1"), ("strict", [], "localhost")):
         run_dir, log, hold = workdir / "lost" / name, workdir / f"lost-{name}.log", Hold(workdir / f"hold-{name}").at(13)
         proc = launch_hostfile(ssh_nodes, workdir, [*extra, "--config", str(config), f"--run.dir={run_dir}"], log,
                                hold)
@@ -293,3 +299,83 @@ def test_a_lost_node_without_nodes_min_max_is_one_line_and_stops_the_job(lost_no
     (line,) = re.findall(r"^launch\.sh: error: .*$", record.strict_log, re.MULTILINE)
     assert line.startswith("launch.sh: error: node localhost lost ") and "resume with: ./launch.sh pretrain" in line
     assert record.strict_leftovers == [] and "Traceback" not in record.strict_log
+
+
+# ---------------------------------------------------------------------------------------------- a node that never starts
+@dataclass
+class NeverStartedRecord:
+    strict_status: int
+    strict_log: str
+    strict_leftovers: list[int]
+    elastic_status: int
+    elastic_log: str
+    elastic_dir: Path
+
+
+@pytest.fixture(scope="module")
+def never_started_runs(ssh_nodes: LoopbackSsh, workdir: Path, elastic_reference: ElasticReference
+                       ) -> NeverStartedRecord:
+    """Node "localhost" gets a TMPDIR that does not exist (a node without its scratch mount): its agent cannot make
+    its timer pipe and ends with status 1 before it joins. Without --nodes MIN:MAX, then with --nodes 1:2."""
+    record: dict[str, Any] = {}
+    with ssh_nodes.planted_env("localhost", "TMPDIR", str(workdir / "no-such-scratch")):
+        for name, extra in (("strict", []), ("elastic", ["--nodes", "1:2", LAST_CALL])):
+            run_dir, log = workdir / "never" / name, workdir / f"never-{name}.log"
+            proc = launch_hostfile(ssh_nodes, workdir, [*extra, "--config", str(elastic_reference.config),
+                                                        f"--run.dir={run_dir}"], log)
+            # without MIN:MAX the other node would wait in the rendezvous for its join timeout (600 s)
+            record[name] = (finish(proc, 300 if name == "strict" else 480, log), tail(log, 400_000))
+            time.sleep(1)
+            record[f"{name}_leftovers"] = sorted(rank_processes(str(run_dir)))
+    return NeverStartedRecord(*record["strict"], record["strict_leftovers"], *record["elastic"],
+                              workdir / "never" / "elastic")
+
+
+def test_a_node_that_cannot_start_stops_the_job_at_once_with_its_own_line(never_started_runs: NeverStartedRecord
+                                                                          ) -> None:
+    record = never_started_runs
+    assert record.strict_status == 1, record.strict_log[-6000:]
+    (line,) = re.findall(r"^launch\.sh: error: .*$", record.strict_log, re.MULTILINE)
+    assert line.startswith("launch.sh: error: node localhost ended by itself with status 1 before the job's end "
+                           "(error: the agent could not start: FileNotFoundError: "), line
+    assert "stopping the other node(s)" in line and "resume with: ./launch.sh pretrain" in line, line
+    assert "rendezvous" not in record.strict_log and "Traceback" not in record.strict_log, record.strict_log[-6000:]
+    assert record.strict_leftovers == []
+
+
+def test_with_nodes_min_max_the_job_goes_on_without_a_node_that_cannot_start(never_started_runs: NeverStartedRecord,
+                                                                          elastic_reference: ElasticReference) -> None:
+    record = never_started_runs
+    assert record.elastic_status == 0, record.elastic_log[-6000:]
+    (line,) = re.findall(r"^launch\.sh: fault: node localhost .*$", record.elastic_log, re.MULTILINE)
+    assert "ended by itself with status 1 before the job's end" in line and "carrying on with 1 node(s)" in line
+    assert record.elastic_log.count("done: complete") == 1 and "Traceback" not in record.elastic_log
+    worst = elastic_reference.largest_difference(record.elastic_dir)
+    assert worst < 1e-4, f"largest weight difference to the uninterrupted run: {worst}"
+
+
+def test_before_any_agent_starts_a_node_reaches_the_store_and_this_machine_is_named(
+        ssh_nodes: LoopbackSsh, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """From the first node, over pdsh + ssh as the agents are started: a store that answers, and one that nobody
+    serves (a firewall's refusal); and, under --nodes MIN:MAX, this machine named as the one node the job cannot
+    lose when it is a node and serves the store."""
+    monkeypatch.setenv("PATH", ssh_nodes.env["PATH"])
+    transport = Pdsh("bert-job-check")
+    served = listen(free_port())
+    try:
+        port = served.getsockname()[1]
+        assert transport.store_problem("localhost", ("127.0.0.1", port)) is None
+        check_before_start(NodeJob(["127.0.0.1", "localhost"], 1, transport, [], [], "again", f"127.0.0.1:{port}"),
+                           serving=True)
+        assert "warning: this machine (127.0.0.1) is a node of the job and serves its rendezvous store: losing it " \
+               "ends the job" in capsys.readouterr().err
+        check_before_start(NodeJob(["127.0.0.1", "localhost"], 2, transport, [], [], "again", f"127.0.0.1:{port}"),
+                           serving=True)
+        assert capsys.readouterr().err == ""  # without MIN:MAX every node is one the job cannot lose: nothing to add
+    finally:
+        served.close()
+    nobody = free_port()
+    with pytest.raises(ClusterError, match=rf"node localhost cannot reach the rendezvous store at 127\.0\.0\.1:{nobody} "
+                                           r"\(.*Connection refused.*\): a firewall"):
+        check_before_start(NodeJob(["localhost"], 1, transport, [], [], "again", f"127.0.0.1:{nobody}"), serving=False)
+

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from pretrain.distributed.cluster import ClusterError
+from pretrain.launch.fault_records import FaultLines
 from pretrain.launch.faults import AgentEnd, FaultRecord
-from pretrain.launch.nodes import NODE_LOST_SIGNAL, FaultLines, NodeJob, main, node_range
+from pretrain.launch.nodes import NODE_LOST_SIGNAL, NodeJob, main, node_range, relay
 from pretrain.launch.pin import share
 from pretrain.launch.rendezvous import is_this_machine, listen, parse_endpoint, this_machine
 from pretrain.launch.transports import SSH_KEEP_ALIVE, Pdsh, SessionEnd, Srun
@@ -92,16 +93,43 @@ def test_the_end_of_a_node_session_is_read_from_pdsh_and_srun() -> None:
     assert oom is not None and oom.why == "SLURM reports its task out of memory" and oom.status >= 128
 
 
-def test_a_session_that_ends_by_itself_is_no_lost_node() -> None:
+def test_a_session_that_ends_by_itself_after_a_verdict_or_well_is_no_lost_node() -> None:
     strict = job()
-    for status in (0, 1, 2, 3, 4):  # the agent's own ends: done, a fault not healed, config error, NaN, disk
+    assert strict.node_ended(SessionEnd("n1", 0)) is None  # done
+    strict.verdict = True  # a node's final verdict: the others end because of it (closed rendezvous: status 1)
+    for status in (1, 2, 3, 4):  # the agents' own ends: a fault not healed, config error, NaN, disk
         assert strict.node_ended(SessionEnd("n2", status)) is None
     assert strict.lost == [] and not strict.failed
-    # an agent that said it ended by itself (4: a save failed) is no lost node, whatever srun says after
+    # an agent that said it ended by itself (4: a save failed, after its verdict) is no lost node, whatever srun says
     told = job()
-    told.agents_ended["n2"] = 4
+    told.verdict, told.agents_ended["n2"] = True, 4
     assert told.node_ended(SessionEnd("n2", 137, "SLURM reports its task out of memory")) is None
     assert told.lost == [] and told.ended == {"n2": 4}
+
+
+def test_a_node_that_ends_by_itself_before_any_verdict_is_a_node_fault_with_its_last_line(
+        capsys: pytest.CaptureFixture) -> None:
+    """An agent that could not start (a node without the mount or the venv) would leave the others waiting in the
+    rendezvous for its join timeout: without MIN:MAX they are stopped at once, its last line quoted; with it, the
+    job carries on without that node. Its last line comes from pdsh's prefix, or its agent's last word."""
+    strict = job()
+    out = io.StringIO()
+    relay(io.StringIO("n2: FileNotFoundError: [Errno 2] No such file or directory: '/scratch/x'\n"
+                      "n1: an ordinary line\n"), out, strict, FaultLines(out, lambda: 2))
+    assert strict.node_ended(SessionEnd("n2", 1)) == (signal.SIGTERM, ["n1"])
+    assert strict.failed and strict.stopping and strict.lost == ["n2"]
+    line = capsys.readouterr().err
+    assert line.startswith("launch.sh: error: node n2 ended by itself with status 1 before the job's end "
+                           "(FileNotFoundError: [Errno 2] No such file or directory: '/scratch/x'); stopping"), line
+    assert strict.node_ended(SessionEnd("n1", 143)) is None and capsys.readouterr().err == ""
+    elastic = job(min_nodes=1)
+    relay(io.StringIO(AgentEnd("n1", 2, "config error: run.json: no such file").to_line() + "\n"), out, elastic,
+          FaultLines(out, lambda: 2))
+    assert elastic.node_ended(SessionEnd("n1", 2)) == (NODE_LOST_SIGNAL, ["n2"])
+    assert not elastic.failed and elastic.lost == ["n1"]
+    line = capsys.readouterr().err
+    assert "node n1 ended by itself with status 2 before the job's end (config error: run.json: no such file); " \
+           "carrying on with 1 node(s) (--nodes 1:2)" in line, line
 
 
 def test_a_killed_session_is_a_lost_node(capsys: pytest.CaptureFixture) -> None:
@@ -198,8 +226,6 @@ def test_a_node_that_never_tells_does_not_hold_the_line_back() -> None:
 
 
 def test_a_node_that_ends_by_itself_does_not_cut_the_other_nodes_word_short() -> None:
-    from pretrain.launch.nodes import relay
-
     out = io.StringIO()
     strict = job()
     faults = FaultLines(out, lambda: strict.nodes_left, settle_s=60)
@@ -210,13 +236,16 @@ def test_a_node_that_ends_by_itself_does_not_cut_the_other_nodes_word_short() ->
 
 
 def test_an_agents_last_word_is_noted_not_shown() -> None:
-    from pretrain.launch.nodes import relay
-
+    """After its verdict (a config error its ranks found: exit 2, never restarted), an agent's end is no node fault."""
     elastic = job(min_nodes=1)
     out = io.StringIO()
-    lines = io.StringIO(f"n2: {AgentEnd('n2', 2).to_line()}\npdsh@n1: n2: ssh exited with exit code 2\n")
-    relay(lines, out, elastic, FaultLines(out, lambda: 2))
-    assert out.getvalue() == "" and elastic.agents_ended == {"n2": 2} and elastic.lost == []
+    lines = io.StringIO(record("n2", 0, "config error", 1, restarts=False) + f"n2: {AgentEnd('n2', 2).to_line()}\n"
+                        "pdsh@n1: n2: ssh exited with exit code 2\n")
+    faults = FaultLines(out, lambda: 2)
+    relay(lines, out, elastic, faults)
+    faults.show_all()  # the other node's word on it never comes here
+    assert out.getvalue().count("launch.sh: error: rank 0 (host n2) config error") == 1
+    assert "agent end" not in out.getvalue() and elastic.agents_ended == {"n2": 2} and elastic.lost == []
 
 
 def test_the_rendezvous_endpoint_is_parsed_and_this_machine_told_by_binding() -> None:

@@ -145,8 +145,8 @@ def logged_step_numbers(run_dir: Path) -> list[int]:
 
 @pytest.mark.multirank
 def test_signals_stop_with_a_checkpoint_and_leave_no_process_behind(run_config: Path, tmp_path: Path) -> None:
-    """One run folder through five launches: Ctrl-C, SIGHUP, SIGKILL of launch.sh and of its group, then a
-    complete run that logged every step once."""
+    """One run folder through six launches: Ctrl-C mid-phase, SIGTERM while the ranks start, SIGHUP, SIGKILL of
+    launch.sh and of its group, then a complete run that logged every step once."""
     run_dir = tmp_path / "run"
     log = tmp_path / "launch.log"
     extensions = tmp_path / "extensions"
@@ -169,6 +169,22 @@ def test_signals_stop_with_a_checkpoint_and_leave_no_process_behind(run_config: 
     first = latest_state(run_dir)  # the only checkpoint: every_steps is beyond the phase
     assert first["phase"] == "phase1" and not first["complete"] and 0 < first["step"] < STEPS
     assert wait_for_no_process_of(run_dir) == []
+
+    # 1b. SIGTERM to launch.sh while its ranks start (their interpreters just started, no handler yet: the agent
+    #     passes it on once they have one): a stop too, one line, a checkpoint at their first step, exit 0.
+    proc = start(cmd, log, env)
+    deadline = time.monotonic() + 300
+    while len(job_pids(run_dir)) < 4:  # launch.sh, the elastic agent, 2 ranks
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGTERM)
+    status = proc.wait(timeout=600)
+    text = log.read_text()
+    assert status == 0, text[-4000:]
+    assert text.count(f"stopped (SIGTERM) at phase1 step {first['step'] + 1}; checkpoint") == 1, text[-4000:]
+    assert latest_state(run_dir)["step"] == first["step"] + 1 and "Traceback" not in text
+    assert wait_for_no_process_of(run_dir) == []
+    first = latest_state(run_dir)
 
     # 2. The same command resumes; SIGHUP to its whole process group (a closed terminal) is passed on as SIGTERM:
     #    a checkpoint again, exit 0. (SIGTERM itself takes the same path in launch.sh and the ranks.)

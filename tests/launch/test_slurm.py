@@ -224,6 +224,9 @@ def test_slurm_usr1_checkpoints_requeues_and_the_job_completes(preemption: Preem
         f"{job.final}\n{job.output[-4000:]}"
     )
     assert job.output.count("done: complete") == 2, job.output[-4000:]  # both ranks of the requeued run
+    # the requeued run names the previous run's end, from the note the batch file left when it requeued itself
+    assert re.search(r"runs again \(requeue 1: this script requeued it after a time-limit stop \(SIGUSR1\) on \S+ at "
+                     r"\S+\); resuming from the newest checkpoint", job.output), job.output[:3000]
     # Every optimizer step of the three runs appears once, in order: each run resumed where the last stopped.
     steps = [record["step"] for record in preemption.records]
     assert steps == list(range(1, PHASE1_STEPS + PHASE2_STEPS + 1)), steps

@@ -110,7 +110,8 @@ def slurm_faults(slurm: LocalSlurm, workdir: Path, elastic_reference: ElasticRef
     second = slurm.nodes[1]
 
     healed_dir = workdir / "healed"
-    job = jobs.submit([*SHAPE, "--no-kill"], [*common, "--nodes", "1:2", f"--run.dir={healed_dir}"])
+    job = jobs.submit([*SHAPE, "--no-kill"], [*common, "--nodes", "1:2", "--run.last_call_seconds=3",
+                                                 f"--run.dir={healed_dir}"])
     output = jobs.output_file(job)
     wait_for(lambda: held_at(healed_dir, 12, 10), 480, "the run to hold after step 12", lambda: tail(output))
     hold.at(23)

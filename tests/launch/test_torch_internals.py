@@ -135,7 +135,7 @@ def check_the_ranks_get_the_run_id() -> None:
 
 
 def check_the_last_call_key() -> None:
-    """Item 9: agent.py passes `last_call_timeout` (LAST_CALL_SECONDS) in RendezvousParameters; the c10d handler reads
+    """Item 9: agent.py passes `last_call_timeout` (run.last_call_seconds) in RendezvousParameters; the c10d handler reads
     it as `_get_timeout(params, "last_call")` -> `params.get_as_int("last_call_timeout")`. Renamed, torch silently
     waits its own default (30 s) for late nodes."""
     need('_get_timeout(params, "last_call")' in source_of(dynamic_rendezvous, "create_handler"),
@@ -241,6 +241,9 @@ def test_the_public_pieces_the_agent_builds_on_keep_their_shape() -> None:
     assert {"stdouts", "stderrs", "error_files"} <= set(parameters(LogsDest)), changed("LogsDest", "its fields")
     assert {"pid", "exitcode"} <= set(parameters(ProcessFailure)), changed("ProcessFailure", "its fields")
     assert "sigval" in parameters(SignalException), changed("SignalException", "its fields")
+    # the agent hands it the hang limit: without it torch's check of a rank stuck in D state is off
+    assert "uninterruptible_state_timeout" in parameters(LocalElasticAgent), changed(
+        "LocalElasticAgent", "its uninterruptible_state_timeout argument")
 
 
 def test_our_timer_server_still_fits_torchs() -> None:

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pretrain.distributed.step_watch import HOLD_FILE_ENV, step_scope
+from pretrain.distributed.step_watch import HOLD_FILE_ENV, TEARDOWN, step_scope
 from tests.support.paths import REPO_ROOT
 
 
@@ -147,6 +147,14 @@ class Hold:
         """Hold before `phase` step `step` (and any later one) from now on."""
         temporary = self.path.with_suffix(".tmp")
         temporary.write_text(step_scope(phase, step), encoding="utf-8")
+        os.replace(temporary, self.path)
+        return self
+
+    def at_teardown(self) -> Hold:
+        """Hold every rank on its way out, after its last step, with its teardown timer running: a rehearsed hang at
+        exit (pretrain/distributed/step_watch.py StepWatch.teardown). Releases any step hold."""
+        temporary = self.path.with_suffix(".tmp")
+        temporary.write_text(TEARDOWN, encoding="utf-8")
         os.replace(temporary, self.path)
         return self
 

@@ -22,6 +22,7 @@ By hand (prints the environment to use, runs until Ctrl-C, then stops everything
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pwd
 import random
@@ -31,7 +32,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from tests.support.cluster.processes import (
@@ -282,6 +283,7 @@ class LoopbackSsh(Daemons):
                 "X11Forwarding no",
                 "AllowTcpForwarding no",
                 "PrintMotd no",
+                "AcceptEnv TMPDIR",  # a test's planted node fault (planted_env)
             ]) + "\n", encoding="utf-8")
             (root / "ssh_config").write_text("\n".join([
                 "Host *",
@@ -322,6 +324,18 @@ class LoopbackSsh(Daemons):
         except subprocess.TimeoutExpired:
             return False
         return proc.returncode == 0
+
+    @contextlib.contextmanager
+    def planted_env(self, host: str, name: str, value: str) -> Iterator[None]:
+        """Sessions to `host` get NAME=VALUE for the duration (ssh's SetEnv; sshd accepts TMPDIR only): one "node"
+        made unlike the other, as a node without a mount is."""
+        config = self.root / "ssh_config"
+        original = config.read_text(encoding="utf-8")
+        config.write_text(f"{original}Host {host}\n  SetEnv {name}={value}\n", encoding="utf-8")
+        try:
+            yield
+        finally:
+            config.write_text(original, encoding="utf-8")
 
     def hostfile(self, path: Path, hosts: Sequence[str] = ("127.0.0.1", "localhost"), slots: int = 1) -> Path:
         """Two "nodes" of this machine: the runner sees two host names, so it takes its multi-node path."""

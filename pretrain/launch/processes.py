@@ -1,0 +1,84 @@
+"""The processes the agent watches, read from /proc and signalled: Linux only, standard library only.
+
+Whether a rank is still there (a zombie is not: it only waits to be reaped), whether it has a handler for a signal
+yet (a rank still starting has none, and the signal's default action would kill it), when it started (pids are
+reused), and waiting until killed ones are gone.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+
+def process_state(pid: int, proc: Path = Path("/proc")) -> str:
+    """The state letter of /proc/PID/stat ("" when unreadable)."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return ""
+    return stat.rpartition(")")[2].split()[0] if ")" in stat else ""
+
+
+def process_start(pid: int, proc: Path = Path("/proc")) -> int | None:
+    """When process `pid` started (clock ticks since boot, field 22 of /proc/PID/stat); None when it is gone or a
+    zombie. A pid with another start time is another process: pids are reused."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()
+    return int(fields[19]) if len(fields) > 19 and fields[0] != "Z" else None
+
+
+def wait_until_gone(pids: list[int], limit_s: float) -> list[int]:
+    """Wait (up to `limit_s`) until each of `pids` has exited: a rank killed on a GPU holds its memory until the
+    driver has torn its context down, and a restart that starts sooner lands on a GPU still held. Returns the pids
+    still there (in D state: torch's uninterruptible-state check names them)."""
+    deadline = time.monotonic() + limit_s
+    left = list(pids)
+    while left and time.monotonic() < deadline:
+        left = [pid for pid in left if process_state(pid) not in ("", "Z")]
+        if left:
+            time.sleep(0.05)
+    return left
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler for `signum` (SigCgt of /proc/PID/status)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool((int(line.split()[1], 16) >> (signum - 1)) & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def ended_badly(pid: int, proc: Path = Path("/proc")) -> bool:
+    """Whether `pid` has ended with a non-zero status or by a signal and waits to be reaped (a zombie: /proc/PID/stat's
+    last field holds its waitpid status until then). Read without reaping it, so torch still collects it as usual."""
+    try:
+        fields = (proc / str(pid) / "stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return False
+    return len(fields) > 49 and fields[0] == "Z" and int(fields[49]) != 0
+
+
+def send_when_caught(pid: int, signum: int) -> None:
+    """`signum` to rank `pid` once it has its handler (installed first thing by the driver, before its imports), so
+    that a stop that comes while a rank starts is a stop too: that rank checkpoints at its first step, as a rank
+    signalled during start-up does. Nothing when it ends first."""
+    while process_state(pid) not in ("", "Z"):
+        if catches(pid, signum):
+            kill(pid, signum)
+            return
+        time.sleep(0.02)
+
+
+def kill(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,79 @@
+"""The device self-tests run where a device fault cannot reach the training context: a short-lived child process.
+
+A kernel that faults on a GPU (an illegal memory access, a launch failure) leaves a sticky error in the CUDA
+context of the process that ran it: every later CUDA call of that process fails, the eager fallback included, so
+a self-test run in the rank itself could not fall back from what it found. Run in a spawned child (a fresh
+interpreter and CUDA context, on the same device), the worst a fault does is end the child: its verdict is then a
+failed test (the child's end in words), the rank's own context untouched, and `auto` falls back as for any failed
+test. The child costs an interpreter's start and torch's import (seconds, once per node and launch), so only
+CUDA devices get one; on the CPU there is no context to poison and the test runs in the rank.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from pretrain.distributed.lifetime import die_with_parent
+from pretrain.model.self_test import SelfTestResult
+
+SelfTest = Callable[[torch.device, str, int, int], SelfTestResult]  # device, precision, head size, seq_len
+
+CHILD_LIMIT_S = 600.0  # a child with no verdict by then is killed: its test failed (the rank's start-up timer is longer)
+
+
+def _child(conn: Connection, test: Callable[..., SelfTestResult], args: tuple[Any, ...]) -> None:
+    die_with_parent(signal.SIGKILL)  # a rank killed meanwhile leaves no test running on its GPU
+    conn.send(test(*args))
+    conn.close()
+
+
+def in_child(test: Callable[..., SelfTestResult], *args: Any, where: str = "",
+             limit_s: float = CHILD_LIMIT_S) -> SelfTestResult:
+    """`test(*args)` in a spawned child process; its verdict, or a failed one that says how the child ended (a
+    signal, a status, no verdict within `limit_s`). `where` names the device and dtype in that verdict."""
+    context = multiprocessing.get_context("spawn")  # never fork a process that holds a CUDA context
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_child, args=(send, test, args), daemon=True)
+    child.start()
+    send.close()
+    try:
+        if receive.poll(limit_s):  # a verdict, or the end of the pipe: the child is gone
+            try:
+                return receive.recv()
+            except EOFError:
+                child.join(timeout=30.0)
+        if child.is_alive():
+            child.kill()
+            child.join()
+            return SelfTestResult(False, where, failure=f"no verdict in {limit_s:g} s: its process was killed")
+        return SelfTestResult(False, where, failure=f"its process {ended(child.exitcode)} (a device fault, kept out "
+                                                    "of the rank's own context)")
+    finally:
+        receive.close()
+        child.join(timeout=30.0)
+
+
+def contained(test: SelfTest) -> SelfTest:
+    """`test` as the plan runs it: in a child process on a CUDA device (module docstring), in this one elsewhere."""
+    def run(device: torch.device, precision: str, head_dim: int, seq_len: int) -> SelfTestResult:
+        if device.type != "cuda":
+            return test(device, precision, head_dim, seq_len)
+        return in_child(test, device, precision, head_dim, seq_len, where=f"{device} {precision}")
+
+    return run
+
+
+def ended(exitcode: int | None) -> str:
+    """A child's end in words: 'died of SIGSEGV' or 'exited with status 1'."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"died of {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"died of signal {-exitcode}"
+    return f"exited with status {exitcode}"
