@@ -244,7 +244,7 @@ launch_module() { # $1 = python module, $2 = pretrain|finetune, then the subcomm
             # CLUSTER_LAUNCHER_ARGS: the job's --cpus-per-task, which srun no longer inherits (Slurm 22.05).
             run srun --nodes="$CLUSTER_NODES" --ntasks-per-node="$CLUSTER_RANKS" --ntasks="$CLUSTER_WORLD_SIZE" \
                 ${CLUSTER_LAUNCHER_ARGS[@]+"${CLUSTER_LAUNCHER_ARGS[@]}"} \
-                --kill-on-bad-exit=1 --export=ALL bash "$REPO_ROOT/launch/slurm_rank.sh" \
+                --kill-on-bad-exit=1 --export=ALL bash "$REPO_ROOT/slurm/slurm_rank.sh" \
                 "$PYTHON" -u -m "$module" "${MODULE_ARGS[@]}"
             ;;
     esac
@@ -386,7 +386,7 @@ cmd_scale() {
     (($#)) || die "usage: ./launch.sh scale RUN.json --phase1-batch N --phase2-batch M [--gpus G] --out NEW.json"
     require_path -f "$1" "scale: run config '$1' does not exist"
     export_repo_path
-    run "$PYTHON" -m pretrain.config.scale "$@"
+    run "$PYTHON" -m pretrain.launch.scale "$@"
 }
 
 cmd_demo() {

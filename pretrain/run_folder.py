@@ -24,7 +24,7 @@ METRICS_FILE = "metrics.jsonl"  # one JSON line per logged step, inside TENSORBO
 EXCHANGE = "exchange"  # codistillation's filesystem exchange, unless codistill.exchange_dir says otherwise
 REPORT_MD = "report.md"  # `./launch.sh report RUN_DIR` (pretrain/report/write.py)
 REPORT_PNG = "report.png"
-SHARDS_VERIFIED = "shards_verified.json"  # inside LOGS: the launch that hashed every shard last (pretrain/run_plan.py)
+SHARDS_VERIFIED = "shards_verified.json"  # inside LOGS: the launch that hashed every shard last (pretrain/plan/run_plan.py)
 LOGS = "logs"  # LOGS/<launch time>[-node]/attempt-K/rank-R.log and agent.log (pretrain/launch/agent.py)
 FAULTS = "faults"  # inside LOGS: one JSON record per fault the agents judged, every node's (pretrain/launch/faults.py)
 

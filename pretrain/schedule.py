@@ -14,7 +14,7 @@ A new schedule is this file and its test (tests/pretrain/test_schedule.py):
 The rest follows from the table, so nothing else is edited: PhaseSection inherits `ScheduleSettings`, so the
 keys are RUN.json's and `--phaseN.key=` overrides', and `--help` and docs/pretraining.md list them
 (`python -m pretrain.config.doc --write`); the config check (pretrain/config/load.py) and the plan
-(pretrain/run_plan.py) both call `build_schedule`; the plan records `schedule_line` in config.resolved.json,
+(pretrain/plan/run_plan.py) both call `build_schedule`; the plan records `schedule_line` in config.resolved.json,
 which the report's and the model card's recipe tables print (pretrain/report/records.py).
 
 Standard library and pretrain/errors.py only: the config's declarations (pretrain/config/sections.py, which every

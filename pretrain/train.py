@@ -79,9 +79,9 @@ from pretrain.metrics.writer import MetricsWriter
 from pretrain.model.bert import build_model
 from pretrain.model.compiled import amend_resolved
 from pretrain.model.setup import prepare_model_path
+from pretrain.plan.run_plan import PhasePlan, RunPlan, plan_on_rank0, settle_attention
 from pretrain.plugin import PluginStack, TrainingPlugin, build_plugin
 from pretrain.run_folder import EXPORT_INFO, RESOLVED_CONFIG, TENSORBOARD, export_dir
-from pretrain.run_plan import PhasePlan, RunPlan, plan_on_rank0, settle_attention
 from pretrain.trainer import NonFiniteLossError, PhaseState, PhaseTrainer, TrainerJob
 
 __all__ = ["PhaseStart", "build_phase", "main", "run_phase", "train"]

@@ -20,7 +20,7 @@ the mean over the global batch.
 Extension points: the job's `TrainingPlugin`, whose hooks pretrain/plugin.py writes out as the loop they
 sit in, and the step monitors of its settings (what a step logs beyond losses and rates, pretrain/metrics/monitor.py).
 The trainer knows no plug-in or monitor by name and never sees the run config: it reads its `TrainerSettings`
-(below), which the run plan (pretrain/run_plan.py) builds per phase.
+(below), which the run plan (pretrain/plan/run_plan.py) builds per phase.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ __all__ = ["NonFiniteLossError", "PhaseState", "PhaseTrainer", "TrainerJob", "Tr
 @dataclass(frozen=True)
 class TrainerSettings:
     """What one phase's trainer reads, and nothing else of the run config: the run plan builds it per phase
-    (pretrain/run_plan.py), so what a phase's loop depends on is listed here and a test or benchmark can
+    (pretrain/plan/run_plan.py), so what a phase's loop depends on is listed here and a test or benchmark can
     make one without a whole config."""
 
     phase: str  # phase1 | phase2

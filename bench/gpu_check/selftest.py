@@ -4,7 +4,7 @@ The first rows of the check, in seconds (`--rows selftest` runs them alone: the 
 cluster). For each precision the device computes in (CUDA: bf16 where it has it, and fp16; CPU: fp32 and bf16)
 and each head size and sequence length of the recipes, the driver's own pieces: the device's facts
 (pretrain/model/kernel_support.py) and, where the unpadded kernel can run, the kernel self-test a run does
-before training (pretrain/model/self_test.py): its kernel stage (the kernel alone against the fp32 reference,
+before training (pretrain/plan/self_test.py): its kernel stage (the kernel alone against the fp32 reference,
 limit from the dtype's rounding: the column the first GPU run should be read for; a dropout smoke check) and its
 whole-model stage. A FAIL counts as a failed row (exit 1): `auto` would run padded there and an explicit
 `model.attention=unpadded` would be refused.
@@ -21,7 +21,7 @@ import torch
 from bench.gpu_check.plan import shape_of
 from pretrain.model.kernel_support import DeviceFacts, unpadded_kernel, unpadded_problem
 from pretrain.model.presets import PRESETS
-from pretrain.model.self_test import kernel_self_test
+from pretrain.plan.self_test import kernel_self_test
 
 SELFTEST_HEADER = ("| self-test | device | precision | head | seq | kernel | kernel error (limit) | logits error (limit) "
                    "| gradients error (limit) | s | verdict |\n|---|---|---|---|---|---|---|---|---|---|---|")

@@ -36,7 +36,7 @@ from pretrain.model.bert import build_model, count_parameters
 from pretrain.model.compiled import compile_metrics
 from pretrain.model.setup import prepare_model_path
 from pretrain.optim.unwrap import client_optimizer
-from pretrain.run_plan import RunPlan, plan_run
+from pretrain.plan.run_plan import RunPlan, plan_run
 from pretrain.step_stats import StepCounts, StepResult
 from pretrain.trainer import PhaseState, PhaseTrainer, TrainerJob
 

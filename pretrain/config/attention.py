@@ -4,7 +4,7 @@
 - `auto` (the default): the unpadded path where its kernel runs (pretrain/model/kernel_support.py: on CUDA the
   flash varlen kernel, bf16/fp16 on sm80+ with a torch build that has it; elsewhere the reference kernel, equal
   to padded row for row), padded SDPA otherwise. The kernel self-test then confirms the choice on the device
-  before training (pretrain/run_plan.py `settle_attention`); a failed test makes it padded on every rank.
+  before training (pretrain/plan/run_plan.py `settle_attention`); a failed test makes it padded on every rank.
 - `unpadded`: the same path, refused in one line where it cannot run (and where its self-test fails);
 - `padded`: transformers' SDPA on rows of seq_len, the reference.
 
@@ -16,32 +16,15 @@ Two layers of checks, with the same messages:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from pretrain.config.deepspeed import precision_of
 from pretrain.config.sections import RunConfig
 from pretrain.errors import ConfigError
+from pretrain.model.attention_plan import AttentionPlan
 from pretrain.model.kernel_support import DeviceFacts, unpadded_kernel, unpadded_problem
 
 PADDED_HINT = "model.attention=padded runs there"
-
-
-@dataclass(frozen=True)
-class AttentionPlan:
-    """A phase's attention path, as the run plan decided it (pretrain/run_plan.py): what the collator lays out,
-    what the model runs and whether its layers are compiled. `note`: a line rank 0 says at the phase's start."""
-
-    unpadded: bool
-    compile: bool
-    note: str | None = None
-    requested: str = "unpadded"  # model.attention as configured: auto | unpadded | padded
-    why: str = ""  # why this path, in words (the launch line, config.resolved.json)
-    compile_strict: bool = False  # model.compile=true: a failed compile is refused, not an eager fallback
-
-    @property
-    def path(self) -> str:
-        return "unpadded" if self.unpadded else "padded"
 
 
 def zero_stage(ds_config: dict[str, Any]) -> int:

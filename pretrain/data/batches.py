@@ -239,7 +239,7 @@ def pad_masked_instances(instances: list[dict[str, Any]], seq_len: int, max_pred
 @dataclass(frozen=True)
 class StreamSettings:
     """How a phase's instances become this rank's micro-batches, besides the data and the job's shape: built by
-    the run plan (pretrain/run_plan.py) from run.seed, phaseN.packing, data.part / data.num_parts and the
+    the run plan (pretrain/plan/run_plan.py) from run.seed, phaseN.packing, data.part / data.num_parts and the
     attention path (unpadded: the flat layout of pretrain/data/unpadded.py)."""
 
     seed: int

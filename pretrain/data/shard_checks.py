@@ -1,5 +1,5 @@
 """Does a shard folder fit a phase? One function, `check_run_shards`, for the launch-time check
-(pretrain/launch/preflight.py) and the rank's plan (pretrain/run_plan.py), so both say the same thing in
+(pretrain/launch/preflight.py) and the rank's plan (pretrain/plan/run_plan.py), so both say the same thing in
 the same words, and each folder's manifest is read once per process (at 1,024 ranks on a shared
 filesystem every extra read is a metadata storm).
 

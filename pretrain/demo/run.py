@@ -66,7 +66,7 @@ SQUAD_DEMO_FLAGS = (
 )  # fmt: skip
 # The demo's RUN.json: bert-mini, seq 64 then 128, ZeRO-2 + ExactLamb from ds_configs/deepspeed/lamb_zero2_cpu.json.
 # Step counts are sized for the 10-minute budget on 2 cores; pretrain_overrides() sets the folders.
-DEMO_RUN_CONFIG = REPO_ROOT / "launch" / "demo_run.json"
+DEMO_RUN_CONFIG = Path(__file__).with_name("demo_run.json")  # shipped with the package (pyproject.toml)
 
 
 class DemoDataError(RuntimeError):

@@ -1,6 +1,6 @@
 """Cluster discovery, written once: what a launch reads from SLURM, a hostfile and this machine's GPUs.
 
-launch.sh (through pretrain/launch/plan.py), launch/slurm_rank.sh and pretrain/engine.py need the same
+launch.sh (through pretrain/launch/plan.py), slurm/slurm_rank.sh and pretrain/engine.py need the same
 answers (the first node of a SLURM allocation, GPUs per node, the rendezvous host and port, which device
 a task opens). Written once, as functions with unit tests (tests/distributed/test_cluster.py), they
 cannot drift apart. launch_plan.py calls `plan` for launch.sh; slurm_rank.sh calls this module's CLI:

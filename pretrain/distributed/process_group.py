@@ -46,7 +46,7 @@ def _fill_rendezvous_env() -> None:
         env.update(_deepspeed_launcher_extras(env))
         return
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:  # srun without a launcher
-        # The same mapping and rendezvous defaults as launch/slurm_rank.sh (pretrain/distributed/cluster.py).
+        # The same mapping and rendezvous defaults as slurm/slurm_rank.sh (pretrain/distributed/cluster.py).
         env.update(slurm_task_env(env))
         return
     # A plain single process (tests, small jobs): a world of one.

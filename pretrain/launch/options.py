@@ -142,9 +142,9 @@ Examples
   ./launch.sh demo --sample-data ../shared/data
   ./launch.sh pretrain --config ds_configs/recipes/bert_large_64k.json --gpus 8
   ./launch.sh pretrain --config RUN.json --hostfile hosts.txt --dry-run
-  sbatch launch/slurm_pretrain.sbatch ds_configs/recipes/bert_large_64k.json
+  sbatch slurm/slurm_pretrain.sbatch ds_configs/recipes/bert_large_64k.json
   codistillation as two separate allocations that meet in a shared folder (docs/codistillation.md):
-  sbatch launch/slurm_pretrain.sbatch ds_configs/recipes/bert_large_codistill.json --codistill.group=0 \\
+  sbatch slurm/slurm_pretrain.sbatch ds_configs/recipes/bert_large_codistill.json --codistill.group=0 \\
       --codistill.exchange=filesystem --codistill.exchange_dir=/shared/exchange     (and group=1)
 """
 

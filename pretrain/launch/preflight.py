@@ -24,7 +24,7 @@ exit status 2 before any rank or node is touched:
 
 Light on purpose: the standard library, numpy and pyarrow (the manifest reader); never torch or
 DeepSpeed (tests/launch/test_preflight.py checks `sys.modules` in a fresh interpreter). The ranks run
-the same functions again (pretrain/run_plan.py `plan_run`, for the world size they really have: a SLURM
+the same functions again (pretrain/plan/run_plan.py `plan_run`, for the world size they really have: a SLURM
 job may get another count, a plug-in may split the world), so a run started without launch.sh is
 checked with the same messages, plus what needs torch (the optimizer's own parameter checks) and the
 shards' checksums. Before `sbatch`, the same check runs on a login node:

@@ -5,7 +5,7 @@ state dict loads into the Hugging Face class unchanged. Only `forward` differs: 
 on the masked positions alone (gathered first), which for BERT's 15% masking skips ~85% of the
 largest matmul of the model (hidden x vocab).
 
-The objective follows the shards (pretrain/run_plan.py): BERT's sentence pairs train MLM + NSP; shards
+The objective follows the shards (pretrain/plan/run_plan.py): BERT's sentence pairs train MLM + NSP; shards
 packed without pairs (data_prep --segments full-sentences / doc-sentences, RoBERTa's inputs) train MLM
 alone. The model config says which (`NSP_FIELD`, saved with every export): without NSP the pooler and the
 NSP classifier are not built at all, so the parameters are exactly `BertForMaskedLM`'s and no untrained

@@ -1,7 +1,7 @@
 """The rank-side set-up of the model's attention path and compilation, right after the model is built.
 
 The run plan already chose the path by the device's facts and the kernel self-test (pretrain/config/attention.py,
-pretrain/run_plan.py `settle_attention`), refusing what cannot run in one line. What is left is the model's own
+pretrain/plan/run_plan.py `settle_attention`), refusing what cannot run in one line. What is left is the model's own
 check (no decoder BERT on the unpadded path) and compiling the encoder layers where the plan says so
 (pretrain/model/compiled.py): strictly under an explicit model.compile=true (a failed compile is a ConfigError),
 else with an eager fallback and one line. It takes plain values (the phase's AttentionPlan), never the run config,
@@ -11,8 +11,8 @@ the process and a fallback is said once and holds for later phases (pretrain/mod
 
 from __future__ import annotations
 
-from pretrain.config.attention import AttentionPlan
 from pretrain.errors import ConfigError
+from pretrain.model.attention_plan import AttentionPlan
 from pretrain.model.bert import SparseBertForPreTraining
 from pretrain.model.compiled import CompileLedger, compile_layers
 from pretrain.model.unpadded import check_layers_supported

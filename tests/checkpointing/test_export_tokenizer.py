@@ -38,7 +38,7 @@ def prep(out: Path, *inputs: str) -> Manifest:
 
 
 def resolved_for(manifest: Manifest, nsp: bool = True) -> dict[str, Any]:
-    """The resolved block the driver's plan writes (pretrain/run_plan.py), for a tiny model over these shards."""
+    """The resolved block the driver's plan writes (pretrain/plan/run_plan.py), for a tiny model over these shards."""
     config = bert_config("tiny", manifest.vocab_size, 64, next_sentence_prediction=nsp)
     return {"model_config": config.to_dict(), "vocab_file": str(manifest.vocab_path.resolve()),
             "vocab_sha256": manifest.vocab_sha256, "lowercase": bool(manifest.data["vocab"]["lowercase"]),

@@ -145,7 +145,7 @@ def test_every_shipped_deepspeed_json_passes_the_refusal_check(path: Path) -> No
 def test_every_shipped_deepspeed_json_is_used() -> None:
     named = {Path(phase.ds_config).name
              for run in (REPO_ROOT / "ds_configs" / "recipes").glob("*.json") for _, phase in load_config(run).phases()}
-    named.add(Path(json.loads((REPO_ROOT / "launch" / "demo_run.json").read_text())["phase1"]["ds_config"]).name)
+    named.add(Path(json.loads((REPO_ROOT / "pretrain" / "demo" / "demo_run.json").read_text())["phase1"]["ds_config"]).name)
     squad = {p.name for p in DEEPSPEED_JSONS if p.name.startswith("squad")}
     assert named | squad == {p.name for p in DEEPSPEED_JSONS}, "a DeepSpeed JSON no recipe names"
 

@@ -178,7 +178,7 @@ def test_slurm_finetune_runs_one_task_per_rank(tmp_path: Path) -> None:
     assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["WORLD_SIZE"]) == ("gpu-007", "24242", "8")
     assert commands[-1] == [
         "srun", "--nodes=2", "--ntasks-per-node=4", "--ntasks=8", "--kill-on-bad-exit=1", "--export=ALL",
-        "bash", str(REPO_ROOT / "launch" / "slurm_rank.sh"),
+        "bash", str(REPO_ROOT / "slurm" / "slurm_rank.sh"),
         FAKE_PYTHON, "-u", "-m", "pretrain.finetune.squad", "finetune", "--model", "m", "--dev", "d", "--out", "o",
     ]  # fmt: skip
 
@@ -232,7 +232,7 @@ def test_slurm_rank_wrapper_maps_slurm_variables(tmp_path: Path) -> None:
         MASTER_ADDR="gpu-007", MASTER_PORT="24242",
     )  # fmt: skip
     probe = "import os; print(*(os.environ[k] for k in ('RANK','LOCAL_RANK','WORLD_SIZE','NODE_RANK','LOCAL_WORLD_SIZE')))"
-    wrapper = REPO_ROOT / "launch" / "slurm_rank.sh"
+    wrapper = REPO_ROOT / "slurm" / "slurm_rank.sh"
     proc = subprocess.run(["bash", str(wrapper), "python3", "-c", probe], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["5", "1", "8", "2", "4"]

@@ -110,7 +110,7 @@ def test_every_launcher_path_checks_first(job: dict[str, Path]) -> None:
     srun = ["bash", str(LAUNCH), "pretrain", *config, typo]
     proc = subprocess.run(srun, cwd=job["cwd"], env=slurm, capture_output=True, text=True, timeout=120)
     assert_refused_before_any_rank(proc, job, expected)
-    batch = ["bash", str(REPO_ROOT / "launch" / "slurm_pretrain.sbatch"), str(job["run_json"]), typo]
+    batch = ["bash", str(REPO_ROOT / "slurm" / "slurm_pretrain.sbatch"), str(job["run_json"]), typo]
     proc = subprocess.run(batch, cwd=REPO_ROOT, env=slurm, capture_output=True, text=True, timeout=120)
     assert_refused_before_any_rank(proc, job, expected)
 
@@ -145,7 +145,7 @@ def test_the_check_is_light_and_so_is_every_help(job: dict[str, Path]) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [proc.stdout.splitlines()[0], "[]"] and "checked" in proc.stdout
     for module, args in [("pretrain.train", []), ("pretrain.finetune.squad", []), ("pretrain.finetune.squad", ["finetune"]),
-                         ("pretrain.finetune.squad", ["evaluate"]), ("pretrain.config.scale", []), ("pretrain.config.rehearsal", []),
+                         ("pretrain.finetune.squad", ["evaluate"]), ("pretrain.launch.scale", []), ("pretrain.config.rehearsal", []),
                          ("pretrain.launch.preflight", []), ("pretrain.checkpointing.export", [])]:  # fmt: skip
         command = [sys.executable, "-X", "importtime", "-m", module, *args, "--help"]
         proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, cwd=job["cwd"])

@@ -247,7 +247,7 @@ def test_batch_script_requeues_only_after_a_usr1_stop(run_config: Path, tmp_path
     run_dir = tmp_path / "run"
     log = tmp_path / "sbatch.log"
     # One plain CPU process, so that no srun is needed; the script's own logic runs unchanged.
-    cmd = ["bash", str(REPO_ROOT / "launch" / "slurm_pretrain.sbatch"), str(run_config), "--launcher", "none",
+    cmd = ["bash", str(REPO_ROOT / "slurm" / "slurm_pretrain.sbatch"), str(run_config), "--launcher", "none",
            "--cpu", *overrides(run_dir)]
 
     def requeues() -> list[str]:

@@ -5,7 +5,7 @@ by tests/support/cluster/local_cluster.py (munge + slurmctld + slurmd; sshd on 1
 keys), and the tests skip with the reason where this machine cannot host them. docs/launching.md
 shows the same commands for rehearsing a real cluster's launch.
 
-* `sbatch launch/slurm_pretrain.sbatch RUN.json --cpu --gpus 2` (the site #SBATCH lines overridden
+* `sbatch slurm/slurm_pretrain.sbatch RUN.json --cpu --gpus 2` (the site #SBATCH lines overridden
   on the command line): scancel (SIGTERM) leaves a checkpoint and no requeue; the same sbatch resumes
   from it; SIGUSR1, sent the way the batch file's `--signal` asks SLURM to send it before the time
   limit, checkpoints, the job requeues itself once and completes both phases; every rank is pinned
@@ -49,7 +49,7 @@ from tests.support.pretrain_fixtures import build_shards
 
 pytestmark = pytest.mark.cluster
 
-SBATCH_FILE = REPO_ROOT / "launch" / "slurm_pretrain.sbatch"
+SBATCH_FILE = REPO_ROOT / "slurm" / "slurm_pretrain.sbatch"
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                 "DEADLINE", "PREEMPTED"}
 
@@ -220,7 +220,7 @@ def test_slurm_usr1_checkpoints_requeues_and_the_job_completes(preemption: Preem
     assert len(stops) == 1, f"SIGUSR1 to {preemption.usr1_target}: expected one stop\n{job.output[-4000:]}"
     # The batch file requeues itself after the SIGUSR1 stop, exactly once: the resumed run completes.
     assert job.final["Restarts"] == "1", (
-        f"not requeued after the SIGUSR1 stop (launch/slurm_pretrain.sbatch should run scontrol requeue): "
+        f"not requeued after the SIGUSR1 stop (slurm/slurm_pretrain.sbatch should run scontrol requeue): "
         f"{job.final}\n{job.output[-4000:]}"
     )
     assert job.output.count("done: complete") == 2, job.output[-4000:]  # both ranks of the requeued run

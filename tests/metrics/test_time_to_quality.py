@@ -103,7 +103,7 @@ def test_a_writer_without_quality_settings_writes_no_clock(tmp_path: Path) -> No
     ('["high"]', r"logging.quality_targets\[0\]: expected float"),
 ])
 def test_bad_quality_targets_name_the_key(tmp_path: Path, marks: str, message: str) -> None:
-    run_json = REPO_ROOT / "launch" / "demo_run.json"
+    run_json = REPO_ROOT / "pretrain" / "demo" / "demo_run.json"
     with pytest.raises(ConfigError, match=message):
         config = load_config(run_json, [f"--logging.quality_targets={marks}"])
         QualitySettings(tmp_path, tuple(config.logging.quality_targets), 1)  # what the driver builds on every rank

@@ -11,8 +11,8 @@ import torch
 
 from pretrain.config.load import load_config
 from pretrain.distributed.info import DistInfo, Launch
+from pretrain.plan.run_plan import record_verified, verified_in_this_launch
 from pretrain.run_folder import shards_verified_path
-from pretrain.run_plan import record_verified, verified_in_this_launch
 from tests.support.pretrain_fixtures import build_shards, tiny_run_config
 
 ONE = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))

@@ -18,8 +18,8 @@ from pretrain.config.load import check_values, from_dict, load_config
 from pretrain.config.sections import PhaseSection
 from pretrain.distributed.info import DistInfo
 from pretrain.errors import ConfigError
+from pretrain.plan.run_plan import plan_run
 from pretrain.report.records import schedule_text
-from pretrain.run_plan import plan_run
 from pretrain.schedule import (
     SCHEDULES,
     ScheduleSettings,

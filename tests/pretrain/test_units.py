@@ -129,7 +129,7 @@ def test_precision_bf16_or_fp16_on_gpu_fp32_on_cpu() -> None:
 
 def test_plan_errors_name_the_key(tmp_path: Path, run_json: Path, shards: Path) -> None:
     from pretrain.distributed.info import DistInfo
-    from pretrain.run_plan import plan_run
+    from pretrain.plan.run_plan import plan_run
 
     two_ranks = DistInfo(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"))
     ok = plan_run(load_config(run_json), two_ranks, verify_checksums=True)
@@ -183,7 +183,7 @@ def test_each_rank_reads_each_shard_folder_once(run_json: Path) -> None:
     Both phases read one folder here: before, rank 0 opened its manifest 8 times and the others 4."""
     from pretrain.distributed.info import DistInfo
     from pretrain.distributed.lifetime import release_run_folder
-    from pretrain.run_plan import plan_on_rank0
+    from pretrain.plan.run_plan import plan_on_rank0
 
     config = load_config(run_json)
     ranks = [DistInfo(rank=rank, world_size=2, local_rank=rank, device=torch.device("cpu")) for rank in (0, 1)]

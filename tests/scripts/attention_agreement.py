@@ -1,4 +1,4 @@
-"""Launched by tests/model/test_self_test.py on 2 CPU ranks, each standing for a node (both its first local rank):
+"""Launched by tests/plan/test_self_test.py on 2 CPU ranks, each standing for a node (both its first local rank):
 the kernel self-test fails on rank 1 only, or rank 1's device cannot run the kernel at all; every rank must then
 run the same path. Writes WORKDIR/rank<N>.json: each scenario's paths per phase, or the refusal's line."""
 
@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 
 from pretrain.errors import ConfigError
-from pretrain.model.self_test import kernel_self_test
-from pretrain.run_plan import settle_attention
+from pretrain.plan.run_plan import settle_attention
+from pretrain.plan.self_test import kernel_self_test
 from tests.support.attention_plans import Place, across_segments, run_plan_stub
 from tests.support.launching import leave_without_teardown
 

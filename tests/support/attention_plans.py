@@ -1,4 +1,4 @@
-"""Run plans with only what `settle_attention` reads (pretrain/run_plan.py), and a planted wrong varlen kernel:
+"""Run plans with only what `settle_attention` reads (pretrain/plan/run_plan.py), and a planted wrong varlen kernel:
 for the tests of the kernel self-test's verdict, in one process and across ranks."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pretrain.config.attention import AttentionPlan
 from pretrain.data.batches import StreamSettings
+from pretrain.model.attention_plan import AttentionPlan
 from pretrain.model.bert import bert_config
-from pretrain.run_plan import PhasePlan, RunPlan
+from pretrain.plan.run_plan import PhasePlan, RunPlan
 from pretrain.trainer import TrainerSettings
 
 

@@ -61,7 +61,7 @@ def _write_json(path: Path, data: Any) -> None:
 
 def build_demo_like_run(out: Path) -> Path:
     """The folder of the module docstring; returns out/run."""
-    from pretrain.run_plan import plan_run
+    from pretrain.plan.run_plan import plan_run
 
     shards = build_shards(out / "data", train=32, val=8)
     run_dir = out / "run"

@@ -15,7 +15,7 @@ from pretrain.config.load import load_config
 from pretrain.distributed.process_group import init_distributed
 from pretrain.distributed.stop_request import StopRequest
 from pretrain.metrics.writer import MetricsWriter
-from pretrain.run_plan import plan_run
+from pretrain.plan.run_plan import plan_run
 from pretrain.train import PhaseStart, build_phase
 from pretrain.trainer import PhaseTrainer, TrainerJob
 from tests.support.pretrain_fixtures import build_shards, tiny_run_config

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from pretrain.distributed.lifetime import die_with_parent
-from pretrain.model.self_test import SelfTestResult
+from pretrain.plan.self_test import SelfTestResult
 
 SelfTest = Callable[[torch.device, str, int, int], SelfTestResult]  # device, precision, head size, seq_len
 

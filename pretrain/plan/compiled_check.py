@@ -1,6 +1,6 @@
 """The self-test of the compiled layer: what inductor generates for this device, checked before training.
 
-Why: the kernel self-test (pretrain/model/self_test.py) runs the layer eager, so a compiled run's first execution
+Why: the kernel self-test (pretrain/plan/self_test.py) runs the layer eager, so a compiled run's first execution
 of inductor's code (its Triton kernels around the flash call, with a symbolic token count) is the run itself, and
 a wrong kernel there would train silently. This repeats the self-test's whole-model stage with the unpadded side
 through a `CompiledLayer` (strict=False, the run's backend): the small BERT, forward and backward on the edge-case
@@ -9,7 +9,7 @@ dtype plus a floor). A layer that falls back instead of compiling fails with the
 fall back the same way, with the same line).
 
 Cost: one compile of the small model (tens of seconds with inductor on 2 CPU cores, seconds on a GPU), so it is
-for runs whose plan compiles. The run plan's `settle_attention` (pretrain/run_plan.py) decides whether to call it;
+for runs whose plan compiles. The run plan's `settle_attention` (pretrain/plan/run_plan.py) decides whether to call it;
 the tests pass a backend with no code generation.
 """
 
@@ -22,9 +22,9 @@ from typing import Any
 import torch
 
 from pretrain.model.compiled import CompiledLayer, ignore
-from pretrain.model.self_test import SelfTestResult, compare, over
 from pretrain.model.unpadded import unpadded_layer
 from pretrain.model.varlen_attention import VarlenKernel, varlen_attention
+from pretrain.plan.self_test import SelfTestResult, compare, over
 
 
 def compiled_self_test(device: torch.device, precision: str, head_dim: int, seq_len: int = 128,

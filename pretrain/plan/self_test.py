@@ -1,10 +1,10 @@
 """The kernel self-test: the unpadded path's kernel, on the run's own device and dtype, in seconds, in two stages.
 
 CI has no GPU, so the flash varlen call of the unpadded path (pretrain/model/varlen_attention.py) is first executed
-on the user's device. Before training, each node's first local rank runs this test (pretrain/run_plan.py
+on the user's device. Before training, each node's first local rank runs this test (pretrain/plan/run_plan.py
 `settle_attention` agrees on the verdict over all ranks).
 
-Stage 1, the kernel alone (pretrain/model/kernel_check.py): the kernel in the run's dtype against the fp32
+Stage 1, the kernel alone (pretrain/plan/kernel_check.py): the kernel in the run's dtype against the fp32
 reference kernel on the same rounded q/k/v, forward and backward, with a limit set by the dtype's own rounding
 (0.8 eps: bf16 6.25e-3). It sees a kernel 1 % off in bf16, which stage 2 cannot: stage 2 must admit the dtype's
 noise through a whole model (in bf16 it passed a kernel 10 % off at seq 512). Then a smoke check of the kernel
@@ -41,9 +41,9 @@ import torch
 from pretrain.data.batches import pad_masked_instances
 from pretrain.data.unpadded import unpad_masked_instances
 from pretrain.model.bert import SparseBertForPreTraining, bert_config, build_model
-from pretrain.model.kernel_check import dropout_problem, kernel_error, kernel_limit
 from pretrain.model.unpadded import LAYER_FORWARD_ATTRIBUTE, LayerForward, unpadded_layer
 from pretrain.model.varlen_attention import VarlenKernel, varlen_attention
+from pretrain.plan.kernel_check import dropout_problem, kernel_error, kernel_limit
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SLACK = 4.0  # the unpadded error may be this many times the padded path's own error in the dtype

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from pretrain.errors import ConfigError
-from pretrain.model.self_test import SelfTestResult, edge_case_lengths, kernel_self_test
 from pretrain.model.varlen_attention import reference_varlen_attention
-from pretrain.run_plan import RunPlan, settle_attention
+from pretrain.plan.run_plan import RunPlan, settle_attention
+from pretrain.plan.self_test import SelfTestResult, edge_case_lengths, kernel_self_test
 from tests.support.attention_plans import Place, across_segments, phase_stub, run_plan_stub
 
 CPU = torch.device("cpu")

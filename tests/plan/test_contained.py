@@ -1,4 +1,4 @@
-"""pretrain/model/contained.py: the device self-test in a child process, so that a device fault ends the child and
+"""pretrain/plan/contained.py: the device self-test in a child process, so that a device fault ends the child and
 not the rank's context. Run on the CPU here with real children (spawned, as on a GPU): the real kernel test's
 verdict comes back whole; a child that dies of SIGABRT (what a sticky CUDA error can end in) or never answers is a
 failed test in one line, and the process that asked goes on (it runs the test itself afterwards)."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from pretrain.model.contained import contained, in_child
-from pretrain.model.self_test import kernel_self_test
+from pretrain.plan.contained import contained, in_child
+from pretrain.plan.self_test import kernel_self_test
 from tests.support.device_faults import dies_of_a_device_fault, never_answers
 
 CPU = torch.device("cpu")

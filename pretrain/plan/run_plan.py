@@ -29,7 +29,7 @@ from transformers import BertConfig
 from data_prep.atomic_io import atomic_write_json, sha256_file
 from data_prep.shards import ShardFormatError
 from pretrain.checkpointing.cadence import CadenceSettings
-from pretrain.config.attention import PADDED_HINT, AttentionPlan, attention_plan
+from pretrain.config.attention import PADDED_HINT, attention_plan
 from pretrain.config.deepspeed import phase_ds_config, precision_of
 from pretrain.config.sections import RunConfig
 from pretrain.data.batches import DataConfigError, PhaseData, StreamSettings, phase_data
@@ -41,12 +41,13 @@ from pretrain.errors import ConfigError
 from pretrain.metrics.monitors import step_monitors
 from pretrain.metrics.quality import QualitySettings
 from pretrain.metrics.throughput import ThroughputSettings, peak_tflops
+from pretrain.model.attention_plan import AttentionPlan
 from pretrain.model.bert import OBJECTIVES, bert_config
-from pretrain.model.compiled_check import compiled_self_test
-from pretrain.model.contained import SelfTest, contained
 from pretrain.model.kernel_support import DeviceFacts, read_device_facts
 from pretrain.model.presets import flop_parameter_counts
-from pretrain.model.self_test import SelfTestResult, kernel_self_test
+from pretrain.plan.compiled_check import compiled_self_test
+from pretrain.plan.contained import SelfTest, contained
+from pretrain.plan.self_test import SelfTestResult, kernel_self_test
 from pretrain.run_folder import shards_verified_path
 from pretrain.schedule import Schedule, build_schedule, schedule_line
 from pretrain.trainer import TrainerSettings
@@ -273,11 +274,11 @@ def settle_attention(plan: RunPlan, dist_info: DistInfo, test: SelfTest = kernel
                      compiled_test: SelfTest = compiled_self_test) -> RunPlan:
     """The planned attention path, confirmed on the device before training, the same on every rank.
 
-    Each node's first local rank runs the kernel self-test (pretrain/model/self_test.py) where a phase plans the
+    Each node's first local rank runs the kernel self-test (pretrain/plan/self_test.py) where a phase plans the
     unpadded path; every rank's plan and test are gathered. A phase runs unpadded only if every rank planned it and
     no test failed: otherwise `auto` runs padded (the line gives the numbers) and an explicit `unpadded` is refused
     (ConfigError on every rank). Where a phase also compiles its layers, the node then tests the compiled layer,
-    forward and backward, against the same reference (pretrain/model/compiled_check.py): what will train is what
+    forward and backward, against the same reference (pretrain/plan/compiled_check.py): what will train is what
     was checked. If that fails anywhere, the layers run eager (`model.compile=true`: refused). Rank 0 says the
     choice and why; config.resolved.json records it. `test`, `compiled_test`: the tests' seams."""
     phases = list(plan.phases.values())

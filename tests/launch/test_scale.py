@@ -1,4 +1,4 @@
-"""The recipe scaler (`./launch.sh scale`, pretrain/config/scale.py): the paper's arithmetic, its refusals, and a
+"""The recipe scaler (`./launch.sh scale`, pretrain/launch/scale.py): the paper's arithmetic, its refusals, and a
 written run config that the driver's own config code accepts for the given GPU count."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.config import scale
 from pretrain.config.deepspeed import phase_ds_config
 from pretrain.config.load import load_config
 from pretrain.errors import ConfigError
+from pretrain.launch import scale
 from tests.support.paths import REPO_ROOT
 
 LARGE_64K = REPO_ROOT / "ds_configs" / "recipes" / "bert_large_64k.json"
@@ -162,7 +162,7 @@ def test_launch_sh_scale(tmp_path: Path) -> None:
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("+ ") and "-m pretrain.config.scale" in proc.stdout.splitlines()[0]
+    assert proc.stdout.startswith("+ ") and "-m pretrain.launch.scale" in proc.stdout.splitlines()[0]
     assert "0.006 -> 0.0015" in proc.stdout and "7,038 -> 112,608" in proc.stdout
     assert load_config(out).phase1.steps == 112608
     # the checkpoint interval for 8 GPUs, from the largest phase's checkpoint (BERT-Large, ZeRO, bf16) at 1 GB/s

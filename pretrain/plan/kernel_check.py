@@ -1,6 +1,6 @@
 """The self-test's first stage: the varlen attention kernel alone, in the run's dtype, against an fp32 reference.
 
-Why a stage of its own: the whole-model comparison (pretrain/model/self_test.py) must admit the dtype's noise
+Why a stage of its own: the whole-model comparison (pretrain/plan/self_test.py) must admit the dtype's noise
 through the whole model (bf16 moves a 2-layer BERT's logits by 1-3 % and its gradients by 4-16 %), so a kernel
 5-10 % off passed it in bf16. Here the only error left is the kernel's own rounding: q, k, v (and the gradient
 flowing into the output) are drawn once, rounded to the run's dtype, and handed

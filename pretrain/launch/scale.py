@@ -1,6 +1,6 @@
 """Rescale a shipped run config to the global batches a user can afford (`./launch.sh scale`).
 
-    python -m pretrain.config.scale RUN.json --phase1-batch N [--phase2-batch M] [--gpus G]
+    python -m pretrain.launch.scale RUN.json --phase1-batch N [--phase2-batch M] [--gpus G]
                              [--gpu-memory-gb 80] [--phase1-micro U] [--phase2-micro V] --out NEW.json
 
 Why: the shipped recipes are the LAMB paper's 64K/32K (or 32K/32K) batches; most users have 8-64 GPUs
