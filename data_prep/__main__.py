@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 from data_prep.config import NSP, SEGMENT_MODES, BuildConfig, ConfigError, default_workers
+from data_prep.sources import SOURCES
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -24,22 +27,13 @@ def build_parser() -> argparse.ArgumentParser:
     build = commands.add_parser("build", help="raw corpora -> BERT pretraining shards + manifest.json",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     src = build.add_argument_group("inputs (at least one; read in this order)")
-    src.add_argument("--wiki-dump", action="append", default=[], metavar="PATH",
-                     help="Wikipedia pages-articles XML dump, .xml or .xml.bz2 (multistream too); repeatable")
-    src.add_argument("--wikiextractor", action="append", default=[], metavar="DIR",
-                     help="folder of WikiExtractor output (<doc id= url= title=> files); repeatable")
-    src.add_argument("--books", action="append", default=[], metavar="DIR",
-                     help="folder of plain-text books, one per file (Gutenberg header/footer stripped); repeatable")
-    src.add_argument("--text", action="append", default=[], metavar="FILE",
-                     help="one sentence per line, blank line between documents; repeatable")
-    src.add_argument("--hf-dataset", action="append", default=[], metavar="NAME[:CONFIG]",
-                     help="Hugging Face dataset by name (streamed, split 'train') or a save_to_disk folder")
-    src.add_argument("--hf-text-field", default="text", help="column holding the text in --hf-dataset")
-    src.add_argument("--hf-rows-per-doc", type=int, default=1,
-                     help="consecutive rows forming one document (bookcorpus has one sentence per row)")
+    for row in SOURCES:
+        src.add_argument(row.flag, action="append", default=[], metavar=row.metavar, help=row.help)
+        for option in row.options:
+            src.add_argument(option.flag, type=option.type, default=option.default, help=option.help)
     src.add_argument("--skip-bad-files", action="store_true",
-                     help="skip (with a warning) --books/--wikiextractor files that are not UTF-8 or unreadable, "
-                          "instead of stopping")
+                     help=f"skip (with a warning) {'/'.join(r.flag for r in SOURCES if r.skips_bad_files)} files "
+                          "that are not UTF-8 or unreadable (--jsonl: lines), instead of stopping")
     voc = build.add_argument_group("vocabulary (exactly one)")
     voc.add_argument("--vocab", metavar="FILE", help="WordPiece vocab.txt; casing follows the vocab")
     voc.add_argument("--vocab-size", type=int, metavar="N", help="train a WordPiece vocab of N tokens on the corpus")
@@ -85,12 +79,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def source_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The config's inputs, row by row of SOURCES: the named fields of the sources that predate the
+    table, and `inputs` / `input_options` for the rest (only those given, so the identity of a build
+    without them stays what it was)."""
+    given = {row.field: tuple(getattr(args, row.dest)) for row in SOURCES}
+    if not any(given.values()):
+        raise ConfigError(f"no input: give at least one of {', '.join(row.flag for row in SOURCES)}")
+    named = {f.name for f in fields(BuildConfig)}
+    settings: dict[str, Any] = {}
+    inputs: list[tuple[str, tuple[str, ...]]] = []
+    options: list[tuple[str, Any]] = []
+    for row in SOURCES:
+        values = given[row.field]
+        if row.field in named:
+            settings[row.field] = values
+        elif values:
+            inputs.append((row.field, row.recorded(values)))
+        for option in row.options:
+            value = getattr(args, option.dest)
+            if option.field in named:
+                settings[option.field] = value
+            elif values:
+                options.append((option.field, value))
+    return {**settings, "inputs": tuple(inputs), "input_options": tuple(options)}
+
+
 def config_from_args(args: argparse.Namespace) -> BuildConfig:
     return BuildConfig(
-        out=args.out, wiki_dumps=tuple(args.wiki_dump), wikiextractor=tuple(args.wikiextractor),
-        books=tuple(args.books), texts=tuple(args.text), hf_datasets=tuple(args.hf_dataset),
-        hf_text_field=args.hf_text_field, hf_rows_per_doc=args.hf_rows_per_doc,
-        skip_bad_files=args.skip_bad_files,
+        out=args.out, **source_settings(args), skip_bad_files=args.skip_bad_files,
         vocab=args.vocab, vocab_size=args.vocab_size, lowercase=not args.cased,
         seq_lens=args.seq_lens, masking=args.masking, segments=args.segments, dupe_factor=args.dupe_factor,
         mask_prob=args.mask_prob,
@@ -112,7 +129,7 @@ def main(argv: list[str] | None = None, configure_threads: bool = False) -> int:
     from data_prep.build import BuildError, run_build, run_merge
     from data_prep.report import inspect_text
     from data_prep.shards import ShardFormatError
-    from data_prep.sources import SourceError
+    from data_prep.source_files import SourceError
     from data_prep.vocab import VocabError
 
     try:

@@ -16,7 +16,7 @@ from typing import Any
 
 from data_prep import __version__
 from data_prep.atomic_io import atomic_write_json, sha256_file
-from data_prep.config import NSP, BuildConfig
+from data_prep.config import NSP, BuildConfig, ConfigError
 from data_prep.corpus import read_table, text_part_path
 from data_prep.corpus_stage import VOCAB_NAME, clean_all, corpus_stats, prepare_vocab, tokenize_all
 from data_prep.instance_stage import (
@@ -30,7 +30,8 @@ from data_prep.parallel import Workers
 from data_prep.report import print_summary
 from data_prep.shard_stage import ShardTask, count_instances, shard_file, shard_plan, write_one_shard
 from data_prep.shards import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, SPLITS
-from data_prep.sources import SourceError, check_readable_file, list_text_files
+from data_prep.source_files import SourceError
+from data_prep.sources import SOURCES
 from data_prep.tokenizer_files import write_tokenizer_files
 from data_prep.vocab import Vocab, load_vocab
 
@@ -42,20 +43,18 @@ class BuildError(ValueError):
 
 
 def check_inputs(cfg: BuildConfig) -> None:
-    """Everything that can be checked before hours of work: files, vocab, the output folder."""
-    for path in cfg.wiki_dumps:
-        check_readable_file(Path(path), "--wiki-dump")
-    for path in cfg.texts:
-        check_readable_file(Path(path), "--text")
-    for flag, folders in (("--wikiextractor", cfg.wikiextractor), ("--books", cfg.books)):
-        for folder in folders:
-            for path in list_text_files(Path(folder), flag):
-                try:
-                    check_readable_file(path, flag)
-                except SourceError:
-                    if not cfg.skip_bad_files:
-                        raise
-                    # reported (and skipped) when the file is read
+    """Everything that can be checked before hours of work: files, source options, vocab, the output folder."""
+    unknown = sorted({name for name, _ in cfg.inputs} - {row.field for row in SOURCES})
+    if unknown:
+        raise BuildError(f"unknown input kind(s) {', '.join(unknown)}: not a row of data_prep/sources.py SOURCES")
+    for row in SOURCES:
+        values = cfg.input_values(row.field)
+        for option in row.options:
+            value = cfg.input_option(option.field, option.default)
+            if values and option.valid is not None and not option.valid(value):
+                raise ConfigError(f"{option.flag} {value}: out of range")
+        for value in values:
+            row.check(value, cfg.skip_bad_files)
     if cfg.vocab is not None:
         load_vocab(cfg.vocab)
     claim_output_folder(cfg)
@@ -116,10 +115,7 @@ def build_node(cfg: BuildConfig, workers: Workers) -> int:
 
 
 def describe_inputs(cfg: BuildConfig) -> str:
-    parts = [f"--wiki-dump {p}" for p in cfg.wiki_dumps] + [f"--wikiextractor {p}" for p in cfg.wikiextractor]
-    parts += [f"--books {p}" for p in cfg.books] + [f"--text {p}" for p in cfg.texts]
-    parts += [f"--hf-dataset {p}" for p in cfg.hf_datasets]
-    return ", ".join(parts)
+    return ", ".join(f"{row.flag} {value}" for row in SOURCES for value in cfg.input_values(row.field))
 
 
 def merge(cfg: BuildConfig, workers: Workers) -> dict[str, Any]:

@@ -3,6 +3,12 @@
 `identity()` is the part that decides the output bytes; a folder built with another identity is
 refused instead of being mixed. How the work is spread (workers, nodes) is not part of it,
 because the output does not depend on it.
+
+The inputs follow data_prep/sources.py's `SOURCES` table, which this module cannot import: it is
+the floor that the format's reader and pretrain/ import, and the readers pull in the wikitext
+parser. So the five sources that existed before the table keep their named fields (every
+build_config.json written so far records them, and callers construct them by name), and every
+source added since keeps its values in `inputs` by its row's field: a new source needs no edit here.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ FULL_SENTENCES = "full-sentences"  # RoBERTa: packed whole sentences, across doc
 DOC_SENTENCES = "doc-sentences"  # RoBERTa: packed whole sentences, within one document, MLM only
 SEGMENT_MODES = (NSP, FULL_SENTENCES, DOC_SENTENCES)
 BERT_MASK_PROB = 0.15  # the rate BERT's 20 predictions at 128 were sized for
+# The input fields that predate the SOURCES table (tests/data_prep/test_sources.py matches them to its rows).
+NAMED_INPUTS = ("wiki_dumps", "wikiextractor", "books", "texts", "hf_datasets")
 
 
 class ConfigError(ValueError):
@@ -50,7 +58,12 @@ class BuildConfig:
     hf_datasets: tuple[str, ...] = ()
     hf_text_field: str = "text"
     hf_rows_per_doc: int = 1
-    skip_bad_files: bool = False  # books/WikiExtractor files that are not UTF-8: skip with a warning
+    # Sources added since the table: (row field, values as recorded: paths absolute), and the options of
+    # those given, (option field, value). Recorded in the identity only when not empty, so that every
+    # folder started before a source existed still resumes.
+    inputs: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    input_options: tuple[tuple[str, Any], ...] = ()
+    skip_bad_files: bool = False  # files of a folder source that are not UTF-8: skip with a warning
     vocab: str | None = None
     vocab_size: int | None = None
     lowercase: bool = True  # only for a trained vocab; a given vocab decides for itself
@@ -73,10 +86,12 @@ class BuildConfig:
     node_rank: int = 0
 
     def __post_init__(self) -> None:
-        if not (self.wiki_dumps or self.wikiextractor or self.books or self.texts or self.hf_datasets):
-            raise ConfigError(
-                "no input: give at least one of --wiki-dump, --wikiextractor, --books, --text, --hf-dataset"
-            )
+        # One order whatever order the caller (or a recorded identity's sorted keys) gave.
+        object.__setattr__(self, "inputs", tuple(sorted((name, tuple(v)) for name, v in self.inputs)))
+        object.__setattr__(self, "input_options", tuple(sorted(self.input_options)))
+        if not any(getattr(self, name) for name in NAMED_INPUTS) and not any(v for _, v in self.inputs):
+            # the command line names every flag (data_prep/__main__.py); this is for other callers
+            raise ConfigError("no input: give at least one source (the inputs of `python -m data_prep build --help`)")
         if (self.vocab is None) == (self.vocab_size is None):
             raise ConfigError("give exactly one of --vocab FILE or --vocab-size N")
         if self.vocab_size is not None and not 10 <= self.vocab_size <= 1 << 20:
@@ -101,7 +116,6 @@ class BuildConfig:
             ("--workers", self.workers >= 1, self.workers),
             ("--num-nodes", self.num_nodes >= 1, self.num_nodes),
             ("--node-rank", 0 <= self.node_rank < self.num_nodes, self.node_rank),
-            ("--hf-rows-per-doc", self.hf_rows_per_doc >= 1, self.hf_rows_per_doc),
         ]
         for flag, ok, value in checks:
             if not ok:
@@ -123,6 +137,16 @@ class BuildConfig:
     def max_predictions(self) -> dict[str, int]:
         return {str(s): max_predictions_for(s, self.mask_prob) for s in self.seq_lens}
 
+    def input_values(self, name: str) -> tuple[str, ...]:
+        """The values of the SOURCES row with field `name`, wherever this config keeps them."""
+        return getattr(self, name) if name in NAMED_INPUTS else dict(self.inputs).get(name, ())
+
+    def input_option(self, name: str, default: Any) -> Any:
+        """A source option's value: a named field (the HF options), or `input_options`, else its default."""
+        if name in {f.name for f in fields(self)}:
+            return getattr(self, name)
+        return dict(self.input_options).get(name, default)
+
     def identity(self) -> dict[str, Any]:
         """Everything that decides the output bytes (paths made absolute).
 
@@ -133,6 +157,11 @@ class BuildConfig:
             data.pop(key)
         if data["segments"] == NSP:
             data.pop("segments")
+        inputs, options = data.pop("inputs"), data.pop("input_options")
+        if inputs:  # as `segments`: absent from folders started before any newer source existed
+            data["inputs"] = {name: list(values) for name, values in inputs}
+        if options:
+            data["input_options"] = dict(options)
         for key in ("wiki_dumps", "wikiextractor", "books", "texts"):
             data[key] = [str(Path(p).resolve()) for p in data[key]]
         data["hf_datasets"] = list(data["hf_datasets"])
@@ -145,4 +174,6 @@ class BuildConfig:
     def from_identity(cls, identity: dict[str, Any], **runtime: Any) -> BuildConfig:
         names = {f.name for f in fields(cls)}
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in identity.items() if k in names}
+        values["inputs"] = tuple(identity.get("inputs", {}).items())
+        values["input_options"] = tuple(identity.get("input_options", {}).items())
         return cls(**values, **runtime)

@@ -29,32 +29,18 @@ from data_prep.corpus import (
     write_token_part,
 )
 from data_prep.parallel import Workers
-from data_prep.sources import (
-    RawDocument,
-    read_books,
-    read_hf_dataset,
-    read_sentence_lines,
-    read_wiki_dump,
-    read_wikiextractor,
-    to_sentences,
-)
+from data_prep.sources import SOURCES, RawDocument, ReadContext, to_sentences
 from data_prep.vocab import Vocab, VocabError, load_vocab, train_vocab
 
 VOCAB_NAME = "vocab.txt"
 
 
 def iter_documents(cfg: BuildConfig) -> Iterator[RawDocument]:
-    """Every input document in a fixed order: dumps, WikiExtractor, books, text, HF datasets."""
-    for path in cfg.wiki_dumps:
-        yield from read_wiki_dump(Path(path))
-    for folder in cfg.wikiextractor:
-        yield from read_wikiextractor(Path(folder), cfg.skip_bad_files)
-    for folder in cfg.books:
-        yield from read_books(Path(folder), cfg.skip_bad_files)
-    for path in cfg.texts:
-        yield from read_sentence_lines(Path(path))
-    for spec in cfg.hf_datasets:
-        yield from read_hf_dataset(spec, cfg.hf_text_field, cfg.hf_rows_per_doc)
+    """Every input document in a fixed order: SOURCES' rows in turn, each row's values as given."""
+    for row in SOURCES:
+        context = ReadContext(cfg.skip_bad_files, {o.field: cfg.input_option(o.field, o.default) for o in row.options})
+        for value in cfg.input_values(row.field):
+            yield from row.read(value, context)
 
 
 @dataclass(frozen=True)

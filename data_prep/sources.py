@@ -1,32 +1,34 @@
-"""Readers, one per source kind. Each yields RawDocument in a fixed order, in constant memory.
+"""Readers, one per source kind, and `SOURCES`, the one table of them.
 
-Readers only split the input into documents; turning a document into sentences (wikitext
-cleaning, paragraph joining, sentence splitting) is `to_sentences`, which runs in the workers.
+Each reader yields RawDocument in a fixed order, in constant memory. Readers only split the input
+into documents; turning a document into sentences (wikitext cleaning, paragraph joining, sentence
+splitting) is `to_sentences`, which runs in the workers.
+
+A new source is a reader and one `Source` row here: the `build` flags (data_prep/__main__.py), the
+config and its identity (data_prep/config.py), the input checks, the description of the inputs
+(data_prep/build.py) and the document order (data_prep/corpus_stage.py) all loop over `SOURCES`.
 """
 
 from __future__ import annotations
 
-import bz2
-import os
+import json
 import re
 import sys
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from data_prep.clean import is_disambiguation, is_redirect, wikitext_to_paragraphs
 from data_prep.sentences import split_sentences
+from data_prep.source_files import SourceError, check_readable_file, list_text_files, open_binary, read_text
 
 # How a document's text is laid out, which decides how it becomes sentences.
 WIKITEXT = "wikitext"  # MediaWiki markup
 LINES = "lines"  # one sentence per line (BERT's sample_text.txt format)
 PARAGRAPH_LINES = "paragraph_lines"  # one paragraph per line (WikiExtractor, HF wikipedia)
 WRAPPED = "wrapped"  # hard-wrapped paragraphs separated by blank lines (Gutenberg books)
-
-
-class SourceError(ValueError):
-    """An input file or folder is missing, unreadable, corrupt or not UTF-8; names the path."""
 
 
 @dataclass(frozen=True)
@@ -51,59 +53,6 @@ def to_sentences(doc: RawDocument) -> list[str]:
     return [sentence for paragraph in paragraphs for sentence in split_sentences(paragraph)]
 
 
-# ---------------------------------------------------------------- file checks, run before work starts
-
-
-def _open_binary(path: Path):
-    return bz2.open(path, "rb") if path.suffix == ".bz2" else open(path, "rb")
-
-
-def check_readable_file(path: Path, flag: str) -> None:
-    """Exists, readable, decompresses (bz2), and its first MiB decodes as UTF-8."""
-    if not path.is_file():
-        raise SourceError(f"{flag} {path}: no such file")
-    if not os.access(path, os.R_OK):
-        raise SourceError(f"{flag} {path}: not readable (permissions)")
-    try:
-        with _open_binary(path) as handle:
-            head = handle.read(1 << 20)
-    except (OSError, EOFError) as err:
-        raise SourceError(f"{flag} {path}: corrupt or unreadable ({err})") from err
-    try:
-        # A multi-byte character may be cut at the end of the sample: tolerate only that.
-        head.decode("utf-8")
-    except UnicodeDecodeError as err:
-        if err.start < len(head) - 4:
-            raise SourceError(f"{flag} {path}: not UTF-8 (byte offset {err.start})") from err
-
-
-def _decode(path: Path, data: bytes) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise SourceError(f"{path}: not UTF-8 (byte offset {err.start})") from err
-
-
-def _read_text(path: Path) -> str:
-    try:
-        with _open_binary(path) as handle:
-            data = handle.read()
-    except (OSError, EOFError) as err:
-        raise SourceError(f"{path}: corrupt or unreadable ({err})") from err
-    return _decode(path, data)
-
-
-def list_text_files(folder: Path, flag: str) -> list[Path]:
-    if not folder.is_dir():
-        raise SourceError(f"{flag} {folder}: no such folder")
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
-    if flag != "--wikiextractor":  # WikiExtractor names its files wiki_00 ...; books are *.txt[.bz2]
-        files = [p for p in files if p.name.endswith((".txt", ".txt.bz2"))]
-    if not files:
-        raise SourceError(f"{flag} {folder}: no text files in it")
-    return files
-
-
 # ---------------------------------------------------------------- Wikipedia XML dump
 
 
@@ -115,7 +64,7 @@ def read_wiki_dump(path: Path) -> Iterator[RawDocument]:
     """
     source = f"wiki:{path.name}"
     try:
-        with _open_binary(path) as handle:
+        with open_binary(path) as handle:
             for _event, element in ET.iterparse(handle, events=("end",)):
                 if not element.tag.endswith("}page") and element.tag != "page":
                     continue
@@ -143,12 +92,12 @@ _DOC_OPEN = re.compile(r'<doc id="([^"]*)"[^>]*title="([^"]*)"[^>]*>')
 
 def read_wikiextractor(folder: Path, skip_bad_files: bool = False) -> Iterator[RawDocument]:
     """`<doc id= url= title=>` ... `</doc>` files (plain or .bz2); the repeated title line is skipped."""
-    for path in list_text_files(folder, "--wikiextractor"):
+    for path in list_text_files(folder, "--wikiextractor", None):
         source = f"wikiextractor:{path.relative_to(folder)}"
         title: str | None = None
         lines: list[str] = []
         try:
-            text = _read_text(path)
+            text = read_text(path)
         except SourceError as err:
             _skip_or_raise(SourceError(f"--wikiextractor {err}"), skip_bad_files)
             continue
@@ -187,11 +136,14 @@ def _skip_or_raise(err: SourceError, skip_bad_files: bool) -> None:
     print(f"warning: skipped (--skip-bad-files): {err}", file=sys.stderr, flush=True)
 
 
+BOOK_SUFFIXES = (".txt", ".txt.bz2")
+
+
 def read_books(folder: Path, skip_bad_files: bool = False) -> Iterator[RawDocument]:
     """One book per file; hard-wrapped or one-sentence-per-line paragraphs both work."""
-    for path in list_text_files(folder, "--books"):
+    for path in list_text_files(folder, "--books", BOOK_SUFFIXES):
         try:
-            raw = _read_text(path)
+            raw = read_text(path)
         except SourceError as err:
             _skip_or_raise(SourceError(f"--books {err}"), skip_bad_files)
             continue
@@ -205,7 +157,7 @@ def read_sentence_lines(path: Path) -> Iterator[RawDocument]:
     lines: list[str] = []
     count = 0
     try:
-        with _open_binary(path) as handle:
+        with open_binary(path) as handle:
             for number, raw in enumerate(handle, start=1):
                 try:
                     line = raw.decode("utf-8").strip()
@@ -221,6 +173,53 @@ def read_sentence_lines(path: Path) -> Iterator[RawDocument]:
         raise SourceError(f"--text {path}: corrupt or unreadable ({err})") from err
     if lines:
         yield RawDocument(source, f"{path.name}#{count + 1}", "\n".join(lines), LINES)
+
+
+# ---------------------------------------------------------------- JSON lines
+
+JSONL_SUFFIXES = (".jsonl",)
+
+
+def read_jsonl(folder: Path, skip_bad_files: bool = False) -> Iterator[RawDocument]:
+    """Every *.jsonl file under `folder` (sorted paths), one document per line: an object whose string
+    `text` field holds the document, one paragraph per line (as `--hf-dataset` rows, so the same rows
+    give the same shards either way); its `title` or `id` names it. Streamed, without `datasets`.
+
+    A bad line (not UTF-8, not JSON, no string `text`) stops the build naming the file and line; under
+    --skip-bad-files it is skipped, and each file's skipped lines are counted in one warning.
+    """
+    for path in list_text_files(folder, "--jsonl", JSONL_SUFFIXES):
+        source = f"jsonl:{path.relative_to(folder)}"
+        bad: list[str] = []
+        try:
+            with open_binary(path) as handle:
+                for number, raw in enumerate(handle, start=1):
+                    if not raw.strip():
+                        continue
+                    try:
+                        yield _jsonl_document(raw, source, f"{path.name}#{number}")
+                    except SourceError as err:
+                        if not skip_bad_files:
+                            raise SourceError(f"--jsonl {path}: line {number}: {err}") from err
+                        bad.append(f"line {number}: {err}")
+        except (OSError, EOFError) as err:
+            _skip_or_raise(SourceError(f"--jsonl {path}: corrupt or unreadable ({err})"), skip_bad_files)
+        if bad:
+            _skip_or_raise(SourceError(f"--jsonl {path}: {len(bad)} bad line(s) left out (first: {bad[0]})"), True)
+
+
+def _jsonl_document(raw: bytes, source: str, fallback_title: str) -> RawDocument:
+    try:
+        row = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise SourceError(f"not UTF-8 (byte offset {err.start})") from err
+    except json.JSONDecodeError as err:
+        raise SourceError(f"not JSON ({err.msg}, column {err.colno})") from err
+    text = row.get("text") if isinstance(row, dict) else None
+    if not isinstance(text, str):
+        raise SourceError('not an object with a string "text" field')
+    title = row.get("title") or row.get("id") or fallback_title
+    return RawDocument(source, str(title), text.replace("\r\n", "\n"), PARAGRAPH_LINES)
 
 
 # ---------------------------------------------------------------- Hugging Face datasets
@@ -259,3 +258,106 @@ def read_hf_dataset(spec: str, text_field: str = "text", rows_per_doc: int = 1) 
             buffer = []
     if buffer:
         yield RawDocument(source, first_title, "\n".join(buffer), layout)
+
+
+# ---------------------------------------------------------------- the table of sources
+
+FILE, FOLDER, NAME = "file", "folder", "name"  # what a source's value is: its check, and whether it is a path
+
+
+@dataclass(frozen=True)
+class Option:
+    """A setting one source needs besides its values (which column holds the text): a flag of the
+    inputs group and a part of the config's identity, checked before any work starts."""
+
+    flag: str
+    field: str  # config field and identity key
+    default: Any
+    help: str
+    type: Callable[[str], Any] = str
+    valid: Callable[[Any], bool] | None = None  # False: `FLAG VALUE: out of range`
+
+    @property
+    def dest(self) -> str:
+        """The argparse attribute of `flag`."""
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+@dataclass(frozen=True)
+class ReadContext:
+    """What a reader may use besides one value: the --skip-bad-files choice and its row's options."""
+
+    skip_bad_files: bool
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Source:
+    """One kind of input. Its row decides the flag, the config field (which is the identity key: do not
+    rename it, or folders built with it stop resuming), the check run before work and the reader."""
+
+    flag: str  # repeatable flag of `build`
+    field: str
+    metavar: str
+    help: str
+    kind: str  # FILE, FOLDER (files ending in `suffixes`, sorted) or NAME (not a path: not checked)
+    read: Callable[[str, ReadContext], Iterator[RawDocument]]  # one value -> its documents, in order
+    suffixes: tuple[str, ...] | None = None  # FOLDER: the file names read; None: every file
+    options: tuple[Option, ...] = ()
+    skips_bad_files: bool = False  # honours --skip-bad-files
+
+    @property
+    def dest(self) -> str:
+        """The argparse attribute of `flag`."""
+        return self.flag.lstrip("-").replace("-", "_")
+
+    def recorded(self, values: tuple[str, ...]) -> tuple[str, ...]:
+        """The values as the identity records them: paths absolute, so a resume from another folder matches."""
+        return values if self.kind == NAME else tuple(str(Path(v).resolve()) for v in values)
+
+    def check(self, value: str, skip_bad_files: bool) -> None:
+        """Exists, readable, UTF-8 (the first MiB of each file): before hours of work, one line naming the file."""
+        if self.kind == FILE:
+            check_readable_file(Path(value), self.flag)
+        elif self.kind == FOLDER:
+            for path in list_text_files(Path(value), self.flag, self.suffixes):
+                try:
+                    check_readable_file(path, self.flag)
+                except SourceError:
+                    if not (skip_bad_files and self.skips_bad_files):
+                        raise
+                    # reported (and skipped) when the file is read
+
+
+# Read in this order: a build's documents (and so its chunks and bytes) follow it. Append new rows
+# where you like, but never reorder or rename the first five: their folders would no longer match.
+SOURCES: tuple[Source, ...] = (
+    Source("--wiki-dump", "wiki_dumps", "PATH",
+           "Wikipedia pages-articles XML dump, .xml or .xml.bz2 (multistream too); repeatable",
+           FILE, lambda value, _context: read_wiki_dump(Path(value))),
+    Source("--wikiextractor", "wikiextractor", "DIR",
+           "folder of WikiExtractor output (<doc id= url= title=> files); repeatable",
+           FOLDER, lambda value, context: read_wikiextractor(Path(value), context.skip_bad_files),
+           skips_bad_files=True),
+    Source("--books", "books", "DIR",
+           "folder of plain-text books, one per file (Gutenberg header/footer stripped); repeatable",
+           FOLDER, lambda value, context: read_books(Path(value), context.skip_bad_files),
+           suffixes=BOOK_SUFFIXES, skips_bad_files=True),
+    Source("--text", "texts", "FILE", "one sentence per line, blank line between documents; repeatable",
+           FILE, lambda value, _context: read_sentence_lines(Path(value))),
+    Source("--jsonl", "jsonl", "DIR",
+           'folder of JSON-lines files (*.jsonl, sorted): one {"text": ...} document per line, a paragraph '
+           "per line of text; repeatable",
+           FOLDER, lambda value, context: read_jsonl(Path(value), context.skip_bad_files),
+           suffixes=JSONL_SUFFIXES, skips_bad_files=True),
+    Source("--hf-dataset", "hf_datasets", "NAME[:CONFIG]",
+           "Hugging Face dataset by name (streamed, split 'train') or a save_to_disk folder; repeatable",
+           NAME, lambda value, context: read_hf_dataset(
+               value, context.options["hf_text_field"], context.options["hf_rows_per_doc"]),
+           options=(
+               Option("--hf-text-field", "hf_text_field", "text", "column holding the text in --hf-dataset"),
+               Option("--hf-rows-per-doc", "hf_rows_per_doc", 1,
+                      "consecutive rows forming one document (bookcorpus has one sentence per row)",
+                      type=int, valid=lambda rows: rows >= 1),
+           )),
+)
