@@ -13,7 +13,7 @@ every moment, named after what it is doing, so the agent also knows where a rank
     phaseN step S     `begin()`: from the start of one optimizer step to the start of the next (the step, its
                       validation, metrics and checkpoint; at a phase end its export and the wait for it)
     teardown          `teardown()`: from the run's end (the last step, a stop, a failure) to the process's exit,
-                      under the start-up limit; never released
+                      under the smaller of the two limits; never released
 
 Start-up, the stages and the first step after them (compilation, DeepSpeed's first allocations) run under
 `run.startup_timeout_minutes` (STARTUP_TIMEOUT_ENV); every later step under `run.hang_timeout_minutes`
@@ -119,11 +119,12 @@ class StepWatch:
 
     def teardown(self) -> None:
         """The run is over (done, stopped, or failed): from here to the process's exit, closing the metrics and
-        tearing down the process group, the start-up limit times it, and the timer is never released (the agent's
+        tearing down the process group, the smaller of the two limits times it (the work of a step's size: the
+        hang limit by default; never more than the start-up limit), and the timer is never released (the agent's
         server forgets it once the process is gone). A rank that hangs on its way out (a collective's destructor, a
-        file system that does not answer) is named "at teardown" and killed, not left holding the job. Rehearsal:
-        a hold file that says TEARDOWN holds the rank here with its timer running, as such a hang would."""
-        self._take(TEARDOWN, self.startup_s)
+        file system that does not answer) is named "during teardown" and killed, not left holding the job.
+        Rehearsal: a hold file that says TEARDOWN holds the rank here with its timer running, as such a hang would."""
+        self._take(TEARDOWN, min(self.timeout_s, self.startup_s))
         while self.hold_file and self._says(TEARDOWN):
             time.sleep(0.1)
 

@@ -99,8 +99,9 @@ class HangWatch(FileTimerServer):
         for request in requests:
             previous = self.last_step.get(request.worker_pid)
             if request.expiration_time >= 0 and request.scope_id == TEARDOWN:
-                # on its way out: where it was (the step a failure names) stays what it did last
-                self.startup[request.worker_pid] = True
+                # on its way out, under the smaller limit (step_watch.teardown); where it was (the step a failure
+                # names) stays what it did last
+                self.startup[request.worker_pid] = self.limits.startup_s < self.limits.hang_s
                 self.tearing_down.add(request.worker_pid)
             elif request.expiration_time >= 0 and request.scope_id != previous:
                 self.startup[request.worker_pid] = startup_limited(request.scope_id, previous)

@@ -6,6 +6,8 @@ tests/launch/test_faults.py."""
 
 from __future__ import annotations
 
+import errno
+import os
 import subprocess
 import sys
 import threading
@@ -44,11 +46,26 @@ class Recording(FileTimerServer):
         return True
 
 
+def wait_until_read(path: str) -> None:
+    """Until the server's thread has opened its end of the pipe: a request written before that waits in torch's
+    client's retry, and a timer of 0.6 s is then already spent when the server reads it."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+            return
+        except OSError as err:
+            if err.errno != errno.ENXIO or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 class Served:
     def __init__(self, folder: Path) -> None:
         path = str(folder / f"timers-{uuid.uuid4().hex}")
         self.server = Recording(path)
         self.server.start()
+        wait_until_read(path)
         self.client = FileTimerClient(path)
 
     def held(self) -> dict[str, float]:
