@@ -48,7 +48,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from bench.train_step import synthetic_shards  # noqa: E402
-from pretrain.launch.processes import process_state  # noqa: E402
+from pretrain.launch.processes import running  # noqa: E402
 from pretrain.metrics.clock import ProcessSpan, read_clock_file  # noqa: E402
 from pretrain.metrics.goodput import Accounting, account, read_faults, steady_step_seconds  # noqa: E402
 from pretrain.run_folder import CLOCK_FILE, shards_verified_path  # noqa: E402
@@ -102,7 +102,7 @@ def descends_from(pid: int, ancestor: int) -> bool:
 
 
 def alive(pid: int) -> bool:
-    return process_state(pid) not in ("", "Z")  # gone, or dead and not yet reaped
+    return running(pid)  # gone, or dead and not yet reaped: not running
 
 
 def add_ballast(shards: Path, gigabytes: float, seed: int = 1) -> None:

@@ -102,6 +102,7 @@ from pretrain.launch.processes import (
     ended_badly,
     kill,
     process_state,
+    running,
     send_when_caught,
     wait_until_gone,
 )
@@ -264,7 +265,7 @@ class HealingAgent(LocalElasticAgent):
         if self.stop_signal is not None or not any(ended_badly(pid) for pid in pids.values()):
             return
         survivors = {rank: pid for rank, pid in pids.items()  # not those the timers are ending (hang_watch.hung)
-                     if pid not in self.ended_by_agent | set(self.watch.hung) and process_state(pid) not in ("", "Z")}
+                     if pid not in self.ended_by_agent | set(self.watch.hung) and running(pid)}
         if not survivors:
             return
         self.ended_by_agent.update(survivors.values())

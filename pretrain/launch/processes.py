@@ -12,24 +12,31 @@ import time
 from pathlib import Path
 
 
-def process_state(pid: int, proc: Path = Path("/proc")) -> str:
-    """The state letter of /proc/PID/stat ("" when unreadable)."""
+def _stat_fields(pid: int, proc: Path) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (field 3, the state, first); None when unreadable."""
     try:
         stat = (proc / str(pid) / "stat").read_text()
     except OSError:
-        return ""
-    return stat.rpartition(")")[2].split()[0] if ")" in stat else ""
+        return None
+    return stat.rpartition(")")[2].split() if ")" in stat else None
+
+
+def process_state(pid: int, proc: Path = Path("/proc")) -> str:
+    """The state letter of /proc/PID/stat ("" when unreadable)."""
+    fields = _stat_fields(pid, proc)
+    return fields[0] if fields else ""
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` still runs: not gone, and not a zombie (dead, waiting to be reaped: it holds nothing)."""
+    return process_state(pid) not in ("", "Z")
 
 
 def process_start(pid: int, proc: Path = Path("/proc")) -> int | None:
     """When process `pid` started (clock ticks since boot, field 22 of /proc/PID/stat); None when it is gone or a
     zombie. A pid with another start time is another process: pids are reused."""
-    try:
-        stat = (proc / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rpartition(")")[2].split()
-    return int(fields[19]) if len(fields) > 19 and fields[0] != "Z" else None
+    fields = _stat_fields(pid, proc)
+    return int(fields[19]) if fields and len(fields) > 19 and fields[0] != "Z" else None
 
 
 def wait_until_gone(pids: list[int], limit_s: float) -> list[int]:
@@ -39,7 +46,7 @@ def wait_until_gone(pids: list[int], limit_s: float) -> list[int]:
     deadline = time.monotonic() + limit_s
     left = list(pids)
     while left and time.monotonic() < deadline:
-        left = [pid for pid in left if process_state(pid) not in ("", "Z")]
+        left = [pid for pid in left if running(pid)]
         if left:
             time.sleep(0.05)
     return left
@@ -59,18 +66,15 @@ def catches(pid: int, signum: int) -> bool:
 def ended_badly(pid: int, proc: Path = Path("/proc")) -> bool:
     """Whether `pid` has ended with a non-zero status or by a signal and waits to be reaped (a zombie: /proc/PID/stat's
     last field holds its waitpid status until then). Read without reaping it, so torch still collects it as usual."""
-    try:
-        fields = (proc / str(pid) / "stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return False
-    return len(fields) > 49 and fields[0] == "Z" and int(fields[49]) != 0
+    fields = _stat_fields(pid, proc)
+    return fields is not None and len(fields) > 49 and fields[0] == "Z" and int(fields[49]) != 0
 
 
 def send_when_caught(pid: int, signum: int) -> None:
     """`signum` to rank `pid` once it has its handler (installed first thing by the driver, before its imports), so
     that a stop that comes while a rank starts is a stop too: that rank checkpoints at its first step, as a rank
     signalled during start-up does. Nothing when it ends first."""
-    while process_state(pid) not in ("", "Z"):
+    while running(pid):
         if catches(pid, signum):
             kill(pid, signum)
             return

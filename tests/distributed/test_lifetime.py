@@ -15,7 +15,7 @@ import pytest
 
 from pretrain.distributed import extension_builds
 from pretrain.distributed.lifetime import RunFolderBusyError, hold_run_folder, release_run_folder
-from pretrain.launch.processes import process_state
+from pretrain.launch.processes import running
 from tests.support.launching import child_env
 from tests.support.paths import REPO_ROOT
 
@@ -23,7 +23,7 @@ BOUND_S = 60  # only limits a failing wait
 
 
 def alive(pid: int) -> bool:
-    return process_state(pid) not in ("", "Z")  # gone, or dead and not yet reaped
+    return running(pid)  # gone, or dead and not yet reaped: not running
 
 
 def wait_gone(pids: list[int]) -> list[int]:

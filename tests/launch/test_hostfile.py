@@ -31,7 +31,7 @@ import pytest
 
 from pretrain.distributed.cluster import ClusterError
 from pretrain.launch.nodes import NodeJob, check_before_start
-from pretrain.launch.processes import process_state
+from pretrain.launch.processes import running
 from pretrain.launch.rendezvous import listen
 from pretrain.launch.transports import Pdsh
 from tests.launch.conftest import ElasticReference
@@ -232,7 +232,7 @@ def kill_node(marker: str, node: str, ranks: bool = True) -> tuple[list[int], li
 
 
 def alive(pid: int) -> bool:
-    return process_state(pid) not in ("", "Z")  # gone, or dead and not yet reaped
+    return running(pid)  # gone, or dead and not yet reaped: not running
 
 
 @dataclass
