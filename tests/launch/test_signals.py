@@ -259,7 +259,10 @@ def test_batch_script_requeues_only_after_a_usr1_stop(run_config: Path, tmp_path
     (fake_bin / "scontrol").write_text(f'#!/usr/bin/env bash\necho "$*" >> {calls}\n')
     (fake_bin / "scontrol").chmod(0o755)
     hold = Hold(tmp_path / "hold")
-    env = job_env(SLURM_JOB_ID="4242", PATH=f"{fake_bin}:{os.environ['PATH']}", **hold.env)
+    # SLURM_SUBMIT_DIR: where the script leaves its requeue note (the job's submit folder), never the checkout.
+    env = job_env(SLURM_JOB_ID="4242", SLURM_SUBMIT_DIR=str(tmp_path), PATH=f"{fake_bin}:{os.environ['PATH']}",
+                  **hold.env)
+    note = tmp_path / "bert-pretrain-4242.requeue"
     run_dir = tmp_path / "run"
     log = tmp_path / "sbatch.log"
     # One plain CPU process, so that no srun is needed; the script's own logic runs unchanged.
@@ -275,6 +278,7 @@ def test_batch_script_requeues_only_after_a_usr1_stop(run_config: Path, tmp_path
     assert status == 0, log.read_text()[-4000:]
     assert "done: SIGUSR1" in log.read_text()
     assert requeues() == ["requeue 4242"]
+    assert "time-limit stop (SIGUSR1)" in note.read_text()
     first = latest_state(run_dir)
     assert not first["complete"]
 
@@ -285,11 +289,13 @@ def test_batch_script_requeues_only_after_a_usr1_stop(run_config: Path, tmp_path
     assert requeues() == ["requeue 4242"]
     assert first["step"] < latest_state(run_dir)["step"] < STEPS
 
-    # The requeued job resumes and completes: no requeue.
-    done = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    # The requeued job (SLURM counts the restart) says why it runs again, resumes and completes: no requeue.
+    done = subprocess.run(cmd, cwd=REPO_ROOT, env={**env, "SLURM_RESTART_COUNT": "1"}, capture_output=True,
+                          text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "done: complete" in done.stdout and latest_state(run_dir)["complete"]
-    assert requeues() == ["requeue 4242"]
+    assert "runs again (requeue 1: this script requeued it after a time-limit stop" in done.stdout
+    assert requeues() == ["requeue 4242"] and not note.exists()
 
     # A configuration error keeps its status (2) and is not requeued.
     bad = subprocess.run([*cmd, "--phase1.steps=0"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
