@@ -361,7 +361,7 @@ cmd_export() {
     (($# == 2)) || die "usage: ./launch.sh export CHECKPOINT OUT"
     require_path -e "$1" "export: checkpoint '$1' does not exist"
     export_repo_path
-    run "$PYTHON" -m pretrain.checkpointing.export "$1" "$2"
+    run "$PYTHON" -m pretrain.export "$1" "$2"
 }
 
 cmd_tensorboard() {

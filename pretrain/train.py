@@ -59,7 +59,7 @@ from pretrain.checkpointing.checkpoint import (
 )
 from pretrain.checkpointing.commit import ExportError, agree_on_failures, first_line, out_of_space
 from pretrain.checkpointing.elastic import prepare_resume
-from pretrain.checkpointing.export import export_checkpoint, load_weights
+from pretrain.checkpointing.export import load_weights
 from pretrain.checkpointing.export_tokenizer import TokenizerExportError
 from pretrain.checkpointing.manifest import resolve_resume_tag
 from pretrain.checkpointing.weights_source import VocabIdentity, check_checkpoint_vocab, initial_weights
@@ -74,6 +74,7 @@ from pretrain.distributed.step_watch import StepWatch
 from pretrain.distributed.stop_request import StopRequest
 from pretrain.engine import build_engine, rebind_optimizer
 from pretrain.errors import NONFINITE_EXIT, SAVE_FAILED_EXIT, USER_ERROR_EXIT, ConfigError, UserError
+from pretrain.export import export_checkpoint
 from pretrain.metrics.throughput import Throughput
 from pretrain.metrics.writer import MetricsWriter
 from pretrain.model.bert import build_model

@@ -1,38 +1,25 @@
-"""Checkpoint -> Hugging Face model folder, verified.
+"""A model's weights -> a Hugging Face model folder, verified.
 
-    python -m pretrain.checkpointing.export CHECKPOINT OUT [--tag TAG]
+The fp32 weights (consolidated from a checkpoint's ZeRO partitions by the caller: pretrain/export.py, the driver's
+phase-end export and `python -m pretrain.export`) are loaded into a plain `BertForPreTraining` (a run that trained
+MLM + NSP) or `BertForMaskedLM` (MLM alone: no NSP head is shipped untrained), and written with `save_pretrained`
+(safetensors) plus the tokenizer the shards were built with (export_tokenizer.py: data prep's own `tokenizers`
+object, reloaded with `AutoTokenizer` and checked on the shards' probe sentences). The folder is then re-loaded
+with `AutoModelForPreTraining` / `AutoModelForMaskedLM` (offline, the way a user will) and its MLM logits compared
+with the training model's on one batch; a mismatch is an error, not a warning. The folder appears under its final
+name only once complete.
 
-CHECKPOINT is a checkpoint folder (its `latest` is used) or one tag folder. The fp32 weights are
-consolidated from the ZeRO partitions of every rank (stages 0-3), loaded into a plain
-`BertForPreTraining` (a run that trained MLM + NSP) or `BertForMaskedLM` (MLM alone: no NSP head is
-shipped untrained), and written with `save_pretrained` (safetensors) plus the tokenizer the shards were built
-with (export_tokenizer.py: data prep's own `tokenizers` object, reloaded with `AutoTokenizer` and checked on the
-shards' probe sentences). The folder is then re-loaded with `AutoModelForPreTraining` / `AutoModelForMaskedLM`
-(offline, the way a user will) and its MLM logits compared with the training model's on one batch; a
-mismatch is an error, not a warning. The folder appears under its final name only once complete.
+Every export carries its model card, but the card is not this floor's: its facts are read from the run folder and
+rendered by pretrain/report/model_card.py, above checkpointing/. So the caller hands `export_state_dict` the card
+as a callable (`CardWriter`) and this module imports nothing of the report.
 """
 
-# ruff: noqa: E402
 from __future__ import annotations
-
-import argparse
-import sys
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pretrain.checkpointing.export", description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", help="checkpoint folder (uses its 'latest') or one tag folder")
-    parser.add_argument("out", help="output folder for the Hugging Face model")
-    parser.add_argument("--tag", default=None, help="checkpoint tag to export instead of 'latest'")
-    return parser
-
-
-if __name__ == "__main__" and {"-h", "--help"} & set(sys.argv[1:]):
-    _parser().parse_args()  # prints the usage and exits before torch and transformers are imported
 
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,14 +34,12 @@ from transformers import (
 )
 
 from data_prep.atomic_io import atomic_write_json
-from pretrain.checkpointing.checkpoint import consolidated_state_dict, read_run_config, split_checkpoint_path
 from pretrain.checkpointing.export_tokenizer import (
     TokenizerExportError,
     check_saved_tokenizer,
     save_tokenizer,
 )
 from pretrain.model.bert import SparseBertForPreTraining, trains_nsp
-from pretrain.report.model_card import card_facts, write_model_card
 from pretrain.run_folder import EXPORT_INFO
 
 # Keys that may legitimately be absent from a consolidated checkpoint: non-persistent buffers.
@@ -62,6 +47,11 @@ _OPTIONAL_KEYS = ("bert.embeddings.position_ids", "bert.embeddings.token_type_id
 
 
 NSP_PREFIXES = ("bert.pooler.", "cls.seq_relationship.")  # what only a model that trains NSP has
+
+CardWriter = Callable[[Path, dict[str, Any], str], object]
+"""Writes the model card into the staged folder: (folder, what the export knows: `source`, `run_config` (the resolved
+block alone) and `tokenizer` (the facts check_saved_tokenizer proved), the folder's final name for the card's
+loading lines). pretrain/report/model_card.py's ExportCard is the one every caller hands in."""
 
 
 def load_weights(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], source: str) -> None:
@@ -115,11 +105,11 @@ def max_logit_difference(exported: Path, reference: SparseBertForPreTraining) ->
 
 
 def export_state_dict(
-    state_dict: dict[str, torch.Tensor], resolved: dict[str, Any], out: Path, source: str, tolerance: float = 1e-4,
-    card: dict[str, Any] | None = None,
+    state_dict: dict[str, torch.Tensor], resolved: dict[str, Any], out: Path, source: str, write_card: CardWriter,
+    tolerance: float = 1e-4,
 ) -> dict[str, Any]:
-    """Write `state_dict` as a verified HF folder at `out`; `resolved` is the run config's resolved block.
-    `card`: the model card's facts (pretrain/report/model_card.py); without them the card has the resolved block only."""
+    """Write `state_dict` as a verified HF folder at `out`; `resolved` is the run config's resolved block. `write_card`
+    writes the model card into the folder before it appears under its name (required: no export ships without one)."""
     config = BertConfig.from_dict(resolved["model_config"])
     reference = SparseBertForPreTraining(config)
     load_weights(reference, state_dict, source)
@@ -143,8 +133,8 @@ def export_state_dict(
         info = {"source": source, "max_abs_logit_difference": difference, "vocab_sha256": resolved.get("vocab_sha256"),
                 "tokenizer": tokenizer_facts}
         atomic_write_json(staging / EXPORT_INFO, info)
-        facts = {**(card or {"source": source, "run_config": {"resolved": resolved}}), "tokenizer": tokenizer_facts}
-        write_model_card(staging, facts, str(out))
+        write_card(staging, {"source": source, "run_config": {"resolved": resolved}, "tokenizer": tokenizer_facts},
+                   str(out))
         if out.exists():
             shutil.rmtree(out)
         os.replace(staging, out)
@@ -152,27 +142,3 @@ def export_state_dict(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return info
-
-
-def export_checkpoint(checkpoint: str | Path, out: str | Path, tag: str | None = None) -> dict[str, Any]:
-    root, found_tag = split_checkpoint_path(checkpoint)
-    tag = tag or found_tag
-    run_config = read_run_config(root, tag)
-    state_dict = consolidated_state_dict(root, tag)
-    return export_state_dict(state_dict, run_config["resolved"], Path(out), source=str(root / tag),
-                             card=card_facts(root, tag, run_config))
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        info = export_checkpoint(args.checkpoint, args.out, args.tag)
-    except (FileNotFoundError, ValueError, RuntimeError, TokenizerExportError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(f"exported {info['source']} -> {args.out} (max |logit diff| {info['max_abs_logit_difference']:.2e})")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

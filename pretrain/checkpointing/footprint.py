@@ -18,7 +18,9 @@ An export is the fp32 weights as safetensors (the tied decoder stored once) plus
 What a run needs on a file system, at its fullest: `checkpoint.keep_last` step checkpoints, the one
 being written (older ones are pruned only once it is whole), every earlier phase's end checkpoint
 (never pruned), and every phase's export. What the run folder already holds (a resume) counts as
-already paid for.
+already paid for. That sum reads the run config (its phases, keep_last, the folders), so it sits on the plan's
+floor (pretrain/plan/footprint_plan.py); this module sizes on plain values, which the save's space check
+(commit.py) uses too.
 """
 
 from __future__ import annotations
@@ -29,11 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pretrain.config.deepspeed import precision_of
-from pretrain.config.sections import RunConfig
 from pretrain.errors import ConfigError
-from pretrain.model.presets import PRESETS, bert_parameter_count, unknown_preset
-from pretrain.run_folder import EXPORT
+from pretrain.model.presets import PRESETS, unknown_preset
 
 KIB = 1024
 MODULE_OVERHEAD = 16 * KIB  # torch.save's structure, buffers, DeepSpeed's bookkeeping in the model states
@@ -164,53 +163,9 @@ def check_free_space(destinations: list[Destination]) -> None:
                 "free space, point the folder elsewhere or lower checkpoint.keep_last")
 
 
-@dataclass(frozen=True)
-class JobSizing:
-    """What sizes a run's files, as the launch-time check knows it before any rank starts."""
-
-    model_fields: dict[str, int]  # the BertConfig fields of model.preset + model.overrides, vocab from the shards
-    vocab_file_bytes: int
-    ds_configs: dict[str, dict[str, Any]]  # each phase's resolved DeepSpeed dict (precision, ZeRO stage)
-    dp_size: int  # ranks of one model
-    models: int  # models of the job (world size / dp_size: codistillation groups)
-
-
 def parameter_tensors(fields: dict[str, int]) -> int:
     """Parameter tensors of BertForPreTraining: embeddings 5, 16 per layer, pooler 2, MLM head 5, NSP 2."""
     return 14 + 16 * fields["num_hidden_layers"]
-
-
-def run_footprint(config: RunConfig, sizing: JobSizing) -> RunFootprint:
-    """The run's checkpoints and exports at their fullest (module docstring), the largest phase's checkpoint."""
-    parameters = bert_parameter_count(sizing.model_fields)
-    sizes = []
-    for name in config.run.phases:
-        ds = sizing.ds_configs[name]
-        precision = precision_of(ds)
-        stage = int(ds.get("zero_optimization", {}).get("stage", 0))
-        sizes.append(checkpoint_bytes(CheckpointShape(parameters, parameter_tensors(sizing.model_fields), precision,
-                                                      stage, sizing.dp_size, sizing.models)))
-    phases = len(config.run.phases)
-    exports = phases if config.checkpoint.export_at_phase_end else 0
-    return RunFootprint(max(sizes), export_bytes(parameters, sizing.vocab_file_bytes, sizing.models),
-                        config.checkpoint.keep_last + 1 + (phases - 1), exports)
-
-
-def run_destinations(config: RunConfig, footprint: RunFootprint) -> list[Destination]:
-    """Where the footprint lands: the checkpoints in checkpoint.dir (default <run.dir>/checkpoints), the exports
-    in <run.dir>/export (pretrain/run_folder.py); check_free_space adds them up when they share a file system."""
-    run_dir = Path(config.run.dir)
-    key, named = ("checkpoint.dir", config.checkpoint_dir) if config.checkpoint.dir else ("run.dir", run_dir)
-    checkpoints = Destination(key, named, config.checkpoint_dir,
-                              footprint.checkpoint_total, f"{footprint.checkpoints_at_peak} checkpoints x "
-                              f"{human(footprint.checkpoint)}: checkpoint.keep_last {config.checkpoint.keep_last} "
-                              f"+ 1 being written{' + earlier phase ends' * (len(config.run.phases) > 1)}")
-    found = [checkpoints]
-    if footprint.exports:
-        found.append(Destination("run.dir", run_dir, run_dir / EXPORT, footprint.export_total,
-                                 f"{footprint.exports} export{'s' * (footprint.exports > 1)} x "
-                                 f"{human(footprint.export)}"))
-    return found
 
 
 def model_fields(preset: str, overrides: dict[str, Any], vocab_size: int, max_positions: int) -> dict[str, int]:

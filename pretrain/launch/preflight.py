@@ -20,7 +20,7 @@ exit status 2 before any rank or node is touched:
 - the run folder and the checkpoint folder can be created and written, and their file systems hold the
   run's checkpoints and exports at their fullest (`checkpoint.keep_last` + 1 checkpoints, earlier phases'
   ends, the exports), estimated from the model, precision, ZeRO stage and ranks
-  (pretrain/checkpointing/footprint.py; the line and `--dry-run` print the estimate).
+  (pretrain/plan/footprint_plan.py; the line and `--dry-run` print the estimate).
 
 Light on purpose: the standard library, numpy and pyarrow (the manifest reader); never torch or
 DeepSpeed (tests/launch/test_preflight.py checks `sys.modules` in a fresh interpreter). The ranks run
@@ -43,23 +43,18 @@ from pathlib import Path
 from typing import Any
 
 from pretrain.checkpointing.cadence import advised_interval
-from pretrain.checkpointing.footprint import (
-    JobSizing,
-    RunFootprint,
-    check_free_space,
-    model_fields,
-    run_destinations,
-    run_footprint,
-)
+from pretrain.checkpointing.footprint import RunFootprint, check_free_space, model_fields
 from pretrain.config.attention import setup_problem
 from pretrain.config.cli import parse_args
 from pretrain.config.deepspeed import phase_ds_config, phase_ds_json
 from pretrain.config.load import load_config
 from pretrain.config.plugins import plugin_spec
 from pretrain.config.sections import RunConfig
-from pretrain.data.shard_checks import PhaseShards, check_run_shards, model_overrides
+from pretrain.data.shard_checks import PhaseShards
 from pretrain.errors import ConfigError, exit_on_error
 from pretrain.launch.nodes import node_range
+from pretrain.plan.footprint_plan import JobSizing, run_destinations, run_footprint
+from pretrain.plan.shard_plan import check_run_shards, model_overrides
 
 
 @dataclass(frozen=True)

@@ -36,10 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from pretrain.checkpointing.cadence import advised_interval
-from pretrain.checkpointing.footprint import JobSizing, model_fields, run_footprint
+from pretrain.checkpointing.footprint import model_fields
 from pretrain.config.deepspeed import phase_ds_config
 from pretrain.config.load import PHASE_NAMES, RunConfig, load_config
 from pretrain.errors import ConfigError, exit_on_error
+from pretrain.plan.footprint_plan import JobSizing, run_footprint
 
 # What the shipped micro batches are taken to be sized for (not yet measured on a GPU: bench/gpu_check/gpu_check.sh).
 REFERENCE_GPU_MEMORY_GB = 80.0

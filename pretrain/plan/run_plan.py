@@ -33,7 +33,6 @@ from pretrain.config.attention import PADDED_HINT, attention_plan
 from pretrain.config.deepspeed import phase_ds_config, precision_of
 from pretrain.config.sections import RunConfig
 from pretrain.data.batches import DataConfigError, PhaseData, StreamSettings, phase_data
-from pretrain.data.shard_checks import check_run_shards, model_overrides
 from pretrain.distributed.info import DistInfo, Launch
 from pretrain.distributed.lifetime import RunFolderBusyError, hold_run_folder
 from pretrain.engine import check_ds_config
@@ -48,6 +47,7 @@ from pretrain.model.presets import flop_parameter_counts
 from pretrain.plan.compiled_check import compiled_self_test
 from pretrain.plan.contained import SelfTest, contained
 from pretrain.plan.self_test import SelfTestResult, kernel_self_test
+from pretrain.plan.shard_plan import check_run_shards, model_overrides
 from pretrain.run_folder import shards_verified_path
 from pretrain.schedule import Schedule, build_schedule, schedule_line
 from pretrain.trainer import TrainerSettings
@@ -102,7 +102,7 @@ class RunPlan:
 def plan_run(config: RunConfig, dist_info: DistInfo, verify_checksums: bool, facts: DeviceFacts | None = None) -> RunPlan:
     """Every check that needs files, before any model or engine exists. Raises ConfigError/DataConfigError.
 
-    The launch-time check's shard checks (pretrain/data/shard_checks.py: the same messages as `./launch.sh`
+    The launch-time check's shard checks (shard_plan.py: the same messages as `./launch.sh`
     gives before any rank starts; each folder's manifest read once), then what only a rank does: hash the
     shards (with `verify_checksums`), build the model config, check each DeepSpeed dict as build_engine will.
     `config` is the job's (a plug-in's share applied: `job_config`); `facts`: the device's (None: read from it).

@@ -11,6 +11,9 @@ The facts are gathered once, at export (`card_facts`: the checkpoint's run confi
 run folder's metrics.jsonl and run_clock.json, the shards' manifest) and kept beside the card as
 model_card.json, so `./launch.sh report` can regenerate the card with fine-tune results later
 (`regenerate`) even when the run folder has moved or its step checkpoints were pruned.
+
+The export (pretrain/checkpointing/export.py) sits below this floor, so it does not import the card: its caller
+hands it an `ExportCard`, which it calls on the staged folder with the tokenizer facts it checked.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -245,6 +249,20 @@ def write_model_card(folder: Path, facts: dict[str, Any], folder_text: str,
     _write_text(folder / CARD_FACTS, json.dumps({**facts, "folder": folder_text}, indent=1) + "\n")
     _write_text(folder / CARD_FILE, render_card(facts, folder_text, finetune))
     return folder / CARD_FILE
+
+
+@dataclass(frozen=True)
+class ExportCard:
+    """The card an export writes (a CardWriter of pretrain/checkpointing/export.py): `facts` gathered by card_facts
+    from a checkpoint and its run folder, or None for weights with no run behind them (tests, a random-weights
+    baseline), whose card says what the export knows: the source and the resolved block."""
+
+    facts: dict[str, Any] | None = None
+
+    def __call__(self, folder: Path, known: dict[str, Any], folder_text: str) -> Path:
+        """`known`: the export's source, resolved block and the tokenizer facts it proved on the saved folder."""
+        facts = {**self.facts, "tokenizer": known["tokenizer"]} if self.facts is not None else known
+        return write_model_card(folder, facts, folder_text)
 
 
 def regenerate(folder: Path, finetune: Sequence[FinetuneResult]) -> bool:

@@ -11,6 +11,7 @@ import torch
 
 from pretrain.checkpointing.export import export_state_dict, load_weights
 from pretrain.model.bert import bert_config, build_model
+from pretrain.report.model_card import ExportCard
 from tests.support.pretrain_fixtures import write_vocab
 
 
@@ -32,7 +33,7 @@ def test_an_mlm_only_export_is_a_verified_masked_lm(tmp_path: Path) -> None:
     model = build_model(config)
     resolved = {"model_config": config.to_dict(), "vocab_file": str(tmp_path / "vocab.txt"), "objective": "mlm",
                 "segments": "doc-sentences", "mask_probability": {"phase1": 0.3}}
-    info = export_state_dict(model.state_dict(), resolved, tmp_path / "export", source="test")
+    info = export_state_dict(model.state_dict(), resolved, tmp_path / "export", source="test", write_card=ExportCard())
     assert info["max_abs_logit_difference"] <= 1e-4
     saved = json.loads((tmp_path / "export" / "config.json").read_text())
     assert saved["architectures"] == ["BertForMaskedLM"] and saved["next_sentence_prediction"] is False

@@ -22,6 +22,7 @@ from data_prep.tokenizer_files import Probe
 from pretrain.checkpointing.export import export_state_dict
 from pretrain.checkpointing.export_tokenizer import TokenizerExportError
 from pretrain.model.bert import bert_config, build_model
+from pretrain.report.model_card import ExportCard
 from tests.support.facts_corpus import write_facts_corpus
 
 WIKI_PARAGRAPH = (
@@ -52,7 +53,7 @@ def export(resolved: dict[str, Any], out: Path) -> dict[str, Any]:
 
     torch.manual_seed(0)
     model = build_model(BertConfig.from_dict(resolved["model_config"]))
-    return export_state_dict(model.state_dict(), resolved, out, source="test")
+    return export_state_dict(model.state_dict(), resolved, out, source="test", write_card=ExportCard())
 
 
 @pytest.fixture(scope="module")

@@ -126,7 +126,7 @@ def test_a_save_on_a_full_disk_keeps_the_last_checkpoint_and_a_later_one_succeed
         assert not export.exists() and [p.name for p in export.parent.iterdir()] == []
         filler.unlink()
         export_phase(TrainingPlugin(), "phase1", manager.root, export, rank=0, only_missing=True)
-        assert (export / "model.safetensors").is_file()
+        assert (export / "model.safetensors").is_file() and (export / "README.md").is_file()  # with its card
 
 
 def test_resume_ignores_tags_without_a_commit_marker(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

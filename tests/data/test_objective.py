@@ -13,9 +13,10 @@ import pytest
 from data_prep.shards import Manifest
 from pretrain.config.load import load_config
 from pretrain.data.batches import StreamSettings, phase_data
-from pretrain.data.shard_checks import check_phase_shards, check_run_shards, masking_rate
+from pretrain.data.shard_checks import check_phase_shards, masking_rate
 from pretrain.errors import ConfigError
 from pretrain.model.bert import IGNORE_INDEX
+from pretrain.plan.shard_plan import check_run_shards
 from tests.support.pretrain_fixtures import build_shards, tiny_run_config
 
 

@@ -123,7 +123,7 @@ def test_demo_dry_run_prints_every_step_through_launch_sh(tmp_path: Path) -> Non
     assert any("-m data_prep build --wiki-dump" in c and "--vocab-size 8192" in c for c in commands)
     assert any("-m pretrain.launch.agent --nproc-per-node 2" in c and "--run.dir=" in c for c in commands)
     assert any("DS_ACCELERATOR=cpu" in c for c in commands)
-    assert any("-m pretrain.checkpointing.export" in c and str(tmp_path / "out" / "run" / "checkpoints") in c for c in commands)
+    assert any("-m pretrain.export" in c and str(tmp_path / "out" / "run" / "checkpoints") in c for c in commands)
     finetunes = [c for c in commands if "-m pretrain.finetune.squad finetune" in c]
     assert len(finetunes) == 2 and sum("--random-init" in c for c in finetunes) == 1, finetunes
     random_out = str(tmp_path / "out" / demo_summary.RANDOM_SQUAD_DIR)

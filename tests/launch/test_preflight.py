@@ -146,7 +146,7 @@ def test_the_check_is_light_and_so_is_every_help(job: dict[str, Path]) -> None:
     assert proc.stdout.splitlines() == [proc.stdout.splitlines()[0], "[]"] and "checked" in proc.stdout
     for module, args in [("pretrain.train", []), ("pretrain.finetune.squad", []), ("pretrain.finetune.squad", ["finetune"]),
                          ("pretrain.finetune.squad", ["evaluate"]), ("pretrain.launch.scale", []), ("pretrain.config.rehearsal", []),
-                         ("pretrain.launch.preflight", []), ("pretrain.checkpointing.export", [])]:  # fmt: skip
+                         ("pretrain.launch.preflight", []), ("pretrain.export", [])]:  # fmt: skip
         command = [sys.executable, "-X", "importtime", "-m", module, *args, "--help"]
         proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, cwd=job["cwd"])
         assert proc.returncode == 0 and "usage:" in proc.stdout, (module, proc.stderr[-2000:])

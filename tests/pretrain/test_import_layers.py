@@ -4,7 +4,9 @@ An AST scan of every module of pretrain/ and data_prep/ (no import runs): each `
 (relative ones resolved), `import_module("...")`, inside functions and under `if TYPE_CHECKING:` too,
 becomes an arrow to the project module it names. A circle is reported with its modules. The floors this
 graph gives (a module's floor = 1 + the highest floor it imports) are what docs/architecture.md draws;
-the leaves named below must stay on the ground floor.
+the leaves named below must stay on the ground floor. The packages, each taken as one node, form no circle
+either (no import runs back up to a package that imports the importer), and below the plan no module takes a
+RunConfig.
 """
 
 from __future__ import annotations
@@ -93,6 +95,31 @@ def test_no_import_circle_among_the_projects_modules() -> None:
     assert not circles(graph), f"import circles (break them by moving the shared piece down a floor): {circles(graph)}"
 
 
+def package_name(module: str) -> str:
+    """A module's package: pretrain.data.batches -> pretrain.data; a module at pretrain/'s root is its own."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "pretrain" else parts[0]
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph with each package one node (the imports inside a package left out)."""
+    packages: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        here = package_name(module)
+        packages.setdefault(here, set()).update(p for t in targets if (p := package_name(t)) != here)
+    return packages
+
+
+def test_no_import_runs_back_up_to_a_package_that_imports_its_package() -> None:
+    """Modules form no circle, and packages neither: a package's floor sits above every package it imports. The
+    last import that ran back up was checkpointing/export.py's of report/'s model card (report/ reads metrics/,
+    which reads checkpointing/); the export now takes its card from its caller (pretrain/export.py)."""
+    packages = package_graph(import_graph())
+    assert not circles(packages), f"packages importing each other (move the shared piece down): {circles(packages)}"
+    assert "pretrain.report" not in packages["pretrain.checkpointing"] and "pretrain.plan" in packages["pretrain.launch"]
+    assert circles(package_graph({"a.x": {"b.y"}, "b.y": {"c"}, "c": {"a.z"}, "a.z": set()})) == [["a", "b", "c"]]
+
+
 def test_the_ground_floor_and_the_plugin_contract_import_nothing_above_them() -> None:
     graph = import_graph()
     for leaf in GROUND:
@@ -169,7 +196,8 @@ def test_the_scan_finds_a_deferred_circle() -> None:
 
 
 def documented_floors() -> dict[str, int]:
-    """docs/architecture.md's floor diagram: module (by its path under pretrain/ or its unique file name) -> floor."""
+    """docs/architecture.md's floor diagram: module (by its path under pretrain/, a root module's file name, or a
+    unique file name) -> floor."""
     import re
 
     text = (REPO_ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
@@ -185,7 +213,7 @@ def documented_floors() -> dict[str, int]:
         elif not line.startswith("       "):
             floor = None
         for rel in re.findall(r"([\w/]+\.py)", line) if floor is not None else []:
-            if "/" in rel:
+            if "/" in rel or (REPO_ROOT / "pretrain" / rel).is_file():  # a bare name at pretrain/'s root is that module
                 found[module_name(REPO_ROOT / "pretrain" / rel)] = floor
             elif len(by_file.get(rel, [])) == 1:
                 found[by_file[rel][0]] = floor
@@ -218,9 +246,53 @@ def phase_lookups(source: str, method: str = "phase") -> list[int]:
 
 
 # `.phases()` hands out every phase's section through RunConfig.phase: the same read, made where the scan for
-# `.phase(` does not look. These checks of every phase still walk the config outside the plan; their count may
-# fall, not rise, and a module not listed may not start.
-PHASES_WALKS_OUTSIDE_THE_PLAN = {"pretrain/data/shard_checks.py": 2, "pretrain/launch/preflight.py": 2}
+# `.phase(` does not look. Outside config/ and plan/ only the launcher's check walks them (the node range, the
+# line it prints), before any rank and plan exist; its count may fall, not rise, and a module not listed may not start.
+PHASES_WALKS_OUTSIDE_THE_PLAN = {"pretrain/launch/preflight.py": 2}
+
+# Who may take a RunConfig (a parameter or a class field annotated with it): config/ (it is the config), plan/ (it reads
+# it once, going down: each phase's plain settings, the run's shards and disk), the driver that hands it to the plan,
+# the launcher before any rank starts (preflight.py the run's check, scale.py the recipe tool, agent.py a failed
+# rank's folder under a plug-in's share of the job), and the plug-in contract and its plug-ins
+# (PluginSpec.build(config, world), JobShare.config_for: a plug-in reads its own section).
+CONFIG_READERS = ("pretrain/config/", "pretrain/plan/", "pretrain/train.py", "pretrain/launch/preflight.py",
+                  "pretrain/launch/scale.py", "pretrain/launch/agent.py", "pretrain/plugin.py", "pretrain/codistill/")
+
+
+def run_config_takers(source: str) -> list[int]:
+    """Lines of the function parameters and class fields whose annotation names RunConfig (in a union or a string
+    too): how a function or an object is handed the run config."""
+
+    def names_it(annotation: ast.expr | None) -> bool:
+        return annotation is not None and any(
+            (isinstance(n, ast.Name) and n.id == "RunConfig") or (isinstance(n, ast.Attribute) and n.attr == "RunConfig")
+            or (isinstance(n, ast.Constant) and isinstance(n.value, str) and "RunConfig" in n.value)
+            for n in ast.walk(annotation))
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            a = node.args
+            arguments = [*a.posonlyargs, *a.args, *a.kwonlyargs, *(x for x in (a.vararg, a.kwarg) if x is not None)]
+            found += [arg.lineno for arg in arguments if names_it(arg.annotation)]
+        elif isinstance(node, ast.ClassDef):
+            found += [s.lineno for s in node.body if isinstance(s, ast.AnnAssign) and names_it(s.annotation)]
+    return sorted(found)
+
+
+def test_no_module_below_the_plan_takes_a_run_config() -> None:
+    """data/, checkpointing/, model/, metrics/ and the trainer get plain values (a PhasePlan's, or the plan's sums):
+    what they read is named at the call, and each is tested without a config. shard_checks.py and footprint.py
+    once took one; their walks of the run's phases are plan/shard_plan.py and plan/footprint_plan.py."""
+    found = {rel: lines for path in (REPO_ROOT / "pretrain").rglob("*.py")
+             if not (rel := path.relative_to(REPO_ROOT).as_posix()).startswith(CONFIG_READERS)
+             if (lines := run_config_takers(path.read_text(encoding="utf-8")))}
+    assert not found, f"a RunConfig taken below the plan (hand it the plan's plain values instead): {found}"
+    for reader in ("shard_plan.py", "footprint_plan.py"):
+        assert run_config_takers((REPO_ROOT / "pretrain" / "plan" / reader).read_text(encoding="utf-8")), reader
+    assert run_config_takers("def f(a: int, config: RunConfig | None = None) -> None: ...\n") == [1]
+    assert run_config_takers("class A:\n    config: 'RunConfig'\n") == [2]
+    assert run_config_takers("def f(config: dict) -> RunConfig: ...\n") == []
 
 
 def test_the_config_is_read_going_down_once_into_the_plan() -> None:

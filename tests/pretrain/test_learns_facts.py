@@ -21,6 +21,7 @@ from data_prep.__main__ import main as data_prep_main
 from pretrain.checkpointing.export import export_state_dict
 from pretrain.model.bert import build_model
 from pretrain.report.fill_mask import masked_position, read_fill_mask
+from pretrain.report.model_card import ExportCard
 from tests.support.facts_corpus import CAPITALS, COUNTRY_SENTENCES, FACT, probes, write_facts_corpus
 from tests.support.launching import run_ranks
 from tests.support.paths import REPO_ROOT
@@ -68,7 +69,8 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         torch.manual_seed(0)
         untrained = build_model(BertConfig.from_dict(resolved["model_config"]))
         folders[f"random:{objective}"] = work / f"random_{segments}"
-        export_state_dict(untrained.state_dict(), resolved, folders[f"random:{objective}"], source="random init")
+        export_state_dict(untrained.state_dict(), resolved, folders[f"random:{objective}"], source="random init",
+                          write_card=ExportCard())
     return folders
 
 

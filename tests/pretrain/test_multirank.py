@@ -139,7 +139,7 @@ def test_export_round_trip_matches_engine_logits(runs: Path) -> None:
 def test_export_cli_reproduces_phase_end_export(runs: Path, tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
-    from pretrain.checkpointing.export import main as export_main
+    from pretrain.export import main as export_main
 
     tag_folder = runs / "r1" / "checkpoints" / "phase1-step0000006"
     assert export_main([str(tag_folder), str(tmp_path / "out")]) == 0
