@@ -40,6 +40,7 @@ from pretrain.checkpointing.layout import make_tag
 from pretrain.config.sections import PHASE_NAMES
 from pretrain.data.batches import RankBatches, ValidationBatches
 from pretrain.data.loader import model_inputs, stream_batches
+from pretrain.data.order import FEISTEL_ORDER, LEGACY_ORDER
 from pretrain.distributed.info import DistInfo
 from pretrain.distributed.step_watch import StepWatch
 from pretrain.distributed.stop_request import StopRequest
@@ -96,13 +97,14 @@ class PhaseState:
     # 2: the data stream does not depend on the world size and data_position counts samples. States without
     # the key were written when data_position counted this rank's micro-batches (resumable on that world only).
     data_order: int = 2
+    data_permutation: str = FEISTEL_ORDER  # pretrain/data/order.py; states without it resume on numpy's (legacy)
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PhaseState:
-        return cls(**{"data_order": 1, **data})
+        return cls(**{"data_order": 1, "data_permutation": LEGACY_ORDER, **data})
 
 
 @dataclass
@@ -152,6 +154,7 @@ class PhaseTrainer:
         self.global_batch = engine.train_batch_size()
         self.micro_batches_per_step = self.global_batch // engine.train_micro_batch_size_per_gpu()
         train_batches.phase_index = PHASE_NAMES.index(state.phase)  # masks differ between phases
+        train_batches.use_order(state.data_permutation)  # the order this phase's data position counts in
         if val_batches is not None:
             val_batches.phase_index = train_batches.phase_index
         self.steps_this_process, self.watch = 0, job.watch  # the loop reads no job field

@@ -5,13 +5,15 @@ by a fixed permutation that depends only on (instance count, num_parts), never o
 with different seeds (codistillation groups) agree on the parts; a run then only sees its own part.
 
 One stream, any number of ranks. Epoch e is a permutation of the run's instances (all of them, or its
-part) drawn from `default_rng([seed, e])`; the epochs follow each other into one endless stream of
+part) keyed by (seed, e), computed at the positions a rank reads (pretrain/data/order.py: a Feistel
+network, so no rank holds an epoch-sized array); the epochs follow each other into one endless stream of
 instances, nothing dropped (a batch may straddle two epochs). Global step s trains on stream samples
 [s*G, (s+1)*G), G = the global batch. The stream is cut into chunks of one micro-batch (m instances)
 and chunk c goes to rank c % W as that rank's micro-batch c // W; the A accumulation steps of
 W ranks therefore cover exactly the G samples of the step, for every split of G into m x A x W.
 The data position saved in checkpoints is the number of samples of the phase consumed (s*G), so a
-run resumes on any number of ranks at the same sample.
+run resumes on any number of ranks at the same sample; the trainer state names the order
+(`RankBatches.use_order`), and one saved before the order had a name resumes on numpy's permutation.
 
 Masking. Unmasked (dynamic) shards are masked in collate, each instance with its own generator
 `default_rng([seed, phase, epoch, instance])`: a mask depends on which instance it is and in which
@@ -35,6 +37,7 @@ from data_prep.atomic_io import sha256_file
 from data_prep.config import BERT_MASK_PROB
 from data_prep.instances import SpecialIds, replacement_ids
 from data_prep.shards import Manifest, ShardReader
+from pretrain.data.order import FEISTEL_ORDER, InstancePool, RankOrder
 from pretrain.data.packing import pack_masked_instances
 from pretrain.data.shard_checks import SPECIAL_TOKENS, PhaseShards, check_phase_shards
 from pretrain.data.unpadded import unpad_masked_instances
@@ -42,17 +45,6 @@ from pretrain.errors import ConfigError, DataError
 from pretrain.model.bert import IGNORE_INDEX
 
 VAL_SEED_SALT = 0x5EED_7A1  # validation masks: fixed, independent of the training seed's epochs
-PARTITION_SALT = 0xD15_70177  # the deal into disjoint parts: fixed, independent of every seed
-
-
-def partition_indices(total: int, part: int, num_parts: int) -> np.ndarray:
-    """Instance indices of part `part` of `num_parts` disjoint parts (sizes differ by at most one)."""
-    if num_parts < 1 or not 0 <= part < num_parts:
-        raise ValueError(f"data.part: {part} is not a part of {num_parts}")
-    if num_parts == 1:
-        return np.arange(total)
-    deal = np.random.default_rng([PARTITION_SALT, total, num_parts]).permutation(total)
-    return np.sort(deal[part::num_parts])
 
 
 class DataConfigError(DataError):
@@ -263,12 +255,14 @@ class StreamSettings:
 
 
 class RankBatches(Dataset):
-    """Item k = this rank's k-th micro-batch: chunk k * world_size + rank of the endless global stream."""
+    """Item k = this rank's k-th micro-batch: chunk k * world_size + rank of the endless global stream. Which
+    instances a chunk holds is `order`'s (pretrain/data/order.py RankOrder), computed per item: no state
+    between items, nothing epoch-sized held."""
 
     def __init__(
         self, data: PhaseData, split: str, seed: int, rank: int, world_size: int, micro_batch: int,
         shuffle: bool = True, packing: bool = False, part: int = 0, num_parts: int = 1, phase_index: int = 0,
-        unpadded: bool = False,
+        unpadded: bool = False, order: str = FEISTEL_ORDER,
     ) -> None:
         self.data = data
         self.reader = ShardReader(data.manifest, data.seq_len, split)
@@ -276,7 +270,7 @@ class RankBatches(Dataset):
         self.seed, self.rank, self.world_size, self.micro_batch = seed, rank, world_size, micro_batch
         self.shuffle = shuffle
         self.phase_index = phase_index  # part of every mask's seed; the trainer sets it for its phase
-        self.pool = partition_indices(len(self.reader), part, num_parts)  # the instances this run reads
+        self.order = RankOrder(len(self.reader), seed, rank, world_size, micro_batch, shuffle, part, num_parts, order)
         self.batches_per_epoch = len(self.pool) // world_size // micro_batch  # whole chunks per rank and epoch
         if self.batches_per_epoch == 0:
             where = f" in data.part {part} of {num_parts}" if num_parts > 1 else ""
@@ -284,71 +278,36 @@ class RankBatches(Dataset):
                 f"{data.manifest.root}: {len(self.pool)} {split} instances at seq {data.seq_len}{where} cannot fill "
                 f"one micro-batch of {micro_batch} on each of {world_size} ranks"
             )
-        self._slices: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # epoch -> (positions, instances) of this rank
 
     def __len__(self) -> int:
         return self.batches_per_epoch
 
-    def _rank_slice(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """The positions of `epoch` that fall into this rank's chunks, and the instances there.
+    @property
+    def pool(self) -> InstancePool:
+        """The instances this run reads (all, or its part): pool position -> instance index."""
+        return self.order.pool
 
-        Only this rank's share is kept (a copy): the whole epoch permutation (world_size times larger)
-        would otherwise live in every DataLoader worker. At most two epochs are cached (a micro-batch
-        may straddle an epoch boundary).
-        """
-        if epoch not in self._slices:
-            total = len(self.pool)
-            picks = np.random.default_rng([self.seed, epoch]).permutation(total) if self.shuffle else np.arange(total)
-            positions = self._rank_positions(epoch)
-            self._slices[epoch] = (positions, self.pool[picks[positions]].copy())
-            while len(self._slices) > 2:
-                del self._slices[min(self._slices)]
-        return self._slices[epoch]
+    def use_order(self, name: str) -> None:
+        """Read the stream in the order `name` (pretrain/data/order.py ORDERS). The trainer sets the one its phase
+        state records, so a run resumes on the order it started with."""
+        self.order = dataclasses.replace(self.order, name=name)
 
     def epoch_end(self, k: int) -> int:
-        """The first micro-batch after `k` whose first sample lies in a later epoch than `k`'s first sample.
-
-        Micro-batch k of rank r starts at stream sample (k * world_size + r) * micro_batch."""
-        total, micro, rank = len(self.pool), self.micro_batch, self.rank
-        epoch = (k * self.world_size + rank) * micro // total
-        next_epoch_start = (epoch + 1) * total - rank * micro  # k' * world_size * micro must reach this
-        return max(k + 1, -(-next_epoch_start // (self.world_size * micro)))
+        """The first micro-batch after `k` whose first sample lies in a later epoch than `k`'s first sample."""
+        return self.order.epoch_end(k)
 
     def prepare(self, first: int, end: int) -> None:
-        """Compute this rank's slice of every epoch that micro-batches first .. end-1 read (in this process)."""
-        total = len(self.pool)
-        first_sample = (first * self.world_size + self.rank) * self.micro_batch
-        last_sample = ((end - 1) * self.world_size + self.rank) * self.micro_batch + self.micro_batch - 1
-        for epoch in range(first_sample // total, last_sample // total + 1):
-            self._rank_slice(epoch)
-
-    def _rank_positions(self, epoch: int) -> np.ndarray:
-        """Positions within `epoch` of the samples in this rank's chunks (chunk c = stream samples
-        c*m .. c*m+m-1 goes to rank c % world_size), built from this rank's chunks alone."""
-        total, micro = len(self.pool), self.micro_batch
-        begin, end = epoch * total, (epoch + 1) * total
-        first_chunk = begin // micro
-        first_mine = first_chunk + (self.rank - first_chunk) % self.world_size
-        chunks = np.arange(first_mine, (end - 1) // micro + 1, self.world_size, dtype=np.int64)
-        samples = (chunks[:, None] * micro + np.arange(micro, dtype=np.int64)[None, :]).ravel()
-        return samples[(samples >= begin) & (samples < end)] - begin
+        """Compute, in this process, what micro-batches first .. end-1 need ahead (the legacy order's epoch slices)."""
+        self.order.prepare(first, end)
 
     def rank_indices(self, epoch: int) -> np.ndarray:
         """This rank's instance indices of `epoch`, in stream order (its own copy)."""
-        return self._rank_slice(epoch)[1].copy()
+        return self.order.rank_indices(epoch)
 
     def stream_instances(self, first: int, count: int) -> list[tuple[int, int]]:
         """(epoch, instance index) of stream samples first .. first+count-1 (they must be this rank's)."""
-        total = len(self.pool)
-        out = []
-        for sample in range(first, first + count):
-            epoch, position = divmod(sample, total)
-            positions, instances = self._rank_slice(epoch)
-            at = int(np.searchsorted(positions, position))
-            if at >= len(positions) or positions[at] != position:
-                raise IndexError(f"stream sample {sample} is not in rank {self.rank}'s chunks")
-            out.append((epoch, int(instances[at])))
-        return out
+        epochs, instances = self.order.samples(first, count)
+        return list(zip(epochs.tolist(), instances.tolist(), strict=True))
 
     def collate_instances(self, picked: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
         """Read and collate (epoch, instance) pairs, each masked by its own generator."""

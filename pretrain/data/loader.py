@@ -47,9 +47,11 @@ def batch_loader(batches: RankBatches, start: int, num_workers: int, count: int 
 def stream_batches(batches: RankBatches, start: int, num_workers: int) -> Iterator[dict[str, torch.Tensor]]:
     """This rank's micro-batches start, start+1, ... forever, one DataLoader per epoch.
 
-    Before each loader forks its workers, this process computes the rank's slice of the epochs that loader
-    reads (`RankBatches.prepare`): the workers share it copy-on-write instead of each drawing the whole
-    epoch permutation (8 bytes per instance of the corpus, per worker, at every epoch start)."""
+    Each item computes its own instances (the feistel-v1 order of pretrain/data/order.py: a few operations per
+    position, nothing epoch-sized). Only a run resumed on the legacy numpy permutation has something to compute
+    ahead: before each loader forks its workers, this process computes the rank's slice of the epochs that
+    loader reads (`RankBatches.prepare`), which the workers share copy-on-write instead of each drawing the
+    whole epoch permutation (8 bytes per instance of the corpus, per worker, at every epoch start)."""
     k = start
     while True:
         end = batches.epoch_end(k)

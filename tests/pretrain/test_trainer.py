@@ -15,7 +15,9 @@ from deepspeed.accelerator import get_accelerator
 from pretrain.config.load import load_config
 from pretrain.data.batches import RankBatches
 from pretrain.data.loader import stream_batches
+from pretrain.data.order import FEISTEL_ORDER, LEGACY_ORDER
 from pretrain.schedule import WarmupPolyDecay
+from pretrain.trainer import PhaseState, PhaseTrainer
 from tests.support.paths import REPO_ROOT
 from tests.support.pretrain_fixtures import build_shards, short_instances_at_64
 from tests.support.trainer_fixtures import EngineRecorder, build_trainer
@@ -79,17 +81,28 @@ def test_grad_norm_is_logged_at_every_zero_stage_and_agrees(tmp_path: Path) -> N
 
 
 def test_stream_batches_prepare_each_epoch_before_the_workers_fork(tmp_path: Path) -> None:
+    """Workers read what this process would, across an epoch boundary, in either order. feistel-v1 (new runs)
+    holds nothing epoch-sized; a state saved before the orders had names resumes on numpy's permutation, whose
+    epoch slices this process computes before the workers fork (they inherit them)."""
     trainer = build_trainer(tmp_path, steps=2)
     batches = trainer.train_batches
+    assert trainer.state.data_permutation == FEISTEL_ORDER and batches.order.name == FEISTEL_ORDER
+    old_state = {key: value for key, value in trainer.state.state_dict().items() if key != "data_permutation"}
+    PhaseTrainer(trainer.job, trainer.settings, trainer.engine, batches, None, trainer.throughput,
+                 PhaseState.from_dict(old_state))
+    assert batches.order.name == LEGACY_ORDER  # the trainer set the order its state names
     per_epoch = len(batches)
-    stream = stream_batches(batches, 0, num_workers=2)
-    read = [next(stream) for _ in range(per_epoch + 3)]  # across the first epoch boundary
-    # this process computed the epochs (the workers inherit them), not only the workers
-    assert set(batches._slices) >= {0, 1}
-    expected = [batches[k] for k in range(per_epoch + 3)]
-    for got, want in zip(read, expected, strict=True):
-        assert got.keys() == want.keys()
-        assert all(torch.equal(got[k], want[k]) if torch.is_tensor(want[k]) else got[k] == want[k] for k in got)
+    for order in (LEGACY_ORDER, FEISTEL_ORDER):
+        batches.use_order(order)
+        stream = stream_batches(batches, 0, num_workers=2)
+        read = [next(stream) for _ in range(per_epoch + 3)]  # across the first epoch boundary
+        stream.close()
+        # legacy: this process computed the epochs (the workers inherit them), not only the workers
+        assert set(batches.order._slices) >= {0, 1} if order == LEGACY_ORDER else not batches.order._slices
+        expected = [batches[k] for k in range(per_epoch + 3)]
+        for got, want in zip(read, expected, strict=True):
+            assert got.keys() == want.keys()
+            assert all(torch.equal(got[k], want[k]) if torch.is_tensor(want[k]) else got[k] == want[k] for k in got)
 
 
 def test_packed_and_unpadded_steps_train_like_padded_ones(tmp_path: Path) -> None:

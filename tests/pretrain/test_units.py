@@ -19,8 +19,8 @@ from pretrain.data.batches import (
     Vocab,
     mask_instance,
     open_phase_data,
-    partition_indices,
 )
+from pretrain.data.order import LEGACY_ORDER, epoch_keys, feistel_permute, partition_indices
 from pretrain.errors import ConfigError
 from pretrain.schedule import WarmupPolyDecay
 from tests.support.paths import REPO_ROOT
@@ -234,19 +234,25 @@ def test_data_parts_are_disjoint_fixed_across_seeds_and_cover_everything(shards:
     data = open_phase_data(shards, 32, None, "data.shards")
     whole = RankBatches(data, "train", seed=3, rank=0, world_size=1, micro_batch=4)
     # one part is the whole set in the seed's own order: the stream of a run without parts is unchanged
-    assert np.array_equal(whole.rank_indices(2), np.random.default_rng([3, 2]).permutation(64))
-    for num_parts in (2, 3):
-        parts = [partition_indices(64, p, num_parts) for p in range(num_parts)]
+    assert np.array_equal(whole.rank_indices(2), feistel_permute(np.arange(64), 64, epoch_keys(3, 2)))
+    legacy = RankBatches(data, "train", seed=3, rank=0, world_size=1, micro_batch=4, order=LEGACY_ORDER)
+    assert np.array_equal(legacy.rank_indices(2), np.random.default_rng([3, 2]).permutation(64))
+    for num_parts, order in ((2, None), (3, None), (2, LEGACY_ORDER), (3, LEGACY_ORDER)):
+        named = {} if order is None else {"order": order}
+        parts = [partition_indices(64, p, num_parts, **named) for p in range(num_parts)]
         assert sorted(np.concatenate(parts).tolist()) == list(range(64))
         assert max(len(p) for p in parts) - min(len(p) for p in parts) <= 1
         # two groups with different seeds read their own part, every epoch, whatever the seed
         for part, seed in ((0, 3), (num_parts - 1, 8)):
             stream = RankBatches(data, "train", seed=seed, rank=0, world_size=1, micro_batch=4, part=part,
-                                 num_parts=num_parts)
+                                 num_parts=num_parts, **named)
             assert len(stream) == len(parts[part]) // 4
             for epoch in (0, 1):
                 assert set(stream.rank_indices(epoch).tolist()) <= set(parts[part].tolist())
     assert not set(partition_indices(64, 0, 2).tolist()) & set(partition_indices(64, 1, 2).tolist())
+    # the legacy deal is numpy's, as runs written before the named orders dealt it
+    deal = np.random.default_rng([0xD15_70177, 64, 3]).permutation(64)
+    assert np.array_equal(partition_indices(64, 1, 3, LEGACY_ORDER), np.sort(deal[1::3]))
     with pytest.raises(DataConfigError, match="data.part 1 of 40"):
         RankBatches(data, "train", seed=3, rank=0, world_size=1, micro_batch=4, part=1, num_parts=40)
     with pytest.raises(ValueError, match="data.part"):
