@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--lamb-model", default="bert-large")
     add("--lamb-reps", type=int, default=10)
     add("--fused-on-cpu", action="store_true", help="also time the compiled LAMB on CPU")
+    add("--compiled-selftest", action="store_true", help="the compiled layer's self-test on every self-test "
+        "shape's longest seq, also where a run would not compile (CPU: inductor takes tens of seconds on 2 cores)")
     add("--inductor-cxx", default=None, help="the C++ compiler torch.compile uses on CPU (inductor's cpp.cxx); "
         "a missing one makes the fused LAMB compile fail (the test does this)")
     add("--peak-tflops", type=float, default=None, help="per device; default: by GPU name")

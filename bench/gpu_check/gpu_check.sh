@@ -8,7 +8,8 @@
 #
 #   bench/gpu_check/gpu_check.sh [--smoke] [--jsonl OUT.jsonl] [--rows p1,p2,...] [any bench/gpu_check/run.py flag]
 #   bench/gpu_check/gpu_check.sh --rows selftest     # first on a new cluster: the kernel self-test's verdict
-#                                                     # table (what model.attention=auto runs there), in seconds
+#                                                     # table (what model.attention=auto runs there, the kernel's
+#                                                     # margin under its limit, the compiled layer's check), ~1-2 min
 #
 # Runs on a bare machine with PyTorch and no network: it installs nothing. The preflight
 # (bench/gpu_check/preflight.py) imports what the check imports and prints every wheel that loaded
@@ -22,6 +23,8 @@
 # is ~45 ms a micro-batch on an H100, est., 1 + 2 warm-up + 3 timed steps of 32 micro-batches per row):
 #   preflight imports; check start-up (imports again, NCCL world of one)          ~ 30-50 s
 #   kernel self-test: bf16 and fp16 x head 64 x seq 128 and 512 (4 small models)  ~ 5-15 s
+#   compiled layer's self-test: bf16 and fp16 at head 64, seq 512: per precision a
+#     child process (~5-10 s) and one inductor compile of the small model (~15-30 s) ~ 40-80 s
 #   synthetic shards (4 length profiles, 2,048 instances each)                    ~ 5-10 s
 #   p1, p1-full, p1-opt: BERT-Large 128 x 64, one engine (~10-15 s to build);
 #     the first step compiles the fused LAMB kernels (~20-60 s)                   ~ 70-120 s
@@ -29,7 +32,7 @@
 #   LAMB over BERT-Large (335M fp32): copy bandwidth, reference, fused step       ~ 10-70 s
 #   p1-timer-on, p1-big (128 x 256), p2-big (512 x 64): one engine each           ~ 60-80 s
 #   bert_base:p1, :p1-opt, :p2, :p2-packed, :p2-opt (bert_base.json, 128 / 32)   ~ 35-50 s
-#   total                                                                         ~ 4.5-7 min
+#   total                                                                         ~ 5-8.5 min
 # --smoke runs every row on CPU with the tiny model at tiny shapes (the same engine and trainer,
 # one timed step per row), about a minute on 2 idle cores.
 set -euo pipefail

@@ -14,7 +14,7 @@ from pretrain.model.kernel_support import DeviceFacts
 TRAIN_HEADER = (
     "| row | model | seq | micro x A | data | timer | optimizer / LAMB step | step s | ms / micro | inst/s | "
     "real tok/s | padding | inst/row | data wait ms | TFLOP/s | MFU | MFU real tokens | peak alloc / reserved GB | "
-    "fits 80 GB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "fits 80 GB | compile |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 LAMB_HEADER = ("| LAMB step | params (M) | step ms | floor ms (40 B/param) | x floor | first step s |\n"
                "|---|---|---|---|---|---|")
@@ -28,6 +28,20 @@ def yes_no(value: bool | None) -> str:
     return "n/a" if value is None else "yes" if value else "no"
 
 
+def compile_cell(r: dict[str, Any]) -> str:
+    """The compiled layer in a training row (bench/gpu_check/train.py `compile_state`): its graphs and recompiles so
+    far over the recipe's engines (a run counts them over its phases: phase 2's new max_seqlen is a recompile),
+    why it fell back to eager, or that it is not compiled."""
+    if not r.get("unpadded"):
+        return "n/a (padded rows)"
+    if "compile/recompiles" not in r:
+        return "eager"
+    if r.get("compile/fallback"):
+        reason = str(r.get("compile_fallback") or "see stderr").replace("|", "\\|")
+        return f"fell back: {reason}"
+    return f"graphs {r.get('compile/graphs', 0):.0f}, recompiles {r['compile/recompiles']:.0f}"
+
+
 def train_markdown(r: dict[str, Any]) -> str:
     data = f"{r['profile']}{' packed' if r['packing'] else ''}{' unpadded' if r.get('unpadded') else ''}"
     key = (f"| {r['name']} | {r['model']} | {r['seq_len']} | {r['micro_batch']} x {r['accumulation']} | {data} | "
@@ -39,7 +53,7 @@ def train_markdown(r: dict[str, Any]) -> str:
             f"{r['inst_per_s']:.1f} | {r['real_tokens_per_s']:.0f} | {r.get('data/padding_fraction', 0.0):.1%} | "
             f"{r.get('data/packing_factor', 1.0):.2f} | {fmt(r['data_wait_ms'], '.1f')} | {r['tflops']:.2f} | {fmt(r['mfu'], '.1%')} | "
             f"{fmt(r.get('mfu_real'), '.1%')} | {memory} | "
-            f"{yes_no(r['fits_80gb'])} |")
+            f"{yes_no(r['fits_80gb'])} | {compile_cell(r)} |")
 
 
 def lamb_markdown(r: dict[str, Any]) -> str:

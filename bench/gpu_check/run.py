@@ -1,8 +1,10 @@
 """One prepared GPU check: the kernel self-test's verdict table (what model.attention=auto runs on this device
-and why), the production training step of the shipped recipe at its own micro-batches, the LAMB step against its
-memory-traffic floor, peak memory, and from them an ESTIMATE of each shipped recipe's phase wall-clock on 8, 64
-and 256 GPUs. Run through bench/gpu_check/gpu_check.sh (docs/performance.md); `--rows selftest` prints the
-verdict table alone, in seconds: the first command on a new cluster.
+and why; the kernel's margin under its limit; the compiled layer's self-test where a run compiles), the
+production training step of the shipped recipe at its own micro-batches (with the compiled layer's graphs and
+recompiles), the LAMB step against its memory-traffic floor, peak memory, and from them an ESTIMATE of each
+shipped recipe's phase wall-clock on 8, 64 and 256 GPUs. Run through bench/gpu_check/gpu_check.sh
+(docs/performance.md); `--rows selftest` prints the verdict table alone, in a minute or two on a GPU (seconds on
+CPU): the first command on a new cluster.
 
     python -m bench.gpu_check [--smoke] [--recipe RUN.json] [--rows p1,p2,...] [--jsonl OUT.jsonl]
                               [--deadline T] [any flag below]
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import json
 import os
@@ -77,7 +80,10 @@ from bench.gpu_check.shards import ShardCache  # noqa: E402
 from bench.gpu_check.train import build_group, group_key, train_row  # noqa: E402
 from pretrain.distributed.info import DistInfo  # noqa: E402
 from pretrain.distributed.process_group import init_distributed  # noqa: E402
+from pretrain.model.compiled import CompileLedger  # noqa: E402
 from pretrain.model.kernel_support import read_device_facts  # noqa: E402
+from pretrain.plan.compiled_check import compiled_self_test  # noqa: E402
+from pretrain.plan.contained import SelfTest  # noqa: E402
 
 
 def one_line(error: BaseException) -> str:
@@ -130,11 +136,15 @@ def release(device: torch.device) -> None:
 class Check:
     """The run: the plan's stages in order, each row saved as measured, the estimate at the end."""
 
-    def __init__(self, args: argparse.Namespace, recorder: Recorder, dist_info: DistInfo) -> None:
+    def __init__(self, args: argparse.Namespace, recorder: Recorder, dist_info: DistInfo,
+                 compiled_test: SelfTest = compiled_self_test) -> None:
         self.args, self.recorder, self.dist_info = args, recorder, dist_info
+        self.compiled_test = compiled_test  # the compiled layer's self-test (the tests' seam: main's parameter)
+        # one per recipe, as a run has one per process over its phases: phase 2's recompile shows in its rows
+        self.ledgers: dict[Path, CompileLedger] = {}
         self.device = dist_info.device
         self.facts = read_device_facts(self.device)  # what model.attention=auto decides by, as in the driver
-        self.shards = ShardCache(args.work_dir / "shards", args.vocab, args.shard_instances)
+        self.shards = ShardCache(args.work_dir / "shards", args.vocab, args.shard_instances, args.smoke)
         self.table: str | None = None  # the header printed last
 
     def left(self) -> float:
@@ -161,7 +171,8 @@ class Check:
         built: Any = None
         try:
             with contextlib.redirect_stdout(sys.stderr):
-                built = build_group(group, self.args, self.shards, self.dist_info)
+                ledger = self.ledgers.setdefault(group.recipe, CompileLedger())
+                built = build_group(group, self.args, self.shards, self.dist_info, ledger)
         except Exception as error:  # noqa: BLE001 - every row of the group fails with the reason
             print(f"[gpu_check] {group.phase} engine failed:\n{traceback.format_exc()}", file=sys.stderr)
             for key in keys:
@@ -196,11 +207,13 @@ class Check:
         self.recorder.save("attention", record, attention_markdown(record))
 
     def selftest(self) -> None:
-        """The kernel self-test's verdict table (bench/gpu_check/selftest.py)."""
+        """The kernel self-test's verdict table, with the compiled layer's (bench/gpu_check/selftest.py)."""
         self.header(SELFTEST_HEADER)
-        for precision, head, seq in selftest_cases(self.args, self.facts):
-            key = {"name": f"selftest-{precision}-h{head}-s{seq}", "precision": precision}
-            row = measure(key, selftest_row, self.device, self.facts, precision, head, seq)
+        for case in selftest_cases(self.args, self.facts):
+            if case.compiled_skip is None and self.left() < self.args.reserve_s:
+                case = dataclasses.replace(case, compiled_skip=f"skipped: time budget ({self.left():.0f} s left)")
+            key = {"name": f"selftest-{case.precision}-h{case.head}-s{case.seq}", "precision": case.precision}
+            row = measure(key, selftest_row, self.device, self.facts, case, self.compiled_test)
             self.recorder.save("selftest", row, selftest_markdown(row))
 
     def lamb(self) -> None:
@@ -281,7 +294,8 @@ def estimate_only(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, compiled_test: SelfTest = compiled_self_test) -> int:
+    """The check; `compiled_test`: the compiled layer's self-test of the verdict table (the tests' seam)."""
     started = time.monotonic()
     args = parse_args(argv)
     if args.estimate_only is not None:
@@ -294,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     if dist_info.device.type != "cuda" and not args.smoke:
         print("gpu_check: no CUDA device; use --smoke for the CPU check", file=sys.stderr)
         return 2
-    check = Check(args, recorder, dist_info)
+    check = Check(args, recorder, dist_info, compiled_test)
 
     def on_term(signum: int, _frame: object) -> None:  # `timeout` ends the check: keep what was measured
         sys.stdout = sys.__stdout__  # the signal may come while DeepSpeed's prints are sent to stderr

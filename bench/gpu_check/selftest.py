@@ -1,70 +1,211 @@
 """The kernel self-test's verdict table: what `model.attention=auto` will run on this device, and why.
 
-The first rows of the check, in seconds (`--rows selftest` runs them alone: the first command on a new
-cluster). For each precision the device computes in (CUDA: bf16 where it has it, and fp16; CPU: fp32 and bf16)
-and each head size and sequence length of the recipes, the driver's own pieces: the device's facts
-(pretrain/model/kernel_support.py) and, where the unpadded kernel can run, the kernel self-test a run does
-before training (pretrain/plan/self_test.py): its kernel stage (the kernel alone against the fp32 reference,
-limit from the dtype's rounding: the column the first GPU run should be read for; a dropout smoke check) and its
-whole-model stage. A FAIL counts as a failed row (exit 1): `auto` would run padded there and an explicit
-`model.attention=unpadded` would be refused.
+The first rows of the check (`--rows selftest` runs them alone: the first command on a new cluster). For each
+precision the device computes in (CUDA: bf16 where it has it, and fp16; CPU: fp32 and bf16) and each head size
+and sequence length of the recipes, the driver's own pieces: the device's facts (pretrain/model/kernel_support.py)
+and, where the unpadded kernel can run, the self-tests a run does before training (pretrain/plan/run_plan.py
+`settle_attention`):
+
+- the kernel self-test (pretrain/plan/self_test.py): its kernel stage (the kernel alone against the fp32
+  reference, limit from the dtype's rounding: the column the first GPU run should be read for, printed with its
+  margin, limit / error, because "how far below the limit a correct kernel sits" is what says whether the limit
+  is right for flash on that GPU; a dropout smoke check) and its whole-model stage;
+- the compiled layer's self-test (pretrain/plan/compiled_check.py), because the kernel self-test runs the layer
+  eager and a compiled run's first execution of inductor's code would otherwise be the run itself. It runs where
+  the recipe's plan compiles the layer (`compile_enabled`: model.compile=null compiles on CUDA below ZeRO-3), after
+  the kernel passed, once per precision and head size at the longest seq of the phases that compile (what
+  `settle_attention` tests), in a child process on CUDA (pretrain/plan/contained.py, as the run does: a fault in
+  generated code cannot poison the check's own CUDA context). On CPU a run compiles nothing and inductor costs
+  tens of seconds on 2 cores, so it is skipped unless `--compiled-selftest` asks.
+
+Cost on one H200 (estimated, not measured): the kernel rows, seconds in all; the compiled check, one child
+process (an interpreter and torch's import, ~5-10 s) and one inductor compile of the small 2-layer model,
+forward and backward (~15-30 s cold, less with TORCHINDUCTOR_CACHE_DIR warm) per precision: bf16 and fp16 at
+head 64, seq 512, ~40-80 s together.
+
+A FAIL counts as a failed row (exit 1): of the kernel, `auto` would run padded there and an explicit
+`model.attention=unpadded` would be refused; of the compiled layer (wrong numbers, an error, or a fallback to
+eager), a run would train with eager layers and `model.compile=true` would be refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from bench.gpu_check.plan import shape_of
+from pretrain.config.attention import compile_enabled, zero_stage
+from pretrain.config.deepspeed import phase_ds_json
+from pretrain.config.load import load_config
 from pretrain.model.kernel_support import DeviceFacts, unpadded_kernel, unpadded_problem
 from pretrain.model.presets import PRESETS
-from pretrain.plan.self_test import kernel_self_test
+from pretrain.plan.compiled_check import compiled_self_test
+from pretrain.plan.contained import SelfTest, contained
+from pretrain.plan.self_test import SelfTestResult, kernel_self_test, over
 
-SELFTEST_HEADER = ("| self-test | device | precision | head | seq | kernel | kernel error (limit) | logits error (limit) "
-                   "| gradients error (limit) | s | verdict |\n|---|---|---|---|---|---|---|---|---|---|---|")
+SELFTEST_HEADER = ("| self-test | device | precision | head | seq | kernel | kernel error (part; limit; margin) "
+                   "| logits error (limit) | gradients error (limit) | compiled layer: logits, gradients error (limit) "
+                   "| s | verdict |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
-def selftest_cases(args: argparse.Namespace, facts: DeviceFacts) -> list[tuple[str, int, int]]:
-    """(precision, head size, seq_len) of every row: the device's precisions x the recipes' shapes."""
+@dataclass(frozen=True)
+class SelftestCase:
+    """One row. `compiled_skip`: why the compiled layer's self-test does not run on this row (None: it runs)."""
+
+    precision: str
+    head: int
+    seq: int
+    compiled_skip: str | None = None
+
+
+def compile_skip(args: argparse.Namespace, recipe: Path, phase: str, facts: DeviceFacts) -> str | None:
+    """Why a run of `recipe`'s `phase` would not compile its layer on this device (None: it would), decided by the
+    driver's own `compile_enabled`; `--compiled-selftest` runs the check regardless."""
+    if args.compiled_selftest:
+        return None
+    overrides = [f"--{phase}.ds_config={args.ds_config.resolve()}"] if args.ds_config is not None else []
+    config = load_config(recipe, overrides)
+    ds = phase_ds_json(config, phase)
+    if compile_enabled(config, facts.device_type, ds, unpadded=True):
+        return None
+    if facts.device_type != "cuda" and config.model.compile is None:
+        return f"skipped: a run on {facts.device_type} compiles no layers (--compiled-selftest runs it)"
+    setting = {None: "null", True: "true", False: "false"}[config.model.compile]
+    return f"skipped: {recipe.stem} {phase} compiles no layers (model.compile={setting}, ZeRO-{zero_stage(ds)})"
+
+
+def selftest_cases(args: argparse.Namespace, facts: DeviceFacts) -> list[SelftestCase]:
+    """Every row: the device's precisions x the recipes' (head size, seq_len); the compiled layer's check on the
+    longest seq per head size among the phases that compile (one compile per precision and head size)."""
     precisions = ["fp32", "bf16"]
     if facts.device_type == "cuda":
         precisions = ["bf16", "fp16"] if facts.bf16 else ["fp16"]
-    shapes = set()
+    skips: dict[tuple[int, int], list[str | None]] = {}  # (head, seq) -> each phase's compile_skip
     for recipe in [args.recipe, *args.also_recipes]:
         for phase in ("phase1", "phase2"):
             preset, seq, _ = shape_of(args, Path(recipe), phase)
-            shapes.add((PRESETS[preset]["hidden_size"] // PRESETS[preset]["num_attention_heads"], seq))
-    return [(precision, head, seq) for precision in precisions for head, seq in sorted(shapes)]
+            head = PRESETS[preset]["hidden_size"] // PRESETS[preset]["num_attention_heads"]
+            skips.setdefault((head, seq), []).append(compile_skip(args, Path(recipe), phase, facts))
+    compiled_at: dict[int, int] = {}  # head -> the seq its compiled check runs at
+    for (head, seq), reasons in skips.items():
+        if None in reasons:
+            compiled_at[head] = max(seq, compiled_at.get(head, seq))
+    cases = []
+    for (head, seq), reasons in sorted(skips.items()):
+        if compiled_at.get(head) == seq:
+            skip = None
+        elif head in compiled_at:
+            skip = f"at seq {compiled_at[head]} (one compile per precision)"
+        else:
+            skip = next(reason for reason in reasons if reason is not None)
+        cases += [SelftestCase(precision, head, seq, skip) for precision in precisions]
+    return sorted(cases, key=lambda case: precisions.index(case.precision))
 
 
-def selftest_row(device: torch.device, facts: DeviceFacts, precision: str, head: int, seq: int) -> dict[str, Any]:
+def selftest_row(device: torch.device, facts: DeviceFacts, case: SelftestCase,
+                 compiled_test: SelfTest = compiled_self_test) -> dict[str, Any]:
+    """The row's verdicts; `compiled_test`: the compiled layer's self-test (the tests pass a backend with no code
+    generation, or a planted wrong kernel)."""
+    precision, head, seq = case.precision, case.head, case.seq
     row: dict[str, Any] = {"name": f"selftest-{precision}-h{head}-s{seq}", "device": str(device),
                            "precision": precision, "head_dim": head, "seq_len": seq, "kernel": unpadded_kernel(facts)}
     problem = unpadded_problem(facts, precision, head)
     if problem is not None:
         return {**row, "verdict": "padded", "reason": problem}
     result = kernel_self_test(device, precision, head, seq)
-    return {**row, "verdict": "PASS" if result.passed else "FAIL", "kernel_error": result.kernel_error,
-            "kernel_limit": result.kernel_limit, "kernel_part": result.kernel_part, "logits_error": result.logits_error,
-            "logits_limit": result.logits_limit, "grads_error": result.grads_error, "grads_limit": result.grads_limit,
-            "seconds": result.seconds, "failure": result.failure, "problem": result.problem}
+    row.update({"kernel_passed": result.passed, "kernel_error": result.kernel_error,
+                "kernel_limit": result.kernel_limit, "kernel_margin": json_margin(result.kernel_error,
+                                                                                  result.kernel_limit),
+                "kernel_part": result.kernel_part, "logits_error": result.logits_error,
+                "logits_limit": result.logits_limit, "grads_error": result.grads_error,
+                "grads_limit": result.grads_limit, "seconds": result.seconds, "failure": result.failure,
+                "problem": result.problem})
+    compiled = compiled_fields(device, case, result.passed, compiled_test)
+    passed = result.passed and compiled["compiled_verdict"] != "FAIL"
+    return {**row, **compiled, "verdict": "PASS" if passed else "FAIL"}
+
+
+def compiled_fields(device: torch.device, case: SelftestCase, kernel_passed: bool,
+                    compiled_test: SelfTest) -> dict[str, Any]:
+    """The compiled layer's verdict and numbers (`compiled_verdict` None: not run, `compiled_skip` says why)."""
+    if case.compiled_skip is not None:
+        return {"compiled_verdict": None, "compiled_skip": case.compiled_skip}
+    if not kernel_passed:  # settle_attention tests the compiled layer only after the kernel passed
+        return {"compiled_verdict": None, "compiled_skip": "not run: the kernel failed (a run compiles nothing then)"}
+    result: SelfTestResult = contained(compiled_test)(device, case.precision, case.head, case.seq)
+    return {"compiled_verdict": "PASS" if result.passed else "FAIL", "compiled_skip": None,
+            "compiled_logits_error": result.logits_error, "compiled_logits_limit": result.logits_limit,
+            "compiled_grads_error": result.grads_error, "compiled_grads_limit": result.grads_limit,
+            "compiled_seconds": result.seconds, "compiled_failure": result.failure,
+            "compiled_problem": result.problem}
+
+
+def margin(error: float, limit: float) -> float:
+    """limit / error: how far below its limit an error sits (< 1: over it; inf: no error; 0: NaN)."""
+    return 1.0 / over(error, limit) if error != 0 else math.inf
+
+
+def json_margin(error: float, limit: float) -> float | None:
+    """The margin for the JSON line (None: no error at all; JSON has no infinity)."""
+    value = margin(error, limit)
+    return None if math.isinf(value) else value
+
+
+def margin_words(value: float) -> str:
+    if math.isinf(value):
+        return "exact"
+    return f"{value:.1f}x margin" if value < 10 else f"{value:.0f}x margin"
+
+
+def cell(text: str) -> str:
+    """Free text (an error's line) inside a markdown cell."""
+    return text.replace("|", "\\|")
+
+
+def compiled_cell(r: dict[str, Any]) -> str:
+    if r.get("compiled_verdict") is None:
+        return cell(r.get("compiled_skip") or "")
+    if r["compiled_failure"] is not None:
+        return f"FAIL: raised {cell(r['compiled_failure'])}"
+    if r["compiled_problem"]:
+        return f"FAIL: {cell(r['compiled_problem'])}"
+    tightest = min(margin(r["compiled_logits_error"], r["compiled_logits_limit"]),
+                   margin(r["compiled_grads_error"], r["compiled_grads_limit"]))
+    return (f"{r['compiled_logits_error']:.1e} ({r['compiled_logits_limit']:.1e}), {r['compiled_grads_error']:.1e} "
+            f"({r['compiled_grads_limit']:.1e}); {margin_words(tightest)}; {r['compiled_seconds']:.1f} s: "
+            f"{r['compiled_verdict']}")
+
+
+def outcome(r: dict[str, Any]) -> str:
+    """What a run on this device does with the row's verdicts."""
+    if not r["kernel_passed"]:
+        words = "FAIL (auto runs padded)"
+    elif r.get("compiled_verdict") == "FAIL":
+        words = "FAIL (compiled layer: a run's layers run eager, model.compile=true is refused)"
+    elif r.get("compiled_verdict") == "PASS":
+        words = "PASS (auto runs unpadded; the compiled layer passed)"
+    else:
+        words = "PASS (auto runs unpadded)"
+    return f"{words}: {cell(r['problem'])}" if r.get("problem") else words
 
 
 def selftest_markdown(r: dict[str, Any]) -> str:
     start = f"| {r['name']} | {r.get('device', '')} | {r.get('precision', '')} | {r.get('head_dim', '')} | " \
             f"{r.get('seq_len', '')} |"
     if r["status"] != "ok":
-        return f"{start} {r['status']}: {r['reason']} |"
+        return f"{start} {r['status']}: {cell(r['reason'])} |"
     if r["verdict"] == "padded":
-        return f"{start} none: {r['reason']} | | | | | padded (auto runs padded SDPA) |"
+        return f"{start} none: {r['reason']} | | | | | | padded (auto runs padded SDPA) |"
     if r["failure"] is not None:
-        return f"{start} {r['kernel']} | raised: {r['failure']} | | | {r['seconds']:.1f} | FAIL |"
-    outcome = "PASS (auto runs unpadded)" if r["verdict"] == "PASS" else "FAIL (auto runs padded)"
-    if r.get("problem"):
-        outcome += f": {r['problem']}"
-    return (f"{start} {r['kernel']} | {r['kernel_error']:.1e} ({r['kernel_part']}; {r['kernel_limit']:.1e}) | "
-            f"{r['logits_error']:.1e} ({r['logits_limit']:.1e}) | {r['grads_error']:.1e} "
-            f"({r['grads_limit']:.1e}) | {r['seconds']:.1f} | {outcome} |")
+        return (f"{start} {r['kernel']} | raised: {cell(r['failure'])} | | | {compiled_cell(r)} | {r['seconds']:.1f} "
+                "| FAIL |")
+    kernel = (f"{r['kernel_error']:.1e} ({r['kernel_part']}; {r['kernel_limit']:.1e}; "
+              f"{margin_words(margin(r['kernel_error'], r['kernel_limit']))})")
+    return (f"{start} {r['kernel']} | {kernel} | {r['logits_error']:.1e} ({r['logits_limit']:.1e}) | "
+            f"{r['grads_error']:.1e} ({r['grads_limit']:.1e}) | {compiled_cell(r)} | {r['seconds']:.1f} | "
+            f"{outcome(r)} |")

@@ -33,7 +33,7 @@ from pretrain.engine import build_engine
 from pretrain.metrics.throughput import Throughput, peak_tflops
 from pretrain.metrics.writer import MetricsWriter
 from pretrain.model.bert import build_model, count_parameters
-from pretrain.model.compiled import compile_metrics
+from pretrain.model.compiled import CompileLedger, compile_metrics, compiled_layer
 from pretrain.model.setup import prepare_model_path
 from pretrain.optim.unwrap import client_optimizer
 from pretrain.plan.run_plan import RunPlan, plan_run
@@ -83,7 +83,10 @@ def group_overrides(group: GroupSpec, args: argparse.Namespace, shards: Path, ac
     return overrides
 
 
-def build_group(group: GroupSpec, args: argparse.Namespace, shards: ShardCache, dist_info: DistInfo) -> GroupEngine:
+def build_group(group: GroupSpec, args: argparse.Namespace, shards: ShardCache, dist_info: DistInfo,
+                ledger: CompileLedger | None = None) -> GroupEngine:
+    """The group's engine as the driver builds it; `ledger`: the compiled layer's over the recipe's engines (the
+    driver's is one per process over its phases), so a later phase's recompile counts on from the earlier's."""
     first = group.rows[0]
     folder = shards.get(group.seq_len, first.profile, group.micro_batch)
     config = load_config(group.recipe, group_overrides(group, args, folder, first.accumulation,
@@ -94,7 +97,7 @@ def build_group(group: GroupSpec, args: argparse.Namespace, shards: ShardCache, 
     started = time.perf_counter()
     model = build_model(phase.model_config, phase.activation_checkpointing)
     # as pretrain.train.build_phase: refuses what the unpadded kernel cannot run, compiles where the plan says
-    prepare_model_path(model, phase.attention, announce=dist_info.rank == 0)
+    prepare_model_path(model, phase.attention, announce=dist_info.rank == 0, ledger=ledger)
     counts = count_parameters(model)
     engine = build_engine(model, phase.ds_config, lr_schedule=phase.schedule)
     sync(dist_info.device)
@@ -199,7 +202,7 @@ def train_row(built: GroupEngine, group: GroupSpec, row: RowSpec, args: argparse
             "name": row.name, "what": row.what, "recipe": str(group.recipe), "phase": group.phase,
             "model": group.preset, "seq_len": group.seq_len, "micro_batch": group.micro_batch,
             "accumulation": trainer.accumulation, "profile": row.profile, "packing": row.packing,
-            "unpadded": row.unpadded, **compile_metrics(engine.module),
+            "unpadded": row.unpadded, **compile_state(engine.module),
             "tput_timer": bool(engine.tput_timer.config.enabled),
             "shipped_tput_timer": shipped_timer(ds_config), "num_workers": trainer.settings.num_workers,
             "precision": "bf16" if engine.bfloat16_enabled() else "fp16" if engine.fp16_enabled() else "fp32",
@@ -217,6 +220,16 @@ def train_row(built: GroupEngine, group: GroupSpec, row: RowSpec, args: argparse
         }
     finally:
         del trainer  # ends the DataLoader workers
+
+
+def compile_state(module: torch.nn.Module) -> dict[str, Any]:
+    """`compile_metrics` (compile/*: recompiles, fallback, recompile_limit, graph_breaks, seconds) and what a row
+    prints beside them: the graphs compiled for the layer so far (compile/graphs) and why it runs eager after a
+    fallback (compile_fallback); empty where the layer is not compiled (padded path, CPU, model.compile=false)."""
+    layer = compiled_layer(module)
+    if layer is None:
+        return {}
+    return {**compile_metrics(module), "compile/graphs": float(layer.graphs), "compile_fallback": layer.fallback}
 
 
 def group_key(group: GroupSpec, row: RowSpec) -> dict[str, Any]:

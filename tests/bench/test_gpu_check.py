@@ -107,6 +107,9 @@ def test_gpu_check_smoke_runs_the_production_step_and_saves_every_row(
                                               "selftest-bf16-h32-s64"]
     assert all(r["status"] == "ok" and r["verdict"] == "PASS" and r["grads_error"] <= r["grads_limit"]
                for r in selftests), selftests
+    # a run on CPU compiles no layers: the compiled layer's check is skipped without --compiled-selftest
+    assert {(r["compiled_verdict"], r["compiled_skip"]) for r in selftests} == {
+        (None, "skipped: a run on cpu compiles no layers (--compiled-selftest runs it)")}
     assert printed.index("| self-test | device |") < printed.index("| row | model |")
     assert "| selftest-bf16-h32-s64 | cpu | bf16 | 32 | 64 | the reference varlen kernel on cpu" in printed
     assert len(table_rows(printed, "selftest-")) == 4 and "PASS (auto runs unpadded) |" in printed
@@ -143,6 +146,10 @@ def test_gpu_check_smoke_runs_the_production_step_and_saves_every_row(
     # printed as measured: headers first, one markdown row per saved row, the estimate labelled as one
     assert printed.index("| row | model |") < printed.index("| p1 | tiny | 32 | 4 x 2 | padded unpadded | off |")
     assert len(table_rows(printed, "p")) == len(train) + 2 and "| n/a / n/a | n/a |" in printed
+    # the compile column: CPU runs the unpadded layers eager; the padded rows have no layer function to compile
+    assert table_rows(printed, "p1 | ")[0].endswith("| n/a / n/a | n/a | eager |")
+    assert table_rows(printed, "p1-padded | ")[0].endswith("| n/a | n/a (padded rows) |")
+    assert not any(key.startswith("compile") for r in train.values() for key in r)
     assert "| p1-attention | tiny | 32 | 4 | n/a (CPU: reference kernel) |" in printed
     assert "### ESTIMATE (not measured)" in printed and "SMOKE RUN" in printed
     (estimated,) = [r for r in records if r["kind"] == "estimate"]
