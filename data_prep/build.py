@@ -28,7 +28,14 @@ from data_prep.instance_stage import (
 )
 from data_prep.parallel import Workers
 from data_prep.report import print_summary
-from data_prep.shard_stage import ShardTask, count_instances, shard_file, shard_plan, write_one_shard
+from data_prep.shard_stage import (
+    ShardTask,
+    count_instances,
+    order_bucket,
+    shard_file,
+    shard_plan,
+    write_one_shard,
+)
 from data_prep.shards import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, SPLITS
 from data_prep.source_files import SourceError
 from data_prep.sources import SOURCES
@@ -212,7 +219,9 @@ def make_shards(cfg: BuildConfig, seq_len: int, num_chunks: int, workers: Worker
                 f"{flag} {num_shards}: only {count} {split} instances at sequence length {seq_len}; "
                 "lower it or add data"
             )
-        plan = shard_plan(count, num_shards, cfg.seed, seq_len, split)
+        # Lazy: one bucket of the order at a time (shard_stage.bucket_orders).
+        bucket = order_bucket(out, seq_len, split, count)
+        plan = shard_plan(count, num_shards, cfg.seed, seq_len, split, bucket)
         shards = list(workers.map(write_shard_if_needed, (
             ShardTask(out, seq_len, split, num_chunks, k, rows) for k, rows in enumerate(plan)
         )))

@@ -1,8 +1,13 @@
 """Stage 3: instance parts -> globally shuffled shards of equal size (+-1).
 
 A seeded permutation of all instances of one (sequence length, split) is cut into
-`num_shards` nearly equal slices (np.array_split), so every rank reads the same number of
-instances; shard k is a pure function of (seed, seq_len, split, k, instance parts).
+`num_shards` nearly equal slices (np.array_split's boundaries), so every rank reads the same number
+of instances; shard k is a pure function of (seed, seq_len, split, k, instance parts).
+
+The permutation is a bucketed shuffle (`bucket_orders`), produced lazily, so that the main process
+holds about one bucket of it (BUCKET_INSTANCES: 128 MB of int64), never the whole (length, split):
+one permutation of 10^9 instances would be 8 GB. Up to BUCKET_INSTANCES instances it is one bucket,
+and the order is exactly the single permutation every earlier build drew.
 
 Memory: a shard task holds one shard, never the whole (length, split). Its rows are gathered part
 by part (`gather_rows`): each instance part is memory-mapped only while its own rows are taken, and
@@ -14,6 +19,8 @@ with the allocator's retention). The row order, and so every byte, is the same.
 from __future__ import annotations
 
 import functools
+import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,10 +28,21 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from data_prep.atomic_io import atomic_write_json
 from data_prep.instance_stage import instance_part_path
 from data_prep.shards import read_table, write_shard_table
 
 SPLIT_SEED = {"train": 0, "val": 1}
+# Instances per shuffle bucket: the order main holds at a time, 128 MB of int64. Changing it changes
+# the shards of every (length, split) over it, so it is a constant, not an option.
+BUCKET_INSTANCES = 1 << 24
+HASH_BLOCK = 1 << 15  # indices hashed at a time (256 KB an array); below 2^16: offsets in it fit a uint16
+# The bucket hash's key is drawn from (seed, seq_len, split, _HASH_TAG), bucket b's shuffle from
+# (seed, seq_len, split, b): b stays far below the tag (it would take 1.7e9 buckets).
+_HASH_TAG = 0x68617368  # "hash"
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # splitmix64's increment
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
 
 
 def shard_file(seq_len: int, split: str, index: int) -> str:
@@ -39,9 +57,126 @@ def part_starts(out: Path, seq_len: int, split: str, num_chunks: int) -> np.ndar
     return np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
 
 
-def shard_plan(num_instances: int, num_shards: int, seed: int, seq_len: int, split: str) -> list[np.ndarray]:
-    order = np.random.default_rng([seed, seq_len, SPLIT_SEED[split]]).permutation(num_instances)
-    return np.array_split(order, num_shards)
+def num_buckets(num_instances: int, bucket_instances: int) -> int:
+    return max(1, -(-num_instances // bucket_instances))
+
+
+def bucket_ids(indices: np.ndarray, key: np.uint64, buckets: int) -> np.ndarray:
+    """Bucket of each instance index (uint64 array): splitmix64's output number i+1 from state `key`,
+    mod `buckets`. A keyed hash, not a generator's stream, so that any block of indices can be
+    recomputed alone, the same every time (the modulo's bias is below buckets / 2^64)."""
+    z = indices + np.uint64(1)
+    z *= _GOLDEN
+    z += key
+    z ^= z >> np.uint64(30)
+    z *= _MIX1
+    z ^= z >> np.uint64(27)
+    z *= _MIX2
+    z ^= z >> np.uint64(31)
+    z %= np.uint64(buckets)
+    return z
+
+
+def bucket_members(num_instances: int, key: np.uint64, buckets: int, bucket: int) -> np.ndarray:
+    """The instance indices (ascending, int64) that hash to `bucket`, found by hashing every index in
+    blocks of HASH_BLOCK, so nothing of the corpus' size is held: main pays N hashes per bucket (about
+    10 ns each), overlapped with the workers writing the shards already planned. Each block's members
+    are kept as 2-byte offsets until the bucket's size is known, so collecting a bucket costs a
+    quarter of it on top of the bucket itself (int64 pieces and a concatenation would cost twice)."""
+    offsets = []
+    for first in range(0, num_instances, HASH_BLOCK):
+        indices = np.arange(first, min(first + HASH_BLOCK, num_instances), dtype=np.uint64)
+        offsets.append(np.flatnonzero(bucket_ids(indices, key, buckets) == bucket).astype(np.uint16))
+    members = np.empty(sum(len(o) for o in offsets), np.int64)
+    at = 0
+    for block, local in enumerate(offsets):
+        members[at : at + len(local)] = local
+        members[at : at + len(local)] += block * HASH_BLOCK
+        at += len(local)
+    return members
+
+
+def bucket_orders(
+    num_instances: int, seed: int, seq_len: int, split: str, bucket_instances: int = BUCKET_INSTANCES
+) -> Iterator[np.ndarray]:
+    """The global order of the instances of (seq_len, split), one bucket at a time.
+
+    B = ceil(N / bucket_instances) buckets. Instance i goes to bucket hash(seed, seq_len, split, i) mod B
+    (iid uniform, as far as the hash is), each bucket's members are shuffled by a generator seeded
+    with (seed, seq_len, split, bucket), and the order is bucket 0's, then bucket 1's, ... This is an
+    exactly uniform permutation: for each vector of bucket sizes (n_1..n_B), a given order of the N
+    instances arises from exactly one assignment (its first n_1 instances in bucket 0, the next n_2 in
+    bucket 1, ...; probability B^-N) and one shuffle of each bucket (prod_b 1/n_b!), so
+    P(order) = sum over size vectors of B^-N * prod_b 1/n_b! = B^-N * (sum of the multinomials
+    N! / prod_b n_b!) / N! = B^-N * B^N / N! = 1/N!.
+
+    With B = 1 it is `default_rng([seed, seq_len, SPLIT_SEED[split]]).permutation(N)`, the order
+    of every build before buckets, so a corpus up to bucket_instances keeps its bytes.
+    """
+    entropy = [seed, seq_len, SPLIT_SEED[split]]
+    buckets = num_buckets(num_instances, bucket_instances)
+    if buckets == 1:
+        yield np.random.default_rng(entropy).permutation(num_instances)
+        return
+    key = np.random.SeedSequence([*entropy, _HASH_TAG]).generate_state(1, np.uint64)[0]
+    for bucket in range(buckets):
+        members = bucket_members(num_instances, key, buckets, bucket)
+        np.random.default_rng([*entropy, bucket]).shuffle(members)  # permutation(members), in place
+        yield members
+        del members  # before the next bucket is collected
+
+
+def shard_ends(num_instances: int, num_shards: int) -> list[int]:
+    """End position of each shard in the global order: np.array_split's boundaries (the first
+    N mod num_shards shards one longer)."""
+    each, extra = divmod(num_instances, num_shards)
+    return [(k + 1) * each + min(k + 1, extra) for k in range(num_shards)]
+
+
+def shard_plan(
+    num_instances: int, num_shards: int, seed: int, seq_len: int, split: str,
+    bucket_instances: int = BUCKET_INSTANCES,
+) -> Iterator[np.ndarray]:
+    """Each shard's rows (global instance indices, in the shard's order), shard 0 first, made as they
+    are asked for: shard k is positions [start_k, end_k) of `bucket_orders`, and may span two buckets
+    (or more, with more shards than buckets hold). Main holds the bucket being cut, the shard being
+    filled, and the shards the caller still holds."""
+    ends = shard_ends(num_instances, num_shards)
+    pieces: list[np.ndarray] = []
+    shard = filled = 0
+    for order in bucket_orders(num_instances, seed, seq_len, split, bucket_instances):
+        at = 0
+        while True:
+            while shard < num_shards and ends[shard] == filled:
+                yield np.concatenate(pieces) if pieces else np.empty(0, np.int64)
+                pieces, shard = [], shard + 1
+            if at == len(order):
+                break
+            take = min(len(order) - at, ends[shard] - filled)
+            pieces.append(order[at : at + take].copy())  # a view would keep the whole bucket alive
+            at, filled = at + take, filled + take
+        del order
+
+
+def order_bucket(out: Path, seq_len: int, split: str, num_instances: int,
+                 bucket_instances: int = BUCKET_INSTANCES) -> int:
+    """The bucket size the shards of (seq_len, split) in `out` are cut with: `bucket_instances`, except
+    in a folder whose shard stage the code before buckets began. Up to one bucket the order is that
+    code's anyway. Over it, the size is recorded in work/ before the first shard is written, so shards
+    found without the record were cut from that code's single permutation: the rest are cut from it
+    too (its 8 bytes per instance in main), and a resumed folder never mixes two orders (which would
+    repeat some instances and lose others)."""
+    if num_instances <= bucket_instances:
+        return bucket_instances
+    record = out / "work" / "shards" / f"seq{seq_len}-{split}-order.json"
+    if record.is_file():
+        return int(json.loads(record.read_text(encoding="utf-8"))["bucket_instances"])
+    if any((out / f"seq{seq_len}").glob(f"{split}-*.arrow")):
+        print(f"seq {seq_len} {split}: resuming shards cut before the bucketed shuffle; finishing them "
+              "with the one permutation they were cut from", flush=True)
+        return num_instances
+    atomic_write_json(record, {"bucket_instances": bucket_instances})
+    return bucket_instances
 
 
 @dataclass(frozen=True)

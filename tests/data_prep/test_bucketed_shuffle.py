@@ -1,0 +1,148 @@
+"""The shard stage's bucketed shuffle (data_prep/shard_stage.py: bucket_orders, shard_plan).
+
+It replaced one permutation of every instance of a (length, split), drawn in the main process (8 bytes
+per instance), by buckets shuffled one at a time. What must hold: one bucket is exactly the old
+permutation (so the recorded shards of test_nsp_unchanged.py keep their bytes), the shards still cut a
+permutation into np.array_split's sizes, the order is uniform, main's memory follows the bucket and not
+the corpus, and a folder whose shards the old code began is finished with the old order. Small bucket
+sizes go in through `bucket_instances`, the seam the build passes the constant through.
+"""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from data_prep.shard_stage import (
+    BUCKET_INSTANCES,
+    ShardTask,
+    bucket_orders,
+    gather_rows,
+    order_bucket,
+    part_starts,
+    shard_plan,
+)
+from data_prep.shards import read_table
+from tests.data_prep.segment_inputs import build, write_inputs
+
+
+def plan(num_instances: int, num_shards: int, bucket: int, seed: int = 5, seq_len: int = 128,
+         split: str = "train") -> list[np.ndarray]:
+    return list(shard_plan(num_instances, num_shards, seed, seq_len, split, bucket_instances=bucket))
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+@pytest.mark.parametrize("num_instances", [0, 1, 1000, 1001])
+def test_one_bucket_is_the_single_permutation_of_before(num_instances: int, split: str) -> None:
+    split_seed = {"train": 0, "val": 1}[split]
+    before = np.array_split(np.random.default_rng([5, 128, split_seed]).permutation(num_instances), 3)
+    for bucket in (max(num_instances, 1), BUCKET_INSTANCES):
+        shards = plan(num_instances, 3, bucket, split=split)
+        assert len(shards) == 3
+        for got, want in zip(shards, before, strict=True):
+            assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("bucket", [7, 64])
+@pytest.mark.parametrize("num_instances", [1, 5, 64, 1000, 1001])
+@pytest.mark.parametrize("num_shards", [1, 3, 8])
+def test_shards_cut_a_permutation_into_equal_sizes(num_instances: int, num_shards: int, bucket: int) -> None:
+    shards = plan(num_instances, num_shards, bucket)
+    assert len(shards) == num_shards
+    assert np.array_equal(np.sort(np.concatenate(shards)), np.arange(num_instances))
+    sizes = [len(s) for s in shards]
+    assert sizes == [len(s) for s in np.array_split(np.arange(num_instances), num_shards)]
+    assert max(sizes) - min(sizes) <= 1
+    again = plan(num_instances, num_shards, bucket)
+    assert all(np.array_equal(a, b) for a, b in zip(shards, again, strict=True))
+
+
+def test_the_order_depends_on_seed_length_and_split_and_is_bucketed() -> None:
+    order = np.concatenate(plan(1000, 4, 64))
+    assert np.concatenate(list(bucket_orders(1000, 5, 128, "train", 64))).tolist() == order.tolist()
+    for other in (dict(seed=6), dict(seq_len=512), dict(split="val")):
+        assert not np.array_equal(np.concatenate(plan(1000, 4, 64, **other)), order), other
+    # 16 buckets, not the one permutation
+    assert not np.array_equal(order, np.concatenate(plan(1000, 4, 1000)))
+    buckets = list(bucket_orders(1000, 5, 128, "train", 64))
+    assert len(buckets) == 16 and all(len(b) > 0 for b in buckets)
+
+
+def test_order_is_uniform_over_fixed_seeds() -> None:
+    """N = 6 in 3 buckets of 2, 3000 seeds (fixed, so not flaky): every instance is at every position
+    about 1/6 of the time, and before any other one half of the time."""
+    seeds = range(3000)
+    orders = np.array([np.concatenate(plan(6, 1, 2, seed=s)) for s in seeds])
+    counts = np.zeros((6, 6))
+    for position in range(6):
+        counts[:, position] = np.bincount(orders[:, position], minlength=6)
+    expected = len(seeds) / 6
+    chi_square = float(((counts - expected) ** 2 / expected).sum())
+    assert chi_square < 70, chi_square  # 25 degrees of freedom: p ~ 1e-5 at 70
+    rank = np.argsort(orders, axis=1)  # rank[s, i]: the position of instance i
+    for first in range(6):
+        for second in range(first + 1, 6):
+            before = float((rank[:, first] < rank[:, second]).mean())
+            assert abs(before - 0.5) < 0.04, (first, second, before)  # sd 0.009
+    sequences = Counter(map(tuple, orders.tolist()))
+    assert len(sequences) > 600 and max(sequences.values()) < 20  # 720 orders, 4.2 each on average
+
+
+def test_main_holds_a_bucket_not_the_corpus() -> None:
+    """2,000,000 instances in buckets of 100,000: one permutation would be 16 MB of int64 alone."""
+    tracemalloc.start()
+    try:
+        seen = 0
+        for rows in shard_plan(2_000_000, 16, 5, 128, "train", bucket_instances=100_000):
+            seen += len(rows)
+            del rows
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert seen == 2_000_000
+    assert peak < 6 * 2**20, peak
+
+
+def row_keys(table: pa.Table) -> Counter:
+    return Counter(json.dumps(row, sort_keys=True) for row in table.to_pylist())
+
+
+def test_built_instances_land_in_exactly_one_shard_with_small_buckets(tmp_path: Path) -> None:
+    """A real build's instance parts, cut with buckets of 7: the shards hold every instance once,
+    the same rows as the build's own shards (one bucket), in another order."""
+    corpus = write_inputs(tmp_path / "inputs")
+    out = tmp_path / "out"
+    flags = ["--workers", "1", "--seq-lens", "48", "--num-shards", "2", "--docs-per-chunk", "16"]
+    assert build(corpus, out, *flags) == 0
+    num_chunks = len(list((out / "work" / "instances" / "seq48").glob("part-*-train.arrow")))
+    built = pa.concat_tables([read_table(out / "seq48" / f"train-{k:05d}.arrow") for k in range(2)])
+    count = built.num_rows
+    assert count > 3 * 7
+    shards = [
+        gather_rows(ShardTask(out, 48, "train", num_chunks, k, rows))
+        for k, rows in enumerate(shard_plan(count, 3, 7, 48, "train", bucket_instances=7))
+    ]
+    part_starts.cache_clear()
+    assert max(s.num_rows for s in shards) - min(s.num_rows for s in shards) <= 1
+    together = pa.concat_tables(shards)
+    assert row_keys(together) == row_keys(built)
+    assert together.column("input_ids").to_pylist() != built.column("input_ids").to_pylist()
+
+    # This folder's shards were cut from one permutation with no record of a bucket size: as if the
+    # code before buckets had begun them, so a resume finishes them with that permutation.
+    assert order_bucket(out, 48, "train", count, bucket_instances=7) == count
+    # one bucket: nothing to record
+    assert order_bucket(out, 48, "train", count, bucket_instances=count) == count
+    fresh = tmp_path / "fresh"
+    assert order_bucket(fresh, 48, "train", count, bucket_instances=7) == 7  # no shards yet: recorded
+    (fresh / "seq48").mkdir()
+    (fresh / "seq48" / "train-00000.arrow").write_bytes(b"")
+    assert order_bucket(fresh, 48, "train", count, bucket_instances=7) == 7  # resumed: the record holds
+    assert order_bucket(fresh, 48, "train", count, bucket_instances=9) == 7
+    assert order_bucket(fresh, 48, "val", count, bucket_instances=7) == 7  # per (length, split)
