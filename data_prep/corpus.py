@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_right
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.ipc as ipc
 
-from data_prep.shards import id_type, read_table, write_shard_table
+from data_prep.shards import ShardFormatError, id_type, read_table, write_shard_table
 
 TEXT_SCHEMA = pa.schema([pa.field("title", pa.string()), pa.field("sentences", pa.list_(pa.string()))])
 
@@ -112,16 +114,38 @@ def nested_list_arrays(column: pa.ListArray) -> tuple[np.ndarray, np.ndarray, np
     )
 
 
-class TokenCorpus:
-    """All token parts, memory-mapped, addressed by a global document index (views, no copies)."""
+MAX_MAPPED_PARTS = 1024  # token parts one process keeps mapped at a time (Linux allows 65,530 maps in all)
 
-    def __init__(self, paths: list[Path]) -> None:
-        self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+def part_rows(path: Path) -> int:
+    """Documents in one token part, from its record batch headers; the file is unmapped on return."""
+    source = pa.memory_map(str(path), "r")
+    try:
+        reader = ipc.open_file(source)
+        return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+    except (OSError, pa.ArrowInvalid) as err:
+        raise ShardFormatError(f"{path}: not a readable Arrow IPC file: {err}") from err
+    finally:
+        source.close()
+
+
+class TokenCorpus:
+    """All token parts, addressed by a global document index: views of memory-mapped files, no copies.
+
+    Why a bound on the mapped parts: an instance worker draws random next segments from every document, so it
+    reads every part, and one mapping per part would reach Linux's default limit of 65,530 maps
+    (`vm.max_map_count`) at about 16.7 M documents (256 a part): a C4-sized corpus would fail outright. So at
+    most `max_mapped` parts stay mapped, the least recently read unmapped first (a mapping lives on while a
+    document read from it does). What is read is the same bytes either way, so no instance changes.
+    """
+
+    def __init__(self, paths: list[Path], max_mapped: int = MAX_MAPPED_PARTS) -> None:
+        self._paths = paths
+        self._max_mapped = max(1, max_mapped)
+        self._mapped: OrderedDict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = OrderedDict()
         starts = [0]
         for path in paths:
-            column = mapped_list_column(path, "sentences")
-            self._parts.append(nested_list_arrays(column))
-            starts.append(starts[-1] + len(column))
+            starts.append(starts[-1] + part_rows(path))
         self._starts = starts
 
     def __len__(self) -> int:
@@ -130,9 +154,20 @@ class TokenCorpus:
     def part_range(self, part: int) -> range:
         return range(self._starts[part], self._starts[part + 1])
 
+    def _part(self, part: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        arrays = self._mapped.get(part)
+        if arrays is None:
+            arrays = nested_list_arrays(mapped_list_column(self._paths[part], "sentences"))
+            self._mapped[part] = arrays
+            while len(self._mapped) > self._max_mapped:
+                self._mapped.popitem(last=False)
+        else:
+            self._mapped.move_to_end(part)
+        return arrays
+
     def document(self, index: int) -> LazyDocument:
         part = bisect_right(self._starts, index) - 1
-        doc_offsets, sentence_offsets, tokens = self._parts[part]
+        doc_offsets, sentence_offsets, tokens = self._part(part)
         row = index - self._starts[part]
         first, last = doc_offsets[row], doc_offsets[row + 1]
         return LazyDocument(tokens, sentence_offsets[first : last + 1])

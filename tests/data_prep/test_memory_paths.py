@@ -8,6 +8,7 @@ shards. bench/data_prep_memory.py measures the bytes per token.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 from pathlib import Path
 
@@ -88,6 +89,33 @@ def test_token_corpus_maps_the_parts_without_copying(tmp_path: Path) -> None:
     assert pa.total_allocated_bytes() == before  # views of the mapped files, no copy in Arrow's pool
     assert len(corpus) == 6
     assert corpus.document(5)[9] == (np.arange(3000, dtype=np.uint16) % 97)[2900:3000].tolist()
+
+
+def mapped_token_parts(folder: Path) -> int:
+    """How many of `folder`'s token parts this process has mapped now (/proc/self/maps)."""
+    return len({line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
+                if line.endswith(".arrow") and str(folder) in line})
+
+
+def test_token_corpus_keeps_a_bounded_number_of_parts_mapped(tmp_path: Path) -> None:
+    """Linux allows 65,530 maps a process: one per token part would end a C4-sized build. Random reads over 40
+    parts with a bound of 4 keep at most 4 mapped, and read what an unbounded corpus reads."""
+    for chunk in range(40):
+        tokens = (np.arange(60, dtype=np.uint16) + chunk) % 97
+        write_token_part(token_part_path(tmp_path, chunk), tokens, np.full(6, 10), np.full(3, 2), 100,
+                         {"documents": 3})
+    paths = [token_part_path(tmp_path, c) for c in range(40)]
+    bounded, unbounded = TokenCorpus(paths, max_mapped=4), TokenCorpus(paths, max_mapped=len(paths))
+    assert mapped_token_parts(tmp_path) == 0 and len(bounded) == len(unbounded) == 120  # row counts, then unmapped
+    rng = np.random.default_rng(0)
+    for index in rng.integers(0, 120, 300).tolist():
+        assert list(bounded.document(index)) == list(unbounded.document(index))
+    assert mapped_token_parts(tmp_path) > 4  # the unbounded one keeps what it read
+    del unbounded
+    gc.collect()
+    for index in rng.integers(0, 120, 300).tolist():
+        bounded.document(index)
+        assert mapped_token_parts(tmp_path) <= 4
 
 
 def test_small_instance_batches_give_the_recorded_shards(tmp_path: Path, monkeypatch) -> None:
