@@ -358,10 +358,11 @@ cmd_glue() {
 }
 
 cmd_export() {
-    (($# == 2)) || die "usage: ./launch.sh export CHECKPOINT OUT"
-    require_path -e "$1" "export: checkpoint '$1' does not exist"
     export_repo_path
-    run "$PYTHON" -m pretrain.export "$1" "$2"
+    if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then run "$PYTHON" -m pretrain.export --help; return; fi
+    [[ $# == 2 || ($# == 4 && "$3" == --tag) ]] || die "usage: ./launch.sh export CHECKPOINT OUT [--tag TAG]"
+    require_path -e "$1" "export: checkpoint '$1' does not exist"
+    run "$PYTHON" -m pretrain.export "$@"
 }
 
 cmd_tensorboard() {
@@ -421,8 +422,8 @@ main() {
         usage
         exit 0
     fi
-    # prep, demo and report forward --help to their Python module, which knows its own flags.
-    if [[ "$sub" != demo && "$sub" != prep && "$sub" != report ]]; then
+    # prep, demo, report and export forward --help to their Python module, which knows its own flags.
+    if [[ "$sub" != demo && "$sub" != prep && "$sub" != report && "$sub" != export ]]; then
         for arg in "$@"; do
             [[ "$arg" == -- ]] && break
             if [[ "$arg" == -h || "$arg" == --help ]]; then usage; exit 0; fi

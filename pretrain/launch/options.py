@@ -115,7 +115,7 @@ Subcommands
   squad evaluate DATA.json PREDICTIONS.json [...]
   glue finetune [LAUNCH OPTIONS] --task T --model DIR --data DIR --out DIR [--seeds N]
   glue evaluate --task T GOLD.tsv PREDICTIONS.tsv
-  export CHECKPOINT OUT            python -m pretrain.export CHECKPOINT OUT
+  export CHECKPOINT OUT [--tag TAG]   python -m pretrain.export (a tag other than latest; export --help)
   report RUN_DIR [--usd-per-device-hour X]   report.md + report.png (time to quality), model cards
   tensorboard RUN_DIR [ARGS...]    TensorBoard on RUN_DIR
   scale RUN.json --phase1-batch N --phase2-batch M [--gpus G] --out NEW.json   the recipe at your batch

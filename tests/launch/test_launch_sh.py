@@ -282,7 +282,8 @@ def test_slurm_rank_wrapper_maps_slurm_variables(tmp_path: Path) -> None:
          "give --rdzv-endpoint HOST:PORT or --master-addr/--master-port, not both"),
         (["squad", "train"], {}, "unknown action 'train'"),
         (["squad", "evaluate", "dev.json"], {}, "usage: ./launch.sh squad evaluate"),
-        (["export", "ckpt"], {}, "usage: ./launch.sh export CHECKPOINT OUT"),
+        (["export", "ckpt"], {}, "usage: ./launch.sh export CHECKPOINT OUT [--tag TAG]"),
+        (["export", "ckpt", "out", "--tags", "t"], {}, "usage: ./launch.sh export CHECKPOINT OUT [--tag TAG]"),
         (["export", "no-ckpt", "out"], {}, "checkpoint 'no-ckpt' does not exist"),
         (["tensorboard", "no-run"], {}, "run folder 'no-run' does not exist"),
     ],
@@ -307,3 +308,15 @@ def test_help_lists_every_subcommand(tmp_path: Path) -> None:
                    "--rdzv-endpoint HOST:PORT"):
         assert f"\n  {option} " in proc.stdout  # the LAUNCH OPTIONS launch/plan.py parses
     assert launch([], tmp_path).stdout == proc.stdout  # no subcommand: the same text, exit 2
+
+
+def test_export_passes_its_tag_and_its_help_to_the_module(tmp_path: Path) -> None:
+    """`./launch.sh export CHECKPOINT OUT --tag TAG` exports that tag (not `latest`); `export --help` is the module's."""
+    (tmp_path / "ckpt").mkdir()
+    tagged = launch(["--dry-run", "export", "ckpt", "out", "--tag", "phase1-step0000010"], tmp_path)
+    assert tagged.returncode == 0, tagged.stderr
+    assert printed_commands(tagged.stdout)[-1] == [FAKE_PYTHON, "-m", "pretrain.export", "ckpt", "out", "--tag",
+                                                   "phase1-step0000010"]
+    helped = launch(["--dry-run", "export", "--help"], tmp_path)
+    assert helped.returncode == 0 and printed_commands(helped.stdout)[-1] == [FAKE_PYTHON, "-m", "pretrain.export",
+                                                                               "--help"]
