@@ -17,8 +17,10 @@ What this server adds to torch's (the private hooks it relies on are listed in p
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import re
 import signal
 import time
 import uuid
@@ -38,7 +40,7 @@ from pretrain.distributed.step_watch import (
     startup_limited,
 )
 from pretrain.launch.faults import hang_description
-from pretrain.launch.processes import catches, process_start, process_state
+from pretrain.launch.processes import catches, process_start, process_state, running
 from pretrain.launch.rank_logs import NCCL_PIPE_ENV, flight_recorder
 
 STACKS_WAIT_S = 1.0  # how long a hung rank gets to write its stacks before it is killed
@@ -174,10 +176,29 @@ def ask_nccl_for_trace(rank: int | None) -> bool:
     return True
 
 
+TIMER_PIPE = re.compile(r"bert-ds-timers-(\d+)-[0-9a-f]{32}")  # the agent's pid, then a unique part
+
+
+def remove_stale_timer_pipes(folder: str) -> list[str]:
+    """Remove the timer pipes of agents that are gone: an agent ending by itself removes its own, but one killed by
+    SIGKILL (or the OOM killer) leaves it in the temporary folder, one per launch. The pid in the name says whose
+    it is; a pid reused by another process keeps its pipe (a harmless leftover, never a live agent's pipe lost)."""
+    removed = []
+    for name in os.listdir(folder):
+        match = TIMER_PIPE.fullmatch(name)
+        if match and not running(int(match.group(1))):
+            with contextlib.suppress(OSError):  # another agent removed it first
+                os.unlink(os.path.join(folder, name))
+                removed.append(name)
+    return removed
+
+
 def watch_ranks(limits: Limits, launch_dir: Path) -> HangWatch:
     """Start our timer server once for every attempt, and set what the ranks inherit: its pipe and limits (torch then
     starts no server of its own: TORCHELASTIC_ENABLE_FILE_TIMER unset), and on GPUs NCCL's flight recorder."""
-    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"bert-ds-timers-{uuid.uuid4().hex}")
+    folder = os.environ.get("TMPDIR", "/tmp")
+    remove_stale_timer_pipes(folder)
+    path = os.path.join(folder, f"bert-ds-timers-{os.getpid()}-{uuid.uuid4().hex}")
     watch = HangWatch(path, limits)
     watch.start()
     os.environ.pop("TORCHELASTIC_ENABLE_FILE_TIMER", None)
