@@ -19,9 +19,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.ipc as ipc
 
-from data_prep.shards import ShardFormatError, id_type, read_table, write_shard_table
+from data_prep.shards import id_type, read_row_count, read_table, write_shard_table
 
 TEXT_SCHEMA = pa.schema([pa.field("title", pa.string()), pa.field("sentences", pa.list_(pa.string()))])
 
@@ -117,18 +116,6 @@ def nested_list_arrays(column: pa.ListArray) -> tuple[np.ndarray, np.ndarray, np
 MAX_MAPPED_PARTS = 1024  # token parts one process keeps mapped at a time (Linux allows 65,530 maps in all)
 
 
-def part_rows(path: Path) -> int:
-    """Documents in one token part, from its record batch headers; the file is unmapped on return."""
-    source = pa.memory_map(str(path), "r")
-    try:
-        reader = ipc.open_file(source)
-        return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
-    except (OSError, pa.ArrowInvalid) as err:
-        raise ShardFormatError(f"{path}: not a readable Arrow IPC file: {err}") from err
-    finally:
-        source.close()
-
-
 class TokenCorpus:
     """All token parts, addressed by a global document index: views of memory-mapped files, no copies.
 
@@ -145,7 +132,7 @@ class TokenCorpus:
         self._mapped: OrderedDict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = OrderedDict()
         starts = [0]
         for path in paths:
-            starts.append(starts[-1] + part_rows(path))
+            starts.append(starts[-1] + read_row_count(path))
         self._starts = starts
 
     def __len__(self) -> int:

@@ -30,7 +30,8 @@ import pyarrow.compute as pc
 
 from data_prep.atomic_io import atomic_write_json
 from data_prep.instance_stage import instance_part_path
-from data_prep.shards import read_table, write_shard_table
+from data_prep.keyed_hash import GOLDEN, mix64
+from data_prep.shards import read_row_count, read_table, write_shard_table
 
 SPLIT_SEED = {"train": 0, "val": 1}
 # Instances per shuffle bucket: the order main holds at a time, 128 MB of int64. Changing it changes
@@ -40,9 +41,6 @@ HASH_BLOCK = 1 << 15  # indices hashed at a time (256 KB an array); below 2^16: 
 # The bucket hash's key is drawn from (seed, seq_len, split, _HASH_TAG), bucket b's shuffle from
 # (seed, seq_len, split, b): b stays far below the tag (it would take 1.7e9 buckets).
 _HASH_TAG = 0x68617368  # "hash"
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # splitmix64's increment
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
 
 
 def shard_file(seq_len: int, split: str, index: int) -> str:
@@ -53,7 +51,7 @@ def shard_file(seq_len: int, split: str, index: int) -> str:
 def part_starts(out: Path, seq_len: int, split: str, num_chunks: int) -> np.ndarray:
     """Global index of each instance part's first row (and the total last): num_chunks + 1 integers.
     Reading a row count touches only the part's Arrow footer and batch header."""
-    counts = [read_table(instance_part_path(out, seq_len, c, split)).num_rows for c in range(num_chunks)]
+    counts = [read_row_count(instance_part_path(out, seq_len, c, split)) for c in range(num_chunks)]
     return np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
 
 
@@ -65,16 +63,7 @@ def bucket_ids(indices: np.ndarray, key: np.uint64, buckets: int) -> np.ndarray:
     """Bucket of each instance index (uint64 array): splitmix64's output number i+1 from state `key`,
     mod `buckets`. A keyed hash, not a generator's stream, so that any block of indices can be
     recomputed alone, the same every time (the modulo's bias is below buckets / 2^64)."""
-    z = indices + np.uint64(1)
-    z *= _GOLDEN
-    z += key
-    z ^= z >> np.uint64(30)
-    z *= _MIX1
-    z ^= z >> np.uint64(27)
-    z *= _MIX2
-    z ^= z >> np.uint64(31)
-    z %= np.uint64(buckets)
-    return z
+    return mix64((indices + np.uint64(1)) * GOLDEN + key) % np.uint64(buckets)
 
 
 def bucket_members(num_instances: int, key: np.uint64, buckets: int, bucket: int) -> np.ndarray:

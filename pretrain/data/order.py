@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from data_prep.keyed_hash import mix64
+
 FEISTEL_ORDER = "feistel-v1"
 LEGACY_ORDER = "numpy-permutation"
 ORDERS = (FEISTEL_ORDER, LEGACY_ORDER)
@@ -43,7 +45,6 @@ PARTITION_SALT = 0xD15_70177  # the deal into disjoint parts: fixed, independent
 ROUNDS = 8
 MIN_BITS = 8
 MAX_TOTAL = 1 << 62  # shifts of n-bit halves stay inside uint64
-_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 
 def feistel_keys(*words: int) -> np.ndarray:
@@ -54,13 +55,6 @@ def feistel_keys(*words: int) -> np.ndarray:
 def epoch_keys(seed: int, epoch: int) -> np.ndarray:
     """The round keys of the training order of `epoch` under `seed`."""
     return feistel_keys(ORDER_SALT, seed, epoch)
-
-
-def _mix(z: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: every output bit depends on every input bit (uint64 arrays wrap, never warn)."""
-    z = (z ^ (z >> 30)) * _MIX1
-    z = (z ^ (z >> 27)) * _MIX2
-    return z ^ (z >> 31)
 
 
 def _widths(bits: int) -> list[tuple[int, int]]:
@@ -76,14 +70,14 @@ def _widths(bits: int) -> list[tuple[int, int]]:
 def _encrypt(x: np.ndarray, bits: int, keys: np.ndarray) -> np.ndarray:
     for key, (high, low) in zip(keys, _widths(bits), strict=True):
         left, right = x >> low, x & np.uint64((1 << low) - 1)
-        x = (right << high) | (left ^ (_mix(right ^ key) & np.uint64((1 << high) - 1)))
+        x = (right << high) | (left ^ (mix64(right ^ key) & np.uint64((1 << high) - 1)))
     return x
 
 
 def _decrypt(y: np.ndarray, bits: int, keys: np.ndarray) -> np.ndarray:
     for key, (high, low) in reversed(list(zip(keys, _widths(bits), strict=True))):
         right, left = y >> high, y & np.uint64((1 << high) - 1)
-        y = ((left ^ (_mix(right ^ key) & np.uint64((1 << high) - 1))) << low) | right
+        y = ((left ^ (mix64(right ^ key) & np.uint64((1 << high) - 1))) << low) | right
     return y
 
 
