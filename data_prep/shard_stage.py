@@ -47,6 +47,11 @@ def shard_file(seq_len: int, split: str, index: int) -> str:
     return f"seq{seq_len}/{split}-{index:05d}.arrow"
 
 
+def shard_order_path(out: Path, seq_len: int, split: str) -> Path:
+    """The bucket size the shards of (seq_len, split) are cut with, recorded before the first (`order_bucket`)."""
+    return out / "work" / "shards" / f"seq{seq_len}-{split}-order.json"
+
+
 @functools.lru_cache(maxsize=4)
 def part_starts(out: Path, seq_len: int, split: str, num_chunks: int) -> np.ndarray:
     """Global index of each instance part's first row (and the total last): num_chunks + 1 integers.
@@ -157,10 +162,10 @@ def order_bucket(out: Path, seq_len: int, split: str, num_instances: int,
     repeat some instances and lose others)."""
     if num_instances <= bucket_instances:
         return bucket_instances
-    record = out / "work" / "shards" / f"seq{seq_len}-{split}-order.json"
+    record = shard_order_path(out, seq_len, split)
     if record.is_file():
         return int(json.loads(record.read_text(encoding="utf-8"))["bucket_instances"])
-    if any((out / f"seq{seq_len}").glob(f"{split}-*.arrow")):
+    if any((out / shard_file(seq_len, split, 0)).parent.glob(f"{split}-*.arrow")):
         print(f"seq {seq_len} {split}: resuming shards cut before the bucketed shuffle; finishing them "
               "with the one permutation they were cut from", flush=True)
         return num_instances
