@@ -60,7 +60,7 @@ def raw_tokenization(out: Path, vocab_path: Path, repeats: int = 3) -> tuple[flo
     from data_prep.vocab import load_vocab
 
     sentences = []
-    for part in sorted((out / "work" / "text").glob("part-*.arrow")):
+    for part in sorted((out / "work" / "text").glob("shard-*.arrow")):
         column = ipc.open_file(str(part)).read_all().column("sentences").to_pylist()
         sentences += [s for doc in column for s in doc]
     tokenizer = load_vocab(vocab_path).tokenizer()

@@ -1,4 +1,4 @@
-"""`python -m data_prep build | merge | inspect` — see docs/data_prep.md."""
+"""`python -m data_prep build | merge | task | inspect` — see docs/data_prep.md."""
 
 from __future__ import annotations
 
@@ -9,7 +9,16 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from data_prep.config import NSP, SEGMENT_MODES, BuildConfig, ConfigError, default_workers
+from data_prep.config import (
+    DEFAULT_INPUT_SHARD_MB,
+    NSP,
+    NSP_SCOPE_SHARD,
+    NSP_SCOPES,
+    SEGMENT_MODES,
+    BuildConfig,
+    ConfigError,
+    default_workers,
+)
 from data_prep.sources import SOURCES
 
 
@@ -45,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="nsp: BERT's sentence pairs + next-sentence labels; full-sentences: RoBERTa's whole "
                            "sentences packed up to the length across documents ([SEP] between documents), "
                            "MLM only; doc-sentences: the same within one document")
+    inst.add_argument("--nsp-scope", default=NSP_SCOPE_SHARD, metavar="|".join(NSP_SCOPES),
+                      help="nsp: where a random next segment comes from: the document's input shard (as "
+                           "google-research/bert run once per input file) or the whole corpus")
     inst.add_argument("--masking", choices=("dynamic", "static"), default="dynamic",
                       help="dynamic: stored unmasked, masked at load time; static: masked here")
     inst.add_argument("--dupe-factor", type=int, default=1, help="passes over the corpus with different draws")
@@ -63,14 +75,29 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--seed", type=int, default=12345, help="seed of every random choice")
     out.add_argument("--docs-per-chunk", type=int, default=256,
                      help="input documents per unit of work (part of the output's identity)")
+    out.add_argument("--input-shard-mb", type=float, default=DEFAULT_INPUT_SHARD_MB,
+                     help="input files are grouped in read order into input shards of about this many MiB on disk "
+                          "(a larger file is one shard): the unit of work and the NSP pool (part of the identity)")
     run = build.add_argument_group("execution (does not change the output)")
     run.add_argument("--workers", type=int, default=default_workers(), help="worker processes")
     run.add_argument("--num-nodes", type=int, default=1, help="machines sharing the work (then run merge)")
     run.add_argument("--node-rank", type=int, default=0, help="this machine's index, 0..num-nodes-1")
+    run.add_argument("--slurm", action="store_true",
+                     help="submit the build as SLURM job arrays (one element per task, then the merge) and return")
+    run.add_argument("--print-sbatch", action="store_true",
+                     help="with --slurm: print the batch scripts and the sbatch commands instead of submitting")
+    run.add_argument("--sbatch-arg", action="append", default=[], metavar="ARG",
+                     help="with --slurm: an #SBATCH option for every job (e.g. --partition=cpu); repeatable")
 
     merge = commands.add_parser("merge", help="after a multi-node build: instances, shards and the manifest")
     merge.add_argument("--out", required=True, metavar="DIR")
     merge.add_argument("--workers", type=int, default=default_workers())
+
+    task = commands.add_parser("task", help="one task of a started build (what a SLURM array element runs)")
+    task.add_argument("stage", choices=("corpus", "instances"))
+    task.add_argument("--out", required=True, metavar="DIR")
+    task.add_argument("--index", type=int, required=True, help="the task: input shard (corpus), or instance task")
+    task.add_argument("--workers", type=int, default=default_workers())
 
     inspect = commands.add_parser("inspect", help="manifest statistics and decoded random instances")
     inspect.add_argument("out", metavar="OUT")
@@ -114,6 +141,7 @@ def config_from_args(args: argparse.Namespace) -> BuildConfig:
         whole_word=args.whole_word, short_seq_prob=args.short_seq_prob, val_fraction=args.val_fraction,
         num_shards=args.num_shards, num_val_shards=args.num_val_shards, seed=args.seed,
         min_doc_chars=args.min_doc_chars, docs_per_chunk=args.docs_per_chunk,
+        input_shard_mb=args.input_shard_mb, nsp_scope=args.nsp_scope,
         workers=args.workers, num_nodes=args.num_nodes, node_rank=args.node_rank,
     )
 
@@ -126,15 +154,22 @@ def main(argv: list[str] | None = None, configure_threads: bool = False) -> int:
         # Threads of `tokenizers` (read once, when its pool starts): as many as worker processes.
         os.environ.setdefault("RAYON_NUM_THREADS", str(args.workers))
     # Imported after parsing so that `--help` is instant.
-    from data_prep.build import BuildError, run_build, run_merge
+    from data_prep.build import BuildError, run_build, run_merge, run_task
     from data_prep.report import inspect_text
     from data_prep.shards import ShardFormatError
+    from data_prep.slurm_arrays import submit_build
     from data_prep.source_files import SourceError
     from data_prep.vocab import VocabError
 
     try:
-        if args.command == "build":
+        if args.command == "build" and args.slurm:
+            submit_build(config_from_args(args), args.sbatch_arg, args.print_sbatch)
+        elif args.command == "build":
+            if args.print_sbatch or args.sbatch_arg:
+                raise ConfigError("--print-sbatch and --sbatch-arg go with --slurm")
             run_build(config_from_args(args))
+        elif args.command == "task":
+            run_task(Path(args.out), args.stage, args.index, args.workers)
         elif args.command == "merge":
             run_merge(Path(args.out), args.workers)
         else:

@@ -1,36 +1,38 @@
-"""The build: check inputs, run the stages (each resumable), write the manifest last.
+"""The build: check inputs, plan the input shards, run the stages (tasks with markers), write the manifest last.
 
-Single node: `build` runs everything. Several nodes: each `build --num-nodes N --node-rank r`
-cleans and tokenizes its chunks and records itself in OUT/work/nodes/; then `merge` (one
-machine, same shared OUT) makes instances, shards and the manifest. A single-node build is
-exactly "node 0 of 1, then merge", so both paths give the same bytes.
+Every stage is a set of tasks over input shards (data_prep/input_plan.py); a task writes its files atomically
+and then its marker (data_prep/work_layout.py), and whoever runs the build next runs only the tasks without
+one. So the executors differ only in who runs which task:
+
+* one machine: `build` runs every task in its pool;
+* several machines: `build --num-nodes N --node-rank r` cleans and tokenizes the input shards s with
+  s % N == r (reading only their files), then `merge` runs whatever no node finished (a dead node's share),
+  the instances, the shards and the manifest;
+* SLURM arrays (data_prep/slurm_arrays.py): one array element per task, then `merge`.
+
+The output is the same bytes whichever runs it.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from data_prep import __version__
 from data_prep.atomic_io import atomic_write_json, sha256_file
 from data_prep.config import NSP, BuildConfig, ConfigError
-from data_prep.corpus import read_table, text_part_path
-from data_prep.corpus_stage import VOCAB_NAME, clean_all, corpus_stats, prepare_vocab, tokenize_all
-from data_prep.instance_stage import (
-    InstanceTask,
-    dropped_pieces,
-    instance_chunk_done,
-    make_instances,
-    validation_documents,
-)
+from data_prep.corpus_index import corpus_index, count_held_out, missing_corpus_shards
+from data_prep.corpus_stage import VOCAB_NAME, clean_shards, corpus_sentences, prepare_vocab, tokenize_shards
+from data_prep.input_plan import InputPlan, PlanError, ensure_plan, load_plan
+from data_prep.instance_stage import InstanceSettings, InstanceTask, instance_task_done, make_instances
 from data_prep.parallel import Workers
 from data_prep.report import print_summary
 from data_prep.shard_stage import (
     ShardTask,
     count_instances,
+    dropped_pieces,
     order_bucket,
     shard_file,
     shard_plan,
@@ -41,6 +43,7 @@ from data_prep.source_files import SourceError
 from data_prep.sources import SOURCES
 from data_prep.tokenizer_files import write_tokenizer_files
 from data_prep.vocab import Vocab, load_vocab
+from data_prep.work_layout import chunk_layout_files, plan_path
 
 CONFIG_NAME = "build_config.json"
 
@@ -49,8 +52,9 @@ class BuildError(ValueError):
     """The build cannot go on (bad input, foreign output folder, too little data); names the cause."""
 
 
-def check_inputs(cfg: BuildConfig) -> None:
-    """Everything that can be checked before hours of work: files, source options, vocab, the output folder."""
+def check_inputs(cfg: BuildConfig) -> InputPlan:
+    """Everything that can be checked before hours of work: files, source options, vocab, the output folder;
+    then the plan of input shards (recorded, or checked against the inputs when the folder has one)."""
     unknown = sorted({name for name, _ in cfg.inputs} - {row.field for row in SOURCES})
     if unknown:
         raise BuildError(f"unknown input kind(s) {', '.join(unknown)}: not a row of data_prep/sources.py SOURCES")
@@ -65,6 +69,10 @@ def check_inputs(cfg: BuildConfig) -> None:
     if cfg.vocab is not None:
         load_vocab(cfg.vocab)
     claim_output_folder(cfg)
+    try:
+        return ensure_plan(cfg)
+    except PlanError as err:
+        raise BuildError(str(err)) from err
 
 
 def claim_output_folder(cfg: BuildConfig) -> None:
@@ -72,6 +80,13 @@ def claim_output_folder(cfg: BuildConfig) -> None:
     out = cfg.out_dir
     identity = cfg.identity()
     recorded = out / CONFIG_NAME
+    old_layout = chunk_layout_files(out)
+    if old_layout and not (out / MANIFEST_NAME).is_file():
+        raise BuildError(
+            f"--out {out}: begun by an earlier data_prep, which cut the work into chunk parts ({old_layout[0]}); "
+            "its chunks and NSP pool differ from this version's input shards: finish it with that version, or "
+            "delete the folder to rebuild"
+        )
     if recorded.is_file():
         previous = json.loads(recorded.read_text(encoding="utf-8"))
         if previous == identity and cfg.num_nodes == 1:
@@ -100,40 +115,39 @@ def remove_stale_temp_files(out: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def node_marker(out: Path, rank: int) -> Path:
-    return out / "work" / "nodes" / f"node-{rank:04d}.json"
-
-
-def build_node(cfg: BuildConfig, workers: Workers) -> int:
-    """Stage 1 for this node's chunks; returns the number of chunks in the whole corpus."""
+def prepare_corpus(cfg: BuildConfig, plan: InputPlan, shards: list[int], workers: Workers) -> None:
+    """Clean and tokenize `shards` (those not done). A vocab trained here needs every shard cleaned first,
+    which is why several nodes need a given --vocab."""
     started = time.perf_counter()
-    num_chunks = clean_all(cfg, workers)
-    if num_chunks == 0:
-        raise BuildError(f"empty corpus: the inputs gave no documents ({describe_inputs(cfg)})")
+    trains_vocab = cfg.vocab is None and not (cfg.out_dir / VOCAB_NAME).is_file()
+    clean_shards(cfg, plan, list(range(plan.num_shards)) if trains_vocab else shards, workers)
     print(f"stage clean: {time.perf_counter() - started:.1f}s", flush=True)
     started = time.perf_counter()
-    vocab = prepare_vocab(cfg, num_chunks)
+    vocab = prepare_vocab(cfg, plan.num_shards)
     print(f"stage vocab: {time.perf_counter() - started:.1f}s", flush=True)
     started = time.perf_counter()
-    tokenize_all(cfg, vocab, num_chunks)
+    tokenize_shards(cfg, vocab, shards)
     print(f"stage tokenize: {time.perf_counter() - started:.1f}s", flush=True)
-    atomic_write_json(node_marker(cfg.out_dir, cfg.node_rank), {"num_chunks": num_chunks, "rank": cfg.node_rank, "num_nodes": cfg.num_nodes})
-    return num_chunks
+
+
+def node_shards(plan: InputPlan, num_nodes: int, node_rank: int) -> list[int]:
+    return [s for s in range(plan.num_shards) if s % num_nodes == node_rank]
 
 
 def describe_inputs(cfg: BuildConfig) -> str:
     return ", ".join(f"{row.flag} {value}" for row in SOURCES for value in cfg.input_values(row.field))
 
 
-def merge(cfg: BuildConfig, workers: Workers) -> dict[str, Any]:
-    """Stages 2 and 3 over all nodes' token parts, then the manifest."""
+def merge(cfg: BuildConfig, plan: InputPlan, workers: Workers) -> dict[str, Any]:
+    """What no node finished (a dead node's share), then stages 2 and 3 over all shards, then the manifest."""
     out = cfg.out_dir
-    markers = [node_marker(out, r) for r in range(cfg.num_nodes)]
-    missing = [str(m) for m in markers if not m.is_file()]
+    missing = missing_corpus_shards(out, plan.num_shards)
     if missing:
-        raise BuildError(f"merge: node(s) not finished yet, missing {', '.join(missing)}")
-    num_chunks = json.loads(markers[0].read_text(encoding="utf-8"))["num_chunks"]
-    totals = corpus_stats(out, num_chunks)
+        print(f"corpus stage: {len(missing)} of {plan.num_shards} input shard(s) not done, running them here: "
+              f"{missing[:8]}{' ...' if len(missing) > 8 else ''}", flush=True)
+        prepare_corpus(cfg, plan, missing, workers)
+    index = corpus_index(out, plan.num_shards)
+    totals = dict(index.totals)
     if totals.get("documents", 0) == 0:
         raise BuildError(
             f"empty corpus: no document left after cleaning and dropping short ones "
@@ -141,12 +155,11 @@ def merge(cfg: BuildConfig, workers: Workers) -> dict[str, Any]:
         )
     vocab = load_vocab(out / VOCAB_NAME)
     lowercase = vocab.lowercase if cfg.vocab is not None else cfg.lowercase  # what the tokenize stage used
-    tokenizer_entry = write_tokenizer_files(Vocab(vocab.path, vocab.tokens, lowercase), corpus_sentences(out, num_chunks),
-                                            out)
-    held_out = validation_documents(totals["documents"], cfg.val_fraction, cfg.seed)
-    totals["val_documents"] = int(held_out.sum())
-    make_all_instances(cfg, num_chunks, workers)
-    seq_entries = {str(seq_len): make_shards(cfg, seq_len, num_chunks, workers) for seq_len in cfg.seq_lens}
+    tokenizer_entry = write_tokenizer_files(Vocab(vocab.path, vocab.tokens, lowercase),
+                                            corpus_sentences(out, plan.num_shards), out)
+    totals["val_documents"] = count_held_out(index.documents, cfg.val_fraction, cfg.seed)
+    make_all_instances(cfg, plan.num_shards, workers)
+    seq_entries = {str(seq_len): make_shards(cfg, seq_len, plan.num_shards, workers) for seq_len in cfg.seq_lens}
     manifest = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
@@ -172,58 +185,49 @@ def merge(cfg: BuildConfig, workers: Workers) -> dict[str, Any]:
         "seq_lens": seq_entries,
     }
     atomic_write_json(out / MANIFEST_NAME, manifest)
+    remove_stale_temp_files(out)  # every task is done: a temp file left now belongs to a killed one
     return manifest
 
 
-def corpus_sentences(out: Path, num_chunks: int) -> Iterator[str]:
-    """The cleaned sentences in corpus order, read chunk by chunk only as far as the caller asks."""
-    for chunk in range(num_chunks):
-        for document in read_table(text_part_path(out, chunk)).column("sentences").to_pylist():
-            yield from document
+def instance_tasks(cfg: BuildConfig, num_shards: int) -> list[InstanceTask]:
+    """Every (input shard, sequence length), shard-major: task i is shard i // L, length i % L."""
+    settings = InstanceSettings.of(cfg)
+    return [InstanceTask(cfg.out_dir, num_shards, shard, seq_len, cfg.max_predictions()[str(seq_len)], settings)
+            for shard in range(num_shards) for seq_len in cfg.seq_lens]
 
 
-def make_all_instances(cfg: BuildConfig, num_chunks: int, workers: Workers) -> None:
-    """Instance parts of every (sequence length, chunk) still missing, all lengths in one pool
-    pass so that a corpus of few, long documents (books) still keeps every worker busy."""
-    out = cfg.out_dir
-    tasks = [
-        InstanceTask(
-            out, num_chunks, c, seq_len, cfg.seed, cfg.short_seq_prob, cfg.val_fraction, cfg.dupe_factor,
-            cfg.static_masking, cfg.mask_prob, cfg.max_predictions()[str(seq_len)], cfg.whole_word, cfg.segments,
-        )
-        for c in range(num_chunks)
-        for seq_len in cfg.seq_lens
-        if not instance_chunk_done(out, seq_len, c, packed=cfg.segments != NSP)
-    ]
+def make_all_instances(cfg: BuildConfig, num_shards: int, workers: Workers) -> None:
+    """The instance tasks still missing, all lengths in one pool pass so that every worker stays busy."""
+    tasks = [t for t in instance_tasks(cfg, num_shards) if not instance_task_done(t.out, t.seq_len, t.shard)]
     started = time.perf_counter()
     for _ in workers.map(make_instances, tasks):
         pass
     print(f"stage instances: {time.perf_counter() - started:.1f}s", flush=True)
 
 
-def make_shards(cfg: BuildConfig, seq_len: int, num_chunks: int, workers: Workers) -> dict[str, Any]:
+def make_shards(cfg: BuildConfig, seq_len: int, num_shards: int, workers: Workers) -> dict[str, Any]:
     out = cfg.out_dir
     started = time.perf_counter()
     entry: dict[str, Any] = {}
     for split in SPLITS:
-        count, random_next = count_instances(out, seq_len, split, num_chunks)
-        num_shards = cfg.num_shards if split == "train" else cfg.num_val_shards
+        count, random_next = count_instances(out, seq_len, split, num_shards)
+        num_out = cfg.num_shards if split == "train" else cfg.num_val_shards
         # Packed modes only: what the packing dropped (nsp manifests keep their keys, and their bytes).
-        dropped = dropped_pieces(out, seq_len, split, num_chunks) if cfg.segments != NSP else {}
+        dropped = dropped_pieces(out, seq_len, split, num_shards) if cfg.segments != NSP else {}
         if count == 0:
             entry[split] = {"num_instances": 0, "nsp_random_fraction": None, "shards": [], **dropped}
             continue
-        if count < num_shards:
+        if count < num_out:
             flag = "--num-shards" if split == "train" else "--num-val-shards"
             raise BuildError(
-                f"{flag} {num_shards}: only {count} {split} instances at sequence length {seq_len}; "
+                f"{flag} {num_out}: only {count} {split} instances at sequence length {seq_len}; "
                 "lower it or add data"
             )
         # Lazy: one bucket of the order at a time (shard_stage.bucket_orders).
         bucket = order_bucket(out, seq_len, split, count)
-        plan = shard_plan(count, num_shards, cfg.seed, seq_len, split, bucket)
+        plan = shard_plan(count, num_out, cfg.seed, seq_len, split, bucket)
         shards = list(workers.map(write_shard_if_needed, (
-            ShardTask(out, seq_len, split, num_chunks, k, rows) for k, rows in enumerate(plan)
+            ShardTask(out, seq_len, split, num_shards, k, rows) for k, rows in enumerate(plan)
         )))
         entry[split] = {
             "num_instances": count,
@@ -247,7 +251,7 @@ def write_shard_if_needed(task: ShardTask) -> dict[str, object]:
 def run_build(cfg: BuildConfig) -> dict[str, Any] | None:
     """`python -m data_prep build`: returns the manifest, or None for a node of a multi-node build."""
     try:
-        check_inputs(cfg)
+        plan = check_inputs(cfg)
     except SourceError as err:
         raise BuildError(str(err)) from err
     if (cfg.out_dir / MANIFEST_NAME).is_file() and cfg.num_nodes == 1:
@@ -256,31 +260,53 @@ def run_build(cfg: BuildConfig) -> dict[str, Any] | None:
         print_summary(manifest)
         return manifest
     started = time.perf_counter()
+    print(f"{plan.num_shards} input shard(s) of up to {cfg.input_shard_mb:g} MiB", flush=True)
     with Workers(cfg.workers) as workers:
-        build_node(cfg, workers)
         if cfg.num_nodes > 1:
+            prepare_corpus(cfg, plan, node_shards(plan, cfg.num_nodes, cfg.node_rank), workers)
             print(f"node {cfg.node_rank}/{cfg.num_nodes} done; run `python -m data_prep merge --out {cfg.out}` "
-                  "once every node has finished")
+                  "once every node has finished (it runs whatever a node left undone)")
             return None
-        manifest = merge(cfg, workers)
+        manifest = merge(cfg, plan, workers)
     print_summary(manifest, seconds=time.perf_counter() - started)
     return manifest
+
+
+def recorded_config(out: Path, command: str, **runtime: Any) -> BuildConfig:
+    """The config a folder was started with (for `merge` and `task`, which take no input flags)."""
+    recorded = out / CONFIG_NAME
+    if not recorded.is_file() or not plan_path(out).is_file():
+        raise BuildError(f"{command} --out {out}: no {CONFIG_NAME} and work/plan.json; run `build` first")
+    return BuildConfig.from_identity(json.loads(recorded.read_text(encoding="utf-8")), out=str(out), **runtime)
 
 
 def run_merge(out: Path, workers: int) -> dict[str, Any]:
-    recorded = out / CONFIG_NAME
-    if not recorded.is_file():
-        raise BuildError(f"merge --out {out}: no {CONFIG_NAME}; run the node builds first")
-    nodes = sorted((out / "work" / "nodes").glob("node-*.json"))
-    if not nodes:
-        raise BuildError(f"merge --out {out}: no node has finished yet (no {out}/work/nodes/node-*.json)")
-    num_nodes = int(json.loads(nodes[0].read_text(encoding="utf-8"))["num_nodes"])
-    cfg = BuildConfig.from_identity(
-        json.loads(recorded.read_text(encoding="utf-8")), out=str(out), workers=workers, num_nodes=num_nodes
-    )
+    cfg = recorded_config(out, "merge", workers=workers)
+    try:
+        plan = ensure_plan(cfg)  # the inputs are still those the nodes read
+    except PlanError as err:
+        raise BuildError(str(err)) from err
     started = time.perf_counter()
     with Workers(workers) as pool:
-        manifest = merge(cfg, pool)
+        manifest = merge(cfg, plan, pool)
     print_summary(manifest, seconds=time.perf_counter() - started)
     return manifest
 
+
+def run_task(out: Path, stage: str, index: int, workers: int) -> None:
+    """One task of a SLURM array element: `corpus` (clean + tokenize input shard `index`) or `instances`
+    (task `index` of instance_tasks). Done already: nothing to do (a requeued element)."""
+    cfg = recorded_config(out, "task", workers=workers)
+    plan = load_plan(out)
+    if stage == "corpus":
+        if not 0 <= index < plan.num_shards:
+            raise BuildError(f"task corpus --index {index}: the plan has {plan.num_shards} input shard(s)")
+        with Workers(workers) as pool:
+            prepare_corpus(cfg, plan, [index], pool)
+        return
+    tasks = instance_tasks(cfg, plan.num_shards)
+    if not 0 <= index < len(tasks):
+        raise BuildError(f"task instances --index {index}: there are {len(tasks)} instance task(s)")
+    task = tasks[index]
+    if not instance_task_done(out, task.seq_len, task.shard):
+        make_instances(task)

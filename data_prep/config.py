@@ -25,6 +25,12 @@ NSP = "nsp"  # BERT's sentence pairs with a next-sentence label
 FULL_SENTENCES = "full-sentences"  # RoBERTa: packed whole sentences, across documents, MLM only
 DOC_SENTENCES = "doc-sentences"  # RoBERTa: packed whole sentences, within one document, MLM only
 SEGMENT_MODES = (NSP, FULL_SENTENCES, DOC_SENTENCES)
+# Where NSP draws a random next segment from (data_prep/instance_stage.py): the document's own input shard, as
+# google-research/bert's create_pretraining_data.py does when run once per input file, or the whole corpus.
+NSP_SCOPE_SHARD, NSP_SCOPE_CORPUS = "shard", "corpus"
+NSP_SCOPES = (NSP_SCOPE_SHARD, NSP_SCOPE_CORPUS)
+# Input bytes (on disk: compressed files count compressed) per input shard, the unit of work and NSP's pool.
+DEFAULT_INPUT_SHARD_MB = 256.0
 BERT_MASK_PROB = 0.15  # the rate BERT's 20 predictions at 128 were sized for
 # The input fields that predate the SOURCES table (tests/data_prep/test_sources.py matches them to its rows).
 NAMED_INPUTS = ("wiki_dumps", "wikiextractor", "books", "texts", "hf_datasets")
@@ -80,6 +86,10 @@ class BuildConfig:
     seed: int = 12345
     min_doc_chars: int = 100
     docs_per_chunk: int = 256
+    # Input files are grouped, in read order, into input shards of about this many MiB; a larger file is one
+    # shard of its own. Recorded in the identity only when not the default (as `segments`).
+    input_shard_mb: float = DEFAULT_INPUT_SHARD_MB
+    nsp_scope: str = NSP_SCOPE_SHARD  # recorded only when not the default
     # Not part of the identity: how the work is spread.
     workers: int = field(default_factory=default_workers)
     num_nodes: int = 1
@@ -104,6 +114,8 @@ class BuildConfig:
             raise ConfigError(f"--masking {self.masking!r}: expected one of {MASKING_MODES}")
         if self.segments not in SEGMENT_MODES:
             raise ConfigError(f"--segments {self.segments!r}: expected one of {', '.join(SEGMENT_MODES)}")
+        if self.nsp_scope not in NSP_SCOPES:
+            raise ConfigError(f"--nsp-scope {self.nsp_scope!r}: expected one of {', '.join(NSP_SCOPES)}")
         checks = [
             ("--dupe-factor", self.dupe_factor >= 1, self.dupe_factor),
             ("--mask-prob", 0 < self.mask_prob < 1, self.mask_prob),
@@ -113,6 +125,7 @@ class BuildConfig:
             ("--num-val-shards", self.num_val_shards >= 1, self.num_val_shards),
             ("--min-doc-chars", self.min_doc_chars >= 0, self.min_doc_chars),
             ("--docs-per-chunk", self.docs_per_chunk >= 1, self.docs_per_chunk),
+            ("--input-shard-mb", self.input_shard_mb > 0, self.input_shard_mb),
             ("--workers", self.workers >= 1, self.workers),
             ("--num-nodes", self.num_nodes >= 1, self.num_nodes),
             ("--node-rank", 0 <= self.node_rank < self.num_nodes, self.node_rank),
@@ -129,6 +142,10 @@ class BuildConfig:
     @property
     def out_dir(self) -> Path:
         return Path(self.out)
+
+    @property
+    def input_shard_bytes(self) -> int:
+        return max(1, round(self.input_shard_mb * (1 << 20)))
 
     @property
     def static_masking(self) -> bool:
@@ -150,13 +167,15 @@ class BuildConfig:
     def identity(self) -> dict[str, Any]:
         """Everything that decides the output bytes (paths made absolute).
 
-        `segments` only when it is not the default: a folder started before segment modes existed
-        recorded no such key, and must still be resumed, and its manifest's `config` stay as it was."""
+        `segments`, `nsp_scope` and `input_shard_mb` only when not the default: a folder started before
+        they existed recorded no such key, and its manifest's `config` stays as it was."""
         data = asdict(self)
         for key in ("out", "workers", "num_nodes", "node_rank"):
             data.pop(key)
-        if data["segments"] == NSP:
-            data.pop("segments")
+        for key, default in (("segments", NSP), ("nsp_scope", NSP_SCOPE_SHARD),
+                             ("input_shard_mb", DEFAULT_INPUT_SHARD_MB)):
+            if data[key] == default:
+                data.pop(key)
         inputs, options = data.pop("inputs"), data.pop("input_options")
         if inputs:  # as `segments`: absent from folders started before any newer source existed
             data["inputs"] = {name: list(values) for name, values in inputs}

@@ -1,16 +1,15 @@
-"""The intermediate corpora under OUT/work/, one Arrow file per chunk of input documents.
+"""The intermediate corpora of one input shard under OUT/work/ (paths: data_prep/work_layout.py).
 
-    work/text/part-NNNNN.arrow     cleaned documents: title (string), sentences (list<string>)
-    work/tokens/part-NNNNN.arrow   the tokenized corpus: sentences (list<list<uint16|uint32>>)
+    work/text/shard-NNNNN.arrow     cleaned documents: title (string), sentences (list<string>)
+    work/tokens/shard-NNNNN.arrow   the tokenized documents: sentences (list<list<uint16|uint32>>)
 
-A part exists only when complete (atomic rename), which is what makes a killed build resumable.
-The tokenized corpus is made once and read, memory-mapped, by every sequence length.
-Chunk statistics travel in the Arrow schema metadata so that no side file can disagree.
+Each file holds one record batch per chunk of `--docs-per-chunk` input documents (empty when the chunk
+kept no document), so chunk k of a shard is batch k. The tokenized corpus is made once and read,
+memory-mapped, by every sequence length.
 """
 
 from __future__ import annotations
 
-import json
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -20,44 +19,30 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from data_prep.shards import id_type, read_row_count, read_table, write_shard_table
+from data_prep.batch_files import batch_row_counts, read_batches
+from data_prep.shards import id_type
 
 TEXT_SCHEMA = pa.schema([pa.field("title", pa.string()), pa.field("sentences", pa.list_(pa.string()))])
 
 
-def text_part_path(out: Path, chunk: int) -> Path:
-    return out / "work" / "text" / f"part-{chunk:05d}.arrow"
+def token_schema(vocab_size: int) -> pa.Schema:
+    return pa.schema([pa.field("sentences", pa.list_(pa.list_(id_type(vocab_size))))])
 
 
-def token_part_path(out: Path, chunk: int) -> Path:
-    return out / "work" / "tokens" / f"part-{chunk:05d}.arrow"
+def text_table(titles: list[str], sentences: list[list[str]]) -> pa.Table:
+    return pa.Table.from_pydict({"title": titles, "sentences": sentences}, schema=TEXT_SCHEMA)
 
 
-def write_text_part(path: Path, titles: list[str], sentences: list[list[str]], stats: dict[str, int]) -> None:
-    schema = TEXT_SCHEMA.with_metadata({"stats": json.dumps(stats, sort_keys=True)})
-    table = pa.Table.from_pydict({"title": titles, "sentences": sentences}, schema=schema)
-    write_shard_table(path, table)
-
-
-def write_token_part(
-    path: Path, tokens: np.ndarray, sentence_lengths: np.ndarray, doc_sentence_counts: np.ndarray,
-    vocab_size: int, stats: dict[str, int],
-) -> None:
+def token_table(
+    tokens: np.ndarray, sentence_lengths: np.ndarray, doc_sentence_counts: np.ndarray, vocab_size: int
+) -> pa.Table:
     """Documents as nested lists built from flat arrays (no per-token Python objects)."""
     ids = id_type(vocab_size)
     sentence_offsets = np.concatenate([[0], np.cumsum(sentence_lengths)]).astype(np.int32)
     doc_offsets = np.concatenate([[0], np.cumsum(doc_sentence_counts)]).astype(np.int32)
     sentences = pa.ListArray.from_arrays(pa.array(sentence_offsets), pa.array(tokens, type=ids))
     docs = pa.ListArray.from_arrays(pa.array(doc_offsets), sentences)
-    schema = pa.schema([pa.field("sentences", pa.list_(pa.list_(ids)))]).with_metadata(
-        {"stats": json.dumps(stats, sort_keys=True)}
-    )
-    write_shard_table(path, pa.Table.from_arrays([docs], schema=schema))
-
-
-def part_stats(path: Path) -> dict[str, int]:
-    table = read_table(path)
-    return json.loads(table.schema.metadata[b"stats"])
+    return pa.Table.from_arrays([docs], schema=token_schema(vocab_size))
 
 
 class LazyDocument(Sequence[list[int]]):
@@ -76,19 +61,6 @@ class LazyDocument(Sequence[list[int]]):
         if index < 0:
             index += len(self)
         return self._tokens[self._offsets[index] : self._offsets[index + 1]].tolist()
-
-
-def mapped_list_column(path: Path, name: str) -> pa.ListArray:
-    """One list column of an Arrow file as a single array over the file's memory map.
-
-    A part is written as one record batch, so its column has one chunk and `.chunk(0)` is a view of
-    the mapped file. `combine_chunks()` would copy it into the worker's own memory: every worker held
-    a private copy of the whole token corpus (~2 bytes per token each) that the page cache shares.
-    """
-    column = read_table(path).column(name)
-    if column.num_chunks == 1:
-        return column.chunk(0)
-    return column.combine_chunks()  # never written so (one batch per file); zero chunks when empty
 
 
 def nested_list_arrays(column: pa.ListArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -113,43 +85,58 @@ def nested_list_arrays(column: pa.ListArray) -> tuple[np.ndarray, np.ndarray, np
     )
 
 
-MAX_MAPPED_PARTS = 1024  # token parts one process keeps mapped at a time (Linux allows 65,530 maps in all)
+MAX_MAPPED_FILES = 1024  # token files one process keeps mapped at a time (Linux allows 65,530 maps in all)
 
 
 class TokenCorpus:
-    """All token parts, addressed by a global document index: views of memory-mapped files, no copies.
+    """The documents of some token files, addressed by a global document index: views of memory-mapped
+    record batches, no copies. A part is one record batch (one chunk); `first_document` is the global
+    index of the first file's first document (an input shard's corpus starts where the shards before end).
 
-    Why a bound on the mapped parts: an instance worker draws random next segments from every document, so it
-    reads every part, and one mapping per part would reach Linux's default limit of 65,530 maps
-    (`vm.max_map_count`) at about 16.7 M documents (256 a part): a C4-sized corpus would fail outright. So at
-    most `max_mapped` parts stay mapped, the least recently read unmapped first (a mapping lives on while a
-    document read from it does). What is read is the same bytes either way, so no instance changes.
+    Why a bound on the mapped files: in `--nsp-scope corpus` an instance worker draws random next
+    segments from every document, so it reads every file, and one mapping per file would reach Linux's
+    default limit of 65,530 maps (`vm.max_map_count`). So at most `max_mapped` files stay mapped, the least
+    recently read unmapped first (a mapping lives on while a document read from it does). What is read is
+    the same bytes either way, so no instance changes.
     """
 
-    def __init__(self, paths: list[Path], max_mapped: int = MAX_MAPPED_PARTS) -> None:
+    def __init__(self, paths: list[Path], first_document: int = 0, max_mapped: int = MAX_MAPPED_FILES) -> None:
         self._paths = paths
         self._max_mapped = max(1, max_mapped)
-        self._mapped: OrderedDict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = OrderedDict()
-        starts = [0]
-        for path in paths:
-            starts.append(starts[-1] + read_row_count(path))
+        self._mapped: OrderedDict[int, dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]] = OrderedDict()
+        self._readers: dict[int, Any] = {}
+        self._parts: list[tuple[int, int]] = []  # part -> (file, batch)
+        starts = [first_document]
+        for file, path in enumerate(paths):
+            for batch, rows in enumerate(batch_row_counts(path)):
+                self._parts.append((file, batch))
+                starts.append(starts[-1] + rows)
         self._starts = starts
 
     def __len__(self) -> int:
-        return self._starts[-1]
+        return self._starts[-1] - self._starts[0]
+
+    @property
+    def num_parts(self) -> int:
+        return len(self._parts)
 
     def part_range(self, part: int) -> range:
         return range(self._starts[part], self._starts[part + 1])
 
     def _part(self, part: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        arrays = self._mapped.get(part)
-        if arrays is None:
-            arrays = nested_list_arrays(mapped_list_column(self._paths[part], "sentences"))
-            self._mapped[part] = arrays
+        file, batch = self._parts[part]
+        batches = self._mapped.get(file)
+        if batches is None:
+            batches = self._mapped[file] = {}
+            self._readers[file] = read_batches(self._paths[file])
             while len(self._mapped) > self._max_mapped:
-                self._mapped.popitem(last=False)
+                evicted, _ = self._mapped.popitem(last=False)
+                self._readers.pop(evicted)
         else:
-            self._mapped.move_to_end(part)
+            self._mapped.move_to_end(file)
+        arrays = batches.get(batch)
+        if arrays is None:
+            arrays = batches[batch] = nested_list_arrays(self._readers[file].get_batch(batch).column(0))
         return arrays
 
     def document(self, index: int) -> LazyDocument:

@@ -1,8 +1,9 @@
-"""Stage 1: sources -> cleaned sentences (text parts) -> vocab -> tokenized corpus (token parts).
+"""Stage 1, per input shard: its documents -> cleaned sentences (text) -> vocab -> tokenized documents.
 
-Documents are cut into chunks of `docs_per_chunk` *input* documents in source order, so chunk
-boundaries never depend on cleaning results, the worker count or the node count. Node `r` of
-`n` owns the chunks with `index % n == r`.
+A shard's documents are cut into chunks of `docs_per_chunk` *input* documents in read order, so chunk
+boundaries never depend on cleaning results, the worker count or the node count. The chunks of the shards a
+process runs are cleaned by its pool in order and written as one record batch each; the tokens follow
+chunk by chunk. A shard's files and its marker appear only when the shard is whole.
 """
 
 from __future__ import annotations
@@ -15,44 +16,42 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 from tqdm import tqdm
 
-from data_prep.atomic_io import atomic_write_bytes, sha256_file
+from data_prep.atomic_io import atomic_write_bytes, atomic_write_json, sha256_file
+from data_prep.batch_files import AtomicBatchWriter, read_batches
 from data_prep.config import BuildConfig
-from data_prep.corpus import (
-    merge_stats,
-    part_stats,
-    read_table,
-    text_part_path,
-    token_part_path,
-    write_text_part,
-    write_token_part,
-)
+from data_prep.corpus import TEXT_SCHEMA, text_table, token_schema, token_table
+from data_prep.input_plan import InputPlan, read_shard
 from data_prep.parallel import Workers
-from data_prep.sources import SOURCES, RawDocument, ReadContext, to_sentences
+from data_prep.sources import RawDocument, to_sentences
 from data_prep.vocab import Vocab, VocabError, load_vocab, train_vocab
+from data_prep.work_layout import marker_path, text_path, tokens_path
 
 VOCAB_NAME = "vocab.txt"
 
 
-def iter_documents(cfg: BuildConfig) -> Iterator[RawDocument]:
-    """Every input document in a fixed order: SOURCES' rows in turn, each row's values as given."""
-    for row in SOURCES:
-        context = ReadContext(cfg.skip_bad_files, {o.field: cfg.input_option(o.field, o.default) for o in row.options})
-        for value in cfg.input_values(row.field):
-            yield from row.read(value, context)
+@dataclass(frozen=True)
+class CleanTask:
+    shard: int
+    chunk: int  # within the shard
+    documents: list[RawDocument]
+    min_doc_chars: int
+    last: bool = False  # no documents: marks the end of the shard (`chunk` is then its number of chunks)
 
 
 @dataclass(frozen=True)
-class CleanTask:
-    out: Path
-    chunk: int
-    documents: list[RawDocument]
-    min_doc_chars: int
+class CleanedChunk:
+    task: CleanTask
+    table: pa.Table | None
+    stats: dict[str, int]
 
 
-def clean_chunk(task: CleanTask) -> dict[str, int]:
-    """Raw documents -> sentences; short documents dropped and counted. Pure; writes one part."""
+def clean_chunk(task: CleanTask) -> CleanedChunk:
+    """Raw documents -> sentences; short documents dropped and counted. Pure; runs in the pool."""
+    if task.last:
+        return CleanedChunk(task, None, {})
     titles: list[str] = []
     kept: list[list[str]] = []
     dropped = 0
@@ -68,8 +67,7 @@ def clean_chunk(task: CleanTask) -> dict[str, int]:
         "documents_dropped_short": dropped,
         "characters": sum(len(s) for doc in kept for s in doc),
     }
-    write_text_part(text_part_path(task.out, task.chunk), titles, kept, stats)
-    return stats
+    return CleanedChunk(task, text_table(titles, kept), stats)
 
 
 @functools.lru_cache(maxsize=2)
@@ -77,24 +75,13 @@ def _tokenizer(vocab_path: str, lowercase: bool):
     return Vocab(Path(vocab_path), (), lowercase).tokenizer()
 
 
-@dataclass(frozen=True)
-class TokenizeTask:
-    out: Path
-    chunk: int
-    vocab_path: str
-    vocab_size: int
-    lowercase: bool
-
-
-def tokenize_chunk(task: TokenizeTask) -> dict[str, int]:
-    """Text part -> token part: one batch-encode call per chunk; empty sentences dropped."""
-    table = read_table(text_part_path(task.out, task.chunk))
+def tokenize_batch(table: pa.Table, tokenizer, vocab_size: int) -> tuple[pa.Table, dict[str, int]]:
+    """One chunk's text -> its tokens: one batch-encode call; empty sentences dropped, and documents left empty."""
     docs_text: list[list[str]] = table.column("sentences").to_pylist()
     flat = [sentence for doc in docs_text for sentence in doc]
-    encodings = _tokenizer(task.vocab_path, task.lowercase).encode_batch(flat, add_special_tokens=False)
+    encodings = tokenizer.encode_batch(flat, add_special_tokens=False)
     ids = [encoding.ids for encoding in encodings]
     lengths = np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))
-    # Empty sentences (only characters the tokenizer drops) are removed; so are documents left empty.
     keep = lengths > 0
     doc_index = np.repeat(np.arange(len(docs_text)), [len(doc) for doc in docs_text])
     per_doc = np.bincount(doc_index[keep], minlength=len(docs_text))
@@ -102,53 +89,72 @@ def tokenize_chunk(task: TokenizeTask) -> dict[str, int]:
         itertools.chain.from_iterable(ids),  # empty sentences add nothing
         dtype=np.int64, count=int(lengths.sum()),
     )
-    stats = {
-        "documents": int((per_doc > 0).sum()),
-        "sentences": int(keep.sum()),
-        "tokens": int(lengths.sum()),
-    }
-    write_token_part(
-        token_part_path(task.out, task.chunk), tokens, lengths[keep], per_doc[per_doc > 0], task.vocab_size, stats
-    )
-    return stats
+    stats = {"documents": int((per_doc > 0).sum()), "sentences": int(keep.sum()), "tokens": int(lengths.sum())}
+    return token_table(tokens, lengths[keep], per_doc[per_doc > 0], vocab_size), stats
 
 
-def _chunks(cfg: BuildConfig) -> Iterator[tuple[int, list[RawDocument]]]:
-    documents = iter_documents(cfg)
-    for index in itertools.count():
-        chunk = list(itertools.islice(documents, cfg.docs_per_chunk))
-        if not chunk:
-            return
-        yield index, chunk
+def _chunks(documents: Iterator[RawDocument], size: int) -> Iterator[list[RawDocument]]:
+    while chunk := list(itertools.islice(documents, size)):
+        yield chunk
 
 
-def clean_all(cfg: BuildConfig, workers: Workers) -> int:
-    """Make this node's text parts (skipping finished ones); returns the total number of chunks."""
+class _ShardText:
+    """The text file of the shard being cleaned: batches in chunk order, then its marker."""
+
+    def __init__(self, out: Path, shard: int, units: list[str]) -> None:
+        self.out, self.shard, self.units = out, shard, units
+        self.stats = {"input_documents": 0, "documents_dropped_short": 0, "characters": 0}
+        self.writer = AtomicBatchWriter(text_path(out, shard), TEXT_SCHEMA).__enter__()
+
+    def add(self, result: CleanedChunk) -> None:
+        assert result.table is not None
+        self.writer.write(result.table)
+        for key, value in result.stats.items():
+            self.stats[key] += value
+
+    def finish(self, chunks: int) -> None:
+        self.writer.__exit__(None)
+        atomic_write_json(marker_path(self.out, "clean", self.shard),
+                          {**self.stats, "chunks": chunks, "input_files": self.units})
+
+
+def clean_shards(cfg: BuildConfig, plan: InputPlan, shards: list[int], workers: Workers) -> None:
+    """The text files of `shards` still missing; each reads its own input files and nothing else."""
     out = cfg.out_dir
-    num_chunks = 0
+    todo = [s for s in shards if not marker_path(out, "clean", s).is_file()]
+    if not todo:
+        return
     bar = tqdm(desc="clean", unit="doc", mininterval=2, dynamic_ncols=True)
-    started = time.perf_counter()
-    chars = 0
+    started, chars = time.perf_counter(), 0
 
     def tasks() -> Iterator[CleanTask]:
-        nonlocal num_chunks
-        for index, documents in _chunks(cfg):
-            num_chunks = index + 1
-            mine = index % cfg.num_nodes == cfg.node_rank
-            if not mine or text_part_path(out, index).is_file():
-                bar.update(len(documents))
+        for shard in todo:
+            chunks = 0
+            for chunks, documents in enumerate(_chunks(read_shard(cfg, plan.shards[shard]), cfg.docs_per_chunk), 1):
+                yield CleanTask(shard, chunks - 1, documents, cfg.min_doc_chars)
+            yield CleanTask(shard, chunks, [], cfg.min_doc_chars, last=True)
+
+    current: _ShardText | None = None
+    try:
+        for result in workers.map(clean_chunk, tasks()):
+            task = result.task
+            if current is None:
+                current = _ShardText(out, task.shard, [u.file or u.value for u in plan.shards[task.shard]])
+            if task.last:
+                current.finish(task.chunk)
+                current = None
                 continue
-            yield CleanTask(out, index, documents, cfg.min_doc_chars)
+            current.add(result)
+            chars += result.stats["characters"]
+            bar.update(result.stats["input_documents"])
+            bar.set_postfix_str(f"{chars / max(1e-9, time.perf_counter() - started) / 1e6:.2f} MB/s", refresh=False)
+    finally:
+        if current is not None:  # an error mid-shard: no file, no marker
+            current.writer.__exit__(RuntimeError)
+        bar.close()
 
-    for stats in workers.map(clean_chunk, tasks()):
-        chars += stats["characters"]
-        bar.update(stats["input_documents"])
-        bar.set_postfix_str(f"{chars / max(1e-9, time.perf_counter() - started) / 1e6:.2f} MB/s", refresh=False)
-    bar.close()
-    return num_chunks
 
-
-def prepare_vocab(cfg: BuildConfig, num_chunks: int) -> Vocab:
+def prepare_vocab(cfg: BuildConfig, num_shards: int) -> Vocab:
     """OUT/vocab.txt: a copy of --vocab, or WordPiece trained on the cleaned text (once)."""
     target = cfg.out_dir / VOCAB_NAME
     if cfg.vocab is not None:
@@ -164,40 +170,45 @@ def prepare_vocab(cfg: BuildConfig, num_chunks: int) -> Vocab:
         vocab = load_vocab(target)
         return Vocab(vocab.path, vocab.tokens, cfg.lowercase)
 
-    def sentences() -> Iterator[str]:
-        for chunk in range(num_chunks):
-            for doc in read_table(text_part_path(cfg.out_dir, chunk)).column("sentences").to_pylist():
-                yield from doc
-
     assert cfg.vocab_size is not None
-    vocab = train_vocab(sentences(), cfg.vocab_size, cfg.lowercase, target)
+    vocab = train_vocab(corpus_sentences(cfg.out_dir, num_shards), cfg.vocab_size, cfg.lowercase, target)
     return Vocab(vocab.path, vocab.tokens, cfg.lowercase)
 
 
-def tokenize_all(cfg: BuildConfig, vocab: Vocab, num_chunks: int) -> None:
-    """Tokenize this node's chunks in this process: `tokenizers` spreads each chunk's batch over
-    its own threads (RAYON_NUM_THREADS = --workers), so a chunk holding a few whole books is
-    still tokenized on every core, which one process per chunk could not do."""
+def corpus_sentences(out: Path, num_shards: int) -> Iterator[str]:
+    """The cleaned sentences in corpus order, read chunk by chunk only as far as the caller asks."""
+    for shard in range(num_shards):
+        reader = read_batches(text_path(out, shard))
+        for batch in range(reader.num_record_batches):
+            for document in reader.get_batch(batch).column(1).to_pylist():
+                yield from document
+
+
+def tokenize_shards(cfg: BuildConfig, vocab: Vocab, shards: list[int]) -> None:
+    """Tokenize `shards` (those still missing) in this process: `tokenizers` spreads each chunk's batch over
+    its own threads (RAYON_NUM_THREADS = --workers), so a chunk holding a few whole books is still
+    tokenized on every core, which one process per chunk could not do."""
     out = cfg.out_dir
-    mine = [c for c in range(num_chunks) if c % cfg.num_nodes == cfg.node_rank]
-    todo = [c for c in mine if not token_part_path(out, c).is_file()]
-    bar = tqdm(total=len(mine), initial=len(mine) - len(todo), desc="tokenize", unit="chunk", mininterval=2)
+    todo = [s for s in shards if not marker_path(out, "tokens", s).is_file()]
+    bar = tqdm(total=len(todo), desc="tokenize", unit="shard", mininterval=2)
     started, tokens, docs = time.perf_counter(), 0, 0
-    tasks = (TokenizeTask(out, c, str(vocab.path), vocab.size, vocab.lowercase) for c in todo)
-    for stats in map(tokenize_chunk, tasks):
+    tokenizer = _tokenizer(str(vocab.path), vocab.lowercase)
+    for shard in todo:
+        stats = {"documents": 0, "sentences": 0, "tokens": 0}
+        chunk_documents: list[int] = []
+        reader = read_batches(text_path(out, shard))
+        with AtomicBatchWriter(tokens_path(out, shard), token_schema(vocab.size)) as writer:
+            for batch in range(reader.num_record_batches):
+                table, chunk_stats = tokenize_batch(pa.Table.from_batches([reader.get_batch(batch)]), tokenizer,
+                                                    vocab.size)
+                writer.write(table)
+                chunk_documents.append(table.num_rows)
+                for key, value in chunk_stats.items():
+                    stats[key] += value
+        atomic_write_json(marker_path(out, "tokens", shard), {**stats, "chunk_documents": chunk_documents})
         tokens += stats["tokens"]
         docs += stats["documents"]
         elapsed = max(1e-9, time.perf_counter() - started)
         bar.set_postfix_str(f"{docs / elapsed:.0f} docs/s {tokens / elapsed:.0f} tokens/s", refresh=False)
         bar.update(1)
     bar.close()
-
-
-def corpus_stats(out: Path, num_chunks: int) -> dict[str, int]:
-    return merge_stats(
-        [
-            part_stats(path)
-            for chunk in range(num_chunks)
-            for path in (text_part_path(out, chunk), token_part_path(out, chunk))
-        ]
-    )

@@ -1,16 +1,18 @@
-"""Stage 2: tokenized corpus -> instances, one file per (sequence length, chunk, split).
+"""Stage 2: tokenized input shards -> instances, one task per (input shard, sequence length).
 
-Each chunk's instances are a pure function of (seed, sequence length, chunk index, corpus):
-its rng is seeded from those alone, so neither the worker count nor the node count changes a
-byte. Random "next" segments come from any document of the same split, across the whole corpus.
+A shard's instances are a pure function of (seed, sequence length, the shard's chunks, the NSP pool): each
+chunk's rng is seeded from (seed, length, global chunk number) alone, so neither the worker count nor the
+node count changes a byte. Random "next" segments come from a document of the same split in the same input
+shard (`--nsp-scope shard`, the default, as google-research/bert's tool run once per input file), or in the
+whole corpus (`--nsp-scope corpus`). A corpus of one input shard is the same either way, and the same as
+every build before input shards.
 
-`full-sentences` packs across documents, but only across the documents of one chunk and split:
-the packing starts afresh at every chunk, so a chunk never waits for the one before it and the
-output stays independent of how chunks are spread over workers and nodes. The cost is one instance
-per chunk and split that may end short (one per `--docs-per-chunk` documents, 256 by default);
+`full-sentences` packs across documents, but only across the documents of one chunk and split: the packing
+starts afresh at every chunk, so the output stays independent of how the work is spread. The cost is one
+instance per chunk and split that may end short (one per `--docs-per-chunk` documents, 256 by default);
 fairseq, which RoBERTa trained with, likewise packs each data shard on its own. The short pieces of
-over-long sentences that packing drops (data_prep/instances.py: `packed_instances`) are counted per
-chunk in a small JSON beside the chunk's parts, which the manifest sums per length and split.
+over-long sentences that packing drops (data_prep/instances.py: `packed_instances`) are counted in the
+task's marker, which the manifest sums per length and split.
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 
 from data_prep.atomic_io import atomic_write_json
-from data_prep.config import FULL_SENTENCES, NSP
-from data_prep.corpus import TokenCorpus, token_part_path
+from data_prep.batch_files import AtomicBatchWriter
+from data_prep.config import FULL_SENTENCES, NSP, NSP_SCOPE_SHARD, BuildConfig
+from data_prep.corpus import TokenCorpus
+from data_prep.corpus_index import CorpusIndex, DocumentSplits, corpus_index
 from data_prep.instances import (
     Instance,
     MaskedInstance,
@@ -37,56 +40,70 @@ from data_prep.instances import (
     mask_instance,
     packed_instances,
 )
-from data_prep.shards import NO_NEXT_SENTENCE_LABEL, SPLITS, id_type, shard_schema, write_shard_table
+from data_prep.shards import NO_NEXT_SENTENCE_LABEL, SPLITS, id_type, shard_schema
 from data_prep.vocab import load_vocab
-
-
-def instance_part_path(out: Path, seq_len: int, chunk: int, split: str) -> Path:
-    return out / "work" / "instances" / f"seq{seq_len}" / f"part-{chunk:05d}-{split}.arrow"
-
-
-def dropped_part_path(out: Path, seq_len: int, chunk: int) -> Path:
-    """The packed modes' count of dropped short pieces of one (sequence length, chunk), per split."""
-    return out / "work" / "instances" / f"seq{seq_len}" / f"part-{chunk:05d}-dropped.json"
-
-
-def validation_documents(num_documents: int, val_fraction: float, seed: int) -> np.ndarray:
-    """Boolean mask of held-out documents: a seeded draw per document, at least one when asked."""
-    if val_fraction <= 0 or num_documents < 2:
-        return np.zeros(num_documents, dtype=bool)
-    draws = np.random.default_rng([seed, 0x7A1]).random(num_documents)
-    held_out = draws < val_fraction
-    if not held_out.any():
-        held_out[int(np.argmin(draws))] = True
-    return held_out
+from data_prep.work_layout import instances_path, instances_stage, marker_path, tokens_path
 
 
 @dataclass(frozen=True)
-class InstanceTask:
-    out: Path
-    num_chunks: int
-    chunk: int
-    seq_len: int
+class InstanceSettings:
+    """What decides a shard's instances besides its documents (from the build config)."""
+
     seed: int
     short_seq_prob: float
     val_fraction: float
     dupe_factor: int
     static_masking: bool
     mask_prob: float
-    max_predictions: int
     whole_word: bool
     segments: str
+    nsp_scope: str
+
+    @classmethod
+    def of(cls, cfg: BuildConfig) -> InstanceSettings:
+        return cls(cfg.seed, cfg.short_seq_prob, cfg.val_fraction, cfg.dupe_factor, cfg.static_masking,
+                   cfg.mask_prob, cfg.whole_word, cfg.segments, cfg.nsp_scope)
+
+
+@dataclass(frozen=True)
+class InstanceTask:
+    out: Path
+    num_shards: int
+    shard: int
+    seq_len: int
+    max_predictions: int
+    settings: InstanceSettings
+
+
+def instance_task_done(out: Path, seq_len: int, shard: int) -> bool:
+    return marker_path(out, instances_stage(seq_len), shard).is_file()
+
+
+def instance_marker(out: Path, seq_len: int, shard: int) -> dict:
+    return json.loads(marker_path(out, instances_stage(seq_len), shard).read_text(encoding="utf-8"))
 
 
 @functools.lru_cache(maxsize=1)
-def _corpus(out: Path, num_chunks: int) -> TokenCorpus:
-    return TokenCorpus([token_part_path(out, c) for c in range(num_chunks)])
+def _whole_corpus(out: Path, num_shards: int) -> TokenCorpus:
+    return TokenCorpus([tokens_path(out, s) for s in range(num_shards)])
 
 
 @functools.lru_cache(maxsize=1)
-def _splits(num_documents: int, val_fraction: float, seed: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    held_out = validation_documents(num_documents, val_fraction, seed)
-    return held_out, {"train": np.flatnonzero(~held_out), "val": np.flatnonzero(held_out)}
+def _corpus_splits(num_documents: int, val_fraction: float, seed: int) -> DocumentSplits:
+    return DocumentSplits(0, num_documents, num_documents, val_fraction, seed)
+
+
+def _scope(task: InstanceTask, index: CorpusIndex) -> tuple[TokenCorpus, DocumentSplits, range]:
+    """The documents a task draws from and splits, and the parts (chunks) of `corpus` that are its own."""
+    span = index.spans[task.shard]
+    settings = task.settings
+    if settings.nsp_scope == NSP_SCOPE_SHARD or settings.segments != NSP:
+        corpus = TokenCorpus([tokens_path(task.out, task.shard)], first_document=span.doc_start)
+        splits = DocumentSplits(span.doc_start, span.documents, index.documents, settings.val_fraction, settings.seed)
+        return corpus, splits, range(len(span.chunk_documents))
+    corpus = _whole_corpus(task.out, task.num_shards)
+    splits = _corpus_splits(index.documents, settings.val_fraction, settings.seed)
+    return corpus, splits, range(span.chunk_base, span.chunk_base + len(span.chunk_documents))
 
 
 def next_sentence_label(inst: Instance) -> int:
@@ -124,82 +141,88 @@ BATCH_ROWS = 8192
 
 
 class _RowBatches:
-    """One split's instances, converted to Arrow every BATCH_ROWS rows. The written file is one record
-    batch of the same rows whatever the batching (write_shard_table combines the chunks), so its bytes
-    do not depend on BATCH_ROWS."""
+    """One split's instances, written to its file as a record batch every BATCH_ROWS rows. Shards are written
+    as one record batch of their rows whatever the batching (write_shard_table), so no shard byte depends on
+    BATCH_ROWS."""
 
-    def __init__(self, vocab_size: int, static: bool) -> None:
+    def __init__(self, vocab_size: int, static: bool, writer: AtomicBatchWriter) -> None:
         self._vocab_size = vocab_size
         self._static = static
+        self._writer = writer
         self._pending: list[Instance | tuple[Instance, MaskedInstance]] = []
-        self._tables: list[pa.Table] = []
 
     def append(self, row: Instance | tuple[Instance, MaskedInstance]) -> None:
         self._pending.append(row)
         if len(self._pending) >= BATCH_ROWS:
-            self._convert()
+            self.flush()
 
-    def _convert(self) -> None:
-        self._tables.append(_columns(self._pending, self._vocab_size, self._static))
+    def flush(self) -> None:
+        if self._pending or self._writer.rows == 0:
+            self._writer.write(_columns(self._pending, self._vocab_size, self._static))
         self._pending = []
-
-    def table(self) -> pa.Table:
-        if self._pending or not self._tables:
-            self._convert()
-        return pa.concat_tables(self._tables)
 
 
 def make_instances(task: InstanceTask) -> dict[str, int]:
-    """All instances whose first tokens come from this chunk's documents, split by document."""
+    """All instances whose first tokens come from this shard's documents, chunk by chunk, per split: one file
+    per split, a record batch per BATCH_ROWS instances, then the marker with the counts."""
+    settings = task.settings
     vocab = load_vocab(task.out / "vocab.txt")
     ids = vocab.special_ids
     special = SpecialIds(ids["[CLS]"], ids["[SEP]"], ids["[MASK]"], ids["[PAD]"], ids["[UNK]"])
-    continuation = vocab.continuation_mask() if task.whole_word else None
-    corpus = _corpus(task.out, task.num_chunks)
-    held_out, split_docs = _splits(len(corpus), task.val_fraction, task.seed)
-    rng = random.Random(f"instances:{task.seed}:{task.seq_len}:{task.chunk}")
-    rows = {split: _RowBatches(vocab.size, task.static_masking) for split in SPLITS}
-    if task.segments == NSP:
-        made = _nsp_instances(task, corpus, held_out, split_docs, special, rng)
-    else:
-        packed = _pack_splits(task, corpus, held_out, special, vocab.continuation_mask())
-        atomic_write_json(dropped_part_path(task.out, task.seq_len, task.chunk), {
-            split: {"pieces": p.dropped_pieces, "tokens": p.dropped_tokens} for split, p in packed.items()
-        })  # before the parts: the train part's presence marks the chunk as done
-        made = _packed_rounds(packed, task.dupe_factor)
-    # Each instance is masked as soon as it is made, so the rng serves both in one fixed order.
-    for split, inst in made:
-        if task.static_masking:
-            masked = mask_instance(
-                inst.input_ids, task.mask_prob, task.max_predictions, special, vocab.size, rng, continuation
-            )
-            rows[split].append((inst, masked))
-        else:
-            rows[split].append(inst)
-    stats: dict[str, int] = {}
-    # val first, train last: the train file's presence marks the chunk as done.
-    for split in ("val", "train"):
-        table = rows[split].table()
-        write_shard_table(instance_part_path(task.out, task.seq_len, task.chunk, split), table)
-        stats[f"{split}_instances"] = table.num_rows
+    continuation = vocab.continuation_mask() if settings.whole_word else None
+    index = corpus_index(task.out, task.num_shards)
+    corpus, splits, parts = _scope(task, index)
+    first_chunk = index.spans[task.shard].chunk_base
+    schema = shard_schema(vocab.size, settings.static_masking)
+    stats = {f"{split}_{key}": 0 for split in SPLITS for key in ("instances", "random_next")}
+    dropped = {split: {"pieces": 0, "tokens": 0} for split in SPLITS}
+    writers = {split: AtomicBatchWriter(instances_path(task.out, task.seq_len, task.shard, split), schema)
+               for split in SPLITS}
+    with writers["val"], writers["train"]:
+        rows = {split: _RowBatches(vocab.size, settings.static_masking, writers[split]) for split in SPLITS}
+        for local, part in enumerate(parts):
+            rng = random.Random(f"instances:{settings.seed}:{task.seq_len}:{first_chunk + local}")
+            documents = corpus.part_range(part)
+            if settings.segments == NSP:
+                made = _nsp_instances(task, corpus, documents, splits, special, rng)
+            else:
+                packed = _pack_splits(task, corpus, documents, splits, special, vocab.continuation_mask())
+                for split, p in packed.items():
+                    dropped[split]["pieces"] += p.dropped_pieces
+                    dropped[split]["tokens"] += p.dropped_tokens
+                made = _packed_rounds(packed, settings.dupe_factor)
+            # Each instance is masked as soon as it is made, so the rng serves both in one fixed order.
+            for split, inst in made:
+                stats[f"{split}_instances"] += 1
+                stats[f"{split}_random_next"] += inst.is_random_next is True
+                if settings.static_masking:
+                    masked = mask_instance(inst.input_ids, settings.mask_prob, task.max_predictions, special,
+                                           vocab.size, rng, continuation)
+                    rows[split].append((inst, masked))
+                else:
+                    rows[split].append(inst)
+        for split in SPLITS:
+            rows[split].flush()
+    marker = {**stats, "dropped": dropped} if settings.segments != NSP else stats
+    atomic_write_json(marker_path(task.out, instances_stage(task.seq_len), task.shard), marker)
     return stats
 
 
 def _nsp_instances(
-    task: InstanceTask, corpus: TokenCorpus, held_out: np.ndarray, split_docs: dict[str, np.ndarray],
-    special: SpecialIds, rng: random.Random,
+    task: InstanceTask, corpus: TokenCorpus, documents: range, splits: DocumentSplits, special: SpecialIds,
+    rng: random.Random,
 ) -> Iterator[tuple[str, Instance]]:
-    """BERT's pairs, document by document, `dupe_factor` rounds; random next from the same split."""
-    for _round in range(task.dupe_factor):
-        for doc in corpus.part_range(task.chunk):
-            split = "val" if held_out[doc] else "train"
-            pool = split_docs[split]
+    """BERT's pairs, document by document, `dupe_factor` rounds; random next from the same split and scope."""
+    for _round in range(task.settings.dupe_factor):
+        for doc in documents:
+            split = splits.split_of(doc)
+            pool = splits.pools[split]
             created = instances_from_document(
                 doc,
                 corpus.document,
                 lambda r, pool=pool: int(pool[r.randrange(len(pool))]),
                 task.seq_len,
-                task.short_seq_prob,
+                task.settings.short_seq_prob,
                 special,
                 rng,
             )
@@ -208,14 +231,15 @@ def _nsp_instances(
 
 
 def _pack_splits(
-    task: InstanceTask, corpus: TokenCorpus, held_out: np.ndarray, special: SpecialIds, continuation: np.ndarray
+    task: InstanceTask, corpus: TokenCorpus, documents: range, splits: DocumentSplits, special: SpecialIds,
+    continuation,
 ) -> dict[str, Packed]:
     """The chunk's documents of each split packed in order (cut at word starts: `continuation`)."""
     return {
         split: packed_instances(
-            (corpus.document(doc) for doc in corpus.part_range(task.chunk) if held_out[doc] == (split == "val")),
+            (corpus.document(doc) for doc in documents if splits.split_of(doc) == split),
             task.seq_len,
-            task.segments == FULL_SENTENCES,
+            task.settings.segments == FULL_SENTENCES,
             special,
             continuation,
         )
@@ -232,17 +256,3 @@ def _packed_rounds(packed: dict[str, Packed], dupe_factor: int) -> Iterator[tupl
                 yield split, inst
 
 
-def instance_chunk_done(out: Path, seq_len: int, chunk: int, packed: bool = False) -> bool:
-    """Both parts written, and in a packed mode the count of dropped pieces too (a folder that an
-    older build left without it makes its instances again, with today's rule)."""
-    parts = all(instance_part_path(out, seq_len, chunk, split).is_file() for split in SPLITS)
-    return parts and (not packed or dropped_part_path(out, seq_len, chunk).is_file())
-
-
-def dropped_pieces(out: Path, seq_len: int, split: str, num_chunks: int) -> dict[str, int]:
-    """The manifest's count of one (sequence length, split) in a packed mode: short pieces of over-long
-    sentences that no sentence joined, and their tokens, over all chunks (once, whatever `dupe_factor`)."""
-    counts = [json.loads(dropped_part_path(out, seq_len, c).read_text(encoding="utf-8"))[split]
-              for c in range(num_chunks)]
-    return {"pieces_dropped_short": sum(c["pieces"] for c in counts),
-            "tokens_dropped_short": sum(c["tokens"] for c in counts)}

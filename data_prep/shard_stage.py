@@ -26,12 +26,12 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from data_prep.atomic_io import atomic_write_json
-from data_prep.instance_stage import instance_part_path
+from data_prep.instance_stage import instance_marker
 from data_prep.keyed_hash import GOLDEN, mix64
-from data_prep.shards import read_row_count, read_table, write_shard_table
+from data_prep.shards import read_table, write_shard_table
+from data_prep.work_layout import instances_path, work_dir
 
 SPLIT_SEED = {"train": 0, "val": 1}
 # Instances per shuffle bucket: the order main holds at a time, 128 MB of int64. Changing it changes
@@ -49,14 +49,14 @@ def shard_file(seq_len: int, split: str, index: int) -> str:
 
 def shard_order_path(out: Path, seq_len: int, split: str) -> Path:
     """The bucket size the shards of (seq_len, split) are cut with, recorded before the first (`order_bucket`)."""
-    return out / "work" / "shards" / f"seq{seq_len}-{split}-order.json"
+    return work_dir(out) / "shards" / f"seq{seq_len}-{split}-order.json"
 
 
 @functools.lru_cache(maxsize=4)
-def part_starts(out: Path, seq_len: int, split: str, num_chunks: int) -> np.ndarray:
-    """Global index of each instance part's first row (and the total last): num_chunks + 1 integers.
-    Reading a row count touches only the part's Arrow footer and batch header."""
-    counts = [read_row_count(instance_part_path(out, seq_len, c, split)) for c in range(num_chunks)]
+def part_starts(out: Path, seq_len: int, split: str, num_shards: int) -> np.ndarray:
+    """Global index of each input shard's first instance (and the total last): num_shards + 1 integers,
+    from the instance tasks' markers."""
+    counts = [instance_marker(out, seq_len, s)[f"{split}_instances"] for s in range(num_shards)]
     return np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
 
 
@@ -178,7 +178,7 @@ class ShardTask:
     out: Path
     seq_len: int
     split: str
-    num_chunks: int
+    num_shards: int  # input shards: instance files to gather from
     index: int
     rows: np.ndarray
 
@@ -193,10 +193,10 @@ def parts_of_rows(starts: np.ndarray, rows: np.ndarray) -> dict[int, np.ndarray]
 
 def gather_rows(task: ShardTask) -> pa.Table:
     """The instances at `task.rows`, in that order, read from only the parts they fall in."""
-    starts = part_starts(task.out, task.seq_len, task.split, task.num_chunks)
+    starts = part_starts(task.out, task.seq_len, task.split, task.num_shards)
     order = np.argsort(task.rows, kind="stable")
     pieces = [
-        read_table(instance_part_path(task.out, task.seq_len, part, task.split)).take(pa.array(local))
+        read_table(instances_path(task.out, task.seq_len, part, task.split)).take(pa.array(local))
         for part, local in parts_of_rows(starts, task.rows[order]).items()
     ]
     in_sorted_order = pa.concat_tables(pieces).combine_chunks()
@@ -212,12 +212,15 @@ def write_one_shard(task: ShardTask) -> dict[str, object]:
     return {"file": shard_file(task.seq_len, task.split, task.index), "num_instances": count, "sha256": digest}
 
 
-def count_instances(out: Path, seq_len: int, split: str, num_chunks: int) -> tuple[int, int]:
-    """(instances, of which random-next) of one (seq_len, split), read from the instance parts one at a
-    time. Counted as labels equal to 1, so MLM-only instances (NO_NEXT_SENTENCE_LABEL) count as none."""
-    count = random_next = 0
-    for chunk in range(num_chunks):
-        table = read_table(instance_part_path(out, seq_len, chunk, split))
-        count += table.num_rows
-        random_next += pc.sum(pc.equal(table.column("next_sentence_label"), 1)).as_py() or 0
-    return count, int(random_next)
+def count_instances(out: Path, seq_len: int, split: str, num_shards: int) -> tuple[int, int]:
+    """(instances, of which random-next) of one (seq_len, split), from the instance tasks' markers."""
+    markers = [instance_marker(out, seq_len, s) for s in range(num_shards)]
+    return sum(m[f"{split}_instances"] for m in markers), sum(m[f"{split}_random_next"] for m in markers)
+
+
+def dropped_pieces(out: Path, seq_len: int, split: str, num_shards: int) -> dict[str, int]:
+    """The manifest's count of one (sequence length, split) in a packed mode: short pieces of over-long
+    sentences that no sentence joined, and their tokens, over all shards (once, whatever `dupe_factor`)."""
+    counts = [instance_marker(out, seq_len, s)["dropped"][split] for s in range(num_shards)]
+    return {"pieces_dropped_short": sum(c["pieces"] for c in counts),
+            "tokens_dropped_short": sum(c["tokens"] for c in counts)}

@@ -93,24 +93,29 @@ _DOC_OPEN = re.compile(r'<doc id="([^"]*)"[^>]*title="([^"]*)"[^>]*>')
 def read_wikiextractor(folder: Path, skip_bad_files: bool = False) -> Iterator[RawDocument]:
     """`<doc id= url= title=>` ... `</doc>` files (plain or .bz2); the repeated title line is skipped."""
     for path in list_text_files(folder, "--wikiextractor", None):
-        source = f"wikiextractor:{path.relative_to(folder)}"
-        title: str | None = None
-        lines: list[str] = []
-        try:
-            text = read_text(path)
-        except SourceError as err:
-            _skip_or_raise(SourceError(f"--wikiextractor {err}"), skip_bad_files)
-            continue
-        for line in text.split("\n"):
-            opened = _DOC_OPEN.match(line)
-            if opened:
-                title, lines = opened.group(2), []
-            elif line.startswith("</doc>") and title is not None:
-                body = lines[1:] if lines and lines[0].strip() == title.strip() else lines
-                yield RawDocument(source, title, "\n".join(body), PARAGRAPH_LINES)
-                title = None
-            elif title is not None:
-                lines.append(line)
+        yield from read_wikiextractor_file(path, folder, skip_bad_files)
+
+
+def read_wikiextractor_file(path: Path, folder: Path, skip_bad_files: bool = False) -> Iterator[RawDocument]:
+    """The documents of one WikiExtractor file of `folder` (its name relative to the folder is the source)."""
+    source = f"wikiextractor:{path.relative_to(folder)}"
+    title: str | None = None
+    lines: list[str] = []
+    try:
+        text = read_text(path)
+    except SourceError as err:
+        _skip_or_raise(SourceError(f"--wikiextractor {err}"), skip_bad_files)
+        return
+    for line in text.split("\n"):
+        opened = _DOC_OPEN.match(line)
+        if opened:
+            title, lines = opened.group(2), []
+        elif line.startswith("</doc>") and title is not None:
+            body = lines[1:] if lines and lines[0].strip() == title.strip() else lines
+            yield RawDocument(source, title, "\n".join(body), PARAGRAPH_LINES)
+            title = None
+        elif title is not None:
+            lines.append(line)
 
 
 # ---------------------------------------------------------------- books and plain text
@@ -142,13 +147,17 @@ BOOK_SUFFIXES = (".txt", ".txt.bz2")
 def read_books(folder: Path, skip_bad_files: bool = False) -> Iterator[RawDocument]:
     """One book per file; hard-wrapped or one-sentence-per-line paragraphs both work."""
     for path in list_text_files(folder, "--books", BOOK_SUFFIXES):
-        try:
-            raw = read_text(path)
-        except SourceError as err:
-            _skip_or_raise(SourceError(f"--books {err}"), skip_bad_files)
-            continue
-        text = strip_gutenberg(raw.replace("\r\n", "\n"))
-        yield RawDocument(f"books:{path.relative_to(folder)}", path.stem, text, WRAPPED)
+        yield from read_book_file(path, folder, skip_bad_files)
+
+
+def read_book_file(path: Path, folder: Path, skip_bad_files: bool = False) -> Iterator[RawDocument]:
+    try:
+        raw = read_text(path)
+    except SourceError as err:
+        _skip_or_raise(SourceError(f"--books {err}"), skip_bad_files)
+        return
+    text = strip_gutenberg(raw.replace("\r\n", "\n"))
+    yield RawDocument(f"books:{path.relative_to(folder)}", path.stem, text, WRAPPED)
 
 
 def read_sentence_lines(path: Path) -> Iterator[RawDocument]:
@@ -189,23 +198,27 @@ def read_jsonl(folder: Path, skip_bad_files: bool = False) -> Iterator[RawDocume
     --skip-bad-files it is skipped, and each file's skipped lines are counted in one warning.
     """
     for path in list_text_files(folder, "--jsonl", JSONL_SUFFIXES):
-        source = f"jsonl:{path.relative_to(folder)}"
-        bad: list[str] = []
-        try:
-            with open_binary(path) as handle:
-                for number, raw in enumerate(handle, start=1):
-                    if not raw.strip():
-                        continue
-                    try:
-                        yield _jsonl_document(raw, source, f"{path.name}#{number}")
-                    except SourceError as err:
-                        if not skip_bad_files:
-                            raise SourceError(f"--jsonl {path}: line {number}: {err}") from err
-                        bad.append(f"line {number}: {err}")
-        except (OSError, EOFError) as err:
-            _skip_or_raise(SourceError(f"--jsonl {path}: corrupt or unreadable ({err})"), skip_bad_files)
-        if bad:
-            _skip_or_raise(SourceError(f"--jsonl {path}: {len(bad)} bad line(s) left out (first: {bad[0]})"), True)
+        yield from read_jsonl_file(path, folder, skip_bad_files)
+
+
+def read_jsonl_file(path: Path, folder: Path, skip_bad_files: bool = False) -> Iterator[RawDocument]:
+    source = f"jsonl:{path.relative_to(folder)}"
+    bad: list[str] = []
+    try:
+        with open_binary(path) as handle:
+            for number, raw in enumerate(handle, start=1):
+                if not raw.strip():
+                    continue
+                try:
+                    yield _jsonl_document(raw, source, f"{path.name}#{number}")
+                except SourceError as err:
+                    if not skip_bad_files:
+                        raise SourceError(f"--jsonl {path}: line {number}: {err}") from err
+                    bad.append(f"line {number}: {err}")
+    except (OSError, EOFError) as err:
+        _skip_or_raise(SourceError(f"--jsonl {path}: corrupt or unreadable ({err})"), skip_bad_files)
+    if bad:
+        _skip_or_raise(SourceError(f"--jsonl {path}: {len(bad)} bad line(s) left out (first: {bad[0]})"), True)
 
 
 def _jsonl_document(raw: bytes, source: str, fallback_title: str) -> RawDocument:
@@ -302,6 +315,8 @@ class Source:
     help: str
     kind: str  # FILE, FOLDER (files ending in `suffixes`, sorted) or NAME (not a path: not checked)
     read: Callable[[str, ReadContext], Iterator[RawDocument]]  # one value -> its documents, in order
+    # FOLDER: one of its files -> that file's documents, (file, folder, context); `read` is these in turn.
+    read_file: Callable[[Path, Path, ReadContext], Iterator[RawDocument]] | None = None
     suffixes: tuple[str, ...] | None = None  # FOLDER: the file names read; None: every file
     options: tuple[Option, ...] = ()
     skips_bad_files: bool = False  # honours --skip-bad-files
@@ -338,10 +353,12 @@ SOURCES: tuple[Source, ...] = (
     Source("--wikiextractor", "wikiextractor", "DIR",
            "folder of WikiExtractor output (<doc id= url= title=> files); repeatable",
            FOLDER, lambda value, context: read_wikiextractor(Path(value), context.skip_bad_files),
+           read_file=lambda path, folder, context: read_wikiextractor_file(path, folder, context.skip_bad_files),
            skips_bad_files=True),
     Source("--books", "books", "DIR",
            "folder of plain-text books, one per file (Gutenberg header/footer stripped); repeatable",
            FOLDER, lambda value, context: read_books(Path(value), context.skip_bad_files),
+           read_file=lambda path, folder, context: read_book_file(path, folder, context.skip_bad_files),
            suffixes=BOOK_SUFFIXES, skips_bad_files=True),
     Source("--text", "texts", "FILE", "one sentence per line, blank line between documents; repeatable",
            FILE, lambda value, _context: read_sentence_lines(Path(value))),
@@ -349,6 +366,7 @@ SOURCES: tuple[Source, ...] = (
            'folder of JSON-lines files (*.jsonl, sorted): one {"text": ...} document per line, a paragraph '
            "per line of text; repeatable",
            FOLDER, lambda value, context: read_jsonl(Path(value), context.skip_bad_files),
+           read_file=lambda path, folder, context: read_jsonl_file(path, folder, context.skip_bad_files),
            suffixes=JSONL_SUFFIXES, skips_bad_files=True),
     Source("--hf-dataset", "hf_datasets", "NAME[:CONFIG]",
            "Hugging Face dataset by name (streamed, split 'train') or a save_to_disk folder; repeatable",

@@ -100,30 +100,34 @@ def test_node_builds_then_merge_equal_single_node(inputs, tmp_path) -> None:
 
 
 def test_resume_after_sigkill_gives_identical_output(tmp_path) -> None:
-    write_wiki_dump(tmp_path / "dump.xml", articles=400, seed=5)
+    """Three dumps, each an input shard of its own: killed once shard 1 is cleaned, the same command keeps the
+    finished shards (their markers and files untouched), runs the rest and equals an uninterrupted build."""
+    dumps = []
+    for index in range(3):
+        write_wiki_dump(tmp_path / f"dump{index}.xml", articles=150, seed=5 + index)
+        dumps += ["--wiki-dump", str(tmp_path / f"dump{index}.xml")]
     write_vocab(tmp_path / "vocab.txt")
-    flags = ["--wiki-dump", str(tmp_path / "dump.xml"), "--vocab", str(tmp_path / "vocab.txt"),
+    flags = [*dumps, "--vocab", str(tmp_path / "vocab.txt"), "--input-shard-mb", "0.0001",
              "--seq-lens", "64", "--num-shards", "2", "--docs-per-chunk", "10", "--workers", "1", "--seed", "3"]
     command = [sys.executable, "-m", "data_prep", "build", *flags]
     out = tmp_path / "killed"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     process = subprocess.Popen([*command, "--out", str(out)], cwd=REPO_ROOT, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    first_part = out / "work" / "text" / "part-00001.arrow"
+    marker = out / "work" / "done" / "clean-00001.json"
     deadline = time.monotonic() + 60
-    while not first_part.exists() and process.poll() is None and time.monotonic() < deadline:
+    while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert process.returncode == -signal.SIGKILL, "the build finished before it could be killed"
     assert not (out / "manifest.json").exists()
-    done_before = len(list((out / "work" / "text").glob("part-*.arrow")))
-    assert done_before >= 2
-    finished_stamp = first_part.stat().st_mtime_ns
-    (out / "work" / "text" / ".part-00099.arrow.x1.tmp").write_bytes(b"half a file")  # as a kill leaves it
-    # Same command again: continues (keeps the finished parts) and completes.
+    finished = {p: p.stat().st_mtime_ns for p in [marker, out / "work" / "text" / "shard-00001.arrow",
+                                                 out / "work" / "done" / "clean-00000.json"]}
+    (out / "work" / "text" / ".shard-00002.arrow.x1.tmp").write_bytes(b"half a file")  # as a kill leaves it
+    # Same command again: continues (keeps the finished shards) and completes.
     assert subprocess.run([*command, "--out", str(out)], cwd=REPO_ROOT, env=env, capture_output=True).returncode == 0
-    assert first_part.stat().st_mtime_ns == finished_stamp  # reused, not redone
+    assert {p: p.stat().st_mtime_ns for p in finished} == finished  # reused, not redone
     assert build(tmp_path / "fresh", *flags) == 0
     assert tree_digest(out) == tree_digest(tmp_path / "fresh")
     assert not list(out.rglob("*.tmp"))

@@ -16,10 +16,11 @@ import pyarrow.ipc as ipc
 import pytest
 
 from data_prep.__main__ import main
-from data_prep.corpus import TokenCorpus, token_part_path
-from data_prep.instance_stage import validation_documents
+from data_prep.corpus import TokenCorpus
+from data_prep.corpus_index import held_out as held_out_documents
 from data_prep.shards import NO_NEXT_SENTENCE_LABEL, Manifest, ShardFormatError
 from data_prep.vocab import load_vocab
+from data_prep.work_layout import tokens_path
 from tests.data_prep.segment_inputs import build, write_inputs
 from tests.data_prep.test_segments import restated_packing
 from tests.support.data_prep_fixtures import tree_digest
@@ -50,10 +51,10 @@ def test_packed_shards_equal_the_restated_rule_chunk_by_chunk(segments: str, cor
     vocab = load_vocab(out / "vocab.txt")
     special = vocab.special_ids
     assert (special["[CLS]"], special["[SEP]"]) == (2, 3)  # the ids restated_packing writes
-    num_chunks = len(list((out / "work" / "tokens").glob("part-*.arrow")))
+    tokens = TokenCorpus([tokens_path(out, 0)])  # one input shard, a record batch per chunk
+    num_chunks = tokens.num_parts
     assert num_chunks == 5
-    tokens = TokenCorpus([token_part_path(out, c) for c in range(num_chunks)])
-    held_out = validation_documents(len(tokens), 0.2, SEED)
+    held_out = held_out_documents(0, len(tokens), len(tokens), 0.2, SEED)
     manifest = Manifest.load(out)
     for split in ("train", "val"):
         expected, dropped = [], []

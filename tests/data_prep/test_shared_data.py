@@ -44,7 +44,7 @@ def test_real_dump_and_books_to_128_and_512_shards(shared_data, tmp_path) -> Non
 
     # No wiki markup survives cleaning (checked on the cased, cleaned text) ...
     cleaned = []
-    for part in sorted((out / "work" / "text").glob("part-*.arrow")):
+    for part in sorted((out / "work" / "text").glob("shard-*.arrow")):  # one file per input shard
         table = ipc.open_file(str(part)).read_all()
         cleaned += [s for doc in table.column("sentences").to_pylist() for s in doc]
     text = "\n".join(cleaned)

@@ -18,7 +18,7 @@ import pytest
 from data_prep.__main__ import build_parser, config_from_args, main
 from data_prep.build import BuildError, check_inputs, claim_output_folder, describe_inputs
 from data_prep.config import NAMED_INPUTS, BuildConfig, ConfigError
-from data_prep.corpus_stage import iter_documents
+from data_prep.input_plan import make_plan, read_shard
 from data_prep.source_files import SourceError
 from data_prep.sources import PARAGRAPH_LINES, SOURCES, read_jsonl
 from tests.support.data_prep_fixtures import check_output, tree_digest, write_sentence_file, write_vocab
@@ -123,7 +123,9 @@ def test_jsonl_reads_sorted_files_one_document_per_line(tmp_path) -> None:
     assert "input_options" not in cfg.identity()
     assert BuildConfig.from_identity(cfg.identity(), out=cfg.out, workers=1) == cfg
     assert describe_inputs(cfg) == f"--jsonl {(tmp_path / 'j').resolve()}"
-    docs = list(iter_documents(cfg))
+    plan = make_plan(cfg)
+    assert plan.num_shards == 1 and [Path(u.file).name for u in plan.shards[0]] == ["b.jsonl", "a.jsonl"]
+    docs = list(read_shard(cfg, plan.shards[0]))
     assert [(d.source, d.title) for d in docs] == [("jsonl:b.jsonl", "Ada"), ("jsonl:b.jsonl", "7"),
                                                   ("jsonl:sub/a.jsonl", "a.jsonl#1")]
     assert docs[2].text == "Untitled.\nTwo lines." and {d.layout for d in docs} == {PARAGRAPH_LINES}

@@ -1,0 +1,61 @@
+"""Every path under OUT/work/, in one place: the build's intermediate files and its completion markers.
+
+    work/plan.json                                   the input shards: the input files each one reads
+    work/text/shard-NNNNN.arrow                      input shard N cleaned: one record batch per chunk
+    work/tokens/shard-NNNNN.arrow                    input shard N tokenized: one record batch per chunk
+    work/instances/seqL/shard-NNNNN-SPLIT.arrow      its instances at length L, per split
+    work/shards/seqL-SPLIT-order.json                the bucket size the shards are cut with
+    work/done/STAGE-NNNNN.json                       a finished task: its output is complete; its statistics
+    work/slurm/                                      the batch scripts of a SLURM build, and their logs
+
+The unit of work is an input shard (data_prep/input_plan.py), so work/ holds a few files per input shard
+and sequence length, never one per chunk of documents. A task writes its files atomically and then its
+marker; a relaunch runs exactly the tasks without a marker.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CORPUS_STAGE = "corpus"  # clean + tokenize one input shard
+
+
+def work_dir(out: Path) -> Path:
+    return out / "work"
+
+
+def plan_path(out: Path) -> Path:
+    return work_dir(out) / "plan.json"
+
+
+def text_path(out: Path, shard: int) -> Path:
+    return work_dir(out) / "text" / f"shard-{shard:05d}.arrow"
+
+
+def tokens_path(out: Path, shard: int) -> Path:
+    return work_dir(out) / "tokens" / f"shard-{shard:05d}.arrow"
+
+
+def instances_path(out: Path, seq_len: int, shard: int, split: str) -> Path:
+    return work_dir(out) / "instances" / f"seq{seq_len}" / f"shard-{shard:05d}-{split}.arrow"
+
+
+def instances_stage(seq_len: int) -> str:
+    return f"instances-seq{seq_len}"
+
+
+def marker_path(out: Path, stage: str, shard: int) -> Path:
+    """`stage` is "clean", "tokens" or instances_stage(seq_len)."""
+    return work_dir(out) / "done" / f"{stage}-{shard:05d}.json"
+
+
+def slurm_dir(out: Path) -> Path:
+    return work_dir(out) / "slurm"
+
+
+def chunk_layout_files(out: Path) -> list[Path]:
+    """Files of the layout before input shards (one part per chunk of 256 documents): a folder holding
+    them was begun by an earlier version, whose chunks and NSP pool differ, so it is not resumed here."""
+    work = work_dir(out)
+    found = [*work.glob("text/part-*.arrow"), *work.glob("tokens/part-*.arrow"), *work.glob("instances/seq*/part-*")]
+    return sorted(found)[:3]
