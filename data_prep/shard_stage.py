@@ -160,11 +160,11 @@ def order_bucket(out: Path, seq_len: int, split: str, num_instances: int,
     found without the record were cut from that code's single permutation: the rest are cut from it
     too (its 8 bytes per instance in main), and a resumed folder never mixes two orders (which would
     repeat some instances and lose others)."""
+    record = shard_order_path(out, seq_len, split)
+    if record.is_file():  # first: a folder's shards are cut with the size it recorded (tests record small ones)
+        return int(json.loads(record.read_text(encoding="utf-8"))["bucket_instances"])
     if num_instances <= bucket_instances:
         return bucket_instances
-    record = shard_order_path(out, seq_len, split)
-    if record.is_file():
-        return int(json.loads(record.read_text(encoding="utf-8"))["bucket_instances"])
     if any((out / shard_file(seq_len, split, 0)).parent.glob(f"{split}-*.arrow")):
         print(f"seq {seq_len} {split}: resuming shards cut before the bucketed shuffle; finishing them "
               "with the one permutation they were cut from", flush=True)

@@ -1,0 +1,302 @@
+"""Input shards as the unit of work (docs/data_prep.md#scale): the same bytes from every executor, NSP within its
+shard, each input file read by one task, work/ files per shard and not per chunk, kills and relaunches that
+cost only their task, and the refusals of a changed input.
+
+One corpus serves every test: three `--text` files whose documents use disjoint words (file g only
+`wG...` words), each file an input shard of its own (`--input-shard-mb` far below a file), cut with shuffle
+buckets of 50 instances (recorded in the folder before the shard stage, as a build over 2^24 instances
+records its own), so that the matrix crosses several input shards and several buckets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+
+import data_prep.sources as sources
+from data_prep.__main__ import build_parser, config_from_args, main
+from data_prep.atomic_io import atomic_write_json
+from data_prep.shards import Manifest
+from tests.support.data_prep_fixtures import tree_digest
+from tests.support.paths import REPO_ROOT
+
+GROUPS = 3
+SEQ_LENS = ("32", "64")
+BUCKET = 50
+
+
+def word(group: int, index: int) -> str:
+    return f"w{group}x{index}"
+
+
+def write_corpus(root: Path, documents: int = 40) -> list[str]:
+    """Three sentence-per-line files (blank line between documents) and a vocab of their words."""
+    root.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(11)
+    flags = []
+    for group in range(GROUPS):
+        lines = []
+        for _ in range(documents):
+            for _ in range(rng.randint(3, 9)):
+                lines.append(" ".join(word(group, rng.randrange(30)) for _ in range(rng.randint(4, 12))) + " .")
+            lines.append("")
+        (root / f"part{group}.txt").write_text("\n".join(lines), encoding="utf-8")
+        flags += ["--text", str(root / f"part{group}.txt")]
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."]
+    tokens += [word(g, i) for g in range(GROUPS) for i in range(30)]
+    (root / "vocab.txt").write_text("\n".join(tokens) + "\n", encoding="utf-8")
+    return [*flags, "--vocab", str(root / "vocab.txt"), "--input-shard-mb", "0.0001", "--seq-lens", ",".join(SEQ_LENS),
+            "--num-shards", "3", "--val-fraction", "0.1", "--docs-per-chunk", "8", "--seed", "5"]
+
+
+def seed_folder(out: Path, identity: Path) -> None:
+    """The folder as a started build leaves it (its config), with small shuffle buckets recorded."""
+    out.mkdir(parents=True)
+    (out / "build_config.json").write_bytes(identity.read_bytes())
+    for seq_len in SEQ_LENS:
+        atomic_write_json(out / "work" / "shards" / f"seq{seq_len}-train-order.json", {"bucket_instances": BUCKET})
+
+
+def python_m(*args: str) -> list[str]:
+    return [sys.executable, "-m", "data_prep", *args]
+
+
+def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> tuple[list[str], Path]:
+    """The flags, and the reference: a plain build, one worker, in this process."""
+    root = tmp_path_factory.mktemp("input_shards")
+    flags = write_corpus(root / "inputs")
+    identity = config_from_args(build_parser().parse_args(["build", *flags, "--out", "x"])).identity()
+    atomic_write_json(root / "identity.json", identity)
+    reference = root / "reference"
+    seed_folder(reference, root / "identity.json")
+    assert main(["build", *flags, "--out", str(reference), "--workers", "1"]) == 0
+    return flags, reference
+
+
+def shard_digests(out: Path) -> dict[str, str]:
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    return {s["file"]: s["sha256"] for entry in manifest["seq_lens"].values() for split in entry.values()
+            for s in split["shards"]}
+
+
+def test_reference_crosses_shards_and_buckets(corpus) -> None:
+    _, reference = corpus
+    plan = json.loads((reference / "work" / "plan.json").read_text(encoding="utf-8"))
+    assert len(plan["shards"]) == GROUPS
+    manifest = Manifest.load(reference)
+    for seq_len in SEQ_LENS:
+        count = manifest.data["seq_lens"][seq_len]["train"]["num_instances"]
+        assert count > 2 * BUCKET, "the matrix must cross buckets"
+
+
+@pytest.mark.parametrize("executor", ["3 workers", "2 nodes x 2 workers", "dead node finished by merge"])
+def test_every_executor_gives_the_same_bytes(executor: str, corpus, tmp_path: Path) -> None:
+    flags, reference = corpus
+    out = tmp_path / "out"
+    seed_folder(out, reference / "build_config.json")
+    if executor == "3 workers":
+        assert run(python_m("build", *flags, "--out", str(out), "--workers", "3")).returncode == 0
+    else:
+        ranks = [0, 1] if executor.startswith("2 nodes") else [0]
+        for rank in ranks:
+            done = run(python_m("build", *flags, "--out", str(out), "--workers", "2", "--num-nodes", "2",
+                                "--node-rank", str(rank)))
+            assert done.returncode == 0, done.stderr
+        merged = run(python_m("merge", "--out", str(out), "--workers", "2"))
+        assert merged.returncode == 0, merged.stderr
+        if ranks == [0]:  # node 1 never ran: the merge did its shard (the middle one), and said so
+            assert "1 of 3 input shard(s) not done, running them here: [1]" in merged.stdout
+    assert shard_digests(out) == shard_digests(reference)
+    assert tree_digest(out) == tree_digest(reference)
+    assert not list(out.rglob("*.tmp"))
+
+
+def shard_of_tokens(ids: list[int]) -> set[int]:
+    """The input shards (word groups) an instance's words come from: ids 6.. are group-major, 30 a group."""
+    return {(i - 6) // 30 for i in ids if i >= 6}
+
+
+def rows(out: Path, seq_len: str, split: str = "train") -> dict[str, list]:
+    manifest = Manifest.load(out)
+    tables = [ipc.open_file(pa.memory_map(str(out / s.file), "r")).read_all() for s in manifest.shards(int(seq_len), split)]
+    return pa.concat_tables(tables).to_pydict()
+
+
+def test_nsp_draws_within_the_input_shard(corpus, tmp_path: Path) -> None:
+    """Every instance of the default build keeps to one shard's words; `--nsp-scope corpus` mixes them, with the
+    same random-next fraction (+-0.02; ten passes, ~2,800 instances at 32, so that sampling noise stays ~0.01)."""
+    flags, _ = corpus
+    builds = {}
+    for scope in ("shard", "corpus"):
+        builds[scope] = tmp_path / scope
+        assert main(["build", *flags, "--out", str(builds[scope]), "--workers", "1", "--nsp-scope", scope,
+                     "--dupe-factor", "10"]) == 0
+    for seq_len in SEQ_LENS:
+        own = rows(builds["shard"], seq_len)
+        assert all(len(shard_of_tokens(ids)) == 1 for ids in own["input_ids"])
+        mixed = rows(builds["corpus"], seq_len)
+        crossing = sum(len(shard_of_tokens(ids)) > 1 for ids in mixed["input_ids"])
+        assert crossing > len(mixed["input_ids"]) // 4  # the test could fail: the corpus pool crosses shards
+        fractions = [Manifest.load(out).data["seq_lens"][seq_len]["train"]["nsp_random_fraction"]
+                     for out in builds.values()]
+        assert abs(fractions[0] - fractions[1]) <= 0.02, fractions
+    assert json.loads((builds["corpus"] / "build_config.json").read_text())["nsp_scope"] == "corpus"
+    assert "nsp_scope" not in json.loads((builds["shard"] / "build_config.json").read_text())
+
+
+def test_each_input_file_is_read_by_one_task(corpus, tmp_path: Path, monkeypatch) -> None:
+    """In-process (one worker, so the readers run here): node 0 of 2 opens only its shards' files (0 and 2), the
+    merge only the one it finishes, and over the build every file is read exactly once."""
+    flags, _ = corpus
+    opened: list[str] = []
+    real_open = sources.open_binary
+    monkeypatch.setattr(sources, "open_binary", lambda path: (opened.append(Path(path).name), real_open(path))[1])
+    out = tmp_path / "out"
+    assert main(["build", *flags, "--out", str(out), "--workers", "1", "--num-nodes", "2", "--node-rank", "0"]) == 0
+    assert opened == ["part0.txt", "part2.txt"]
+    assert main(["merge", "--out", str(out), "--workers", "1"]) == 0
+    assert opened == ["part0.txt", "part2.txt", "part1.txt"]
+    clean = [json.loads((out / "work" / "done" / f"clean-{s:05d}.json").read_text()) for s in range(GROUPS)]
+    assert [[Path(f).name for f in c["input_files"]] for c in clean] == [["part0.txt"], ["part1.txt"], ["part2.txt"]]
+
+
+def test_work_files_follow_shards_not_chunks(corpus, tmp_path: Path) -> None:
+    """A chunk of 2 documents instead of 8 (four times the chunks): the same files in work/, and as many as
+    the input shards and lengths make."""
+    flags, reference = corpus
+    small = tmp_path / "small-chunks"
+    at = flags.index("--docs-per-chunk") + 1
+    assert main(["build", *flags[:at], "2", *flags[at + 1 :], "--out", str(small), "--workers", "1"]) == 0
+    names = {p.relative_to(reference / "work").as_posix() for p in (reference / "work").rglob("*") if p.is_file()}
+    small_names = {p.relative_to(small / "work").as_posix() for p in (small / "work").rglob("*") if p.is_file()}
+    assert small_names == names - {f"shards/seq{s}-train-order.json" for s in SEQ_LENS}
+    per_shard = 2 + 2 + len(SEQ_LENS) * 3  # text + tokens, their markers; per length two splits + a marker
+    assert len(small_names) == 1 + GROUPS * per_shard  # + the plan
+
+
+def test_kill_in_each_stage_then_relaunch(corpus, tmp_path: Path) -> None:
+    """SIGKILL when the first task of a stage has finished (corpus, instances, shards); the same command
+    then finishes with the reference's bytes, no temp file, and one marker per task."""
+    flags, reference = corpus
+    waits = ["work/done/tokens-00000.json", "work/done/instances-seq32-00000.json", "seq32/train-00000.arrow"]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    for stage, first_done in enumerate(waits):
+        for attempt in range(3):  # the kill races the build's last steps: a build that won is tried again
+            out = tmp_path / f"killed-{stage}-{attempt}"
+            seed_folder(out, reference / "build_config.json")
+            command = python_m("build", *flags, "--out", str(out), "--workers", "1")
+            process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL)
+            deadline = time.monotonic() + 60
+            while not (out / first_done).exists() and process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.001)
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+            if process.returncode == -signal.SIGKILL and not (out / "manifest.json").exists():
+                break
+        else:
+            pytest.fail(f"{first_done}: the build finished before the kill, three times")
+        again = run(command)
+        assert again.returncode == 0, again.stderr
+        assert tree_digest(out) == tree_digest(reference)
+        assert not list(out.rglob("*.tmp"))
+        assert len(list((out / "work" / "done").glob("*.json"))) == GROUPS * (2 + len(SEQ_LENS))
+
+
+def test_a_changed_input_or_unit_is_refused_naming_it(corpus, tmp_path: Path, capsys) -> None:
+    flags, reference = corpus
+    out = tmp_path / "out"
+    assert main(["build", *flags, "--out", str(out), "--workers", "1", "--num-nodes", "2", "--node-rank", "0"]) == 0
+    changed = Path(flags[flags.index("--text") + 1])
+    stat = changed.stat()
+    try:
+        os.utime(changed, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+        capsys.readouterr()
+        assert main(["merge", "--out", str(out), "--workers", "1"]) == 2
+        assert f"--text {changed}: changed since the build began (mtime_ns" in capsys.readouterr().err
+    finally:
+        os.utime(changed, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    other_unit = [*flags[: flags.index("--input-shard-mb") + 1], "0.5", *flags[flags.index("--input-shard-mb") + 2 :]]
+    assert main(["build", *other_unit, "--out", str(out), "--workers", "1"]) == 2
+    assert "input_shard_mb: 0.0001 -> 0.5" in capsys.readouterr().err
+    old = tmp_path / "old"
+    (old / "work" / "text").mkdir(parents=True)
+    (old / "work" / "text" / "part-00000.arrow").write_bytes(b"")
+    assert main(["build", *flags, "--out", str(old), "--workers", "1"]) == 2
+    assert "begun by an earlier data_prep" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    from tests.support.cluster.local_cluster import LocalSlurm
+    from tests.support.cluster.processes import ClusterUnavailable
+
+    try:
+        cluster = LocalSlurm().start()
+    except ClusterUnavailable as err:
+        pytest.skip(f"no local SLURM: {err}")
+    yield cluster
+    cluster.stop()
+
+
+def wait_for_jobs(slurm, out: Path, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not slurm.command("squeue", "-h").strip():
+            return
+        time.sleep(0.5)
+    logs = "\n".join(p.read_text()[-800:] for p in sorted((out / "work" / "slurm").glob("*.log")))
+    pytest.fail(f"SLURM jobs still queued after {timeout} s:\n{slurm.command('squeue')}\n{logs}")
+
+
+def submit(slurm, flags: list[str], out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **slurm.env}
+    return subprocess.run(python_m("build", *flags, "--out", str(out), "--workers", "1", "--slurm", *extra),
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+
+
+def test_slurm_arrays_give_the_same_bytes_and_rerun_only_what_is_missing(corpus, slurm, tmp_path: Path) -> None:
+    """A real (local) SLURM: the corpus array, the instances array after it, the merge last; the reference's
+    bytes. A relaunch after completion submits nothing; one instance task lost (its files and marker, as a
+    failed element leaves it) is the only element of the next submission, and the bytes come back."""
+    flags, reference = corpus
+    out = tmp_path / "out"
+    seed_folder(out, reference / "build_config.json")
+    first = submit(slurm, flags, out)
+    assert first.returncode == 0, first.stderr
+    assert [line.split(":")[0] for line in first.stdout.splitlines() if line.startswith("submitted")] == [
+        "submitted corpus", "submitted instances", "submitted merge"]
+    assert "(3 element(s))" in first.stdout and "(6 element(s))" in first.stdout
+    wait_for_jobs(slurm, out)
+    assert tree_digest(out) == tree_digest(reference)
+    again = submit(slurm, flags, out)
+    assert again.returncode == 0 and "already complete (same config); nothing to submit" in again.stdout
+
+    lost = 1 * len(SEQ_LENS) + 1  # task of shard 1 at the second length
+    for path in [out / "manifest.json", *out.glob("seq64/*.arrow"), *out.glob("work/instances/seq64/shard-00001-*"),
+                 out / "work" / "done" / "instances-seq64-00001.json"]:
+        path.unlink()
+    printed = submit(slurm, flags, out, "--print-sbatch")
+    assert printed.returncode == 0 and "corpus.sbatch" not in printed.stdout
+    assert f"#SBATCH --array={lost}\n" in printed.stdout and "merge.sbatch" in printed.stdout
+    rerun = submit(slurm, flags, out)
+    assert rerun.returncode == 0 and "submitted instances" in rerun.stdout and "(1 element(s))" in rerun.stdout
+    wait_for_jobs(slurm, out)
+    assert tree_digest(out) == tree_digest(reference)
+    assert not list(out.rglob("*.tmp"))
