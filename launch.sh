@@ -321,7 +321,7 @@ cmd_prep() {
             require_path -d "$2" "prep inspect: '$2' is not a folder"
             run "$PYTHON" -m data_prep "$@"
             ;;
-        merge | build) run "$PYTHON" -m data_prep "$@" ;;
+        merge | build | task) run "$PYTHON" -m data_prep "$@" ;;
         *) run "$PYTHON" -m data_prep build "$@" ;;
     esac
 }

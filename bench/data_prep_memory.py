@@ -1,7 +1,7 @@
 """Memory of data prep as the corpus grows: peak RSS per stage and per process, and bytes per token.
 
     python bench/data_prep_memory.py [--corpus shared|synthetic] [--sizes 1,4,16] [--docs 400]
-                                     [--docs-per-chunk 8] [--workers 2] [--before HEAD]
+                                     [--docs-per-chunk 8] [--workers 2] [--input-shard-mb 4] [--before HEAD]
 
 Builds one corpus repeated 1x, 4x and 16x (`shared`, the default when ../shared/data is there: its
 sample dump and books, 1.5 M tokens per 1x; `synthetic`: the segment-mode tests' own corpus writer,
@@ -172,6 +172,8 @@ def build_once(code: Path, inputs: list[str], out: Path, args: argparse.Namespac
              "--num-shards", str(8 * size), "--docs-per-chunk", str(args.docs_per_chunk),
              "--workers", str(args.workers),
              "--seed", "12345", "--out", str(out), "--num-nodes", "2"]
+    if code == REPO:  # input shards exist in this code only (`--before` runs an older data_prep)
+        build += ["--input-shard-mb", str(args.input_shard_mb)]
     peaks = Peaks()
     for rank in (0, 1):
         run_watched([*build, "--node-rank", str(rank)], code, "clean", peaks)
@@ -246,6 +248,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sizes", default="1,4,16", help="corpus repeats, comma-separated")
     parser.add_argument("--seq-lens", default="128,512")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--input-shard-mb", type=float, default=4.0,
+                        help="input shard size: ~2 input shards per 1x of the shared corpus, so that shards, not "
+                             "their size, grow with the corpus, as on a real one")
     parser.add_argument("--before", metavar="REF", help="also run data_prep as committed at REF (e.g. HEAD)")
     parser.add_argument("--json", type=Path, help="write the slopes here")
     args = parser.parse_args(argv)

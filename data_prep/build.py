@@ -304,6 +304,10 @@ def run_task(out: Path, stage: str, index: int, workers: int) -> None:
         with Workers(workers) as pool:
             prepare_corpus(cfg, plan, [index], pool)
         return
+    missing = missing_corpus_shards(out, plan.num_shards)
+    if missing:
+        raise BuildError(f"task instances --out {out}: input shard(s) {missing[:8]} not cleaned and tokenized yet "
+                         "(run their `task corpus` first)")
     tasks = instance_tasks(cfg, plan.num_shards)
     if not 0 <= index < len(tasks):
         raise BuildError(f"task instances --index {index}: there are {len(tasks)} instance task(s)")

@@ -27,6 +27,7 @@ import data_prep.sources as sources
 from data_prep.__main__ import build_parser, config_from_args, main
 from data_prep.atomic_io import atomic_write_json
 from data_prep.shards import Manifest
+from tests.support.cluster.local_cluster import LocalSlurm, running_or_skip
 from tests.support.data_prep_fixtures import tree_digest
 from tests.support.paths import REPO_ROOT
 
@@ -244,15 +245,7 @@ def test_a_changed_input_or_unit_is_refused_naming_it(corpus, tmp_path: Path, ca
 
 @pytest.fixture(scope="module")
 def slurm():
-    from tests.support.cluster.local_cluster import LocalSlurm
-    from tests.support.cluster.processes import ClusterUnavailable
-
-    try:
-        cluster = LocalSlurm().start()
-    except ClusterUnavailable as err:
-        pytest.skip(f"no local SLURM: {err}")
-    yield cluster
-    cluster.stop()
+    yield from running_or_skip(LocalSlurm(), "local SLURM")
 
 
 def wait_for_jobs(slurm, out: Path, timeout: float = 180) -> None:

@@ -35,8 +35,8 @@ from pretrain.launch.processes import running
 from pretrain.launch.rendezvous import listen
 from pretrain.launch.transports import Pdsh
 from tests.launch.conftest import ElasticReference
-from tests.support.cluster.local_cluster import LoopbackSsh
-from tests.support.cluster.processes import ClusterUnavailable, free_port, parent, processes_mentioning
+from tests.support.cluster.local_cluster import LoopbackSsh, running_or_skip
+from tests.support.cluster.processes import free_port, parent, processes_mentioning
 from tests.support.cluster.runs import (
     PHASE1_STEPS,
     PHASE2_STEPS,
@@ -75,12 +75,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def ssh_nodes() -> Iterator[LoopbackSsh]:
-    try:
-        nodes = LoopbackSsh().start()
-    except ClusterUnavailable as err:
-        pytest.skip(f"no loopback ssh nodes: {err}")
-    yield nodes
-    nodes.stop()
+    yield from running_or_skip(LoopbackSsh(), "loopback ssh nodes")
 
 
 # ---------------------------------------------------------------------------------------------- hostfile

@@ -30,8 +30,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster.local_cluster import LocalSlurm
-from tests.support.cluster.processes import ClusterUnavailable
+from tests.support.cluster.local_cluster import LocalSlurm, running_or_skip
 from tests.support.cluster.runs import (
     PHASE1_STEPS,
     PHASE2_STEPS,
@@ -65,12 +64,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def slurm() -> Iterator[LocalSlurm]:
-    try:
-        cluster = LocalSlurm().start()
-    except ClusterUnavailable as err:
-        pytest.skip(f"no local SLURM: {err}")
-    yield cluster
-    cluster.stop()
+    yield from running_or_skip(LocalSlurm(), "local SLURM")
 
 
 

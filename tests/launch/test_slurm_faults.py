@@ -29,8 +29,8 @@ import pytest
 
 from tests.launch.conftest import ElasticReference
 from tests.launch.test_slurm import SlurmJobRecord, SlurmJobs
-from tests.support.cluster.local_cluster import LocalSlurm
-from tests.support.cluster.processes import ClusterUnavailable, parent, processes_mentioning
+from tests.support.cluster.local_cluster import LocalSlurm, running_or_skip
+from tests.support.cluster.processes import parent, processes_mentioning
 from tests.support.cluster.runs import (
     kill_leftovers,
     latest_checkpoint,
@@ -56,12 +56,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def slurm() -> Iterator[LocalSlurm]:
-    try:
-        cluster = LocalSlurm(nodes=2).start()
-    except ClusterUnavailable as err:
-        pytest.skip(f"no local two-node SLURM: {err}")
-    yield cluster
-    cluster.stop()
+    yield from running_or_skip(LocalSlurm(nodes=2), "local two-node SLURM")
 
 
 def node_processes(marker: str, node: str, ranks: bool = True) -> list[int]:

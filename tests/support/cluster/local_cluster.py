@@ -352,6 +352,18 @@ class LoopbackSsh(Daemons):
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+def running_or_skip(cluster: LocalSlurm | LoopbackSsh, what: str) -> Iterator[LocalSlurm | LoopbackSsh]:
+    """A module fixture's body: the cluster started, or the module skipped naming why; stopped after."""
+    import pytest  # the by-hand entry point below does not need pytest
+
+    try:
+        started = cluster.start()
+    except ClusterUnavailable as err:
+        pytest.skip(f"no {what}: {err}")
+    yield started
+    started.stop()
+
+
 def os_user() -> str:
     return pwd.getpwuid(os.geteuid()).pw_name
 
