@@ -25,7 +25,7 @@ from data_prep.atomic_io import atomic_write_json, sha256_file
 from data_prep.config import NSP, BuildConfig, ConfigError
 from data_prep.corpus_index import corpus_index, count_held_out, missing_corpus_shards
 from data_prep.corpus_stage import VOCAB_NAME, clean_shards, corpus_sentences, prepare_vocab, tokenize_shards
-from data_prep.input_plan import InputPlan, PlanError, ensure_plan, load_plan
+from data_prep.input_plan import InputPlan, PlanError, ensure_plan, load_plan, make_plan
 from data_prep.instance_stage import InstanceSettings, InstanceTask, instance_task_done, make_instances
 from data_prep.parallel import Workers
 from data_prep.report import print_summary
@@ -52,7 +52,7 @@ class BuildError(ValueError):
     """The build cannot go on (bad input, foreign output folder, too little data); names the cause."""
 
 
-def check_inputs(cfg: BuildConfig) -> InputPlan:
+def check_inputs(cfg: BuildConfig, remove_temp: bool = True) -> InputPlan:
     """Everything that can be checked before hours of work: files, source options, vocab, the output folder;
     then the plan of input shards (recorded, or checked against the inputs when the folder has one)."""
     unknown = sorted({name for name, _ in cfg.inputs} - {row.field for row in SOURCES})
@@ -68,15 +68,18 @@ def check_inputs(cfg: BuildConfig) -> InputPlan:
             row.check(value, cfg.skip_bad_files)
     if cfg.vocab is not None:
         load_vocab(cfg.vocab)
-    claim_output_folder(cfg)
+    claim_output_folder(cfg, remove_temp)
+    if (cfg.out_dir / MANIFEST_NAME).is_file():  # complete: reported so even if an input was touched since
+        return load_plan(cfg.out_dir) if plan_path(cfg.out_dir).is_file() else make_plan(cfg)
     try:
         return ensure_plan(cfg)
     except PlanError as err:
         raise BuildError(str(err)) from err
 
 
-def claim_output_folder(cfg: BuildConfig) -> None:
-    """Record the config in OUT, or refuse when OUT holds the output of another config."""
+def claim_output_folder(cfg: BuildConfig, remove_temp: bool = True) -> None:
+    """Record the config in OUT, or refuse when OUT holds the output of another config. `remove_temp`: a
+    single-node build removes the temp files a killed run left (not `--slurm`: its tasks may be running)."""
     out = cfg.out_dir
     identity = cfg.identity()
     recorded = out / CONFIG_NAME
@@ -89,7 +92,7 @@ def claim_output_folder(cfg: BuildConfig) -> None:
         )
     if recorded.is_file():
         previous = json.loads(recorded.read_text(encoding="utf-8"))
-        if previous == identity and cfg.num_nodes == 1:
+        if previous == identity and cfg.num_nodes == 1 and remove_temp:
             remove_stale_temp_files(out)
         if previous != identity:
             # An identity without `segments` is nsp (config.identity): name it so, not None.

@@ -75,16 +75,18 @@ def input_units(cfg: BuildConfig) -> list[InputUnit]:
     units: list[InputUnit] = []
     for row in SOURCES:
         for value in cfg.input_values(row.field):
+            # Resolved, as the config records values: the merge and SLURM tasks, which rebuild the config
+            # from build_config.json, must see the same paths as the build that wrote the plan.
+            root = Path(value).resolve() if row.kind != NAME else None
             if row.kind == FILE:
-                files: list[Path | None] = [Path(value).absolute()]  # not resolved: a link keeps its name
+                files: list[Path | None] = [root]
             elif row.kind == FOLDER:
-                files = list(list_text_files(Path(value).absolute(), row.flag, row.suffixes))
+                files = list(list_text_files(root, row.flag, row.suffixes))  # links inside keep their names
             else:
                 files = [None]
-            recorded = value if row.kind == NAME else str(Path(value).resolve())
             for path in files:
                 stat = path.stat() if path is not None else None
-                units.append(InputUnit(row.field, recorded if row.kind != FOLDER else str(Path(value).absolute()),
+                units.append(InputUnit(row.field, str(root) if root is not None else value,
                                        str(path) if path is not None else None,
                                        stat.st_size if stat else None, stat.st_mtime_ns if stat else None))
     return units

@@ -105,7 +105,7 @@ def submit_build(cfg: BuildConfig, sbatch_args: list[str], print_only: bool) -> 
         raise ConfigError("--slurm needs a fixed --vocab FILE (every array element must tokenize with the same "
                           "vocab); train one first with a single-node build")
     try:
-        plan = check_inputs(cfg)
+        plan = check_inputs(cfg, remove_temp=False)  # elements of an earlier submission may be writing
     except SourceError as err:
         raise BuildError(str(err)) from err
     out = cfg.out_dir

@@ -293,3 +293,26 @@ def test_slurm_arrays_give_the_same_bytes_and_rerun_only_what_is_missing(corpus,
     wait_for_jobs(slurm, out)
     assert tree_digest(out) == tree_digest(reference)
     assert not list(out.rglob("*.tmp"))
+
+
+def test_relative_paths_and_a_touched_input_after_completion(corpus, tmp_path: Path, monkeypatch, capsys) -> None:
+    """The merge rebuilds the config from build_config.json (paths resolved): a build given relative paths must
+    plan the same files. A complete folder stays complete when an input is touched afterwards."""
+    flags, reference = corpus
+    below = tmp_path / "cwd"
+    below.mkdir()
+    monkeypatch.chdir(below)  # paths with `..`: absolute but not resolved, they would name other files
+    relative = [os.path.relpath(f) if f.endswith(".txt") else f for f in flags]
+    assert all(f.startswith("../") for f in relative if f.endswith(".txt"))
+    out = tmp_path / "out"
+    assert main(["build", *relative, "--out", str(out), "--workers", "1", "--num-nodes", "2", "--node-rank", "0"]) == 0
+    assert main(["merge", "--out", str(out), "--workers", "1"]) == 0
+    touched = Path(flags[flags.index("--text") + 1])
+    stat = touched.stat()
+    try:
+        os.utime(touched, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+        capsys.readouterr()
+        assert main(["build", *flags, "--out", str(reference), "--workers", "1"]) == 0
+        assert "already complete (same config); nothing to do" in capsys.readouterr().out
+    finally:
+        os.utime(touched, ns=(stat.st_atime_ns, stat.st_mtime_ns))
