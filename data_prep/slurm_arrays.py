@@ -85,6 +85,8 @@ def script(job: Job, out: Path, sbatch_args: list[str]) -> str:
     logs = slurm_dir(out).resolve()
     lines = ["#!/bin/bash", f"#SBATCH --job-name=data-prep-{job.name}", f"#SBATCH --cpus-per-task={job.cpus}",
              "#SBATCH --requeue", "#SBATCH --open-mode=append"]
+    if job.after:  # a failed task fails the stages after it at once, instead of leaving them pending forever
+        lines.append("#SBATCH --kill-on-invalid-dep=yes")
     if job.indices:
         lines += [f"#SBATCH --array={array_spec(job.indices)}", f"#SBATCH --output={logs}/{job.name}-%A_%a.log"]
     else:
