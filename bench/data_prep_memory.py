@@ -97,10 +97,11 @@ def sample_tree(root: int) -> tuple[dict[str, int], list[dict[str, int]]]:
     return status(root), [s for s in (status(p) for p in descendants) if s]
 
 
-def run_watched(command: list[str], code: Path, first_stage: str, peaks: Peaks) -> None:
+def run_watched(command: list[str], code: Path, first_stage: str, peaks: Peaks, last_stage: str = "shards") -> None:
     """Run one command with the data_prep package in `code`; sample its tree into `peaks` until it exits.
     Stage names come from its `stage X:` lines, printed as a stage ends: the samples after one belong
-    to the next stage."""
+    to the next stage, up to `last_stage` (a node build's samples after its tokenize stage, while it exits,
+    stay in `tokenize`: they are not the merge's instance stage)."""
     env = {**os.environ, "PYTHONPATH": str(code)}
     proc = subprocess.Popen(command, cwd=code, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -112,7 +113,8 @@ def run_watched(command: list[str], code: Path, first_stage: str, peaks: Peaks) 
             log.append(line.rstrip())
             if line.startswith("stage "):
                 done = line.split(":")[0].split()[1]
-                stage[0] = STAGE_AFTER.get(done, stage[0])
+                if done != last_stage:
+                    stage[0] = STAGE_AFTER.get(done, stage[0])
 
     reader = threading.Thread(target=read_output, daemon=True)
     reader.start()
@@ -176,7 +178,7 @@ def build_once(code: Path, inputs: list[str], out: Path, args: argparse.Namespac
         build += ["--input-shard-mb", str(args.input_shard_mb)]
     peaks = Peaks()
     for rank in (0, 1):
-        run_watched([*build, "--node-rank", str(rank)], code, "clean", peaks)
+        run_watched([*build, "--node-rank", str(rank)], code, "clean", peaks, last_stage="tokenize")
     merge = [sys.executable, "-m", "data_prep", "merge", "--out", str(out), "--workers", str(args.workers)]
     run_watched(merge, code, "instances", peaks)
     totals = json.loads((out / "manifest.json").read_text(encoding="utf-8"))["totals"]

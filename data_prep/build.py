@@ -17,11 +17,20 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from data_prep import __version__
 from data_prep.atomic_io import atomic_write_json, sha256_file
+from data_prep.bucket_stage import (
+    BucketedShardTask,
+    ScatterTask,
+    bucket_sizes,
+    gather_bucketed,
+    scatter,
+    scatter_done,
+)
 from data_prep.config import NSP, BuildConfig, ConfigError
 from data_prep.corpus_index import corpus_index, count_held_out, missing_corpus_shards
 from data_prep.corpus_stage import VOCAB_NAME, clean_shards, corpus_sentences, prepare_vocab, tokenize_shards
@@ -33,12 +42,14 @@ from data_prep.shard_stage import (
     ShardTask,
     count_instances,
     dropped_pieces,
+    gather_rows,
+    num_buckets,
     order_bucket,
+    shard_ends,
     shard_file,
     shard_plan,
-    write_one_shard,
 )
-from data_prep.shards import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, SPLITS
+from data_prep.shards import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, SPLITS, write_shard_table
 from data_prep.source_files import SourceError
 from data_prep.sources import SOURCES
 from data_prep.tokenizer_files import write_tokenizer_files
@@ -212,43 +223,56 @@ def make_shards(cfg: BuildConfig, seq_len: int, num_shards: int, workers: Worker
     out = cfg.out_dir
     started = time.perf_counter()
     entry: dict[str, Any] = {}
+    counts = {split: count_instances(out, seq_len, split, num_shards) for split in SPLITS}
+    outputs = {"train": cfg.num_shards, "val": cfg.num_val_shards}
+    for split, (count, _) in counts.items():
+        if 0 < count < outputs[split]:
+            flag = "--num-shards" if split == "train" else "--num-val-shards"
+            raise BuildError(f"{flag} {outputs[split]}: only {count} {split} instances at sequence length {seq_len}; "
+                             "lower it or add data")
+    bucket = {split: order_bucket(out, seq_len, split, count) for split, (count, _) in counts.items() if count}
+    over = tuple((split, num_buckets(counts[split][0], size)) for split, size in bucket.items()
+                 if num_buckets(counts[split][0], size) > 1)
+    if over:  # the order over one bucket: scattered per input shard first (data_prep/bucket_stage.py)
+        scatters = [ScatterTask(out, num_shards, s, seq_len, cfg.seed, over) for s in range(num_shards)
+                    if not scatter_done(out, seq_len, s)]
+        for _ in workers.map(scatter, scatters):
+            pass
     for split in SPLITS:
-        count, random_next = count_instances(out, seq_len, split, num_shards)
-        num_out = cfg.num_shards if split == "train" else cfg.num_val_shards
+        count, random_next = counts[split]
         # Packed modes only: what the packing dropped (nsp manifests keep their keys, and their bytes).
         dropped = dropped_pieces(out, seq_len, split, num_shards) if cfg.segments != NSP else {}
         if count == 0:
             entry[split] = {"num_instances": 0, "nsp_random_fraction": None, "shards": [], **dropped}
             continue
-        if count < num_out:
-            flag = "--num-shards" if split == "train" else "--num-val-shards"
-            raise BuildError(
-                f"{flag} {num_out}: only {count} {split} instances at sequence length {seq_len}; "
-                "lower it or add data"
-            )
-        # Lazy: one bucket of the order at a time (shard_stage.bucket_orders).
-        bucket = order_bucket(out, seq_len, split, count)
-        plan = shard_plan(count, num_out, cfg.seed, seq_len, split, bucket)
-        shards = list(workers.map(write_shard_if_needed, (
-            ShardTask(out, seq_len, split, num_shards, k, rows) for k, rows in enumerate(plan)
-        )))
+        if split in dict(over):
+            sizes = bucket_sizes(out, seq_len, split, num_shards)
+            ends = [0, *shard_ends(count, outputs[split])]
+            tasks: Iterator[ShardTask | BucketedShardTask] = (
+                BucketedShardTask(out, seq_len, split, cfg.seed, k, ends[k], ends[k + 1], sizes)
+                for k in range(outputs[split]))
+        else:  # one bucket: the single permutation, cut lazily (shard_stage.shard_plan)
+            plan = shard_plan(count, outputs[split], cfg.seed, seq_len, split, bucket[split])
+            tasks = (ShardTask(out, seq_len, split, num_shards, k, rows) for k, rows in enumerate(plan))
         entry[split] = {
             "num_instances": count,
             "nsp_random_fraction": round(random_next / count, 6) if cfg.segments == NSP else None,
-            "shards": shards,
+            "shards": list(workers.map(write_shard_if_needed, tasks)),
             **dropped,
         }
     print(f"stage shards seq {seq_len}: {time.perf_counter() - started:.1f}s", flush=True)
     return entry
 
 
-def write_shard_if_needed(task: ShardTask) -> dict[str, object]:
+def write_shard_if_needed(task: ShardTask | BucketedShardTask) -> dict[str, object]:
     """Resume: a shard file exists only when complete (atomic rename), so it is reused as is."""
-    path = task.out / shard_file(task.seq_len, task.split, task.index)
+    name = shard_file(task.seq_len, task.split, task.index)
+    path = task.out / name
     if path.is_file():
-        return {"file": shard_file(task.seq_len, task.split, task.index), "num_instances": len(task.rows),
-                "sha256": sha256_file(path)}
-    return write_one_shard(task)
+        return {"file": name, "num_instances": len(task.rows), "sha256": sha256_file(path)}
+    table = gather_bucketed(task) if isinstance(task, BucketedShardTask) else gather_rows(task)
+    count, digest = write_shard_table(path, table)
+    return {"file": name, "num_instances": count, "sha256": digest}
 
 
 def run_build(cfg: BuildConfig) -> dict[str, Any] | None:

@@ -30,7 +30,7 @@ import pyarrow as pa
 from data_prep.atomic_io import atomic_write_json
 from data_prep.instance_stage import instance_marker
 from data_prep.keyed_hash import GOLDEN, mix64
-from data_prep.shards import read_table, write_shard_table
+from data_prep.shards import read_table
 from data_prep.work_layout import instances_path, work_dir
 
 SPLIT_SEED = {"train": 0, "val": 1}
@@ -107,17 +107,29 @@ def bucket_orders(
     With B = 1 it is `default_rng([seed, seq_len, SPLIT_SEED[split]]).permutation(N)`, the order
     of every build before buckets, so a corpus up to bucket_instances keeps its bytes.
     """
-    entropy = [seed, seq_len, SPLIT_SEED[split]]
     buckets = num_buckets(num_instances, bucket_instances)
     if buckets == 1:
-        yield np.random.default_rng(entropy).permutation(num_instances)
+        yield bucket_shuffle(seed, seq_len, split, None).permutation(num_instances)
         return
-    key = np.random.SeedSequence([*entropy, _HASH_TAG]).generate_state(1, np.uint64)[0]
+    key = bucket_key(seed, seq_len, split)
     for bucket in range(buckets):
         members = bucket_members(num_instances, key, buckets, bucket)
-        np.random.default_rng([*entropy, bucket]).shuffle(members)  # permutation(members), in place
+        bucket_shuffle(seed, seq_len, split, bucket).shuffle(members)  # permutation(members), in place
         yield members
         del members  # before the next bucket is collected
+
+
+def bucket_key(seed: int, seq_len: int, split: str) -> np.uint64:
+    """The key of the instance -> bucket hash of one (length, split)."""
+    return np.random.SeedSequence([seed, seq_len, SPLIT_SEED[split], _HASH_TAG]).generate_state(1, np.uint64)[0]
+
+
+def bucket_shuffle(seed: int, seq_len: int, split: str, bucket: int | None) -> np.random.Generator:
+    """The generator that shuffles one bucket (None: the single bucket of a (length, split) up to
+    BUCKET_INSTANCES, seeded as every build before buckets). `permutation(n)` applies exactly the swaps
+    that `shuffle` applies to n members, so a bucket's order can be drawn without its members."""
+    entropy = [seed, seq_len, SPLIT_SEED[split]]
+    return np.random.default_rng(entropy if bucket is None else [*entropy, bucket])
 
 
 def shard_ends(num_instances: int, num_shards: int) -> list[int]:
@@ -204,12 +216,6 @@ def gather_rows(task: ShardTask) -> pa.Table:
     restore = np.empty_like(order)
     restore[order] = np.arange(len(order))
     return in_sorted_order.take(pa.array(restore))
-
-
-def write_one_shard(task: ShardTask) -> dict[str, object]:
-    path = task.out / shard_file(task.seq_len, task.split, task.index)
-    count, digest = write_shard_table(path, gather_rows(task))
-    return {"file": shard_file(task.seq_len, task.split, task.index), "num_instances": count, "sha256": digest}
 
 
 def count_instances(out: Path, seq_len: int, split: str, num_shards: int) -> tuple[int, int]:

@@ -4,6 +4,7 @@
     work/text/shard-NNNNN.arrow                      input shard N cleaned: one record batch per chunk
     work/tokens/shard-NNNNN.arrow                    input shard N tokenized: one record batch per chunk
     work/instances/seqL/shard-NNNNN-SPLIT.arrow      its instances at length L, per split
+    work/buckets/seqL/shard-NNNNN-SPLIT.arrow        over one bucket: its instances grouped by shuffle bucket
     work/shards/seqL-SPLIT-order.json                the bucket size the shards are cut with
     work/done/STAGE-NNNNN.json                       a finished task: its output is complete; its statistics
     work/slurm/                                      the batch scripts of a SLURM build, and their logs
@@ -38,6 +39,15 @@ def tokens_path(out: Path, shard: int) -> Path:
 
 def instances_path(out: Path, seq_len: int, shard: int, split: str) -> Path:
     return work_dir(out) / "instances" / f"seq{seq_len}" / f"shard-{shard:05d}-{split}.arrow"
+
+
+def scattered_path(out: Path, seq_len: int, shard: int, split: str) -> Path:
+    """An input shard's instances of one (length, split), stably grouped by shuffle bucket: batch b is bucket b."""
+    return work_dir(out) / "buckets" / f"seq{seq_len}" / f"shard-{shard:05d}-{split}.arrow"
+
+
+def scatter_stage(seq_len: int) -> str:
+    return f"scatter-seq{seq_len}"
 
 
 def instances_stage(seq_len: int) -> str:

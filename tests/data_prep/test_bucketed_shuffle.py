@@ -120,12 +120,12 @@ def test_built_instances_land_in_exactly_one_shard_with_small_buckets(tmp_path: 
     out = tmp_path / "out"
     flags = ["--workers", "1", "--seq-lens", "48", "--num-shards", "2", "--docs-per-chunk", "16"]
     assert build(corpus, out, *flags) == 0
-    num_chunks = len(list((out / "work" / "instances" / "seq48").glob("part-*-train.arrow")))
+    num_shards = len(list((out / "work" / "instances" / "seq48").glob("shard-*-train.arrow")))  # input shards
     built = pa.concat_tables([read_table(out / "seq48" / f"train-{k:05d}.arrow") for k in range(2)])
     count = built.num_rows
     assert count > 3 * 7
     shards = [
-        gather_rows(ShardTask(out, 48, "train", num_chunks, k, rows))
+        gather_rows(ShardTask(out, 48, "train", num_shards, k, rows))
         for k, rows in enumerate(shard_plan(count, 3, 7, 48, "train", bucket_instances=7))
     ]
     part_starts.cache_clear()

@@ -26,6 +26,8 @@ import pytest
 import data_prep.sources as sources
 from data_prep.__main__ import build_parser, config_from_args, main
 from data_prep.atomic_io import atomic_write_json
+from data_prep.bucket_stage import bucket_sizes
+from data_prep.shard_stage import ShardTask, gather_rows, part_starts, shard_plan
 from data_prep.shards import Manifest
 from tests.support.cluster.local_cluster import LocalSlurm, running_or_skip
 from tests.support.data_prep_fixtures import tree_digest
@@ -104,6 +106,24 @@ def test_reference_crosses_shards_and_buckets(corpus) -> None:
     for seq_len in SEQ_LENS:
         count = manifest.data["seq_lens"][seq_len]["train"]["num_instances"]
         assert count > 2 * BUCKET, "the matrix must cross buckets"
+
+
+def test_scattered_buckets_give_the_bucketed_order(corpus) -> None:
+    """The reference's train shards, made by scattering each input shard into buckets and gathering each output
+    shard from the buckets it spans, equal the bucketed order computed whole (shard_stage.shard_plan) over the
+    instance files: the same rows in the same order."""
+    _, reference = corpus
+    manifest = Manifest.load(reference)
+    for seq_len in SEQ_LENS:
+        count = manifest.data["seq_lens"][seq_len]["train"]["num_instances"]
+        plan = shard_plan(count, 3, 5, int(seq_len), "train", BUCKET)
+        for k, rows in enumerate(plan):
+            expected = gather_rows(ShardTask(reference, int(seq_len), "train", GROUPS, k, rows))
+            built = ipc.open_file(pa.memory_map(str(reference / f"seq{seq_len}" / f"train-{k:05d}.arrow"))).read_all()
+            assert built.equals(expected), (seq_len, k)
+        sizes = bucket_sizes(reference, int(seq_len), "train", GROUPS)
+        assert sizes.shape == (GROUPS, -(-count // BUCKET)) and sizes.sum() == count
+    part_starts.cache_clear()
 
 
 @pytest.mark.parametrize("executor", ["3 workers", "2 nodes x 2 workers", "dead node finished by merge"])
@@ -186,16 +206,19 @@ def test_work_files_follow_shards_not_chunks(corpus, tmp_path: Path) -> None:
     assert main(["build", *flags[:at], "2", *flags[at + 1 :], "--out", str(small), "--workers", "1"]) == 0
     names = {p.relative_to(reference / "work").as_posix() for p in (reference / "work").rglob("*") if p.is_file()}
     small_names = {p.relative_to(small / "work").as_posix() for p in (small / "work").rglob("*") if p.is_file()}
-    assert small_names == names - {f"shards/seq{s}-train-order.json" for s in SEQ_LENS}
+    bucketed = {n for n in names if n.startswith(("buckets/", "done/scatter-", "shards/"))}  # the reference's buckets
+    assert len(bucketed) == len(SEQ_LENS) * (1 + 2 * GROUPS)  # an order record; per input shard a file, a marker
+    assert small_names == names - bucketed
     per_shard = 2 + 2 + len(SEQ_LENS) * 3  # text + tokens, their markers; per length two splits + a marker
     assert len(small_names) == 1 + GROUPS * per_shard  # + the plan
 
 
 def test_kill_in_each_stage_then_relaunch(corpus, tmp_path: Path) -> None:
-    """SIGKILL when the first task of a stage has finished (corpus, instances, shards); the same command
+    """SIGKILL when the first task of a stage has finished (corpus, instances, scatter, shards); the same command
     then finishes with the reference's bytes, no temp file, and one marker per task."""
     flags, reference = corpus
-    waits = ["work/done/tokens-00000.json", "work/done/instances-seq32-00000.json", "seq32/train-00000.arrow"]
+    waits = ["work/done/tokens-00000.json", "work/done/instances-seq32-00000.json", "work/done/scatter-seq32-00000.json",
+             "seq32/train-00000.arrow"]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     for stage, first_done in enumerate(waits):
         for attempt in range(3):  # the kill races the build's last steps: a build that won is tried again
@@ -217,7 +240,7 @@ def test_kill_in_each_stage_then_relaunch(corpus, tmp_path: Path) -> None:
         assert again.returncode == 0, again.stderr
         assert tree_digest(out) == tree_digest(reference)
         assert not list(out.rglob("*.tmp"))
-        assert len(list((out / "work" / "done").glob("*.json"))) == GROUPS * (2 + len(SEQ_LENS))
+        assert len(list((out / "work" / "done").glob("*.json"))) == GROUPS * (2 + 2 * len(SEQ_LENS))
 
 
 def test_a_changed_input_or_unit_is_refused_naming_it(corpus, tmp_path: Path, capsys) -> None:
