@@ -139,7 +139,7 @@ def clean_shards(cfg: BuildConfig, plan: InputPlan, shards: list[int], workers: 
         for result in workers.map(clean_chunk, tasks()):
             task = result.task
             if current is None:
-                current = _ShardText(out, task.shard, [u.file or u.value for u in plan.shards[task.shard]])
+                current = _ShardText(out, task.shard, [u.label() for u in plan.shards[task.shard]])
             if task.last:
                 current.finish(task.chunk)
                 current = None

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from itertools import chain
 from pathlib import Path
 
 from data_prep.atomic_io import atomic_write_json
+from data_prep.byte_ranges import cut_points, splittable
 from data_prep.config import BuildConfig
 from data_prep.source_files import list_text_files
 from data_prep.sources import FILE, FOLDER, NAME, SOURCES, RawDocument, ReadContext
@@ -42,10 +43,28 @@ class InputUnit:
     file: str | None  # the file read: the value itself (FILE), one file of the folder (FOLDER), None (NAME)
     size: int | None
     mtime_ns: int | None
+    start: int = 0  # a byte range of the file (a large plain file cut at document starts); end None: to its end
+    end: int | None = None
 
     def describe(self) -> str:
         row = next(r for r in SOURCES if r.field == self.source)
         return f"{row.flag} {self.file or self.value}"
+
+    @property
+    def whole(self) -> bool:
+        return self.start == 0 and self.end is None
+
+    @property
+    def bytes(self) -> int | None:
+        """Bytes this unit reads on disk (None: a dataset name)."""
+        if self.size is None:
+            return None
+        return (self.size if self.end is None else self.end) - self.start
+
+    def label(self) -> str:
+        """The file (and range) in a marker."""
+        where = self.file or self.value
+        return where if self.whole else f"{where}@{self.start}-{self.end if self.end is not None else self.size}"
 
 
 @dataclass(frozen=True)
@@ -71,7 +90,9 @@ class InputPlan:
 
 
 def input_units(cfg: BuildConfig) -> list[InputUnit]:
-    """Every input file in the build's read order (the order documents, and so chunks, follow)."""
+    """Every input file in the build's read order (the order documents, and so chunks, follow); a plain file
+    larger than an input shard, of a source whose documents can be told apart from their bytes, as byte ranges
+    of about an input shard each, cut at document starts (data_prep/byte_ranges.py)."""
     units: list[InputUnit] = []
     for row in SOURCES:
         for value in cfg.input_values(row.field):
@@ -86,10 +107,21 @@ def input_units(cfg: BuildConfig) -> list[InputUnit]:
                 files = [None]
             for path in files:
                 stat = path.stat() if path is not None else None
-                units.append(InputUnit(row.field, str(root) if root is not None else value,
-                                       str(path) if path is not None else None,
-                                       stat.st_size if stat else None, stat.st_mtime_ns if stat else None))
+                unit = InputUnit(row.field, str(root) if root is not None else value, str(path) if path else None,
+                                 stat.st_size if stat else None, stat.st_mtime_ns if stat else None)
+                units += cut_unit(unit, row.cut_at, cfg.input_shard_bytes)
     return units
+
+
+def cut_unit(unit: InputUnit, cut_at: str | None, shard_bytes: int) -> list[InputUnit]:
+    """`unit` as byte ranges of about `shard_bytes` when it is a larger plain file that can be cut; else itself."""
+    if cut_at is None or unit.file is None or unit.size is None or unit.size <= shard_bytes:
+        return [unit]
+    if not splittable(Path(unit.file)):
+        return [unit]
+    cuts = cut_points(Path(unit.file), unit.size, -(-unit.size // shard_bytes), cut_at)
+    bounds = [0, *cuts, None]
+    return [replace(unit, start=bounds[k], end=bounds[k + 1]) for k in range(len(bounds) - 1)]
 
 
 def group_shards(units: list[InputUnit], shard_bytes: int) -> tuple[tuple[InputUnit, ...], ...]:
@@ -98,7 +130,7 @@ def group_shards(units: list[InputUnit], shard_bytes: int) -> tuple[tuple[InputU
     shards: list[list[InputUnit]] = []
     filled = shard_bytes  # forces a new shard for the first unit
     for unit in units:
-        size = unit.size
+        size = unit.bytes
         if size is None or filled + size > shard_bytes or not shards:
             shards.append([unit])
             filled = size if size is not None else shard_bytes
@@ -135,8 +167,8 @@ def plan_change(before: InputPlan, after: InputPlan) -> str:
     """The first difference between two plans, in words."""
     if before.shard_bytes != after.shard_bytes:
         return f"input shard size changed ({before.shard_bytes} -> {after.shard_bytes} bytes)"
-    old = {(u.source, u.file or u.value): u for u in chain.from_iterable(before.shards)}
-    new = {(u.source, u.file or u.value): u for u in chain.from_iterable(after.shards)}
+    old = {(u.source, u.file or u.value, u.start): u for u in chain.from_iterable(before.shards)}
+    new = {(u.source, u.file or u.value, u.start): u for u in chain.from_iterable(after.shards)}
     for key, unit in new.items():
         if key not in old:
             return f"{unit.describe()}: added since the build began"
@@ -156,7 +188,10 @@ def read_shard(cfg: BuildConfig, units: tuple[InputUnit, ...]) -> Iterator[RawDo
     for unit in units:
         row = rows[unit.source]
         context = ReadContext(cfg.skip_bad_files, {o.field: cfg.input_option(o.field, o.default) for o in row.options})
-        if row.kind == FOLDER:
+        if not unit.whole:
+            assert row.read_range is not None and unit.file is not None
+            yield from row.read_range(Path(unit.file), Path(unit.value), context, unit.start, unit.end)
+        elif row.kind == FOLDER:
             assert row.read_file is not None and unit.file is not None
             yield from row.read_file(Path(unit.file), Path(unit.value), context)
         else:

@@ -6,20 +6,22 @@ splitting) is `to_sentences`, which runs in the workers.
 
 A new source is a reader and one `Source` row here: the `build` flags (data_prep/__main__.py), the
 config and its identity (data_prep/config.py), the input checks, the description of the inputs
-(data_prep/build.py) and the document order (data_prep/corpus_stage.py) all loop over `SOURCES`.
+(data_prep/build.py) and the document order (data_prep/input_plan.py) all loop over `SOURCES`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sys
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from data_prep.byte_ranges import BLANK_LINE, LINE, lines_in_range
 from data_prep.clean import is_disambiguation, is_redirect, wikitext_to_paragraphs
 from data_prep.sentences import split_sentences
 from data_prep.source_files import SourceError, check_readable_file, list_text_files, open_binary, read_text
@@ -53,8 +55,7 @@ def to_sentences(doc: RawDocument) -> list[str]:
     return [sentence for paragraph in paragraphs for sentence in split_sentences(paragraph)]
 
 
-# ---------------------------------------------------------------- Wikipedia XML dump
-
+# Wikipedia XML dump
 
 def read_wiki_dump(path: Path) -> Iterator[RawDocument]:
     """Main-namespace articles of a pages-articles dump; redirects and disambiguation pages dropped.
@@ -85,8 +86,7 @@ def read_wiki_dump(path: Path) -> Iterator[RawDocument]:
         raise SourceError(f"--wiki-dump {path}: not UTF-8 ({err})") from err
 
 
-# ---------------------------------------------------------------- WikiExtractor output
-
+# WikiExtractor output
 _DOC_OPEN = re.compile(r'<doc id="([^"]*)"[^>]*title="([^"]*)"[^>]*>')
 
 
@@ -118,8 +118,7 @@ def read_wikiextractor_file(path: Path, folder: Path, skip_bad_files: bool = Fal
             lines.append(line)
 
 
-# ---------------------------------------------------------------- books and plain text
-
+# books and plain text
 _GUTENBERG_START = re.compile(r"^\*\*\*\s*START OF (THE|THIS) PROJECT GUTENBERG.*$", re.IGNORECASE | re.MULTILINE)
 _GUTENBERG_END = re.compile(r"^\*\*\*\s*END OF (THE|THIS) PROJECT GUTENBERG.*$", re.IGNORECASE | re.MULTILINE)
 
@@ -160,32 +159,37 @@ def read_book_file(path: Path, folder: Path, skip_bad_files: bool = False) -> It
     yield RawDocument(f"books:{path.relative_to(folder)}", path.stem, text, WRAPPED)
 
 
-def read_sentence_lines(path: Path) -> Iterator[RawDocument]:
-    """One sentence per line, blank lines between documents (BERT's input format), streamed."""
+def read_sentence_lines(path: Path, start: int = 0, end: int | None = None) -> Iterator[RawDocument]:
+    """One sentence per line, blank lines between documents (BERT's input format), streamed; with a byte range
+    (data_prep/byte_ranges.py: cut at document starts), only the documents that start in it."""
     source = f"text:{path.name}"
+    name = path.name if start == 0 and end is None else f"{path.name}@{start}"
     lines: list[str] = []
     count = 0
     try:
-        with open_binary(path) as handle:
+        with contextlib.ExitStack() as stack:
+            if start == 0 and end is None:
+                handle: Iterable[bytes] = stack.enter_context(open_binary(path))
+            else:
+                handle = lines_in_range(path, start, end)
             for number, raw in enumerate(handle, start=1):
                 try:
                     line = raw.decode("utf-8").strip()
                 except UnicodeDecodeError as err:
-                    raise SourceError(f"--text {path}: not UTF-8 (line {number})") from err
+                    raise SourceError(f"--text {path}: not UTF-8 (line {number} from byte {start})") from err
                 if line:
                     lines.append(line)
                 elif lines:
                     count += 1
-                    yield RawDocument(source, f"{path.name}#{count}", "\n".join(lines), LINES)
+                    yield RawDocument(source, f"{name}#{count}", "\n".join(lines), LINES)
                     lines = []
     except (OSError, EOFError) as err:
         raise SourceError(f"--text {path}: corrupt or unreadable ({err})") from err
     if lines:
-        yield RawDocument(source, f"{path.name}#{count + 1}", "\n".join(lines), LINES)
+        yield RawDocument(source, f"{name}#{count + 1}", "\n".join(lines), LINES)
 
 
-# ---------------------------------------------------------------- JSON lines
-
+# JSON lines
 JSONL_SUFFIXES = (".jsonl",)
 
 
@@ -201,19 +205,27 @@ def read_jsonl(folder: Path, skip_bad_files: bool = False) -> Iterator[RawDocume
         yield from read_jsonl_file(path, folder, skip_bad_files)
 
 
-def read_jsonl_file(path: Path, folder: Path, skip_bad_files: bool = False) -> Iterator[RawDocument]:
+def read_jsonl_file(path: Path, folder: Path, skip_bad_files: bool = False, start: int = 0,
+                    end: int | None = None) -> Iterator[RawDocument]:
+    """One JSON-lines file, or the lines that start in a byte range of it (cut at line starts)."""
     source = f"jsonl:{path.relative_to(folder)}"
+    name = path.name if start == 0 and end is None else f"{path.name}@{start}"
     bad: list[str] = []
     try:
-        with open_binary(path) as handle:
+        with contextlib.ExitStack() as stack:
+            if start == 0 and end is None:
+                handle: Iterable[bytes] = stack.enter_context(open_binary(path))
+            else:
+                handle = lines_in_range(path, start, end)
             for number, raw in enumerate(handle, start=1):
                 if not raw.strip():
                     continue
                 try:
-                    yield _jsonl_document(raw, source, f"{path.name}#{number}")
+                    yield _jsonl_document(raw, source, f"{name}#{number}")
                 except SourceError as err:
                     if not skip_bad_files:
-                        raise SourceError(f"--jsonl {path}: line {number}: {err}") from err
+                        raise SourceError(f"--jsonl {path}: line {number}{'' if start == 0 else f' from byte {start}'}: "
+                                          f"{err}") from err
                     bad.append(f"line {number}: {err}")
     except (OSError, EOFError) as err:
         _skip_or_raise(SourceError(f"--jsonl {path}: corrupt or unreadable ({err})"), skip_bad_files)
@@ -235,8 +247,7 @@ def _jsonl_document(raw: bytes, source: str, fallback_title: str) -> RawDocument
     return RawDocument(source, str(title), text.replace("\r\n", "\n"), PARAGRAPH_LINES)
 
 
-# ---------------------------------------------------------------- Hugging Face datasets
-
+# Hugging Face datasets
 
 def read_hf_dataset(spec: str, text_field: str = "text", rows_per_doc: int = 1) -> Iterator[RawDocument]:
     """`NAME[:CONFIG]` through `datasets` (streaming from the Hub), or a `save_to_disk` folder.
@@ -273,8 +284,7 @@ def read_hf_dataset(spec: str, text_field: str = "text", rows_per_doc: int = 1) 
         yield RawDocument(source, first_title, "\n".join(buffer), layout)
 
 
-# ---------------------------------------------------------------- the table of sources
-
+# the table of sources
 FILE, FOLDER, NAME = "file", "folder", "name"  # what a source's value is: its check, and whether it is a path
 
 
@@ -317,6 +327,10 @@ class Source:
     read: Callable[[str, ReadContext], Iterator[RawDocument]]  # one value -> its documents, in order
     # FOLDER: one of its files -> that file's documents, (file, folder, context); `read` is these in turn.
     read_file: Callable[[Path, Path, ReadContext], Iterator[RawDocument]] | None = None
+    # Plain files larger than an input shard are cut at document starts (data_prep/byte_ranges.py) when
+    # `cut_at` says what separates documents; `read_range(file, folder or file, context, start, end)` reads one.
+    cut_at: str | None = None
+    read_range: Callable[[Path, Path, ReadContext, int, int | None], Iterator[RawDocument]] | None = None
     suffixes: tuple[str, ...] | None = None  # FOLDER: the file names read; None: every file
     options: tuple[Option, ...] = ()
     skips_bad_files: bool = False  # honours --skip-bad-files
@@ -361,12 +375,15 @@ SOURCES: tuple[Source, ...] = (
            read_file=lambda path, folder, context: read_book_file(path, folder, context.skip_bad_files),
            suffixes=BOOK_SUFFIXES, skips_bad_files=True),
     Source("--text", "texts", "FILE", "one sentence per line, blank line between documents; repeatable",
-           FILE, lambda value, _context: read_sentence_lines(Path(value))),
+           FILE, lambda value, _context: read_sentence_lines(Path(value)), cut_at=BLANK_LINE,
+           read_range=lambda path, _root, _context, start, end: read_sentence_lines(path, start, end)),
     Source("--jsonl", "jsonl", "DIR",
            'folder of JSON-lines files (*.jsonl, sorted): one {"text": ...} document per line, a paragraph '
            "per line of text; repeatable",
            FOLDER, lambda value, context: read_jsonl(Path(value), context.skip_bad_files),
            read_file=lambda path, folder, context: read_jsonl_file(path, folder, context.skip_bad_files),
+           cut_at=LINE, read_range=lambda path, folder, context, start, end: read_jsonl_file(
+               path, folder, context.skip_bad_files, start, end),
            suffixes=JSONL_SUFFIXES, skips_bad_files=True),
     Source("--hf-dataset", "hf_datasets", "NAME[:CONFIG]",
            "Hugging Face dataset by name (streamed, split 'train') or a save_to_disk folder; repeatable",
