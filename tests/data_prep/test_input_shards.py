@@ -3,7 +3,7 @@ shard, each input file read by one task, work/ files per shard and not per chunk
 cost only their task, and the refusals of a changed input.
 
 One corpus serves every test: three `--text` files whose documents use disjoint words (file g only
-`wG...` words), each file an input shard of its own (`--input-shard-mb` far below a file), cut with shuffle
+`wG...` words), each file an input shard of its own (`--input-shard-mb` above a file, below two), cut with shuffle
 buckets of 50 instances (recorded in the folder before the shard stage, as a build over 2^24 instances
 records its own), so that the matrix crosses several input shards and several buckets.
 """
@@ -58,7 +58,9 @@ def write_corpus(root: Path, documents: int = 40) -> list[str]:
     tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."]
     tokens += [word(g, i) for g in range(GROUPS) for i in range(30)]
     (root / "vocab.txt").write_text("\n".join(tokens) + "\n", encoding="utf-8")
-    return [*flags, "--vocab", str(root / "vocab.txt"), "--input-shard-mb", "0.0001", "--seq-lens", ",".join(SEQ_LENS),
+    # Each file one input shard: a budget above every file (so none is cut) and below any two together.
+    budget = max((root / f"part{g}.txt").stat().st_size for g in range(GROUPS)) * 1.2 / (1 << 20)
+    return [*flags, "--vocab", str(root / "vocab.txt"), "--input-shard-mb", f"{budget:.6f}", "--seq-lens", ",".join(SEQ_LENS),
             "--num-shards", "3", "--val-fraction", "0.1", "--docs-per-chunk", "8", "--seed", "5"]
 
 
@@ -258,7 +260,7 @@ def test_a_changed_input_or_unit_is_refused_naming_it(corpus, tmp_path: Path, ca
         os.utime(changed, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     other_unit = [*flags[: flags.index("--input-shard-mb") + 1], "0.5", *flags[flags.index("--input-shard-mb") + 2 :]]
     assert main(["build", *other_unit, "--out", str(out), "--workers", "1"]) == 2
-    assert "input_shard_mb: 0.0001 -> 0.5" in capsys.readouterr().err
+    assert f"input_shard_mb: {float(flags[flags.index('--input-shard-mb') + 1])} -> 0.5" in capsys.readouterr().err
     old = tmp_path / "old"
     (old / "work" / "text").mkdir(parents=True)
     (old / "work" / "text" / "part-00000.arrow").write_bytes(b"")
@@ -339,3 +341,29 @@ def test_relative_paths_and_a_touched_input_after_completion(corpus, tmp_path: P
         assert "already complete (same config); nothing to do" in capsys.readouterr().out
     finally:
         os.utime(touched, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def test_a_cancelled_array_element_fails_its_stage_and_the_relaunch_runs_it(corpus, slurm, tmp_path: Path) -> None:
+    """Submitted held; corpus element 1 cancelled, then everything released: the instances and merge jobs end
+    with it (their dependency can never be met) instead of pending forever. The same command then submits
+    corpus element 1 alone, every instance task and the merge, and the bytes are the reference's."""
+    flags, reference = corpus
+    out = tmp_path / "out"
+    seed_folder(out, reference / "build_config.json")
+    held = submit(slurm, flags, out, "--sbatch-arg=--hold")
+    assert held.returncode == 0, held.stderr
+    ids = dict(line.removeprefix("submitted ").split(": job ")[0:2] for line in held.stdout.splitlines()
+               if line.startswith("submitted "))
+    ids = {name: value.split()[0] for name, value in ids.items()}
+    slurm.command("scancel", f"{ids['corpus']}_1")
+    for name in ("corpus", "instances", "merge"):
+        slurm.command("scontrol", "release", ids[name])
+    wait_for_jobs(slurm, out)
+    done = out / "work" / "done"
+    assert sorted(p.name for p in done.glob("tokens-*.json")) == ["tokens-00000.json", "tokens-00002.json"]
+    assert not list(done.glob("instances-*.json")) and not (out / "manifest.json").exists()
+    again = submit(slurm, flags, out)
+    assert again.returncode == 0, again.stderr
+    assert "submitted corpus" in again.stdout and "(1 element(s))" in again.stdout and "(6 element(s))" in again.stdout
+    wait_for_jobs(slurm, out)
+    assert tree_digest(out) == tree_digest(reference)
