@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from data_prep.source_files import open_binary
+
 LINE, BLANK_LINE = "line", "blank-line"  # what separates documents in a file that can be cut
 
 
@@ -71,3 +73,17 @@ def lines_in_range(path: Path, start: int, end: int | None) -> Iterator[bytes]:
                 return
             yield line
             position += len(line)
+
+
+def file_lines(path: Path, start: int = 0, end: int | None = None) -> Iterator[bytes]:
+    """The lines of a whole file (plain or .bz2), or of a byte range of a plain one."""
+    if start == 0 and end is None:
+        with open_binary(path) as handle:
+            yield from handle
+    else:
+        yield from lines_in_range(path, start, end)
+
+
+def range_name(path: Path, start: int = 0, end: int | None = None) -> str:
+    """The file's name, marked with the range's start when it is one: what titles without one are made of."""
+    return path.name if start == 0 and end is None else f"{path.name}@{start}"

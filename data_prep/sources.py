@@ -11,17 +11,16 @@ config and its identity (data_prep/config.py), the input checks, the description
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import sys
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from data_prep.byte_ranges import BLANK_LINE, LINE, lines_in_range
+from data_prep.byte_ranges import BLANK_LINE, LINE, file_lines, range_name
 from data_prep.clean import is_disambiguation, is_redirect, wikitext_to_paragraphs
 from data_prep.sentences import split_sentences
 from data_prep.source_files import SourceError, check_readable_file, list_text_files, open_binary, read_text
@@ -162,27 +161,21 @@ def read_book_file(path: Path, folder: Path, skip_bad_files: bool = False) -> It
 def read_sentence_lines(path: Path, start: int = 0, end: int | None = None) -> Iterator[RawDocument]:
     """One sentence per line, blank lines between documents (BERT's input format), streamed; with a byte range
     (data_prep/byte_ranges.py: cut at document starts), only the documents that start in it."""
-    source = f"text:{path.name}"
-    name = path.name if start == 0 and end is None else f"{path.name}@{start}"
+    source, name = f"text:{path.name}", range_name(path, start, end)
     lines: list[str] = []
     count = 0
     try:
-        with contextlib.ExitStack() as stack:
-            if start == 0 and end is None:
-                handle: Iterable[bytes] = stack.enter_context(open_binary(path))
-            else:
-                handle = lines_in_range(path, start, end)
-            for number, raw in enumerate(handle, start=1):
-                try:
-                    line = raw.decode("utf-8").strip()
-                except UnicodeDecodeError as err:
-                    raise SourceError(f"--text {path}: not UTF-8 (line {number} from byte {start})") from err
-                if line:
-                    lines.append(line)
-                elif lines:
-                    count += 1
-                    yield RawDocument(source, f"{name}#{count}", "\n".join(lines), LINES)
-                    lines = []
+        for number, raw in enumerate(file_lines(path, start, end), start=1):
+            try:
+                line = raw.decode("utf-8").strip()
+            except UnicodeDecodeError as err:
+                raise SourceError(f"--text {path}: not UTF-8 (line {number} from byte {start})") from err
+            if line:
+                lines.append(line)
+            elif lines:
+                count += 1
+                yield RawDocument(source, f"{name}#{count}", "\n".join(lines), LINES)
+                lines = []
     except (OSError, EOFError) as err:
         raise SourceError(f"--text {path}: corrupt or unreadable ({err})") from err
     if lines:
@@ -208,25 +201,19 @@ def read_jsonl(folder: Path, skip_bad_files: bool = False) -> Iterator[RawDocume
 def read_jsonl_file(path: Path, folder: Path, skip_bad_files: bool = False, start: int = 0,
                     end: int | None = None) -> Iterator[RawDocument]:
     """One JSON-lines file, or the lines that start in a byte range of it (cut at line starts)."""
-    source = f"jsonl:{path.relative_to(folder)}"
-    name = path.name if start == 0 and end is None else f"{path.name}@{start}"
+    source, name = f"jsonl:{path.relative_to(folder)}", range_name(path, start, end)
     bad: list[str] = []
     try:
-        with contextlib.ExitStack() as stack:
-            if start == 0 and end is None:
-                handle: Iterable[bytes] = stack.enter_context(open_binary(path))
-            else:
-                handle = lines_in_range(path, start, end)
-            for number, raw in enumerate(handle, start=1):
-                if not raw.strip():
-                    continue
-                try:
-                    yield _jsonl_document(raw, source, f"{name}#{number}")
-                except SourceError as err:
-                    if not skip_bad_files:
-                        raise SourceError(f"--jsonl {path}: line {number}{'' if start == 0 else f' from byte {start}'}: "
-                                          f"{err}") from err
-                    bad.append(f"line {number}: {err}")
+        for number, raw in enumerate(file_lines(path, start, end), start=1):
+            if not raw.strip():
+                continue
+            try:
+                yield _jsonl_document(raw, source, f"{name}#{number}")
+            except SourceError as err:
+                if not skip_bad_files:
+                    raise SourceError(f"--jsonl {path}: line {number}{'' if start == 0 else f' from byte {start}'}: "
+                                      f"{err}") from err
+                bad.append(f"line {number}: {err}")
     except (OSError, EOFError) as err:
         _skip_or_raise(SourceError(f"--jsonl {path}: corrupt or unreadable ({err})"), skip_bad_files)
     if bad:
