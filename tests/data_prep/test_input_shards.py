@@ -184,12 +184,13 @@ def test_nsp_draws_within_the_input_shard(corpus, tmp_path: Path) -> None:
 
 
 def test_each_input_file_is_read_by_one_task(corpus, tmp_path: Path, monkeypatch) -> None:
-    """In-process (one worker, so the readers run here): node 0 of 2 opens only its shards' files (0 and 2), the
+    """In-process (one worker, so the readers run here; a spy where the reader opens its file): node 0 of 2 opens only its shards' files (0 and 2), the
     merge only the one it finishes, and over the build every file is read exactly once."""
     flags, _ = corpus
     opened: list[str] = []
-    real_open = sources.open_binary
-    monkeypatch.setattr(sources, "open_binary", lambda path: (opened.append(Path(path).name), real_open(path))[1])
+    real_lines = sources.file_lines  # how the --text reader opens a file or a range of one
+    monkeypatch.setattr(sources, "file_lines", lambda path, *span: (opened.append(Path(path).name),
+                                                                      real_lines(path, *span))[1])
     out = tmp_path / "out"
     assert main(["build", *flags, "--out", str(out), "--workers", "1", "--num-nodes", "2", "--node-rank", "0"]) == 0
     assert opened == ["part0.txt", "part2.txt"]
