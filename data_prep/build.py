@@ -231,8 +231,8 @@ def make_shards(cfg: BuildConfig, seq_len: int, num_shards: int, workers: Worker
             raise BuildError(f"{flag} {outputs[split]}: only {count} {split} instances at sequence length {seq_len}; "
                              "lower it or add data")
     bucket = {split: order_bucket(out, seq_len, split, count) for split, (count, _) in counts.items() if count}
-    over = tuple((split, num_buckets(counts[split][0], size)) for split, size in bucket.items()
-                 if num_buckets(counts[split][0], size) > 1)
+    buckets = {split: num_buckets(counts[split][0], size) for split, size in bucket.items()}
+    over = tuple((split, b) for split, b in buckets.items() if b > 1)
     if over:  # the order over one bucket: scattered per input shard first (data_prep/bucket_stage.py)
         scatters = [ScatterTask(out, num_shards, s, seq_len, cfg.seed, over) for s in range(num_shards)
                     if not scatter_done(out, seq_len, s)]

@@ -145,11 +145,3 @@ class TokenCorpus:
         row = index - self._starts[part]
         first, last = doc_offsets[row], doc_offsets[row + 1]
         return LazyDocument(tokens, sentence_offsets[first : last + 1])
-
-
-def merge_stats(stats: list[dict[str, Any]]) -> dict[str, int]:
-    total: dict[str, int] = {}
-    for item in stats:
-        for key, value in item.items():
-            total[key] = total.get(key, 0) + int(value)
-    return dict(sorted(total.items()))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data_prep.work_layout import marker_path
+from data_prep.work_layout import CLEAN_STAGE, TOKENS_STAGE, marker_path
 
 _VAL_ENTROPY = 0x7A1
 _DRAW_BLOCK = 1 << 20  # documents drawn at a time when a draw must scan the corpus (8 MiB)
@@ -54,7 +54,7 @@ class CorpusIndex:
 
 
 def missing_corpus_shards(out: Path, num_shards: int) -> list[int]:
-    return [s for s in range(num_shards) if not marker_path(out, "tokens", s).is_file()]
+    return [s for s in range(num_shards) if not marker_path(out, TOKENS_STAGE, s).is_file()]
 
 
 @functools.lru_cache(maxsize=2)
@@ -66,8 +66,8 @@ def corpus_index(out: Path, num_shards: int) -> CorpusIndex:
     totals: dict[str, int] = {}
     doc_start = chunk_base = 0
     for shard in range(num_shards):
-        clean = json.loads(marker_path(out, "clean", shard).read_text(encoding="utf-8"))
-        tokens = json.loads(marker_path(out, "tokens", shard).read_text(encoding="utf-8"))
+        clean = json.loads(marker_path(out, CLEAN_STAGE, shard).read_text(encoding="utf-8"))
+        tokens = json.loads(marker_path(out, TOKENS_STAGE, shard).read_text(encoding="utf-8"))
         chunks = tuple(int(n) for n in tokens["chunk_documents"])
         spans.append(ShardSpan(doc_start, int(tokens["documents"]), chunk_base, chunks))
         doc_start += int(tokens["documents"])

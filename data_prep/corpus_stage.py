@@ -27,7 +27,7 @@ from data_prep.input_plan import InputPlan, read_shard
 from data_prep.parallel import Workers
 from data_prep.sources import RawDocument, to_sentences
 from data_prep.vocab import Vocab, VocabError, load_vocab, train_vocab
-from data_prep.work_layout import marker_path, text_path, tokens_path
+from data_prep.work_layout import CLEAN_STAGE, TOKENS_STAGE, marker_path, text_path, tokens_path
 
 VOCAB_NAME = "vocab.txt"
 
@@ -114,14 +114,14 @@ class _ShardText:
 
     def finish(self, chunks: int) -> None:
         self.writer.__exit__(None)
-        atomic_write_json(marker_path(self.out, "clean", self.shard),
+        atomic_write_json(marker_path(self.out, CLEAN_STAGE, self.shard),
                           {**self.stats, "chunks": chunks, "input_files": self.units})
 
 
 def clean_shards(cfg: BuildConfig, plan: InputPlan, shards: list[int], workers: Workers) -> None:
     """The text files of `shards` still missing; each reads its own input files and nothing else."""
     out = cfg.out_dir
-    todo = [s for s in shards if not marker_path(out, "clean", s).is_file()]
+    todo = [s for s in shards if not marker_path(out, CLEAN_STAGE, s).is_file()]
     if not todo:
         return
     bar = tqdm(desc="clean", unit="doc", mininterval=2, dynamic_ncols=True)
@@ -180,7 +180,7 @@ def corpus_sentences(out: Path, num_shards: int) -> Iterator[str]:
     for shard in range(num_shards):
         reader = read_batches(text_path(out, shard))
         for batch in range(reader.num_record_batches):
-            for document in reader.get_batch(batch).column(1).to_pylist():
+            for document in reader.get_batch(batch).column("sentences").to_pylist():
                 yield from document
 
 
@@ -189,7 +189,7 @@ def tokenize_shards(cfg: BuildConfig, vocab: Vocab, shards: list[int]) -> None:
     its own threads (RAYON_NUM_THREADS = --workers), so a chunk holding a few whole books is still
     tokenized on every core, which one process per chunk could not do."""
     out = cfg.out_dir
-    todo = [s for s in shards if not marker_path(out, "tokens", s).is_file()]
+    todo = [s for s in shards if not marker_path(out, TOKENS_STAGE, s).is_file()]
     bar = tqdm(total=len(todo), desc="tokenize", unit="shard", mininterval=2)
     started, tokens, docs = time.perf_counter(), 0, 0
     tokenizer = _tokenizer(str(vocab.path), vocab.lowercase)
@@ -205,7 +205,7 @@ def tokenize_shards(cfg: BuildConfig, vocab: Vocab, shards: list[int]) -> None:
                 chunk_documents.append(table.num_rows)
                 for key, value in chunk_stats.items():
                     stats[key] += value
-        atomic_write_json(marker_path(out, "tokens", shard), {**stats, "chunk_documents": chunk_documents})
+        atomic_write_json(marker_path(out, TOKENS_STAGE, shard), {**stats, "chunk_documents": chunk_documents})
         tokens += stats["tokens"]
         docs += stats["documents"]
         elapsed = max(1e-9, time.perf_counter() - started)

@@ -85,9 +85,6 @@ class InputPlan:
     def num_shards(self) -> int:
         return len(self.shards)
 
-    def bytes_of(self, shard: int) -> int:
-        return sum(unit.size or 0 for unit in self.shards[shard])
-
 
 def input_units(cfg: BuildConfig) -> list[InputUnit]:
     """Every input file in the build's read order (the order documents, and so chunks, follow); a plain file

@@ -31,7 +31,7 @@ from data_prep.atomic_io import atomic_write_json
 from data_prep.instance_stage import instance_marker
 from data_prep.keyed_hash import GOLDEN, mix64
 from data_prep.shards import read_table
-from data_prep.work_layout import instances_path, work_dir
+from data_prep.work_layout import instances_path, shard_order_path
 
 SPLIT_SEED = {"train": 0, "val": 1}
 # Instances per shuffle bucket: the order main holds at a time, 128 MB of int64. Changing it changes
@@ -45,11 +45,6 @@ _HASH_TAG = 0x68617368  # "hash"
 
 def shard_file(seq_len: int, split: str, index: int) -> str:
     return f"seq{seq_len}/{split}-{index:05d}.arrow"
-
-
-def shard_order_path(out: Path, seq_len: int, split: str) -> Path:
-    """The bucket size the shards of (seq_len, split) are cut with, recorded before the first (`order_bucket`)."""
-    return work_dir(out) / "shards" / f"seq{seq_len}-{split}-order.json"
 
 
 @functools.lru_cache(maxsize=4)

@@ -162,19 +162,6 @@ def read_table(path: str | os.PathLike[str]) -> pa.Table:
         raise ShardFormatError(f"{path}: not a readable Arrow IPC file: {err}") from err
 
 
-def read_row_count(path: str | os.PathLike[str]) -> int:
-    """Rows of an Arrow IPC file, from its record batch headers; the file is unmapped on return (counting
-    every part of a large build must not leave one mapping per part behind)."""
-    source = pa.memory_map(str(path), "r")
-    try:
-        reader = ipc.open_file(source)
-        return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
-    except (OSError, pa.ArrowInvalid) as err:
-        raise ShardFormatError(f"{path}: not a readable Arrow IPC file: {err}") from err
-    finally:
-        source.close()
-
-
 @dataclass(frozen=True)
 class ShardInfo:
     file: str

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-CORPUS_STAGE = "corpus"  # clean + tokenize one input shard
+# The marker stages of the corpus task (clean, then tokenize one input shard); the others are computed below.
+CLEAN_STAGE, TOKENS_STAGE = "clean", "tokens"
 
 
 def work_dir(out: Path) -> Path:
@@ -55,8 +56,13 @@ def instances_stage(seq_len: int) -> str:
 
 
 def marker_path(out: Path, stage: str, shard: int) -> Path:
-    """`stage` is "clean", "tokens" or instances_stage(seq_len)."""
+    """`stage`: CLEAN_STAGE, TOKENS_STAGE, instances_stage(seq_len) or scatter_stage(seq_len)."""
     return work_dir(out) / "done" / f"{stage}-{shard:05d}.json"
+
+
+def shard_order_path(out: Path, seq_len: int, split: str) -> Path:
+    """The bucket size the shards of (seq_len, split) are cut with, recorded before the first (shard_stage.py)."""
+    return work_dir(out) / "shards" / f"seq{seq_len}-{split}-order.json"
 
 
 def slurm_dir(out: Path) -> Path:
