@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from data_prep.atomic_io import atomic_write_json
 from data_prep.batch_files import AtomicBatchWriter, read_batches
-from data_prep.shard_stage import bucket_ids, bucket_key, bucket_shuffle, part_starts
+from data_prep.shard_stage import bucket_ids, bucket_key, bucket_shuffle, part_starts, take_in_order
 from data_prep.shards import read_table
 from data_prep.work_layout import instances_path, marker_path, scatter_stage, scattered_path
 
@@ -106,17 +106,8 @@ def gather_bucketed(task: BucketedShardTask) -> pa.Table:
 
 
 def _take_members(task: BucketedShardTask, bucket: int, members: np.ndarray) -> pa.Table:
-    """Members (indices into bucket `bucket`'s ascending members) in the given order."""
+    """Members (indices into bucket `bucket`'s ascending members) in the given order, from that bucket's batch
+    of each input shard's scattered file."""
     shard_starts = np.concatenate([[0], np.cumsum(task.sizes[:, bucket])])
-    sorted_at = np.argsort(members, kind="stable")
-    ascending = members[sorted_at]
-    shard_of = np.searchsorted(shard_starts, ascending, side="right") - 1
-    taken = []
-    for shard in np.unique(shard_of).tolist():
-        local = ascending[shard_of == shard] - shard_starts[shard]
-        batch = read_batches(scattered_path(task.out, task.seq_len, shard, task.split)).get_batch(bucket)
-        taken.append(pa.Table.from_batches([batch]).take(pa.array(local)))
-    in_sorted_order = pa.concat_tables(taken).combine_chunks()
-    restore = np.empty_like(sorted_at)
-    restore[sorted_at] = np.arange(len(sorted_at))
-    return in_sorted_order.take(pa.array(restore))
+    return take_in_order(members, shard_starts, lambda shard: pa.Table.from_batches(
+        [read_batches(scattered_path(task.out, task.seq_len, shard, task.split)).get_batch(bucket)]))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -198,19 +198,23 @@ def parts_of_rows(starts: np.ndarray, rows: np.ndarray) -> dict[int, np.ndarray]
     return {int(p): rows[bounds[i] : bounds[i + 1]] - starts[p] for i, p in enumerate(parts)}
 
 
-def gather_rows(task: ShardTask) -> pa.Table:
-    """The instances at `task.rows`, in that order, read from only the parts they fall in."""
-    starts = part_starts(task.out, task.seq_len, task.split, task.num_shards)
-    order = np.argsort(task.rows, kind="stable")
-    pieces = [
-        read_table(instances_path(task.out, task.seq_len, part, task.split)).take(pa.array(local))
-        for part, local in parts_of_rows(starts, task.rows[order]).items()
-    ]
+def take_in_order(rows: np.ndarray, starts: np.ndarray, read_part: Callable[[int], pa.Table]) -> pa.Table:
+    """The rows at `rows` (indices over parts that begin at `starts`), in that order: sorted, taken from only the
+    parts they fall in (each read once, by `read_part`), then put back in the given order."""
+    order = np.argsort(rows, kind="stable")
+    pieces = [read_part(part).take(pa.array(local)) for part, local in parts_of_rows(starts, rows[order]).items()]
     in_sorted_order = pa.concat_tables(pieces).combine_chunks()
     del pieces
     restore = np.empty_like(order)
     restore[order] = np.arange(len(order))
     return in_sorted_order.take(pa.array(restore))
+
+
+def gather_rows(task: ShardTask) -> pa.Table:
+    """The instances at `task.rows`, in that order, read from only the input shards' files they fall in."""
+    starts = part_starts(task.out, task.seq_len, task.split, task.num_shards)
+    return take_in_order(task.rows, starts,
+                         lambda part: read_table(instances_path(task.out, task.seq_len, part, task.split)))
 
 
 def count_instances(out: Path, seq_len: int, split: str, num_shards: int) -> tuple[int, int]:
