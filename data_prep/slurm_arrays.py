@@ -29,7 +29,6 @@ from data_prep.config import BuildConfig, ConfigError
 from data_prep.corpus_index import missing_corpus_shards
 from data_prep.instance_stage import instance_task_done
 from data_prep.shards import MANIFEST_NAME
-from data_prep.source_files import SourceError
 from data_prep.work_layout import slurm_dir
 
 MAX_ARRAY_INDEX = 1000
@@ -106,10 +105,7 @@ def submit_build(cfg: BuildConfig, sbatch_args: list[str], print_only: bool) -> 
     if cfg.vocab is None:
         raise ConfigError("--slurm needs a fixed --vocab FILE (every array element must tokenize with the same "
                           "vocab); train one first with a single-node build")
-    try:
-        plan = check_inputs(cfg, remove_temp=False)  # elements of an earlier submission may be writing
-    except SourceError as err:
-        raise BuildError(str(err)) from err
+    plan = check_inputs(cfg, remove_temp=False)  # elements of an earlier submission may be writing
     out = cfg.out_dir
     if (out / MANIFEST_NAME).is_file():
         print(f"{out}: already complete (same config); nothing to submit")
