@@ -33,7 +33,7 @@ from data_prep.bucket_stage import (
 )
 from data_prep.config import NSP, BuildConfig, ConfigError
 from data_prep.corpus_index import corpus_index, count_held_out, missing_corpus_shards
-from data_prep.corpus_stage import VOCAB_NAME, clean_shards, corpus_sentences, prepare_vocab, tokenize_shards
+from data_prep.corpus_stage import clean_shards, corpus_sentences, prepare_vocab, tokenize_shards
 from data_prep.input_plan import InputPlan, PlanError, ensure_plan, load_plan, make_plan
 from data_prep.instance_stage import InstanceSettings, InstanceTask, instance_task_done, make_instances
 from data_prep.parallel import Workers
@@ -46,7 +46,6 @@ from data_prep.shard_stage import (
     num_buckets,
     order_bucket,
     shard_ends,
-    shard_file,
     shard_plan,
 )
 from data_prep.shards import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, SPLITS, write_shard_table
@@ -54,9 +53,7 @@ from data_prep.source_files import SourceError
 from data_prep.sources import SOURCES
 from data_prep.tokenizer_files import write_tokenizer_files
 from data_prep.vocab import Vocab, load_vocab
-from data_prep.work_layout import chunk_layout_files, plan_path
-
-CONFIG_NAME = "build_config.json"
+from data_prep.work_layout import CONFIG_NAME, VOCAB_NAME, chunk_layout_files, plan_path, shard_file
 
 
 class BuildError(ValueError):

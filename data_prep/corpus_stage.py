@@ -27,9 +27,7 @@ from data_prep.input_plan import InputPlan, read_shard
 from data_prep.parallel import Workers
 from data_prep.sources import RawDocument, to_sentences
 from data_prep.vocab import Vocab, VocabError, load_vocab, train_vocab
-from data_prep.work_layout import CLEAN_STAGE, TOKENS_STAGE, marker_path, text_path, tokens_path
-
-VOCAB_NAME = "vocab.txt"
+from data_prep.work_layout import CLEAN_STAGE, TOKENS_STAGE, VOCAB_NAME, marker_path, text_path, tokens_path
 
 
 @dataclass(frozen=True)

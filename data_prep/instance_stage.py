@@ -42,7 +42,7 @@ from data_prep.instances import (
 )
 from data_prep.shards import NO_NEXT_SENTENCE_LABEL, SPLITS, id_type, shard_schema
 from data_prep.vocab import load_vocab
-from data_prep.work_layout import instances_path, instances_stage, marker_path, tokens_path
+from data_prep.work_layout import VOCAB_NAME, instances_path, instances_stage, marker_path, tokens_path
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,7 @@ def make_instances(task: InstanceTask) -> dict[str, int]:
     """All instances whose first tokens come from this shard's documents, chunk by chunk, per split: one file
     per split, a record batch per BATCH_ROWS instances, then the marker with the counts."""
     settings = task.settings
-    vocab = load_vocab(task.out / "vocab.txt")
+    vocab = load_vocab(task.out / VOCAB_NAME)
     ids = vocab.special_ids
     special = SpecialIds(ids["[CLS]"], ids["[SEP]"], ids["[MASK]"], ids["[PAD]"], ids["[UNK]"])
     continuation = vocab.continuation_mask() if settings.whole_word else None

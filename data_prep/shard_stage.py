@@ -31,7 +31,7 @@ from data_prep.atomic_io import atomic_write_json
 from data_prep.instance_stage import instance_marker
 from data_prep.keyed_hash import GOLDEN, mix64
 from data_prep.shards import read_table
-from data_prep.work_layout import instances_path, shard_order_path
+from data_prep.work_layout import instances_path, shard_file, shard_order_path
 
 SPLIT_SEED = {"train": 0, "val": 1}
 # Instances per shuffle bucket: the order main holds at a time, 128 MB of int64. Changing it changes
@@ -41,10 +41,6 @@ HASH_BLOCK = 1 << 15  # indices hashed at a time (256 KB an array); below 2^16: 
 # The bucket hash's key is drawn from (seed, seq_len, split, _HASH_TAG), bucket b's shuffle from
 # (seed, seq_len, split, b): b stays far below the tag (it would take 1.7e9 buckets).
 _HASH_TAG = 0x68617368  # "hash"
-
-
-def shard_file(seq_len: int, split: str, index: int) -> str:
-    return f"seq{seq_len}/{split}-{index:05d}.arrow"
 
 
 @functools.lru_cache(maxsize=4)

@@ -1,4 +1,7 @@
-"""Every path under OUT/work/, in one place: the build's intermediate files and its completion markers.
+"""Every name the build writes under OUT, in one place: its own files (CONFIG_NAME, VOCAB_NAME, the shards'
+`shard_file`) and, under OUT/work/, its intermediate files and completion markers. (manifest.json is named by
+the format's reader, data_prep/shards.py, and tokenizer.json with its probe by data_prep/tokenizer_files.py:
+both are read by pretrain/ too.)
 
     work/plan.json                                   the input shards: the input files each one reads
     work/text/shard-NNNNN.arrow                      input shard N cleaned: one record batch per chunk
@@ -17,6 +20,14 @@ marker; a relaunch runs exactly the tasks without a marker.
 from __future__ import annotations
 
 from pathlib import Path
+
+CONFIG_NAME = "build_config.json"  # the identity of the config that started the folder (data_prep/build.py)
+VOCAB_NAME = "vocab.txt"
+
+
+def shard_file(seq_len: int, split: str, index: int) -> str:
+    """An output shard, relative to OUT (as the manifest lists it)."""
+    return f"seq{seq_len}/{split}-{index:05d}.arrow"
 
 # The marker stages of the corpus task (clean, then tokenize one input shard); the others are computed below.
 CLEAN_STAGE, TOKENS_STAGE = "clean", "tokens"
