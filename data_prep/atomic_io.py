@@ -4,6 +4,11 @@ Shards, manifests, checkpoint records, exports and exchange files are all writte
 temporary file in the target's folder, flushed and fsynced, then renamed over the target (a rename
 within one file system is atomic). Their readers verify files by sha256. It lives in data_prep,
 which imports nothing from pretrain, so both packages (and bench/, tests/) can use this one copy.
+
+Permissions: `mkstemp` creates its file 0600 whatever the umask, so a rename alone would make every shard,
+manifest and checkpoint file private to its writer, against the sharing the docs promise (shards a team
+reads, an exchange folder every job writes). The file is given `0o666 & ~umask` before its rename, what a
+plain `open()` would have made; `shared_mode` gives folders (an export's staging folder) `0o777 & ~umask`.
 """
 
 from __future__ import annotations
@@ -13,8 +18,35 @@ import json
 import os
 import tempfile
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 from typing import Any, BinaryIO
+
+
+@cache
+def process_umask() -> int:
+    """This process's umask, read once. From /proc/self/status (Linux 4.7+): setting the umask to read it back
+    (`os.umask`) would change it for a moment for every thread of the process, and a file another thread
+    creates then gets the wrong mode. Elsewhere that round trip is the only way; the first call (import time,
+    see below) is then made before the process starts threads of its own."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    current = os.umask(0o022)
+    os.umask(current)
+    return current
+
+
+def shared_mode(base: int) -> int:
+    """`base` (0o666 for a file, 0o777 for a folder) less this process's umask: what `open`/`mkdir` would give."""
+    return base & ~process_umask()
+
+
+process_umask()  # at import, while the process is likely to hold one thread
 
 
 def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
@@ -36,6 +68,7 @@ def atomic_write_stream(path: str | os.PathLike[str], write: Callable[[BinaryIO]
         with os.fdopen(fd, "wb") as handle:
             write(handle)
             handle.flush()
+            os.fchmod(handle.fileno(), shared_mode(0o666))  # mkstemp's 0600 -> what open() would give
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
