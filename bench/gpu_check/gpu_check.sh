@@ -45,7 +45,39 @@ for arg in "$@"; do [[ "$arg" == "--smoke" ]] && smoke=1; done
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false
-export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-/tmp/torchinductor_gpu_check}"
+# TorchInductor imports the modules and unpickles the graphs it finds in its cache folder, so the folder must be
+# this user's alone: TORCHINDUCTOR_CACHE_DIR when given (made 0700 when absent; refused in one line, exit 2,
+# when it is a link, another user's, or writable by group or others), else torch's own per-user default,
+# $TMPDIR/torchinductor_$USER (made 0700; when someone else made it first, a fresh `mktemp -d` folder instead).
+private_folder() {  # prints why "$1" is no folder of this user's alone; nothing when it is
+  if [[ -L "$1" || ! -d "$1" ]]; then echo "is not a folder (a link or a file)"; return; fi
+  local owner mode
+  read -r owner mode < <(stat -c '%u %a' -- "$1")
+  if [[ $owner != "$(id -u)" ]]; then echo "belongs to uid $owner, not to you (uid $(id -u))";
+  elif (( (8#$mode & 8#022) != 0 )); then echo "is writable by group or others (mode $mode)"; fi
+}
+if [[ -n "${TORCHINDUCTOR_CACHE_DIR:-}" ]]; then
+  cache="$(realpath -m -- "$(dirname -- "$TORCHINDUCTOR_CACHE_DIR")")/$(basename -- "$TORCHINDUCTOR_CACHE_DIR")"
+  if [[ ! -e "$cache" && ! -L "$cache" ]]; then
+    mkdir -p -- "$(dirname -- "$cache")" && mkdir -m 700 -- "$cache" 2>/dev/null || true
+  fi
+  unsafe="$(private_folder "$cache")"
+  if [[ -n "$unsafe" ]]; then
+    echo "gpu_check: TORCHINDUCTOR_CACHE_DIR=$cache $unsafe: inductor would run code others can plant there;" \
+      "use a folder only you can write (unset it for a private one)" >&2
+    exit 2
+  fi
+else
+  cache="${TMPDIR:-/tmp}/torchinductor_$(id -un 2>/dev/null || id -u)"
+  mkdir -m 700 -- "$cache" 2>/dev/null || true
+  unsafe="$(private_folder "$cache")"
+  if [[ -n "$unsafe" ]]; then
+    fresh="$(mktemp -d "${TMPDIR:-/tmp}/torchinductor_gpu_check.XXXXXXXX")"
+    echo "gpu_check: $cache $unsafe: compiling into a fresh private folder $fresh instead" >&2
+    cache="$fresh"
+  fi
+fi
+export TORCHINDUCTOR_CACHE_DIR="$cache"
 if [[ $smoke == 1 ]]; then
   export DS_ACCELERATOR=cpu
   limit=300

@@ -257,3 +257,62 @@ def test_preflight_names_every_missing_wheel_in_one_line(tmp_path: Path) -> None
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     (line,) = [line for line in done.stderr.splitlines() if "missing Python packages" in line]
     assert "hjson" in line and "py-cpuinfo" in line
+
+
+def _cache_seen(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], Path | None]:
+    """The script up to its preflight, with a "python" that records the TORCHINDUCTOR_CACHE_DIR the check would
+    get and stops (exit 3): the cache's setup, tested without a GPU or a real check."""
+    seen = tmp_path / "seen.txt"
+    fake = tmp_path / "python3"
+    fake.write_text(f'#!/bin/sh\nprintf %s "$TORCHINDUCTOR_CACHE_DIR" > {seen}\nexit 3\n')
+    fake.chmod(0o755)
+    base = {k: v for k, v in child_env().items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    done = subprocess.run([SCRIPT, "--smoke"], cwd=tmp_path, env={**base, "PYTHON": str(fake), **env},
+                          capture_output=True, text=True, timeout=60)
+    return done, Path(seen.read_text()) if seen.exists() else None
+
+
+def _foreign_folder(path: Path) -> Path:
+    """A folder another user owns: made and given away as root; else one root owns already."""
+    if os.geteuid() != 0:
+        return Path("/usr/share")
+    path.mkdir(mode=0o755)
+    os.chown(path, 65534, 65534)
+    return path
+
+
+def test_the_inductor_cache_is_a_private_folder_of_this_user(tmp_path: Path) -> None:
+    # unset: torch's per-user default in the temp folder, made 0700
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    done, cache = _cache_seen(tmp_path, TMPDIR=str(temp))
+    assert done.returncode == 3, done.stderr
+    assert cache is not None and cache.parent == temp and cache.name.startswith("torchinductor_")
+    assert cache.stat().st_uid == os.geteuid() and cache.stat().st_mode & 0o777 == 0o700
+    # someone else made that default first (mode 0777, the attack): a fresh mktemp -d folder instead, said in a line
+    os.chmod(cache, 0o777)
+    done, fresh = _cache_seen(tmp_path, TMPDIR=str(temp))
+    assert done.returncode == 3 and fresh is not None and fresh != cache and fresh.parent == temp
+    assert fresh.stat().st_mode & 0o777 == 0o700 and not any(fresh.iterdir())
+    assert f"{cache} is writable by group or others (mode 777)" in done.stderr
+    # given and absent: made 0700 and used
+    wanted = tmp_path / "mine" / "inductor"
+    done, given = _cache_seen(tmp_path, TORCHINDUCTOR_CACHE_DIR=str(wanted))
+    assert done.returncode == 3 and given == wanted and wanted.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize("kind", ["world-writable", "group-writable", "foreign", "link"])
+def test_an_inductor_cache_others_can_write_is_refused_in_one_line(tmp_path: Path, kind: str) -> None:
+    folder = tmp_path / "shared_cache"
+    if kind == "foreign":
+        folder = _foreign_folder(folder)
+    elif kind == "link":
+        (tmp_path / "real").mkdir(mode=0o700)
+        folder.symlink_to(tmp_path / "real")
+    else:
+        folder.mkdir()
+        os.chmod(folder, 0o777 if kind == "world-writable" else 0o770)
+    done, cache = _cache_seen(tmp_path, TORCHINDUCTOR_CACHE_DIR=str(folder))
+    assert done.returncode == 2 and cache is None, "refused before any Python ran"
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"gpu_check: TORCHINDUCTOR_CACHE_DIR={folder} ") and "only you can write" in line
