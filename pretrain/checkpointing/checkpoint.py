@@ -66,6 +66,7 @@ from pretrain.checkpointing.layout import (
     make_tag,
 )
 from pretrain.checkpointing.manifest import gather_entries, write_manifest
+from pretrain.checkpointing.pointer import read_latest
 
 __all__ = ["CheckpointManager", "SaveError", "SavedState", "consolidated_state_dict", "make_tag", "read_run_config",
            "record_tied_parameters", "split_checkpoint_path"]
@@ -92,12 +93,14 @@ class CheckpointManager:
         self.hash_seconds = 0.0  # this rank's sha256 time at the last save (the manifest's cost)
 
     def latest_tag(self) -> str | None:
-        pointer = self.root / LATEST
-        if not pointer.is_file():
+        """The tag `latest` names (None: missing, empty or unreadable). One that is no tag folder directly inside
+        the checkpoint folder (an absolute path, `..`, a symbolic link) is refused: PointerError names both."""
+        tag = read_latest(self.root).tag
+        if tag is None:
             return None
-        tag = pointer.read_text(encoding="utf-8").strip()
         if not (self.root / tag / TRAINER_STATE).is_file():
-            raise FileNotFoundError(f"{pointer} names {tag!r}, but {self.root / tag / TRAINER_STATE} is missing")
+            raise FileNotFoundError(f"{self.root / LATEST} names {tag!r}, but {self.root / tag / TRAINER_STATE} "
+                                    "is missing")
         return tag
 
     def trainer_state(self, tag: str) -> dict[str, Any]:

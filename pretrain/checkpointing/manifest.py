@@ -13,9 +13,16 @@ same size, same sha256). A damaged one is reported in one line naming the file, 
 from the same tag, and codistillation groups of one job agree on the newest tag intact in all of
 them. Without any intact checkpoint the run stops with one line listing what was wrong with each.
 The manifest is the tag's commit marker, written last (pretrain/checkpointing/commit.py): an older tag
-without one is a save that did not finish and never a fallback; tags newer than `latest` are deleted
-at resume, in one line. The tag `latest` names without a manifest was written before manifests
-existed and is resumed unverified.
+without one is a save that did not finish and never a fallback. The tag `latest` names without a manifest
+was written before manifests existed and is resumed unverified.
+
+Nothing committed is deleted at resume, whatever `latest` says (pretrain/checkpointing/pointer.py reads it):
+- only tag folders WITHOUT a manifest that are newer than the bound are deleted, in one line: the bound is
+  the tag `latest` names, or, with `latest` missing, empty or unreadable, the newest committed tag;
+- a committed tag newer than `latest` (the pointer's rewrite was lost: a crash between the manifest and
+  `latest`, or an older `latest` copied back) is kept and is the first candidate, said in one line;
+- with no usable `latest` the newest committed tag that verifies is resumed, said in one line, and `latest`
+  is rewritten to it; a `latest` that names no tag folder of this checkpoint folder is refused in one line.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from pretrain.checkpointing.layout import (
     TAG_PATTERN,
     tag_order,
 )
+from pretrain.checkpointing.pointer import Pointer, PointerError, read_latest
 from pretrain.errors import ResumeError
 
 __all__ = ["MANIFEST", "damage", "file_owner", "gather_entries", "manifest_bytes", "resolve_resume_tag",
@@ -165,33 +173,68 @@ def damage(folder: Path, named_by_latest: bool = True) -> str | None:
     return None
 
 
-def _candidates(root: Path, pointer: str) -> list[str]:
-    """The tag `latest` names, then the older tags still in the folder, newest first."""
-    older = [p.name for p in root.iterdir()
-             if p.is_dir() and TAG_PATTERN.match(p.name) and tag_order(p.name) < tag_order(pointer)]
-    return [pointer, *sorted(older, key=tag_order, reverse=True)]
+@dataclass(frozen=True)
+class TagScan:
+    """Rank 0's look at the checkpoint folder before a resume: what `latest` says and the tag folders there."""
+
+    pointer: Pointer
+    tags: dict[str, bool]  # every tag folder (no symbolic links) -> committed (holds its MANIFEST.json)
+
+    @classmethod
+    def of(cls, root: Path) -> TagScan:
+        """Raises PointerError when `latest` names no tag folder of `root`."""
+        pointer = read_latest(root) if root.is_dir() else Pointer(None, "missing")
+        tags = {}
+        if root.is_dir():
+            for path in root.iterdir():
+                if TAG_PATTERN.fullmatch(path.name) and path.is_dir() and not path.is_symlink():
+                    tags[path.name] = (path / MANIFEST).is_file()
+        return cls(pointer, tags)
+
+    @property
+    def bound(self) -> str | None:
+        """The newest tag a save finished: `latest`'s, or without one the newest committed tag (None: none)."""
+        committed = [tag for tag, done in self.tags.items() if done]
+        return self.pointer.tag or max(committed, key=tag_order, default=None)
+
+    def unfinished(self) -> list[str]:
+        """Tags without a commit marker newer than the bound: saves that did not finish (the only ones deleted)."""
+        bound = tag_order(self.bound) if self.bound else ("", -1)
+        return sorted((tag for tag, done in self.tags.items() if not done and tag_order(tag) > bound), key=tag_order)
+
+    def candidates(self) -> list[str]:
+        """The tags a resume may take, newest first: every tag folder left (committed ones newer than `latest`
+        included) and the tag `latest` names (its folder may be missing: reported as such)."""
+        dropped = set(self.unfinished())
+        kept = {tag for tag in self.tags if tag not in dropped} | ({self.pointer.tag} if self.pointer.tag else set())
+        return sorted(kept, key=tag_order, reverse=True)
 
 
 def resolve_resume_tag(root: Path, rank: int, label: str = "checkpoint.dir") -> str | None:
     """The tag to resume from (None: start fresh), agreed by every rank; see the module docstring.
 
     Collective over the world. Votes: ("tag", t) the newest intact tag <= the bound, ("fresh", "") no
-    checkpoint, ("broken", why) nothing intact, ("abstain", "") ranks other than a model's rank 0.
-    `rank`: this process's rank in its model's job (codistillation: in its group).
+    checkpoint, ("broken", why) nothing intact or a `latest` refused, ("abstain", "") ranks other than a
+    model's rank 0. `rank`: this process's rank in its model's job (codistillation: in its group).
     """
     root, first = Path(root), rank == 0
-    pointer_file = root / LATEST
-    pointer = pointer_file.read_text(encoding="utf-8").strip() if first and pointer_file.is_file() else None
-    candidates = _candidates(root, pointer) if pointer else []
+    scan, refused = None, None
     if first:
-        drop_unfinished(root, pointer)
+        try:
+            scan = TagScan.of(root)
+        except PointerError as err:
+            refused = f"{label}: {err}"  # nothing is deleted or resumed because of such a pointer
+        else:
+            drop_unfinished(root, scan)
+    pointer = scan.pointer.tag if scan else None
+    candidates = scan.candidates() if scan else []
     verdicts: dict[str, str | None] = {}
     bound: tuple[str, int] | None = None
     began = time.perf_counter()
     while True:
         vote: tuple[str, str] = ("abstain", "")
         if first:
-            vote = ("fresh", "") if pointer is None else ("broken", "")
+            vote = ("broken", refused or "") if refused or candidates else ("fresh", "")
             for tag in candidates:
                 if bound is not None and tag_order(tag) > bound:
                     continue
@@ -200,7 +243,7 @@ def resolve_resume_tag(root: Path, rank: int, label: str = "checkpoint.dir") -> 
                 if verdicts[tag] is None:
                     vote = ("tag", tag)
                     break
-            if vote[0] == "broken":
+            if vote == ("broken", ""):
                 reasons = "; ".join(f"{t}: {verdicts[t]}" for t in candidates if verdicts.get(t))
                 vote = ("broken", f"{label}: no intact checkpoint to resume from in {root} ({reasons})")
         votes = [vote]
@@ -221,22 +264,19 @@ def resolve_resume_tag(root: Path, rank: int, label: str = "checkpoint.dir") -> 
             chosen = tags.pop()
             break
         bound = min(tag_order(t) for t in tags)
-    if first:
-        _set_aside(root, pointer, chosen, verdicts, time.perf_counter() - began)
+    if first and scan is not None:
+        _set_aside(root, scan.pointer, chosen, verdicts, time.perf_counter() - began)
     if dist.is_initialized():
         dist.barrier()  # the pointer and folders are in place before anyone reads them
     return chosen
 
 
-def drop_unfinished(root: Path, pointer: str | None) -> None:
-    """Rank 0 of a model, at resume: delete the tag folders newer than `latest` (every one when there is none),
-    saves that never finished (a crash, a full disk): never trusted, and the resumed run writes those steps
-    again into clean folders. Said in one line."""
-    if not root.is_dir():
-        return
-    bound = tag_order(pointer) if pointer else ("", -1)
-    unfinished = sorted((p for p in root.iterdir() if p.is_dir() and TAG_PATTERN.match(p.name)
-                         and tag_order(p.name) > bound), key=lambda p: tag_order(p.name))
+def drop_unfinished(root: Path, scan: TagScan) -> None:
+    """Rank 0 of a model, at resume: delete the tag folders without a manifest newer than the bound (`latest`'s
+    tag, else the newest committed one), saves that never finished (a crash, a full disk): never trusted, and
+    the resumed run writes those steps again into clean folders. Said in one line. A committed tag is never
+    deleted here, whatever `latest` says."""
+    unfinished = [root / tag for tag in scan.unfinished()]
     for folder in unfinished:
         aside = root / f"{PRUNED_PREFIX}{folder.name}-unfinished"
         shutil.rmtree(aside, ignore_errors=True)
@@ -244,12 +284,20 @@ def drop_unfinished(root: Path, pointer: str | None) -> None:
         shutil.rmtree(aside, ignore_errors=True)
     if unfinished:
         names = ", ".join(p.name for p in unfinished)
-        print(f"checkpoint.dir: ignored and deleted {names} in {root}: newer than latest ({pointer or 'none'}), "
-              "saves that did not finish", flush=True)
+        if scan.pointer.tag:
+            why = f"newer than latest ({scan.pointer.tag}), saves that did not finish"
+        elif scan.bound:
+            why = (f"no {MANIFEST}, newer than the newest committed checkpoint ({scan.bound}; latest is "
+                   f"{scan.pointer.problem}), saves that did not finish")
+        else:
+            why = f"no {MANIFEST} and no committed checkpoint beside them (latest is {scan.pointer.problem}), " \
+                  "saves that did not finish"
+        print(f"checkpoint.dir: ignored and deleted {names} in {root}: {why}", flush=True)
 
 
-def _set_aside(root: Path, pointer: str | None, chosen: str, verdicts: dict[str, str | None], seconds: float) -> None:
-    """Move damaged tags newer than `chosen` aside, point `latest` at `chosen`, say so in one line each."""
+def _set_aside(root: Path, pointer: Pointer, chosen: str, verdicts: dict[str, str | None], seconds: float) -> None:
+    """Move damaged tags newer than `chosen` aside, point `latest` at `chosen`, say so in one line each (and
+    why `latest` moved when it named another tag or none)."""
     for tag, why in verdicts.items():
         if why is None or tag_order(tag) <= tag_order(chosen):
             continue
@@ -260,7 +308,13 @@ def _set_aside(root: Path, pointer: str | None, chosen: str, verdicts: dict[str,
         if (root / tag).exists():
             os.replace(root / tag, aside)
         print(f"checkpoint {root / tag} is damaged: {why}; moved to {aside.name}, resuming from {chosen}", flush=True)
-    if pointer != chosen:
+    if pointer.tag is None:
+        print(f"checkpoint.dir: {root / LATEST} is {pointer.problem}; resuming from {chosen}, the newest committed "
+              "checkpoint that verifies (latest now names it)", flush=True)
+    elif tag_order(chosen) > tag_order(pointer.tag):
+        print(f"checkpoint.dir: {chosen} in {root} is committed (its {MANIFEST}) but newer than latest "
+              f"({pointer.tag}): resuming from {chosen} (latest now names it)", flush=True)
+    if pointer.tag != chosen:
         atomic_write_bytes(root / LATEST, chosen.encode("utf-8"))
     elif chosen in verdicts and (root / chosen / MANIFEST).is_file():
         print(f"checkpoint {root / chosen} verified against its manifest in {seconds:.2f} s", flush=True)
