@@ -45,6 +45,7 @@ from pretrain.errors import ConfigError, DataError
 from pretrain.model.bert import IGNORE_INDEX
 
 VAL_SEED_SALT = 0x5EED_7A1  # validation masks: fixed, independent of the training seed's epochs
+UNCHECKED = "; data.verify_checksums=true names its shard and row before training"
 
 
 class DataConfigError(DataError):
@@ -176,8 +177,13 @@ class Collator:
             ids = row["input_ids"]
             if len(ids) > seq_len:
                 raise DataConfigError(f"an instance has {len(ids)} tokens, more than the phase's seq_len {seq_len}")
+            self.check_values(ids, "token id")
             if "masked_positions" in row:
                 ids, pos, lab = ids, row["masked_positions"], row["masked_label_ids"]
+                self.check_values(lab, "masked label id")
+                if len(pos) and int(pos.max()) >= len(ids):
+                    raise DataConfigError(f"masked position {int(pos.max())} lies outside its instance of {len(ids)} "
+                                          f"tokens in {self.data.manifest.root}{UNCHECKED}")
             else:
                 assert rng is not None, "dynamic masking needs a generator"
                 own = rng[index] if isinstance(rng, list | tuple) else rng
@@ -187,6 +193,15 @@ class Collator:
             out.append({"ids": ids, "a_len": row["a_len"], "positions": pos, "labels": lab,
                         "nsp": row["next_sentence_label"]})
         return out
+
+    def check_values(self, ids: np.ndarray, what: str) -> None:
+        """The last guard against an id outside the vocab (an IndexError in the forward pass; on a GPU a
+        device-side assert), for shards whose values rank 0 did not check (data.verify_checksums=false)."""
+        size = self.data.vocab.size
+        if len(ids) and (int(ids.max()) >= size or int(ids.min()) < 0):
+            bad = int(ids.max()) if int(ids.max()) >= size else int(ids.min())
+            raise DataConfigError(f"{what} {bad} is outside the vocab (ids 0 to {size - 1}) in "
+                                  f"{self.data.manifest.root}{UNCHECKED}")
 
     def __call__(self, rows: list[dict[str, Any]], rng: Generators) -> dict[str, torch.Tensor]:
         instances = self.masked_instances(rows, rng)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from data_prep.atomic_io import sha256_file
 from data_prep.config import max_predictions_for
-from data_prep.shards import Manifest, ShardFormatError
+from data_prep.shards import SPLITS, Manifest, ShardFormatError
+from pretrain.data.shard_values import ShardValueError, ValueLimits, check_shard
 from pretrain.errors import ConfigError
 
 SPECIAL_TOKENS = ("[CLS]", "[SEP]", "[MASK]", "[PAD]")  # what collate and masking look up in the vocab
@@ -50,7 +51,8 @@ def check_phase_shards(
     """A phase's shard folder (or its manifest, already read) fits the run: manifest, sequence length, listed
     files, vocab, prediction slots.
 
-    ConfigError naming `key` (data.shards or phaseN.shards) and the file. The shards are hashed only with
+    ConfigError naming `key` (data.shards or phaseN.shards) and the file. The shards are hashed and their values
+    checked (ids below the vocab size, static masked positions inside their instance: shard_values.py) only with
     `verify_checksums` (rank 0 at start-up; the launch-time check stays within seconds on any data size).
     """
     manifest = shards if isinstance(shards, Manifest) else read_manifest(shards, key)
@@ -59,7 +61,7 @@ def check_phase_shards(
             f"{key}: {manifest.root} has no shards at sequence length {seq_len} (it has {manifest.seq_lens})"
         )
     try:
-        manifest.verify(seq_len, "train", checksums=verify_checksums)
+        manifest.verify(seq_len, "train", checksums=False)  # listed files exist; bytes and values below
     except ShardFormatError as err:
         raise ConfigError(f"{key}: {err}") from err
     vocab_path = manifest.vocab_path
@@ -77,6 +79,8 @@ def check_phase_shards(
         )
     if expected_vocab_sha256 is not None and sha != expected_vocab_sha256:
         raise ConfigError(f"{key}: vocab sha256 {sha[:12]} differs from the model's vocab {expected_vocab_sha256[:12]}")
+    if verify_checksums:
+        check_shard_files(manifest, ValueLimits(vocab_size=len(tokens), seq_len=seq_len), key)
     rate = masking_rate(manifest, mask_probability, key)
     from_manifest = manifest.data["masking"].get("max_predictions", {}).get(str(seq_len))
     if mask_probability is not None and from_manifest is not None and not manifest.static_masking:
@@ -87,6 +91,18 @@ def check_phase_shards(
     if manifest.static_masking and from_manifest is not None and predictions < from_manifest:
         raise ConfigError(f"max_predictions: {predictions} is below the static shards' {from_manifest} at seq {seq_len}")
     return PhaseShards(manifest, len(tokens), sha, int(predictions), rate)
+
+
+def check_shard_files(manifest: Manifest, limits: ValueLimits, key: str) -> None:
+    """Every shard of the phase's sequence length, training and held-out: its sha256 as the manifest lists it,
+    and its values inside `limits`. ConfigError naming `key`, the file, and for a value its row and the value."""
+    by_split = manifest.data["seq_lens"][str(limits.seq_len)]
+    for split in (split for split in SPLITS if split in by_split):
+        for info in manifest.shards(limits.seq_len, split):
+            try:
+                check_shard(manifest.root / info.file, info.sha256, limits)
+            except ShardValueError as err:
+                raise ConfigError(f"{key}: {err}") from err
 
 
 def masking_rate(manifest: Manifest, mask_probability: float | None, key: str) -> float:

@@ -65,6 +65,8 @@ def unpad_masked_instances(
         token_types[start + int(inst["a_len"]) : start + n] = 1
         position_ids[start : start + n] = np.arange(n)
         pos = np.asarray(inst["positions"], dtype=np.int64)[:max_predictions]  # static shards: uint16
+        if len(pos) and int(pos.max()) >= n:  # it would label another instance's token
+            raise ValueError(f"masked position {int(pos.max())} outside its instance of {n} tokens")
         lab = np.asarray(inst["labels"])[:max_predictions]
         masked_positions[i] = start  # empty slots: the instance's [CLS], as padded
         masked_positions[i, : len(pos)] = pos + start

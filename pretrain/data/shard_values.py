@@ -1,0 +1,122 @@
+"""Does a shard hold what its schema promises? Its bytes (sha256, as the manifest lists it) and its values: every
+token id below the vocab size, every instance within the sequence length, every static masked position inside
+its own instance and every label id below the vocab size.
+
+Why values too: a shard whose checksum was recorded after a bad write (a hand-made or converted shard, a build
+with another vocab) passes the byte check, and then an id >= the vocab size crashes the forward pass at whichever
+step draws it (on a GPU a device-side assert, at the same step again after every restart), while a static masked
+position beyond its instance's length labels a token of the next instance in the unpadded layout, silently.
+
+One read per shard: the file is memory-mapped once, hashed from that mapping, and its columns checked in place by
+pyarrow.compute (flatten the list values, one min/max pass each); only a shard found wrong is searched again for
+the first offending row. Rank 0 does it at start-up with the checksums (pretrain/data/shard_checks.py).
+
+Light: the standard library and pyarrow on plain values (a path, a digest, the limits); no torch, nothing of ours.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc as ipc
+
+HASH_CHUNK = 1 << 20
+
+
+class ShardValueError(ValueError):
+    """A shard's bytes or values are not what the manifest and the phase promise; names the file (and row)."""
+
+
+@dataclass(frozen=True)
+class ValueLimits:
+    """What every value of a phase's shards must stay below."""
+
+    vocab_size: int  # token and label ids: 0 <= id < vocab_size
+    seq_len: int  # tokens of one instance
+
+
+def check_shard(path: Path, sha256: str | None, limits: ValueLimits) -> None:
+    """ShardValueError in one line naming the file (and for a value, its row and the value) when the shard's
+    sha256 differs from `sha256` (the manifest's; None: not hashed) or a value lies outside `limits`."""
+    if not path.is_file():
+        raise ShardValueError(f"{path}: listed in the manifest but missing")
+    try:
+        buffer = pa.memory_map(str(path), "r").read_buffer()
+    except (OSError, pa.ArrowInvalid) as err:
+        raise ShardValueError(f"{path}: not a readable shard file: {err}") from err
+    if sha256 is not None and _sha256(buffer) != sha256:
+        raise ShardValueError(f"{path}: sha256 differs from the manifest (corrupt or replaced)")
+    try:
+        table = ipc.open_file(buffer).read_all()
+    except (OSError, pa.ArrowInvalid) as err:
+        raise ShardValueError(f"{path}: not a readable Arrow IPC shard: {err}") from err
+    problem = first_bad_value(table, limits)
+    if problem is not None:
+        raise ShardValueError(f"{path}: {problem}; rebuild the shards (python -m data_prep build)")
+
+
+def _sha256(buffer: pa.Buffer) -> str:
+    digest, view = hashlib.sha256(), memoryview(buffer)
+    for start in range(0, len(view), HASH_CHUNK):
+        digest.update(view[start : start + HASH_CHUNK])
+    return digest.hexdigest()
+
+
+def first_bad_value(table: pa.Table, limits: ValueLimits) -> str | None:
+    """The first value of `table` outside `limits`, as "row R: what" (R counted from 0 in the file); None if all fit."""
+    row0 = 0
+    for batch in table.to_batches():
+        problem = _batch_problem(batch, limits)
+        if problem is not None:
+            row, what = problem
+            return f"row {row0 + row}: {what}"
+        row0 += batch.num_rows
+    return None
+
+
+def _batch_problem(batch: pa.RecordBatch, limits: ValueLimits) -> tuple[int, str] | None:
+    ids = batch.column("input_ids")
+    lengths = pc.list_value_length(ids)
+    if batch.num_rows and pc.max(lengths).as_py() > limits.seq_len:
+        row = _first_true(pc.greater(lengths, limits.seq_len))
+        return row, f"an instance of {lengths[row].as_py()} tokens, more than the sequence length {limits.seq_len}"
+    found = _id_problem(ids, "token id", limits.vocab_size)
+    if found is not None or "masked_positions" not in batch.schema.names:
+        return found
+    positions, labels = batch.column("masked_positions"), batch.column("masked_label_ids")
+    if not pc.all(pc.equal(pc.list_value_length(positions), pc.list_value_length(labels))).as_py():
+        row = _first_true(pc.not_equal(pc.list_value_length(positions), pc.list_value_length(labels)))
+        return row, (f"{len(positions[row])} masked positions but {len(labels[row])} masked label ids")
+    found = _id_problem(labels, "masked label id", limits.vocab_size)
+    if found is not None:
+        return found
+    flat = pc.cast(pc.list_flatten(positions), pa.int64())
+    own_length = pc.take(lengths, pc.list_parent_indices(positions))  # each position's instance length
+    outside = pc.or_(pc.greater_equal(flat, own_length), pc.less(flat, 0))
+    if len(flat) == 0 or not pc.any(outside).as_py():
+        return None
+    at = _first_true(outside)
+    row = pc.list_parent_indices(positions)[at].as_py()
+    return row, (f"masked position {flat[at].as_py()} outside its instance of {lengths[row].as_py()} tokens "
+                 "(it would label another instance's token)")
+
+
+def _id_problem(column: pa.Array, what: str, vocab_size: int) -> tuple[int, str] | None:
+    """The first id of a list column outside 0 .. vocab_size-1, as (row, words)."""
+    flat = pc.list_flatten(column)
+    if len(flat) == 0:
+        return None
+    low, high = pc.min_max(flat).values()
+    if low.as_py() >= 0 and high.as_py() < vocab_size:
+        return None
+    at = _first_true(pc.or_(pc.greater_equal(flat, vocab_size), pc.less(flat, 0)))
+    row = pc.list_parent_indices(column)[at].as_py()
+    return row, f"{what} {flat[at].as_py()} outside the vocab (ids 0 to {vocab_size - 1})"
+
+
+def _first_true(mask: pa.Array) -> int:
+    return pc.index(mask, True).as_py()
