@@ -8,7 +8,8 @@ step draws it (on a GPU a device-side assert, at the same step again after every
 position beyond its instance's length labels a token of the next instance in the unpadded layout, silently.
 
 One read per shard: the file is memory-mapped once, hashed from that mapping, and its columns checked in place by
-pyarrow.compute (flatten the list values, one min/max pass each); only a shard found wrong is searched again for
+pyarrow.compute (flatten the list values, one min/max pass each; each row's largest masked position against its
+length in one numpy pass); only a shard found wrong is searched again for
 the first offending row. Rank 0 does it at start-up with the checksums (pretrain/data/shard_checks.py).
 
 Light: the standard library and pyarrow on plain values (a path, a digest, the limits); no torch, nothing of ours.
@@ -20,6 +21,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
@@ -94,15 +96,25 @@ def _batch_problem(batch: pa.RecordBatch, limits: ValueLimits) -> tuple[int, str
     found = _id_problem(labels, "masked label id", limits.vocab_size)
     if found is not None:
         return found
-    flat = pc.cast(pc.list_flatten(positions), pa.int64())
-    own_length = pc.take(lengths, pc.list_parent_indices(positions))  # each position's instance length
-    outside = pc.or_(pc.greater_equal(flat, own_length), pc.less(flat, 0))
-    if len(flat) == 0 or not pc.any(outside).as_py():
+    return _position_problem(positions, lengths)
+
+
+def _position_problem(positions: pa.ListArray, lengths: pa.Array) -> tuple[int, str] | None:
+    """The first row with a masked position outside its own instance. Each row's largest position against its
+    length: one numpy pass over the positions (a per-value compare against each value's row length cost four)."""
+    offsets = positions.offsets.to_numpy()
+    flat = pc.list_flatten(positions).to_numpy(zero_copy_only=False)
+    rows = np.flatnonzero(np.diff(offsets) > 0)  # rows with positions: their segments tile `flat`
+    if len(rows) == 0:
         return None
-    at = _first_true(outside)
-    row = pc.list_parent_indices(positions)[at].as_py()
-    return row, (f"masked position {flat[at].as_py()} outside its instance of {lengths[row].as_py()} tokens "
-                 "(it would label another instance's token)")
+    highest = np.maximum.reduceat(flat, offsets[rows] - offsets[0])
+    own = lengths.to_numpy(zero_copy_only=False)[rows]
+    outside = np.flatnonzero(highest >= own)
+    if len(outside) == 0:
+        return None
+    row = int(rows[outside[0]])
+    return row, (f"masked position {int(highest[outside[0]])} outside its instance of {int(own[outside[0]])} "
+                 "tokens (it would label another instance's token)")
 
 
 def _id_problem(column: pa.Array, what: str, vocab_size: int) -> tuple[int, str] | None:
