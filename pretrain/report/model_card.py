@@ -7,10 +7,13 @@ architecture, the vocabulary, the data, the recipe and how far it ran, the last 
 the quality marks reached, and how to load it. No license is written: the weights' terms follow from the
 training data, which the toolkit cannot know; the card says to add one before publishing.
 
-The facts are gathered once, at export (`card_facts`: the checkpoint's run config and trainer state, the
-run folder's metrics.jsonl and run_clock.json, the shards' manifest) and kept beside the card as
-model_card.json, so `./launch.sh report` can regenerate the card with fine-tune results later
-(`regenerate`) even when the run folder has moved or its step checkpoints were pruned.
+The facts are gathered at export (`card_facts`: the checkpoint's run config and trainer state, the run folder's
+metrics.jsonl and run_clock.json, the shards' manifest) and kept beside the card as model_card.json, a record
+for people and tools. `./launch.sh report` regenerates the card with fine-tune results later from the run's own
+records again (pretrain/report/card_refresh.py), never from the folder it writes: a model_card.json someone
+else put there would otherwise put their words in our card. Both files are written through a temp file renamed
+over the name (pretrain/report/trust.py), so a link standing under README.md.partial or README.md is replaced,
+not written through.
 
 The export (pretrain/checkpointing/export.py) sits below this floor, so it does not import the card: its caller
 hands it an `ExportCard`, which it calls on the staged folder with the tokenizer facts it checked.
@@ -19,26 +22,25 @@ hands it an `ExportCard`, which it calls on the staged folder with the tokenizer
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pretrain.checkpointing.layout import TAG_PATTERN, TRAINER_STATE
 from pretrain.config.deepspeed import precision_of
 from pretrain.report.records import (
     FinetuneResult,
     global_step,
     last_validation,
-    read_json,
     read_rows,
     schedule_text,
 )
+from pretrain.report.trust import read_json, write_file
 from pretrain.run_folder import CLOCK_FILE, TENSORBOARD
 
 CARD_FILE = "README.md"
 CARD_FACTS = "model_card.json"
-TRAINER_STATE = "trainer_state.json"  # what a checkpoint tag holds (pretrain/checkpointing)
 CARD_TAGS = ["bert", "fill-mask", "pretraining", "deepspeed", "bert-ds"]
 VALIDATION_KEYS = ("val/mlm_loss", "val/mlm_acc", "time/wall_s", "time/device_hours", "time/samples")
 TRAINING_KEYS = ("loss/mlm", "loss/nsp", "acc/mlm", "acc/nsp")
@@ -69,11 +71,22 @@ def _data_summary(resolved: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def card_facts(root: Path, tag: str, run_config: dict[str, Any]) -> dict[str, Any]:
-    """What the card says about the checkpoint root/tag, gathered from the files a run leaves."""
-    state = read_json(Path(root) / tag / TRAINER_STATE)
-    state = state if isinstance(state, dict) else None
-    run_dir = _run_dir(Path(root), run_config)
+def _state_of(root: Path | None, tag: str) -> dict[str, Any] | None:
+    """The tag's trainer state; for a tag no longer there (a pruned step checkpoint), its phase and step from the
+    tag's name; None when neither is known. `root` None: a checkpoint folder that is not the run's, not read."""
+    state = read_json(root / tag / TRAINER_STATE) if root is not None else None
+    if isinstance(state, dict):
+        return state
+    match = TAG_PATTERN.match(tag)
+    return {"phase": match.group(1), "step": int(match.group(2))} if match else None
+
+
+def card_facts(root: Path, tag: str, run_config: dict[str, Any], run_dir: Path | None = None,
+               read_checkpoint: bool = True) -> dict[str, Any]:
+    """What the card says about the checkpoint root/tag, gathered from the files a run leaves. `run_dir`: the run
+    folder when the caller knows it (the report); `read_checkpoint` False: the tag's files are not read."""
+    state = _state_of(Path(root) if read_checkpoint else None, tag)
+    run_dir = Path(run_dir).resolve() if run_dir is not None else _run_dir(Path(root), run_config)
     step = global_step(run_config, state["phase"], state["step"]) if state else None
     rows = read_rows(run_dir) if run_dir else []
     validation = last_validation(rows, step)
@@ -236,18 +249,12 @@ def render_card(facts: dict[str, Any], folder_text: str, finetune: Sequence[Fine
     return "---\n" + header + "\n---\n\n" + "\n".join(_body(facts, name, folder_text, finetune))
 
 
-def _write_text(path: Path, text: str) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text, encoding="utf-8")
-    os.replace(partial, path)
-
-
 def write_model_card(folder: Path, facts: dict[str, Any], folder_text: str,
                      finetune: Sequence[FinetuneResult] = ()) -> Path:
     """README.md and model_card.json in `folder`; `folder_text` is how the card names the folder to load."""
     folder = Path(folder)
-    _write_text(folder / CARD_FACTS, json.dumps({**facts, "folder": folder_text}, indent=1) + "\n")
-    _write_text(folder / CARD_FILE, render_card(facts, folder_text, finetune))
+    write_file(folder / CARD_FACTS, (json.dumps({**facts, "folder": folder_text}, indent=1) + "\n").encode())
+    write_file(folder / CARD_FILE, render_card(facts, folder_text, finetune).encode("utf-8"))
     return folder / CARD_FILE
 
 
@@ -264,11 +271,3 @@ class ExportCard:
         facts = {**self.facts, "tokenizer": known["tokenizer"]} if self.facts is not None else known
         return write_model_card(folder, facts, folder_text)
 
-
-def regenerate(folder: Path, finetune: Sequence[FinetuneResult]) -> bool:
-    """Rewrite an export's card with these fine-tune results (from its model_card.json); False: no facts."""
-    facts = read_json(Path(folder) / CARD_FACTS)
-    if not isinstance(facts, dict):
-        return False
-    write_model_card(Path(folder), facts, str(facts.get("folder") or folder), finetune)
-    return True

@@ -10,10 +10,12 @@ the quality targets grey horizontal lines on the accuracy panels. A run without 
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
 from pretrain.report.records import RunFacts, row_samples, row_wall_s
+from pretrain.report.trust import write_file
 
 
 def _series(rows: list[dict[str, Any]], key: str, x_of: Any) -> tuple[list[float], list[float]]:
@@ -95,5 +97,7 @@ def draw_report(facts: RunFacts, path: Path) -> None:
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=7)
     figure.suptitle(f"{facts.run_dir.resolve().name}: red dashed = resume, black dotted = phase 2 starts")
-    figure.savefig(path, dpi=90)
+    picture = io.BytesIO()
+    figure.savefig(picture, format="png", dpi=90)
     plt.close(figure)
+    write_file(path, picture.getvalue())  # renamed over the name: a link standing there is replaced, not followed

@@ -5,6 +5,8 @@ fine-tune results that belong to it. Shared by the report (pretrain/report/write
 Fine-tune results are found beside the run (in RUN_DIR and its parent folder, a few levels down, as the
 demo lays them out: <out>/run, <out>/model, <out>/squad) and kept when the model they fine-tuned came from
 this run: the model folder lies inside RUN_DIR, or its export_info.json names a checkpoint inside RUN_DIR.
+Beside RUN_DIR only folders that are this user's alone are read or entered (pretrain/report/trust.py): another
+user's folder that names our run is left out and listed, never counted.
 
     SQuAD  results.json that `squad finetune` writes in its --out: "model", "scores" (exact_match, f1),
            "version", "init" ("random" for the random-weights baseline)
@@ -23,20 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from pretrain.finetune.layout import RESULTS, RESULTS_GLOB
+from pretrain.report.trust import claims_results, not_yours_alone, read_json
 from pretrain.run_folder import CHECKPOINTS, EXPORT_INFO, LOGS, TENSORBOARD, metrics_path
 from pretrain.schedule import ScheduleSettings, schedule_line
 
 SEARCH_DEPTH = 3  # folder levels below RUN_DIR and its parent searched for results and exports
 SKIPPED_FOLDERS = {CHECKPOINTS, TENSORBOARD, LOGS, "data", "squad_data", ".git", "__pycache__"}
 GLUE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli", "ax")
-
-
-def read_json(path: Path) -> Any:
-    """A JSON file's content, or None when it is missing or not JSON."""
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
 
 
 def read_rows(run_dir: Path) -> list[dict[str, Any]]:
@@ -86,6 +81,12 @@ def _candidates(path_text: str, near: Path) -> list[Path]:
     return [Path.cwd() / path, *(parent / path for parent in list(near.parents)[:SEARCH_DEPTH + 1])]
 
 
+def located(path_text: str, near: Path) -> Path:
+    """A path as written in a file beside the run: absolute as written, else the first of `_candidates` that exists
+    (or as written, relative to the current folder)."""
+    return next((path for path in _candidates(path_text, near) if path.exists()), Path(path_text))
+
+
 def source_inside(source: str, near: Path, run_dir: Path) -> bool:
     """Is an export's source checkpoint (export_info.json's "source") inside RUN_DIR? An absolute path is
     judged as written (a pruned step checkpoint no longer exists); a relative one where it exists."""
@@ -95,12 +96,15 @@ def source_inside(source: str, near: Path, run_dir: Path) -> bool:
 
 
 def model_belongs_to_run(model_text: str, results_file: Path, run_dir: Path) -> Path | None:
-    """The model folder a results file names, when it came from this run; else None."""
+    """The model folder a results file names, when it came from this run; else None. Outside RUN_DIR, only a folder
+    that is this user's alone is asked (another user's export_info.json could name any run)."""
     for candidate in _candidates(model_text, results_file):
         if not candidate.is_dir():
             continue
         if _is_inside(candidate, run_dir):
             return candidate
+        if not_yours_alone(candidate) is not None:
+            continue
         info = read_json(candidate / EXPORT_INFO)
         source = info.get("source") if isinstance(info, dict) else None
         if isinstance(source, str) and source_inside(source, candidate / EXPORT_INFO, run_dir):
@@ -108,16 +112,26 @@ def model_belongs_to_run(model_text: str, results_file: Path, run_dir: Path) -> 
     return None
 
 
-def walk_beside(run_dir: Path) -> Iterator[Path]:
-    """Folders in RUN_DIR and beside it (its parent), SEARCH_DEPTH levels down, without checkpoints & co."""
+def walk_beside(run_dir: Path, left_out: list[str] | None = None) -> Iterator[Path]:
+    """Folders in RUN_DIR and beside it (its parent), SEARCH_DEPTH levels down, without checkpoints & co. Beside
+    RUN_DIR, a folder that is not this user's alone is neither yielded nor entered; when it holds an export's
+    record or a results file, "folder: why" is added to `left_out`."""
     seen: set[Path] = set()
+    inside = run_dir.resolve()
     for root in (run_dir, run_dir.parent):
         root_depth = len(root.resolve().parts)
-        for folder, subfolders, _ in os.walk(root):
+        for folder, subfolders, files in os.walk(root):
             here = Path(folder).resolve()
+            foreign = None if here.is_relative_to(inside) else not_yours_alone(Path(folder))
+            if foreign is not None and here != root.resolve():  # the parent itself is entered, never read
+                subfolders[:] = []
+                if left_out is not None and here not in seen and claims_results(files):
+                    left_out.append(f"{here}: {foreign}")
+                seen.add(here)
+                continue
             subfolders[:] = sorted(name for name in subfolders if name not in SKIPPED_FOLDERS
                                    and len(here.parts) - root_depth < SEARCH_DEPTH)
-            if here not in seen:
+            if here not in seen and foreign is None:
                 seen.add(here)
                 yield Path(folder)
 
@@ -172,11 +186,11 @@ def parse_result(path: Path, data: Any) -> tuple[str, str, dict[str, float], lis
     return None
 
 
-def finetune_results(run_dir: Path) -> list[FinetuneResult]:
-    """Every SQuAD / GLUE result beside the run whose model came from it, in path order."""
+def finetune_results(run_dir: Path, left_out: list[str] | None = None) -> list[FinetuneResult]:
+    """Every SQuAD / GLUE result beside the run whose model came from it, in path order (`left_out`: walk_beside's)."""
     run_dir = Path(run_dir)
     found: list[FinetuneResult] = []
-    for folder in walk_beside(run_dir):
+    for folder in walk_beside(run_dir, left_out):
         for path in sorted(folder.glob(RESULTS_GLOB)):
             data = read_json(path)
             parsed = parse_result(path, data)
@@ -191,7 +205,8 @@ def finetune_results(run_dir: Path) -> list[FinetuneResult]:
 
 def exports_of_run(run_dir: Path) -> list[Path]:
     """The Hugging Face folders exported from this run's checkpoints (RUN_DIR/export/<phase>, the demo's
-    <out>/model, ...): folders with export_info.json whose source lies inside RUN_DIR."""
+    <out>/model, ...): folders with export_info.json whose source lies inside RUN_DIR (beside RUN_DIR: folders
+    that are this user's alone; the source need not exist any more, a step checkpoint is pruned in time)."""
     run_dir = Path(run_dir)
     exports = []
     for folder in walk_beside(run_dir):
@@ -226,6 +241,7 @@ class RunFacts:
     finetune: list[Any] = field(default_factory=list)  # run_records.FinetuneResult
     exports: list[Path] = field(default_factory=list)
     price: float | None = None
+    left_out: list[str] = field(default_factory=list)  # folders beside the run not read: "folder: why"
 
     @property
     def validations(self) -> list[dict[str, Any]]:

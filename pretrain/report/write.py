@@ -8,7 +8,10 @@ resumes; pretrain/metrics/clock.py), config.resolved.json (the config that produ
 GLUE results found beside it (pretrain/report/records.py). The time-to-target table answers "when did this
 run reach masked-LM accuracy X, and what did it cost": wall-clock, device-hours and samples at the first
 validation that reached each mark of logging.quality_targets (and the price, given one). The model cards
-of the run's exports are regenerated with the fine-tune results found (pretrain/report/model_card.py).
+of the run's exports are regenerated with the fine-tune results found (pretrain/report/card_refresh.py).
+
+It reads inside RUN_DIR and, beside it, only folders that are this user's alone; every file it writes goes
+through a temp file renamed over the name, so no link planted there is written through (pretrain/report/trust.py).
 
 `--help` imports no third-party module: matplotlib is imported only to draw (pretrain/report/plot.py), the
 Hub's card types only to write a card (pretrain/report/model_card.py).
@@ -27,7 +30,7 @@ from typing import Any
 from pretrain.metrics.clock import STARTUP_MARKS, ProcessSpan, span_of
 from pretrain.metrics.goodput import Accounting, account, read_faults
 from pretrain.metrics.quality import DEFAULT_QUALITY_TARGETS
-from pretrain.report.model_card import regenerate
+from pretrain.report.card_refresh import refresh_card
 from pretrain.report.plot import draw_report
 from pretrain.report.records import (
     RunFacts,
@@ -35,12 +38,12 @@ from pretrain.report.records import (
     exports_of_run,
     finetune_results,
     objective_text,
-    read_json,
     read_rows,
     row_samples,
     row_wall_s,
     schedule_text,
 )
+from pretrain.report.trust import read_json, write_file
 from pretrain.run_folder import CLOCK_FILE, REPORT_MD, REPORT_PNG, RESOLVED_CONFIG, metrics_path
 
 
@@ -80,8 +83,10 @@ def read_run(run_dir: Path, price: float | None) -> RunFacts:
     clock = read_json(run_dir / CLOCK_FILE)
     processes = clock.get("processes", []) if isinstance(clock, dict) else []
     marks = config.get("logging", {}).get("quality_targets", list(DEFAULT_QUALITY_TARGETS))
-    return RunFacts(run_dir, rows, config, processes, time_to_targets(rows, marks, config),
-                    finetune_results(run_dir), exports_of_run(run_dir), price)
+    left_out: list[str] = []
+    finetune = finetune_results(run_dir, left_out)
+    return RunFacts(run_dir, rows, config, processes, time_to_targets(rows, marks, config), finetune,
+                    exports_of_run(run_dir), price, left_out)
 
 
 def _hours(seconds: float | None) -> str:
@@ -265,6 +270,10 @@ def render_report(facts: RunFacts, picture: str | None, cards: list[Path]) -> st
         "RUN_DIR, of a model exported from it)."]
     if cards:
         lines += ["", "Model cards regenerated with these results: " + ", ".join(f"`{c}`" for c in cards) + "."]
+    if facts.left_out:
+        lines += ["", "Left out, not read: folders beside the run that name an export or a result but are not yours "
+                  "alone (another user's, writable by others, or a link):", "",
+                  *(f"- `{entry}`" for entry in facts.left_out)]
     lines += ["", "## Config", "", *recipe_lines(facts.config), "",
               "<details><summary>config.resolved.json</summary>", "", "```json",
               json.dumps(facts.config, indent=1), "```", "", "</details>", ""]
@@ -285,12 +294,10 @@ def write_report(run_dir: Path, price: float | None = None, out: Path | None = N
     if model_cards:
         for folder in facts.exports:
             mine = [result for result in facts.finetune if result.model == folder]
-            if regenerate(folder, mine):
+            if refresh_card(folder, facts.run_dir, mine):
                 cards.append(folder / "README.md")
     path = out / REPORT_MD
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(render_report(facts, picture, cards), encoding="utf-8")
-    partial.replace(path)
+    write_file(path, render_report(facts, picture, cards).encode("utf-8"))
     return path
 
 
