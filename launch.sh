@@ -13,6 +13,9 @@ set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 DRY_RUN=0
+# Every Python process started from here: `python -m` would put the working folder first on the import path, so a
+# `numpy.py` planted in a shared working folder would run as you. The toolkit is installed or on PYTHONPATH.
+export PYTHONSAFEPATH=1
 # The interpreter: $PYTHON; else the active virtual environment's; else the checkout's .venv (the
 # README's install creates it, and a new shell may not have it activated); else python3 on PATH.
 default_python() {
@@ -297,10 +300,12 @@ run_nodes() { # [--slurm] then the pretrain arguments as typed: the error line's
 }
 
 # The pdsh launcher forwards few variables to the other nodes; the rest of RANK_ENV (and the lines
-# of the user's own ~/.deepspeed_env and ./.deepspeed_env) travel in a DeepSpeed env file: DS_ENV.
+# of the user's own ~/.deepspeed_env and ./.deepspeed_env) travel in a DeepSpeed env file: DS_ENV. A 0600 temp
+# file, read here; pretrain.launch.nodes ships it to the nodes in a 0600 file on the working folder, never on a
+# command line. --dry-run names the variables, never their values (tokens and keys live there).
 write_ds_env_file() {
     if ((DRY_RUN)); then
-        echo "# DS_ENV_FILE (exported to every node by the DeepSpeed launcher) would hold: ${DS_ENV[*]}"
+        echo "# DS_ENV_FILE (exported to every node) would set: ${DS_ENV[*]%%=*}"
         return 0
     fi
     DS_ENV_FILE=$(mktemp "${TMPDIR:-/tmp}/bert-ds-env.XXXXXX")
@@ -336,6 +341,7 @@ cmd_squad() {
             (($# >= 2)) || die "usage: ./launch.sh squad evaluate DATA.json PREDICTIONS.json [--version 2 ...]"
             local file
             for file in "$1" "$2"; do require_path -f "$file" "squad evaluate: '$file' does not exist"; done
+            export_repo_path
             run "$PYTHON" -m pretrain.finetune.squad evaluate "$@"
             ;;
         *) die "squad: unknown action '$action' (use finetune or evaluate)" ;;

@@ -8,6 +8,9 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# Not the working folder first on the import path (`python -m` puts it there): a module planted in a shared working
+# folder must not run as you. launch.sh exports it already; a task started without launch.sh gets it here.
+export PYTHONSAFEPATH=1
 # The rank's own interpreter reads it (launch.sh passes $PYTHON first); python3 if the command is not Python.
 python=${1:-python3}
 [[ "${python##*/}" == python* ]] || python=python3

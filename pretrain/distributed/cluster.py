@@ -35,7 +35,7 @@ from pretrain.errors import exit_on_error
 __all__ = [
     "ClusterError", "allocation_hosts", "default_master_addr", "default_master_port", "device_index", "first_host",
     "gpus_per_node", "local_gpu_count", "nodelist_hosts", "pdsh_quote", "per_node_counts", "plan",
-    "read_hostfile", "shell_assignments", "slurm_task_env", "visible_devices",
+    "read_hostfile", "remote_quote", "shell_assignments", "slurm_task_env", "visible_devices",
 ]
 
 LOCAL_MASTER_PORT = 29500  # torch's and DeepSpeed's own default
@@ -197,12 +197,18 @@ def local_gpu_count(env: Mapping[str, str]) -> int:
 
 # ---------------------------------------------------------------------------------------------- hostfile
 _HOST_LINE = re.compile(r"\s*(\S+)\s+slots=(\d+)\s*", re.ASCII)
+# A host name as RFC 1123 spells it (labels of letters, digits and inner '-', joined by '.'; an IPv4 address is
+# one too). Nothing else: pdsh reads "a,b" as two hosts and "a[1-9]" as nine, and "user@host" as another account.
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+HOST_NAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*", re.ASCII)
 
 
 def read_hostfile(path: str) -> list[tuple[str, int]]:
     """(host, slots) for each line "HOST slots=N" of an MPI-style hostfile; "#" comments and blank lines skip.
 
-    Checked here rather than by DeepSpeed, whose runner reports a bad line only after it started.
+    Checked here rather than by DeepSpeed, whose runner reports a bad line only after it started. HOST must be
+    a host name (HOST_NAME): each one becomes a word of pdsh's host list, where `node1,node9 slots=8` would start
+    an agent on node9 too.
     """
     file = Path(path)
     if not file.is_file():
@@ -219,6 +225,9 @@ def read_hostfile(path: str) -> list[tuple[str, int]]:
         match = _HOST_LINE.fullmatch(line)
         if not match:
             raise ClusterError(f"hostfile '{path}' line {number}: expected 'HOSTNAME slots=N', got '{line.strip()}'")
+        if not HOST_NAME.fullmatch(match[1]):
+            raise ClusterError(f"hostfile '{path}' line {number}: '{match[1]}' is not a host name (letters, digits, "
+                               "'-' and '.', or an IPv4 address)")
         hosts.append((match[1], int(match[2])))
     if not hosts:
         raise ClusterError(f"hostfile '{path}' lists no host")
@@ -245,6 +254,14 @@ def pdsh_quote(arg: str) -> str:
     else:
         word = "'" + arg.replace("'", "'\\''") + "'"
     return word.replace("%", "%%")
+
+
+def remote_quote(text: str) -> str:
+    """`text` as one word of a remote command that pdsh sends through ssh to a node's shell, which gets exactly
+    `text`: shlex.quote for that shell's one parse, then every % doubled for pdsh's own %h/%n/%u expansion.
+    For the working folder and anything else we put in the remote command ourselves (pdsh_quote is for the
+    module arguments, whose quoting DeepSpeed's runner finishes)."""
+    return shlex.quote(text).replace("%", "%%")
 
 
 # ---------------------------------------------------------------------------------------------- per task

@@ -47,12 +47,13 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Protocol
 
 from pretrain.distributed.cluster import ClusterError, allocation_hosts, pdsh_quote, read_hostfile
 from pretrain.launch.fault_records import AgentEnd, FaultLines, FaultRecord
+from pretrain.launch.node_env import read_env_file
 from pretrain.launch.rendezvous import answers, is_this_machine, listen, parse_endpoint
 from pretrain.launch.transports import Pdsh, SessionEnd, Srun
 
@@ -98,6 +99,8 @@ class Transport(Protocol):
     def drop(self, host: str) -> bool: ...
 
     def store_problem(self, host: str, store: tuple[str, int]) -> str | None: ...
+
+    def shipped(self) -> AbstractContextManager[None]: ...  # node_env delivered while the agents run
 
 
 @dataclass
@@ -284,15 +287,21 @@ def check_before_start(job: NodeJob, serving: bool) -> None:
 
 def run(job: NodeJob) -> int:
     store = None
-    try:
-        store = serve_store(job)
-        check_before_start(job, store is not None)
-    except ClusterError as err:
-        say(f"error: {err}")
-        if store is not None:
-            store.terminate()
-            store.wait()
-        return 2
+    with ExitStack() as shipping:
+        try:
+            store = serve_store(job)
+            check_before_start(job, store is not None)
+            shipping.enter_context(job.transport.shipped())  # the nodes' variables, removed when the job ends
+        except ClusterError as err:
+            say(f"error: {err}")
+            if store is not None:
+                store.terminate()
+                store.wait()
+            return 2
+        return run_agents(job, store)
+
+
+def run_agents(job: NodeJob, store: subprocess.Popen[bytes] | None) -> int:
     proc = subprocess.Popen(job.command(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                             text=True, env=job.transport.env())
 
@@ -340,8 +349,7 @@ def build_job(args: argparse.Namespace, module_args: list[str]) -> NodeJob:
     if args.hostfile:
         hosts = [host for host, _ in read_hostfile(args.hostfile)]
         low, high = node_range(args.nodes) or (len(hosts), len(hosts))
-        exports = Path(args.env_file).read_text(encoding="utf-8").splitlines() if args.env_file else []
-        transport: Transport = Pdsh(mark, [line for line in exports if "=" in line], args.python)
+        transport: Transport = Pdsh(mark, read_env_file(args.env_file) if args.env_file else {}, args.python)
         if not args.args_quoted:
             module_args = [pdsh_quote(arg) for arg in module_args]
     else:
@@ -366,7 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nproc-per-node", required=True)
     parser.add_argument("--rdzv-endpoint", required=True,
                         help="HOST:PORT of the agents' rendezvous store: served here when HOST is this machine")
-    parser.add_argument("--env-file", help="hostfile: NAME=VALUE lines exported on every node")
+    parser.add_argument("--env-file", help="hostfile: NAME=VALUE lines for every node (shipped in a 0600 file, not argv)")
     parser.add_argument("--cpus-per-task", default="", help="SLURM: the job's CPUs per rank")
     parser.add_argument("--gpus", action="store_true", help="SLURM: the ranks use GPUs (the task asks for them)")
     parser.add_argument("--resume-command", default="the same command again")

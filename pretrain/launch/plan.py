@@ -31,6 +31,7 @@ import argparse
 import io
 import os
 import re
+import stat
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -44,6 +45,7 @@ from pretrain.distributed.cluster import (
     shell_assignments,
 )
 from pretrain.distributed.step_watch import HOLD_FILE_ENV
+from pretrain.launch.node_env import parse_env_lines
 from pretrain.launch.nodes import node_range
 from pretrain.launch.options import VALUE_OPTIONS, LaunchOptions, parse_launch_options, usage
 from pretrain.launch.rendezvous import endpoint, parse_endpoint, this_machine
@@ -135,6 +137,9 @@ def rank_env(env: Mapping[str, str], ranks: int, cpu_count: int, cpus_per_task: 
     says why a collective hangs without flooding logs. PYTHONUNBUFFERED=1: output when it happens.
     PYTHONPATH as launch.sh exported it (the checkout in front). DS_ACCELERATOR=cpu with --cpu only.
     TORCH_EXTENSIONS_DIR when set: where the ranks build and load DeepSpeed's ops (pdsh would drop it).
+    PYTHONSAFEPATH=1: `python -m` would put the working folder first on the import path, where anyone who can
+    write a shared working folder plants a `numpy.py` (the package is installed, or on PYTHONPATH: nothing of
+    ours is imported from the working folder).
     """
     threads = cpus_per_task or str(max(1, cpu_count // max(ranks, 1)))
     values = {
@@ -143,6 +148,7 @@ def rank_env(env: Mapping[str, str], ranks: int, cpu_count: int, cpus_per_task: 
         "NCCL_DEBUG": env.get("NCCL_DEBUG") or "WARN",
         "PYTHONUNBUFFERED": env.get("PYTHONUNBUFFERED") or "1",
         "PYTHONPATH": env.get("PYTHONPATH", ""),
+        "PYTHONSAFEPATH": env.get("PYTHONSAFEPATH") or "1",
     }
     for name in ("TORCH_EXTENSIONS_DIR", HOLD_FILE_ENV):
         if env.get(name):
@@ -152,20 +158,46 @@ def rank_env(env: Mapping[str, str], ranks: int, cpu_count: int, cpus_per_task: 
     return values
 
 
-def ds_env_lines(rank_values: Mapping[str, str], user_files: Sequence[Path]) -> list[str]:
+def ds_env_lines(rank_values: Mapping[str, str], user_files: Sequence[Path],
+                 note: Callable[[str], None] = print) -> list[str]:
     """The lines of the DeepSpeed env file (DS_ENV_FILE) for a hostfile launch.
 
     DeepSpeed's pdsh launcher forwards only NCCL*/PYTHON*/UCX*/MV2*/MLFLOW* variables to the other
     nodes; the rest of rank_env travels in this file. It keeps every NAME=VALUE line of the user's own
-    ~/.deepspeed_env and ./.deepspeed_env (DeepSpeed reads only the file we name), and theirs win.
+    ~/.deepspeed_env and ./.deepspeed_env (DeepSpeed reads only the file we name), and theirs win; a file
+    someone else could have written is ignored with a note (trusted_text); a line that is not NAME=VALUE is a
+    ClusterError naming the file and the line (pretrain/launch/node_env.py parse_env_lines).
     """
-    lines: list[str] = []
+    user: dict[str, str] = {}
     for file in user_files:
-        if file.is_file():
-            text = file.read_bytes().decode("utf-8", "surrogateescape")  # as is: no newline translation
-            lines += [line for line in text.split("\n") if "=" in line]
-    user_keys = {line.partition("=")[0] for line in lines}
-    return lines + [f"{name}={value}" for name, value in rank_values.items() if name not in user_keys]
+        text = trusted_text(file, note)
+        if text is not None:
+            user.update(parse_env_lines(text.split("\n"), f"'{file}'"))  # as is: no newline translation
+    ours = {name: value for name, value in rank_values.items() if name not in user}
+    return [f"{name}={value}" for name, value in {**user, **ours}.items()]
+
+
+def trusted_text(file: Path, note: Callable[[str], None]) -> str | None:
+    """The text of a user's env file, or None when it is missing, not a plain file, or not trusted: it runs as
+    the user on every node (LD_PRELOAD, PYTHONPATH), so it must be the user's own and writable by no one else; a
+    ./.deepspeed_env planted in a shared working folder is ignored with one note saying why."""
+    try:  # O_NONBLOCK: a FIFO planted under the name must not hold the launch
+        descriptor = os.open(file, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise ClusterError(f"'{file}' cannot be read: {err.strerror}") from None
+    with os.fdopen(descriptor, "rb") as opened:
+        status = os.fstat(opened.fileno())
+        if not stat.S_ISREG(status.st_mode):
+            return None
+        if status.st_uid != os.geteuid():
+            note(f"ignoring '{file}': it belongs to uid {status.st_uid}, not to you (uid {os.geteuid()})")
+            return None
+        if status.st_mode & 0o022:
+            note(f"ignoring '{file}': others can write it (mode {stat.filemode(status.st_mode)}); chmod go-w it")
+            return None
+        return opened.read().decode("utf-8", "surrogateescape")
 
 
 def rendezvous_endpoint(options: LaunchOptions, launcher: str, env: Mapping[str, str]) -> str:
@@ -226,7 +258,7 @@ def launch_values(subcommand: str, args: Sequence[str], env: Mapping[str, str], 
     }  # fmt: skip
     values["RANK_ENV"] = [f"{name}={value}" for name, value in ranks.items()]
     if launcher == "hostfile":
-        values["DS_ENV"] = ds_env_lines(ranks, user_env_files)
+        values["DS_ENV"] = ds_env_lines(ranks, user_env_files, note)
     return values
 
 

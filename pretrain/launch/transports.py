@@ -3,9 +3,10 @@
 pretrain/launch/nodes.py runs `python -m pretrain.launch.agent` once per node and watches for a node that is
 gone. It needs three things from whatever starts the agents, and these two classes are the two ways:
 
-- Pdsh (`--hostfile`): pdsh + ssh run `cd CHECKOUT; export ...; PYTHON -u -m pretrain.launch.agent --node %h ...`
-  on every host at once; a session's end is pdsh's `ssh exited with exit code N` line; a signal reaches the
-  agents through `pdsh ... pkill -SIG -f MARK`.
+- Pdsh (`--hostfile`): pdsh + ssh run `cd WORKDIR; <source the env file>; PYTHON -u -m pretrain.launch.agent --node
+  %h ...` on every host at once; a session's end is pdsh's `ssh exited with exit code N` line; a signal reaches the
+  agents through `pdsh ... pkill -SIG -f MARK`. The variables of `node_env` reach the nodes in a 0600 file on the
+  shared working folder (pretrain/launch/node_env.py), never on pdsh's command line, which every user can read.
 - Srun (inside a SLURM allocation): one job step of one task per node, each task an agent
   (`--slurm`: its name from SLURMD_NODENAME, its ranks pinned to their share of the task's CPUs); a task's end
   is srun's `srun: error: NODE: task K: Killed` / `Exited with exit code N` line; a signal reaches the agents
@@ -28,10 +29,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
-from pretrain.distributed.cluster import pdsh_quote
+from pretrain.distributed.cluster import pdsh_quote, remote_quote
+from pretrain.launch.node_env import NOT_SHARED_STATUS, EnvFile, source_command
 
 _PDSH_END = re.compile(r"^pdsh@\S+: (\S+): ssh (?:exited with exit code (\d+)|killed by signal (\d+))")
 _SRUN_END = re.compile(r"^srun: error: (\S+): tasks? [0-9,-]+: (.+?)\s*$")
@@ -61,19 +65,37 @@ class SessionEnd:
 
 
 class Pdsh:
-    """The agents of a hostfile job, through pdsh + ssh; `module_args` arrive pdsh-quoted."""
+    """The agents of a hostfile job, through pdsh + ssh; `module_args` arrive pdsh-quoted.
 
-    def __init__(self, mark: str, exports: Sequence[str] = (), python: str = sys.executable) -> None:
-        self.mark, self.exports, self.python = mark, list(exports), python  # exports: NAME=VALUE lines for every node
+    node_env: NAME -> VALUE for every node's agent (and its ranks), shipped in a file while `shipped()` holds;
+    workdir: the folder every node `cd`s to (default: this process's), where that file's folder is made."""
+
+    def __init__(self, mark: str, node_env: Mapping[str, str] | None = None, python: str = sys.executable,
+                 workdir: str | None = None) -> None:
+        self.mark, self.node_env, self.python = mark, dict(node_env or {}), python
+        self.env_file = EnvFile(self.node_env, Path(workdir or os.getcwd()))
 
     def command(self, hosts: Sequence[str], agent_args: Sequence[str], module_args: Sequence[str],
                 resume_command: str) -> list[str]:
-        exports = "".join(f"export {line.partition('=')[0]}={pdsh_quote(line.partition('=')[2])}; "
-                          for line in self.exports)
+        """pdsh's command line: the working folder and the env file's path quoted for the node's shell (a `cd` or
+        a file that fails ends the node's shell with one line: its agent never starts elsewhere), then the agent."""
+        setup = f"cd {remote_quote(str(self.env_file.parent))} || exit {NOT_SHARED_STATUS};"
+        if self.node_env:
+            setup += " " + source_command(str(self.env_file.path), str(self.env_file.path.parent))
         agent = ["-u", "-m", "pretrain.launch.agent", *agent_args, "--job", self.mark, "--node", "%h",
                  "--resume-command", pdsh_quote(resume_command), "--", *module_args]
-        return self._pdsh(hosts, [exports + f"cd {pdsh_quote(os.getcwd())};", pdsh_quote(self.python),
-                                  *(remote_word(word) for word in agent)])
+        return self._pdsh(hosts, [setup, remote_quote(self.python), *(remote_word(word) for word in agent)])
+
+    @contextmanager
+    def shipped(self) -> Iterator[None]:
+        """The env file written (when there is a variable to ship) for the agents' start; removed at the job's end."""
+        self.env_file.values = dict(self.node_env)
+        if self.node_env:
+            self.env_file.write()
+        try:
+            yield
+        finally:
+            self.env_file.remove()
 
     def env(self) -> dict[str, str]:
         # ssh's keep-alive: a machine that vanishes without closing its connections (power, network) ends its
@@ -113,7 +135,7 @@ class Pdsh:
         agent starts, so a firewall between the nodes and this machine is one line, not every agent's join timeout."""
         code = f'import socket;socket.create_connection(("{store[0]}",{store[1]}),10)'  # no % for pdsh to expand
         try:
-            proc = subprocess.run(self._pdsh([host], [pdsh_quote(self.python), "-c", shlex.quote(code)]),
+            proc = subprocess.run(self._pdsh([host], [remote_quote(self.python), "-c", shlex.quote(code)]),
                                   capture_output=True, text=True, env=self.env(), timeout=60, check=False)
         except subprocess.TimeoutExpired:
             return "no answer in 60 s"
@@ -144,6 +166,7 @@ class Srun:
         self.cpus_per_task, self.gpus, self.may_lose_nodes = cpus_per_task, gpus, may_lose_nodes
         self.step = ""
         self.signalled = False
+        self.node_env: dict[str, str] = {}  # NAME -> VALUE for the agents: srun's environment (--export=ALL), not argv
 
     def command(self, hosts: Sequence[str], agent_args: Sequence[str], module_args: Sequence[str],
                 resume_command: str) -> list[str]:
@@ -161,7 +184,12 @@ class Srun:
                 "--slurm", "--resume-command", resume_command, "--", *module_args]
 
     def env(self) -> dict[str, str]:
-        return {key: value for key, value in os.environ.items() if key not in _PER_TASK_REQUESTS}
+        return {**{key: value for key, value in os.environ.items() if key not in _PER_TASK_REQUESTS}, **self.node_env}
+
+    @contextmanager
+    def shipped(self) -> Iterator[None]:
+        """Nothing to write: srun hands env() to the tasks through slurmd."""
+        yield
 
     @staticmethod
     def session_end(line: str) -> SessionEnd | None:

@@ -7,6 +7,7 @@ No GPU, SLURM or DeepSpeed needed. test_launch_sh.py checks the same rules throu
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -134,7 +135,7 @@ def test_pretrain_config_errors(args: list[str], message: str) -> None:
 def test_rank_env_defaults_and_the_users_own_values() -> None:
     assert rank_env({"PYTHONPATH": "/repo"}, ranks=4, cpu_count=64) == {
         "OMP_NUM_THREADS": "16", "TOKENIZERS_PARALLELISM": "false", "NCCL_DEBUG": "WARN", "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": "/repo",
+        "PYTHONPATH": "/repo", "PYTHONSAFEPATH": "1",  # no working folder on the ranks' import path
     }  # fmt: skip
     assert rank_env({}, ranks=8, cpu_count=4)["OMP_NUM_THREADS"] == "1"  # at least one thread
     assert rank_env({}, ranks=0, cpu_count=4)["OMP_NUM_THREADS"] == "4"
@@ -151,13 +152,20 @@ def test_rank_env_defaults_and_the_users_own_values() -> None:
 
 def test_ds_env_lines_keep_the_users_files_and_let_them_win(tmp_path: Path) -> None:
     home, here = tmp_path / "home_env", tmp_path / "here_env"
-    home.write_bytes(b"OMP_NUM_THREADS=3\r\nnot a setting\n\n  SPACED=1\nRAW=\xff\xfe\nLAST=x")  # CRLF, no final newline
+    home.write_bytes(b"OMP_NUM_THREADS=3\r\n# a comment\n\n  SPACED =1 \nRAW=\xff\xfe\nLAST=x")  # CRLF, no final newline
     here.write_bytes(b"NCCL_DEBUG=INFO\nA=b=c\n")
+    for file in (home, here):
+        file.chmod(0o600)
     ranks = {"OMP_NUM_THREADS": "8", "NCCL_DEBUG": "WARN", "PYTHONPATH": "/repo"}
     lines = ds_env_lines(ranks, [home, tmp_path / "missing", here])
-    assert lines == ["OMP_NUM_THREADS=3\r", "  SPACED=1", "RAW=\udcff\udcfe", "LAST=x", "NCCL_DEBUG=INFO", "A=b=c",
+    assert lines == ["OMP_NUM_THREADS=3\r", "SPACED=1 ", "RAW=\udcff\udcfe", "LAST=x", "NCCL_DEBUG=INFO", "A=b=c",
                      "PYTHONPATH=/repo"]  # fmt: skip
     assert ds_env_lines(ranks, []) == ["OMP_NUM_THREADS=8", "NCCL_DEBUG=WARN", "PYTHONPATH=/repo"]
+    # a line that is not NAME=VALUE (the name ends up in an assignment on every node) is one line naming it
+    for bad in ("not a setting", "A B=1", "1X=2", "X;id=3", "export X=1"):
+        home.write_text(f"OK=1\n{bad}\n")
+        with pytest.raises(ClusterError, match=f"'{home}' line 2: expected NAME=VALUE .*, got '{re.escape(bad)}'"):
+            ds_env_lines(ranks, [home])
 
 
 # ---------------------------------------------------------------------------------------------- one launch

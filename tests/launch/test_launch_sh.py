@@ -115,18 +115,19 @@ def test_hostfile_dry_run(tmp_path: Path, run_json: Path) -> None:
     ]  # fmt: skip
     assert commands[-1][10] == "--resume-command" and commands[-1][-4:] == [
         "--", "--config", "run.json", "--not-checked"]
-    # Variables pdsh would not carry travel in an env file, exported on every node.
+    # Variables pdsh would not carry travel in an env file, exported on every node; --dry-run names them only.
     env_file_note = next(line for line in proc.stdout.splitlines() if line.startswith("# DS_ENV_FILE"))
-    threads = max(1, (os.cpu_count() or 1) // 8)
-    assert f"OMP_NUM_THREADS={threads}" in env_file_note and "TOKENIZERS_PARALLELISM=false" in env_file_note
-    # A user's own ~/.deepspeed_env keeps working and wins over our defaults.
+    assert env_file_note.split(": ", 1)[1].split() == [
+        "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "NCCL_DEBUG", "PYTHONUNBUFFERED", "PYTHONPATH", "PYTHONSAFEPATH"]
+    # A user's own ~/.deepspeed_env keeps working and wins over our defaults; its values (tokens) are never printed.
     home = tmp_path / "home"
     home.mkdir()
-    (home / ".deepspeed_env").write_text("OMP_NUM_THREADS=3\nNCCL_IB_HCA=mlx5\n")
+    (home / ".deepspeed_env").write_text("OMP_NUM_THREADS=3\nNCCL_IB_HCA=mlx5\nHF_TOKEN=hf_secret_value\n")
     proc = launch(["--dry-run", "pretrain", "--config", "run.json", "--hostfile", "hosts"], tmp_path, HOME=str(home))
     env_file_note = next(line for line in proc.stdout.splitlines() if line.startswith("# DS_ENV_FILE"))
-    assert env_file_note.count("OMP_NUM_THREADS=") == 1 and "OMP_NUM_THREADS=3" in env_file_note
-    assert "NCCL_IB_HCA=mlx5" in env_file_note and "TOKENIZERS_PARALLELISM=false" in env_file_note
+    assert env_file_note.split(": ", 1)[1].split()[:3] == ["OMP_NUM_THREADS", "NCCL_IB_HCA", "HF_TOKEN"]
+    assert env_file_note.count("OMP_NUM_THREADS") == 1 and "TOKENIZERS_PARALLELISM" in env_file_note
+    assert "hf_secret_value" not in proc.stdout + proc.stderr and "mlx5" not in proc.stdout + proc.stderr
 
 
 def slurm_env(nodelist: str, **extra: str) -> dict[str, str]:

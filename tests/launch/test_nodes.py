@@ -35,7 +35,7 @@ def test_nodes_is_a_count_or_a_range() -> None:
 
 
 def job(min_nodes: int = 2) -> NodeJob:
-    return NodeJob(["n1", "n2"], min_nodes, Pdsh("bert-job-1", ["OMP_NUM_THREADS=4", "NCCL_SOCKET_IFNAME=ib0"]),
+    return NodeJob(["n1", "n2"], min_nodes, Pdsh("bert-job-1", {"OMP_NUM_THREADS": "4", "NCCL_SOCKET_IFNAME": "ib0"}),
                    ["--nproc-per-node", "8"], ["--config", "'r.json'", "--run.dir=a b"],
                    "./launch.sh pretrain --config r.json", "127.0.0.1:29500")
 
@@ -45,7 +45,7 @@ def test_every_node_runs_the_agent_with_its_name_and_the_job_mark() -> None:
     assert words[:6] == ["pdsh", "-S", "-f", "1024", "-w", "n1,n2"]
     remote = words[6:]
     line = " ".join(remote)
-    assert line.startswith("export OMP_NUM_THREADS=4; export NCCL_SOCKET_IFNAME=ib0; cd ")
+    assert line.startswith("cd ") and "OMP_NUM_THREADS" not in line and "ib0" not in line  # the env file has them
     assert "-m pretrain.launch.agent --nproc-per-node 8 --job bert-job-1 --node %h " in line
     # what a remote shell makes of it (pdsh puts the host for %h): the arguments as sent
     shown = subprocess.run(["bash", "-c", "printf '%s\\n' " + " ".join(remote[2:]).replace("%h", "n2")],
