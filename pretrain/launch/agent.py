@@ -1,12 +1,12 @@
 """The ranks of `./launch.sh pretrain` on one node, under torch's elastic agent: restarts, hangs, one line each.
 
     python -m pretrain.launch.agent --nproc-per-node N [--master-addr A --master-port P | --rdzv-endpoint H:P]
-        [--nnodes N|MIN:MAX --job MARK (--node HOST | --slurm)] [--resume-command TEXT]
+        [--rdzv-key-file F --nnodes N|MIN:MAX --job MARK (--node HOST | --slurm)] [--resume-command TEXT]
         -- --config RUN.json [--section.key=value ...]
 
 launch.sh runs this instead of a bare launcher: itself on one machine (where it also hosts the c10d rendezvous);
-on several nodes pretrain/launch/nodes.py runs one per node (over pdsh with --node, or as the node's srun task with
---slurm), all joining the rendezvous store nodes.py serves (--rdzv-endpoint). It reads the run config
+on several nodes nodes.py runs one per node (pdsh with --node, or the node's srun task with --slurm), all joining
+the rendezvous store nodes.py serves (--rdzv-endpoint, signed with --rdzv-key-file's key). It reads the run config
 (run.max_restarts, the two timeouts, run.dir) and hands the ranks (`python -m pretrain.train ARGS`) to torch's
 `LocalElasticAgent`, which starts them, watches them, and restarts the whole group from the newest checkpoint when
 one dies. What is ours on top (HealingAgent):
@@ -75,8 +75,7 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import SignalException
-from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousError, RendezvousParameters
-from torch.distributed.elastic.rendezvous import registry as rendezvous_registry
+from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousError
 
 from pretrain.config.cli import parse_args
 from pretrain.config.load import load_config
@@ -107,6 +106,7 @@ from pretrain.launch.processes import (
     wait_until_gone,
 )
 from pretrain.launch.rank_logs import RankLogs, nccl_trace, quiet_torch_logs
+from pretrain.launch.signed_rendezvous import meeting_for, signed_handler
 from pretrain.plugin import JobShare
 from pretrain.run_folder import faults_dir, launch_logs_dir
 
@@ -315,18 +315,17 @@ def build_agent(args: argparse.Namespace, module_args: list[str]) -> HealingAgen
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     low, high = node_range(args.nnodes) or (1, 1)
     job = args.job or f"bert-{uuid.uuid4().hex[:12]}"
-    # Several nodes: the store is nodes.py's (pretrain/launch/rendezvous.py), every agent a client of it. One machine:
-    # this agent hosts it. Under SLURM the ranks' own store is on torch's choice of address (the fqdn).
+    # Several nodes: the store is nodes.py's, every agent a client of it; one machine: this agent serves it, bound to
+    # --master-addr. Every state is signed (signed_rendezvous.py). Under SLURM the ranks' store is on the fqdn.
     local_addr = None if args.slurm else args.node or args.master_addr
-    endpoint = args.rdzv_endpoint or f"{args.master_addr}:{args.master_port}"
-    parameters = RendezvousParameters(backend="c10d", endpoint=endpoint, run_id=job, min_nodes=low, max_nodes=high, local_addr=local_addr,
-                                      is_host=not args.rdzv_endpoint, last_call_timeout=round(config.run.last_call_seconds))
+    meeting = meeting_for(args.rdzv_endpoint, (args.master_addr, args.master_port), args.rdzv_key_file)
+    parameters = meeting.parameters(job, (low, high), local_addr, config.run.last_call_seconds)
     # SLURM gave the node's task all its ranks' CPUs: each rank takes its own share (pretrain/launch/pin.py), as
     # SLURM's per-task binding did when every rank was a task.
     rank = ("-u", "-m", "pretrain.train", *module_args)
     spec = WorkerSpec(role="rank", local_world_size=args.nproc_per_node, entrypoint=sys.executable,
                       args=("-u", "-m", "pretrain.launch.pin", "--", *rank) if args.slurm else rank,
-                      rdzv_handler=rendezvous_registry.get_rendezvous_handler(parameters),
+                      rdzv_handler=signed_handler(parameters, meeting),
                       max_restarts=TORCH_ATTEMPTS, monitor_interval=0.2, local_addr=local_addr)
     logging.getLogger("torch.distributed.elastic").info("ranks run: %r", [sys.executable, *spec.args])
     run_dir = Path(config.run.dir)
@@ -369,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master-addr", default="127.0.0.1", help="one machine: where this agent hosts the rendezvous")
     parser.add_argument("--master-port", type=int, default=29500)
     parser.add_argument("--rdzv-endpoint", default="", help="multi-node jobs: the rendezvous store nodes.py serves")
+    parser.add_argument("--rdzv-key-file", default="", help="with --rdzv-endpoint: the job's rendezvous key (nodes.py)")
     parser.add_argument("--resume-command", default="the same command again")
     parser.add_argument("--nnodes", default="", help="multi-node jobs: N or MIN:MAX nodes (pretrain/launch/nodes.py)")
     parser.add_argument("--node", default="", help="hostfile jobs: this node's name in the hostfile")

@@ -55,6 +55,7 @@ from pretrain.distributed.cluster import ClusterError, allocation_hosts, pdsh_qu
 from pretrain.launch.fault_records import AgentEnd, FaultLines, FaultRecord
 from pretrain.launch.node_env import read_env_file
 from pretrain.launch.rendezvous import answers, is_this_machine, listen, parse_endpoint
+from pretrain.launch.rendezvous_key import handed_to
 from pretrain.launch.transports import Pdsh, SessionEnd, Srun
 
 PREFIX = "launch.sh"
@@ -250,10 +251,10 @@ def serve_store(job: NodeJob) -> subprocess.Popen[bytes] | None:
         problem = answers(host, port)
         if problem:
             raise ClusterError(f"--rdzv-endpoint {job.rendezvous}: no rendezvous store answers there ({problem}); "
-                               f"serve one there (python -m pretrain.launch.store --port {port}) or leave "
+                               f"serve one there (python -m pretrain.launch.store --host {host} --port {port}) or leave "
                                "--rdzv-endpoint out (launch.sh then serves it on this machine)")
         return None
-    sock = listen(port)
+    sock = listen(port, host)  # where the nodes reach this machine, not every interface
     try:
         command = [sys.executable, "-u", "-m", "pretrain.launch.store", "--port", str(port), "--listen-fd",
                    str(sock.fileno()), "--with-parent"]
@@ -282,7 +283,7 @@ def check_before_start(job: NodeJob, serving: bool) -> None:
     if serving and here and job.min_nodes < len(job.hosts):
         say(f"warning: this machine ({here[0]}) is a node of the job and serves its rendezvous store: losing it ends "
             "the job, --nodes MIN:MAX or not. Launch from a machine outside the hostfile (under tmux or nohup), or "
-            "serve the store there (python -m pretrain.launch.store --port P) and pass --rdzv-endpoint HOST:P")
+            "serve the store there (python -m pretrain.launch.store --host HOST --port P), pass --rdzv-endpoint HOST:P")
 
 
 def run(job: NodeJob) -> int:
@@ -391,7 +392,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.show:
         print(shlex.join(job.command()))
         return 0
-    return run(job)
+    with handed_to(job.agent_args):  # the job's rendezvous key, a 0600 file the agents read (not on argv)
+        return run(job)
 
 
 if __name__ == "__main__":

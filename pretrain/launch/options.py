@@ -32,7 +32,7 @@ VALUE_OPTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                       ("rendezvous port (default: 29500; under SLURM 20000 + job id % 20000)",)),
     "--rdzv-endpoint": ("rdzv_endpoint", "--rdzv-endpoint HOST:PORT", (
         "pretrain on nodes: the rendezvous store (as torchrun's); on this machine launch.sh serves it, on",
-        "another it must already run there (python -m pretrain.launch.store --port PORT); instead of",
+        "another it must already run there (python -m pretrain.launch.store --host HOST --port PORT); instead of",
         "--master-addr/--master-port (docs/launching.md)")),
 }  # fmt: skip
 CPU_OPTION = ("--cpu", ("CPU ranks over gloo (DS_ACCELERATOR=cpu) instead of GPUs; needs --gpus N",))

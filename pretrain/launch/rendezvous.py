@@ -10,7 +10,7 @@ job anyway (SLURM ends a job whose batch host fails, `--no-kill` or not), and th
 The endpoint: `--rdzv-endpoint HOST:PORT` (as torchrun spells it), else `--master-addr`:`--master-port`, else this
 machine as the nodes reach it (`this_machine`) on the launcher's default port. When HOST is an address of this
 machine (`is_this_machine`: can a socket bind it?) launch.sh serves the store there; any other HOST must already
-serve one (`python -m pretrain.launch.store --port PORT` on a machine that outlives the job), which is checked
+serve one (`python -m pretrain.launch.store --host HOST --port PORT` on a machine that outlives the job), checked
 before any node starts (`answers`).
 
 Standard library only: pretrain/launch/plan.py reads it with a bare python3.
@@ -82,17 +82,27 @@ def answers(host: str, port: int, timeout_s: float = 10.0) -> str | None:
         return err.strerror or str(err)
 
 
-def listen(port: int) -> socket.socket:
-    """A socket listening on every address of this machine at `port`, for the store to take over (its descriptor is
-    handed to pretrain/launch/store.py): bound before any node starts, so a port already taken is one line, not a
-    rendezvous with somebody else's store. ClusterError naming the port when it cannot be bound."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+def listen(port: int, host: str = "127.0.0.1") -> socket.socket:
+    """A socket listening at `host`:`port` alone, for the store to take over (its descriptor is handed to torch's
+    TCPStore, pretrain/launch/store.py and signed_rendezvous.py): bound before any node starts, so a port already
+    taken is one line, not a rendezvous with somebody else's store. Bound to the address the nodes reach this machine
+    at (loopback on one machine), never to every interface: torch's own server would listen on all of them (`[::]`),
+    whatever host it is given. ClusterError naming the port when it cannot be bound."""
     try:
-        sock.bind(("", port))
-        sock.listen(1024)
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as err:
-        sock.close()
-        raise ClusterError(f"the rendezvous port {port} of this machine cannot be used ({err.strerror or err}); "
-                           "pass a free one with --master-port or --rdzv-endpoint HOST:PORT") from err
-    return sock
+        raise ClusterError(f"the rendezvous host '{host}' does not resolve ({err.strerror or err})") from err
+    problem: OSError | None = None
+    for family, kind, proto, _, address in addresses:
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+            sock.listen(1024)
+            return sock
+        except OSError as err:
+            sock.close()
+            problem = problem or err
+    why = problem.strerror or problem if problem else "no address"
+    raise ClusterError(f"the rendezvous port {port} of this machine cannot be used at {host} ({why}); "
+                       "pass a free one with --master-port or --rdzv-endpoint HOST:PORT")

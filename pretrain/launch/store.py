@@ -1,11 +1,14 @@
 """The c10d rendezvous store of a multi-node job, in a process of its own on a machine that outlives the nodes.
 
-    python -m pretrain.launch.store --port P          serve on port P until stopped (SIGTERM, SIGINT)
+    python -m pretrain.launch.store --host ADDR --port P    serve at ADDR:P until stopped (SIGTERM, SIGINT)
 
 pretrain/launch/nodes.py runs it on the machine that runs launch.sh (pretrain/launch/rendezvous.py says why),
-handing it the socket it already bound (`--listen-fd`); it ends with nodes.py (parent-death signal) and nodes.py
-notices at once when it ends first. Run it by hand on a machine of your choice, then launch with
-`--rdzv-endpoint THAT_HOST:P`: one store may serve any number of jobs (each meets under its own run id).
+handing it the socket it already bound to the address the nodes reach (`--listen-fd`); it ends with nodes.py
+(parent-death signal) and nodes.py notices at once when it ends first. Run it by hand on a machine of your choice,
+bound to the address the nodes reach it at (`--host`; never every interface), then launch with
+`--rdzv-endpoint ADDR:P`. The store holds no secret and runs nothing it holds: the agents sign their states with
+their job's own key (pretrain/launch/signed_rendezvous.py), so the store's users cannot forge one; but anyone who
+reaches the port can delete or overwrite keys and so stall a rendezvous: docs/launching.md says whom to share it with.
 It needs torch (its TCPStore); nodes.py, which starts it, does not.
 """
 
@@ -18,22 +21,31 @@ from datetime import timedelta
 
 from torch.distributed import TCPStore
 
+from pretrain.distributed.cluster import ClusterError
 from pretrain.distributed.lifetime import die_with_parent
+from pretrain.launch.rendezvous import listen
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pretrain.launch.store", description=__doc__.split("\n")[0])
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="", help="the address the nodes reach this machine at (served there alone)")
     parser.add_argument("--listen-fd", type=int, default=None, help="a socket already listening on the port")
     parser.add_argument("--with-parent", action="store_true", help="end when the process that started it ends")
     args = parser.parse_args(argv)
+    if args.listen_fd is None and not args.host:
+        parser.error("give --host ADDRESS: the address the nodes reach this machine at (the store listens there alone)")
     if args.with_parent:
         die_with_parent(signal.SIGTERM)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: sys.exit(0))
     try:
-        store = TCPStore("0.0.0.0", args.port, is_master=True, wait_for_workers=False, multi_tenant=True,
-                         timeout=timedelta(seconds=60), master_listen_fd=args.listen_fd)
+        listen_fd = args.listen_fd if args.listen_fd is not None else listen(args.port, args.host).detach()
+        store = TCPStore(args.host or "127.0.0.1", args.port, is_master=True, wait_for_workers=False,
+                         multi_tenant=True, timeout=timedelta(seconds=60), master_listen_fd=listen_fd)
+    except ClusterError as err:
+        print(f"launch.sh: error: {err}", file=sys.stderr)
+        return 2
     except (RuntimeError, OSError) as err:
         print(f"launch.sh: error: the rendezvous store cannot serve port {args.port}: {err}", file=sys.stderr)
         return 2
