@@ -29,10 +29,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
 
+from data_prep.atomic_io import atomic_write_bytes
 from pretrain.config.deepspeed import deep_merge, effective_precision
 from pretrain.config.load import PHASE_NAMES
 from pretrain.run_folder import EXCHANGE
@@ -132,6 +135,24 @@ def squad_toy_flags(data_parallel: int) -> list[str]:
             "--micro-batch-size", str(TOY_MICRO_BATCH)]
 
 
+def out_refused(out: Path) -> str | None:
+    """Why --out cannot hold the rehearsal's run.json, or None. Whoever can write the folder can swap run.json,
+    and run.json names the checkpoints and data the launch loads: an --out that exists must be a folder (not a
+    link) owned by you that not everyone can write (a fixed name in the temp folder may well be someone else's).
+    A group-writable folder is your umask's choice (002 shares with your group), as for every folder you make."""
+    try:
+        info = os.lstat(out)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        return "is a link or a file, not a folder"
+    if info.st_uid != os.geteuid():
+        return f"belongs to uid {info.st_uid}, not to you"
+    if info.st_mode & 0o002:
+        return f"is writable by everyone (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pretrain.config.rehearsal", description=__doc__.split("\n\n")[0])
     parser.add_argument("config", type=Path, help="a shipped RUN.json (ds_configs/recipes/*.json)")
@@ -155,8 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError) as err:
         print(f"error: {args.config}: {err}", file=sys.stderr)
         return 2
+    refused = out_refused(args.out)
+    if refused:
+        print(f"error: --out {args.out}: {refused}; choose a folder of your own (`mktemp -d` makes one)", file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "run.json").write_text(json.dumps(shrunk, indent=2) + "\n", encoding="utf-8")
+    atomic_write_bytes(args.out / "run.json", (json.dumps(shrunk, indent=2) + "\n").encode("utf-8"))
     print(f"wrote {args.out / 'run.json'} (precision {shrunk['run']['precision']}); rehearse it with:\n"
           f"  ./launch.sh pretrain --cpu --gpus {args.ranks} --config {args.out / 'run.json'}")
     return 0
