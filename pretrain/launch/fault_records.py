@@ -78,6 +78,14 @@ class FaultRecord:
             return None
 
 
+def attempt_culprit(records: list[FaultRecord]) -> FaultRecord | None:
+    """The record that speaks for one attempt: of every node's records of it, the most telling (its order, then the
+    earliest failure; FaultRecord.telling). What "the same failure again" compares a new fault with, so that a node
+    whose ranks only lost their peer (a victim, whatever its text) is never compared with its own earlier record: a
+    healthy node's repeated line is never "a bug". None: no record."""
+    return min(records, key=lambda record: record.telling, default=None)
+
+
 @dataclass(frozen=True)
 class AgentEnd:
     """An agent's last word under pretrain/launch/nodes.py: its node and the status it exits with. A node whose agent
@@ -146,7 +154,8 @@ class FaultLines:
             self.shown.add(key)
         final = [(node, record) for node, record in told if not record.restarts]
         if told:
-            node, record = min(final or told, key=lambda pair: pair[1].telling)
+            chosen = attempt_culprit([record for _, record in final or told])
+            node, record = next(pair for pair in told if pair[1] is chosen)
             self.out.write(f"{node}{PREFIX}: {record.line}\n")
             self.out.flush()
 

@@ -13,18 +13,23 @@ words the lines the terminal shows:
 Which rank is named (`failure_order`): a frozen rank, then one whose timer ran out, then one killed by a signal
 other than SIGTERM (the agent's own stop) and SIGABRT (a peer that NCCL's watchdog aborted because of another),
 then a rank's own error (exit 2-4), then an exception of its own (exit 1 with any exception but a victim's) or
-another non-zero exit, then the victims: exit 1 on a lost peer (VICTIM_TEXTS: a closed or reset connection, NCCL's
-"remote process exited", a watchdog timeout), and SIGABRT; then a rank its agent stopped because a node was lost
-or because another rank had failed (BY_AGENT).
+another non-zero exit, then the victims: exit 1 on a lost peer, and SIGABRT; then a rank its agent stopped because
+a node was lost or because another rank had failed (BY_AGENT). A victim is told from its log's whole last
+traceback, as torch writes it over several lines (pretrain/launch/fault_texts.py: a closed or reset connection, the
+ranks' store gone or waiting for a rank, NCCL's "remote process exited", a watchdog timeout); a SIGABRT whose last
+words are its own CUDA error (NCCL's watchdog aborting it for its own GPU) is a culprit's signal.
 Among equals the one that failed first (RankFailure.failed_at), never the lower rank. The others died of its death,
 as their logs say.
 
 Kinds of failure that are no fault, and are never restarted: exit status 2 (a config, data or resume error the
 ranks found: its line is shown once, and the job exits 2), 3 (NaN/inf losses, after a checkpoint) and 4 (a
 checkpoint or export that could not be written: the rank's own line says why). The same failure again (the same
-kind, cause, step and error line as one of the attempt before, with no newer checkpoint since) is a bug rather
-than a fault: restarting would fail there again, so restarts stop. A victim's record (a rank that died of another's
-failure) is never the same failure again: its line is the same whatever killed its peer. The restart budget,
+kind, cause, step and error line as the culprit of the attempt before, with no newer checkpoint since) is a bug
+rather than a fault: restarting would fail there again, so restarts stop. The attempt before is decided by its
+culprit, the most telling of every node's records of it (fault_records.attempt_culprit), never by this node's own
+record: a node whose rank only lost its peer, even with a text no list knows, is never "the same failure" unless
+it was that culprit. A victim's record (a rank that died of another's failure) is never the same failure again:
+its line is the same whatever killed its peer. The restart budget,
 run.max_restarts, counts the faults since the checkpoint the job restarts from (FaultHistory.spent_since): a newer
 checkpoint is progress and starts it again, so a long job that commits checkpoints between faults outlives any
 number of them, and a job that fails again and again without progress stops after run.max_restarts.
@@ -56,6 +61,13 @@ from pretrain.launch.fault_records import (  # noqa: F401 - AgentEnd, RECORD_PRE
     VICTIM_ORDER,
     AgentEnd,
     FaultRecord,
+    attempt_culprit,
+)
+from pretrain.launch.fault_texts import (  # noqa: F401 - exception_line: importers read it here too
+    exception_line,
+    log_lines,
+    own_device_error,
+    victim_log,
 )
 from pretrain.run_folder import CHECKPOINTS
 
@@ -64,17 +76,6 @@ NOT_RESTARTED = {USER_ERROR_EXIT: "a config, data or resume error", NONFINITE_EX
 KINDS = {USER_ERROR_EXIT: "config", NONFINITE_EXIT: "nonfinite", SAVE_FAILED_EXIT: "save"}
 NODE_LOST = "stopped by its agent: a node of the job was lost"
 BY_AGENT = "killed by its agent: another rank of the job had failed"
-_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
-_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b.*")
-# What a rank's last exception says when it died of another's failure: a peer gone in a collective (gloo: the
-# connection closed or reset; NCCL's DistBackendError "remote process exited"), NCCL's watchdog timing out a
-# collective a peer never joined, the ranks' store gone with the rank that served it. Not DistBackendError as such:
-# a rank whose own GPU fails (an Xid under NCCL) raises it too, and is a culprit.
-VICTIM_TEXTS = ("remote process exited", "Connection closed by peer", "Connection reset by peer",
-                "ConnectionResetError", "Broken pipe", "BrokenPipeError", "Watchdog caught collective operation timeout",
-                "watchdog timeout", "NCCL communicator was aborted")
-
-
 @dataclass(frozen=True)
 class RankFailure:
     """One rank's end, as the agent saw it. `exitcode` < 0: killed by signal -exitcode."""
@@ -153,19 +154,14 @@ def failure_order(failure: RankFailure) -> int:
     if failure.node_lost or failure.by_agent:
         return VICTIM_ORDER + 1
     if failure.exitcode < 0:
+        if -failure.exitcode == signal.SIGABRT and own_device_error(failure.log):
+            return 2  # NCCL's watchdog aborted it for its own GPU's error: the culprit, as any other signal
         return 7 if -failure.exitcode == signal.SIGTERM else VICTIM_ORDER if -failure.exitcode in victims else 2
     if failure.exitcode in NOT_RESTARTED:
         return 3
     if failure.exitcode == 1 and not error_line(failure.log):  # the driver's own error line: never a victim's
-        return VICTIM_ORDER if is_victim(exception_line(failure.log)) else 4
+        return VICTIM_ORDER if victim_log(failure.log) else 4
     return 4
-
-
-def is_victim(exception: str | None) -> bool:
-    """Whether a rank that exited with status 1 died of another's failure: its last exception says a peer is gone
-    (VICTIM_TEXTS). None (no exception in its log) is not a victim: nothing says a peer is gone, and a victim's
-    record never stops the restarts, so one with no evidence must still be able to."""
-    return exception is not None and any(text in exception for text in VICTIM_TEXTS)
 
 
 def primary_failure(failures: list[RankFailure]) -> RankFailure:
@@ -174,31 +170,17 @@ def primary_failure(failures: list[RankFailure]) -> RankFailure:
     return min(failures, key=lambda failure: (failure_order(failure), failure.failed_at, failure.rank))
 
 
+def error_line(log: Path) -> str | None:
+    """The last line of a rank's log that the driver prints for an error of its own ("config error: ...")."""
+    return next((line.strip() for line in reversed(log_lines(log)) if line.startswith(ERROR_PREFIXES)), None)
+
+
 def latest_checkpoint(checkpoint_dir: Path) -> str | None:
     """The tag `latest` names (what a restart resumes from), or None before the first checkpoint."""
     try:
         return (checkpoint_dir / "latest").read_text(encoding="utf-8").strip() or None
     except OSError:
         return None
-
-
-def log_lines(log: Path) -> list[str]:
-    """The rank's log, each line without the `[rankN]: ` torch puts before the lines of an uncaught exception."""
-    try:
-        text = log.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
-    return [_RANK_PREFIX.sub("", line, count=1) for line in text.splitlines()]
-
-
-def error_line(log: Path) -> str | None:
-    """The last line of a rank's log that the driver prints for an error of its own ("config error: ...")."""
-    return next((line.strip() for line in reversed(log_lines(log)) if line.startswith(ERROR_PREFIXES)), None)
-
-
-def exception_line(log: Path) -> str | None:
-    """The last exception a rank's log shows ("RuntimeError: ..."): what tells two failures at one step apart."""
-    return next((line.strip()[:200] for line in reversed(log_lines(log)) if _EXCEPTION.match(line.strip())), None)
 
 
 @dataclass
@@ -285,11 +267,14 @@ def judge(failure: RankFailure, restarts_done: int, context: FaultContext, histo
                     f"{': ' + found if found else ''}; {log}")
             status = failure.exit_status
         return _keep(history, FaultRecord(time.time(), **fields, restarts=False, exit_status=status, line=line))
-    previous = [r for r in history.previous_attempt(context.job, restarts_done) if not r.victim]
+    culprit = attempt_culprit(history.previous_attempt(context.job, restarts_done))
     probe = FaultRecord(time.time(), **fields, restarts=True, exit_status=0, line="")
     spent = history.spent_since(context.job, checkpoint, restarts_done)
-    # a victim (a lost node, a peer gone, NCCL's abort) is another's doing: never "the same failure", however often
-    if not probe.victim and any(r.key == probe.key and r.checkpoint == checkpoint for r in previous):
+    # "the same failure again": the attempt before was decided by its culprit, the most telling record of every
+    # node's (never this node's own record, which may be a victim's); a victim (a lost node, a peer gone, NCCL's
+    # abort) is another's doing: never "the same failure", however often
+    if (not probe.victim and culprit is not None and not culprit.victim and culprit.key == probe.key
+            and culprit.checkpoint == checkpoint):
         why = (f"the same failure as the last one, at the same step with no newer checkpoint: a bug, not a fault, "
                f"so no restart; last checkpoint {checkpoint or 'none'}")
     elif spent >= context.max_restarts:
