@@ -17,12 +17,21 @@ other ranks what it found and sends them the weights, so every rank of a group u
 Waiting (for a group that has published nothing yet, or for the others' final weights at the end)
 is a loop of short polls, each closed by a tiny broadcast, so no collective waits long enough to
 hit the process group's timeout.
+
+Trust. Whoever can write a group's folder can publish its weights and so steer every student that reads them.
+A group folder is therefore used (written or read) only while it is a real folder owned by this user that neither
+group nor others may write; the exchange root itself may be shared. A folder someone else created first, or one
+others can write, is refused in one line (config error, naming codistill.exchange_dir and the folder) instead of
+`mkdir(exist_ok=True)` adopting it. Published weights must be finite: a NaN or inf in a teacher would turn every
+student's distillation loss into NaN, so such a file is refused naming it (data error).
 """
 
 from __future__ import annotations
 
 import io
+import os
 import re
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,15 +41,55 @@ import torch
 import torch.distributed as dist
 
 from data_prep.atomic_io import atomic_write_bytes
+from pretrain.errors import ConfigError, DataError
 
 LATEST = "latest"
 _KEEP_PUBLISHED = 2  # a reader may still be opening the previous file while the next is written
 _NAME = re.compile(r"^weights-step(\d+)\.pt$")
 POLL_SECONDS = 0.5
+GROUP_FOLDER_MODE = 0o755  # never group- or world-writable, whatever the umask (which may only narrow it)
+
+
+class ExchangeFolderError(ConfigError):
+    """A group folder of the exchange that someone else could have written; names the key and the folder."""
+
+
+class TeacherWeightsError(DataError):
+    """Published weights that cannot be a teacher (not finite, or another model's); names the file or folder."""
+
+
+def trusted_group_folder(folder: Path, create: bool = False) -> bool:
+    """Whether `folder` exists, after checking it is ours alone: a real folder (not a link) owned by this user and
+    writable by no one else. `create`: make it first (mode GROUP_FOLDER_MODE); one that already exists is checked
+    like any other, never adopted. ExchangeFolderError otherwise."""
+    if create:
+        folder.parent.mkdir(parents=True, exist_ok=True)  # the exchange root: may be shared
+        try:
+            os.mkdir(folder, GROUP_FOLDER_MODE)
+        except FileExistsError:
+            pass
+    try:
+        info = os.lstat(folder)
+    except FileNotFoundError:
+        return False
+    where = f"codistill.exchange_dir: {folder}"
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise ExchangeFolderError(f"{where} is not a folder but {'a link' if stat.S_ISLNK(info.st_mode) else 'a file'}"
+                                  "; a group folder must be a real folder of yours")
+    if info.st_uid != os.geteuid():
+        raise ExchangeFolderError(f"{where} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}): whoever "
+                                  "created it can publish this group's weights; use an exchange_dir whose group "
+                                  "folders you create")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ExchangeFolderError(f"{where} is writable by {'others' if info.st_mode & stat.S_IWOTH else 'its group'} "
+                                  f"(mode {stat.S_IMODE(info.st_mode):o}): they could publish this group's weights; "
+                                  f"`chmod go-w {folder}` if that is yours alone")
+    return True
 
 
 def publish(folder: Path, step: int, flat: torch.Tensor) -> None:
     """Write the step's weights, then switch `latest` to them, then prune (group rank 0 only)."""
+    trusted_group_folder(folder, create=True)
     name = f"weights-step{step:08d}.pt"
     buffer = io.BytesIO()
     torch.save({"step": step, "flat": flat.detach().cpu()}, buffer)
@@ -54,7 +103,7 @@ def publish(folder: Path, step: int, flat: torch.Tensor) -> None:
 def published_step(folder: Path) -> int | None:
     """The global step of a group's newest published weights; None when it has published nothing."""
     pointer = folder / LATEST
-    if not pointer.is_file():
+    if not trusted_group_folder(folder) or not pointer.is_file():
         return None
     name = pointer.read_text(encoding="utf-8").strip()
     match = _NAME.match(name)
@@ -69,12 +118,24 @@ def read_published(folder: Path, attempts: int = 3) -> tuple[int, torch.Tensor] 
         step = published_step(folder)
         if step is None:
             return None
+        path = folder / f"weights-step{step:08d}.pt"
         try:
-            payload = torch.load(folder / f"weights-step{step:08d}.pt", map_location="cpu", weights_only=True)
+            payload = torch.load(path, map_location="cpu", weights_only=True)
         except FileNotFoundError:
             continue  # a newer file replaced it between the two reads
-        return int(payload["step"]), payload["flat"]
+        return int(payload["step"]), finite_weights(path, payload.get("flat"))
     raise FileNotFoundError(f"{folder}: the published weights kept disappearing while being read")
+
+
+def finite_weights(path: Path, flat: Any) -> torch.Tensor:
+    """`flat` if it is a floating tensor of finite values; TeacherWeightsError naming `path` otherwise."""
+    if not isinstance(flat, torch.Tensor) or not flat.is_floating_point():
+        raise TeacherWeightsError(f"{path}: holds no floating-point weights under 'flat' (not this toolkit's file)")
+    bad = int((~torch.isfinite(flat)).sum())
+    if bad:
+        raise TeacherWeightsError(f"{path}: {bad} of the {flat.numel()} published weights are NaN or inf: that group "
+                                  "diverged (or the file is not its own); no student learns from it")
+    return flat
 
 
 @dataclass
@@ -132,7 +193,7 @@ class FileExchange:
                 payload = read_published(self.folder(other))
                 if payload is not None:
                     if payload[1].numel() != numel:
-                        raise ValueError(
+                        raise TeacherWeightsError(
                             f"{self.folder(other)}: {payload[1].numel()} weights published, this model has {numel} "
                             "(another architecture in codistill.exchange_dir?)"
                         )
