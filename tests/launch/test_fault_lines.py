@@ -25,6 +25,7 @@ from pretrain.launch.faults import (
     primary_failure,
 )
 from pretrain.launch.processes import process_state
+from tests.support.fault_texts import write_rank_log
 from tests.support.paths import REPO_ROOT
 
 
@@ -47,9 +48,8 @@ def history(tmp_path: Path) -> FaultHistory:
 
 
 def test_the_rank_that_failed_first_is_named_not_the_ones_that_followed(tmp_path: Path) -> None:
-    (tmp_path / "rank-0.log").write_text("[rank0]: RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed "
-                                         "by peer [127.0.0.1]:4242\n")
-    peer = failure(tmp_path, rank=0, exitcode=1)  # its collective lost the peer
+    write_rank_log(tmp_path / "rank-0.log", "culprit_index_error_peer")  # gloo's text: its all-reduce lost the peer
+    peer = failure(tmp_path, rank=0, exitcode=1)
     stopped_by_agent = failure(tmp_path, rank=2, exitcode=-signal.SIGTERM)
     aborted = failure(tmp_path, rank=4, exitcode=-signal.SIGABRT)  # NCCL's watchdog ended it: a victim
     killed = failure(tmp_path, rank=3, exitcode=-signal.SIGKILL)
@@ -110,19 +110,15 @@ def node_line(host: str, record: FaultRecord) -> str:
 
 
 def test_a_victims_record_never_ends_the_job_and_the_line_names_the_culprit(tmp_path: Path) -> None:
-    """The review's case: node A fails twice during phase1 set-up, for two causes (SIGKILL, then CUDA OOM); node B's
-    rank loses its peer both times with the same line. Before, B judged "the same failure again" and its verdict,
-    naming B's rank, ended the job."""
+    """The review's case: node A fails twice during phase1 set-up, for two causes (SIGKILL, then its own error); node
+    B's rank loses its peer both times with torch's multi-line NCCL text. Before, B judged "the same failure again"
+    and its verdict, naming B's rank, ended the job (tests/launch/test_fault_texts.py: every victim text)."""
     shared, a, b = history(tmp_path), tmp_path / "a", tmp_path / "b"
-    a.mkdir(), b.mkdir()
-    (b / "rank-2.log").write_text("[rank2]: Traceback (most recent call last):\n[rank2]: torch.distributed."
-                                  "DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1: remote process exited or "
-                                  "there was a network error\n")  # torch's prefix before an uncaught exception
+    write_rank_log(b / "rank-2.log", "nccl_remote_error")
     out = io.StringIO()
     lines = FaultLines(out, nodes_running=lambda: 2, settle_s=60)
-    for restart, (code, exception) in enumerate([(-signal.SIGKILL, ""), (1, "torch.OutOfMemoryError: CUDA out of "
-                                                                           "memory. Tried to allocate 2.00 GiB")]):
-        (a / "rank-0.log").write_text(f"Traceback (most recent call last):\n{exception}\n")
+    for restart, code in enumerate([-signal.SIGKILL, 1]):
+        write_rank_log(a / "rank-0.log", "culprit_index_error")
         culprit = RankFailure(0, "nodeA", code, "phase1 set-up", a / "rank-0.log")
         victim = RankFailure(2, "nodeB", 1, "phase1 set-up", b / "rank-2.log")
         told = judge(victim, restart, context(tmp_path, latest=None), shared)  # the victim's node judges first
@@ -137,17 +133,14 @@ def test_a_victims_record_never_ends_the_job_and_the_line_names_the_culprit(tmp_
 
 
 def test_a_culprits_exit_1_is_named_before_a_sigabrt_victim_and_before_an_earlier_lower_rank(tmp_path: Path) -> None:
-    """Rank 7 exits 1 on CUDA OOM; rank 3, its peer, is aborted by NCCL's watchdog (SIGABRT), its log written
-    earlier: the culprit is named, on one node (primary_failure) and across nodes (the records, FaultLines)."""
-    (tmp_path / "rank-7.log").write_text("Traceback (most recent call last):\ntorch.OutOfMemoryError: CUDA out of "
-                                         "memory\n")
-    (tmp_path / "rank-3.log").write_text("[rank3]: Watchdog caught collective operation timeout\n")
-    os.utime(tmp_path / "rank-3.log", (1000.0, 1000.0))
+    """Rank 7 exits 1 on an error of its own; rank 3, its peer, is aborted by NCCL's watchdog (SIGABRT), its log
+    written earlier: the culprit is named, on one node (primary_failure) and across nodes (the records, FaultLines)."""
+    write_rank_log(tmp_path / "rank-7.log", "culprit_index_error")
+    write_rank_log(tmp_path / "rank-3.log", "nccl_watchdog_timeout_sigabrt", written=1000.0)
     culprit = failure(tmp_path, rank=7, exitcode=1)
     aborted = failure(tmp_path, rank=3, exitcode=-signal.SIGABRT)
     assert primary_failure([aborted, culprit]) is culprit
-    (tmp_path / "rank-5.log").write_text("[rank5]: torch.distributed.DistBackendError: NCCL error in: x.cpp:1, "
-                                         "unhandled cuda error\n")  # its own GPU: NCCL's error, but no lost peer
+    write_rank_log(tmp_path / "rank-5.log", "nccl_unhandled_cuda_error")  # its own GPU: NCCL's error, no lost peer
     assert primary_failure([aborted, failure(tmp_path, rank=5, exitcode=1)]).rank == 5
     out = io.StringIO()
     lines = FaultLines(out, nodes_running=lambda: 2, settle_s=60)
@@ -189,7 +182,7 @@ def test_every_judged_fault_is_kept_with_its_time_kind_restart_and_checkpoint(tm
 
 
 def test_the_same_failure_again_on_any_node_with_no_newer_checkpoint_stops_the_restarts(tmp_path: Path) -> None:
-    (tmp_path / "rank-1.log").write_text("Traceback (most recent call last):\nIndexError: index out of range in self\n")
+    write_rank_log(tmp_path / "rank-1.log", "culprit_index_error")
     assert judge(failure(tmp_path, exitcode=1), 0, context(tmp_path), history(tmp_path)).restarts
     # the next attempt, judged by another node (the records are shared through the run folder): the same kind,
     # cause, step and error line with no newer checkpoint since
@@ -202,11 +195,10 @@ def test_the_same_failure_again_on_any_node_with_no_newer_checkpoint_stops_the_r
 
 def test_two_unrelated_start_up_failures_are_not_a_bug(tmp_path: Path) -> None:
     """Keyed by cause, not by step alone: a port taken, then a device not yet free, are two faults."""
-    log = tmp_path / "rank-1.log"
-    log.write_text("Traceback (most recent call last):\nRuntimeError: The server socket has failed to listen\n")
+    write_rank_log(tmp_path / "rank-1.log", "culprit_port_taken")  # torch's DistNetworkError ... EADDRINUSE
     assert judge(failure(tmp_path, exitcode=1, step="start-up"), 0, context(tmp_path, latest=None),
                  history(tmp_path)).restarts
-    log.write_text("Traceback (most recent call last):\ntorch.OutOfMemoryError: CUDA out of memory\n")
+    write_rank_log(tmp_path / "rank-1.log", "culprit_index_error")
     second = judge(failure(tmp_path, exitcode=1, step="start-up"), 1, context(tmp_path, latest=None),
                    history(tmp_path))
     assert second.restarts and "(restart 2 of 3)" in second.line
