@@ -6,7 +6,7 @@ Layout of `checkpoint.dir`::
     phase1-step0000200/            one DeepSpeed checkpoint per tag (model states, ZeRO partitions)
         trainer_state.json         phase, step, samples seen, data position, counters (rank 0)
         run_config.json            the resolved run configuration (rank 0)
-        rng_rank00000.pt           each rank's torch / numpy / python RNG states
+        rng_rank00000.pt           each rank's torch / numpy / python RNG states, as tensors (rng_state.py)
         elastic_layout_rank00000.json  where each rank's flat partitions hold which parameter slices
         MANIFEST.json              every file's size and sha256 (pretrain/checkpointing/manifest.py)
         elastic_state.pt           only after a resume on another world size: the world-size-free state
@@ -26,6 +26,10 @@ no rank waits for the deletion.
 Another world size: `load` of a tag written by a different number of ranks puts the converted state
 (pretrain/checkpointing/elastic.py; the driver converts once before loading) into the new engine instead of
 DeepSpeed's own loader, which needs the same partitioning.
+
+Every file is read as data (`weights_only=True` with one allowlist, pretrain/checkpointing/safe_load.py):
+DeepSpeed's own loads through `deepspeed_load` (commit.py), the consolidation through consolidate.py, the RNG
+files through rng_state.py. A file that needs anything else is refused in one line naming it and the type.
 """
 
 from __future__ import annotations
@@ -33,14 +37,11 @@ from __future__ import annotations
 import io
 import json
 import os
-import pickle
-import random
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -49,10 +50,12 @@ from pretrain.checkpointing.commit import (
     SaveAttempt,
     SaveError,
     agree_on_failures,
+    deepspeed_load,
     deepspeed_save,
     publish,
     report_failure,
 )
+from pretrain.checkpointing.consolidate import consolidated_state_dict
 from pretrain.checkpointing.elastic import load_converted, write_layout_record
 from pretrain.checkpointing.layout import (
     CONSOLIDATED,
@@ -67,6 +70,8 @@ from pretrain.checkpointing.layout import (
 )
 from pretrain.checkpointing.manifest import gather_entries, write_manifest
 from pretrain.checkpointing.pointer import read_latest
+from pretrain.checkpointing.rng_state import read_rng, restore, rng_file_name, write_rng
+from pretrain.checkpointing.safe_load import load_data
 
 __all__ = ["CheckpointManager", "SaveError", "SavedState", "consolidated_state_dict", "make_tag", "read_run_config",
            "record_tied_parameters", "split_checkpoint_path"]
@@ -146,11 +151,8 @@ class CheckpointManager:
                          run_config: dict[str, Any], phase_end: bool) -> None:
         """Our files beside DeepSpeed's, each written atomically; a failure is recorded in `attempt`."""
         # Each rank's RNG: not needed for exactness (steps reseed), kept so anything else random resumes too.
-        rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state()
-        rng_file = folder / f"rng_rank{self.rank:05d}.pt"
-        attempt.write(rng_file.name, lambda: atomic_write_bytes(rng_file, pickle.dumps(rng)))
+        rng_file = folder / rng_file_name(self.rank)
+        attempt.write(rng_file.name, lambda: atomic_write_bytes(rng_file, write_rng(rng_file)))
         if isinstance(getattr(engine, "basic_optimizer", None), torch.optim.Optimizer):
             attempt.write("elastic layout record", lambda: write_layout_record(engine, folder, self.rank))
         if self.rank == 0:
@@ -176,7 +178,7 @@ class CheckpointManager:
         path = self.root / tag / self.extra_state.state_file
         if not path.is_file():
             raise FileNotFoundError(f"{path}: this run's plug-in keeps its state there, and the checkpoint lacks it")
-        self.extra_state.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        self.extra_state.load_state_dict(load_data(path))
 
     def load(self, engine: Any, tag: str) -> dict[str, Any]:
         """Weights, optimizer, lr-scheduler position, RNG; returns the trainer state saved with them."""
@@ -185,19 +187,14 @@ class CheckpointManager:
             load_converted(engine, self.root / tag / CONSOLIDATED)  # per-rank RNG states do not carry over
             self._read_extra_state(tag)
             return self.trainer_state(tag)
-        path, _ = engine.load_checkpoint(
-            str(self.root), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
-        )
+        rng_file = self.root / tag / rng_file_name(self.rank)
+        rng = read_rng(rng_file) if rng_file.is_file() else None  # read (and checked) before the engine's state
+        path, _ = deepspeed_load(engine, lambda: engine.load_checkpoint(
+            str(self.root), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True))
         if path is None:
             raise FileNotFoundError(f"{self.root / tag}: DeepSpeed could not load this checkpoint")
-        rng_file = self.root / tag / f"rng_rank{self.rank:05d}.pt"
-        if rng_file.is_file():
-            rng = pickle.loads(rng_file.read_bytes())
-            torch.set_rng_state(rng["torch"])
-            np.random.set_state(rng["numpy"])
-            random.setstate(rng["python"])
-            if "cuda" in rng and torch.cuda.is_available():
-                torch.cuda.set_rng_state(rng["cuda"])
+        if rng is not None:
+            restore(rng)
         self._read_extra_state(tag)
         return self.trainer_state(tag)
 
@@ -244,88 +241,6 @@ def split_checkpoint_path(path: str | Path) -> tuple[Path, str]:
     raise FileNotFoundError(f"{path}: neither a checkpoint folder with a 'latest' file nor a checkpoint tag folder")
 
 
-def consolidated_state_dict(root: Path, tag: str) -> dict[str, torch.Tensor]:
-    """fp32 weights of a checkpoint, merged from every rank's partition, keyed like the module.
-
-    Three layouts: ZeRO-1/2/3 (DeepSpeed's own zero_to_fp32), DeepSpeed's BF16_Optimizer (what the GPU
-    recipes get: bf16 + ZeRO-1 + fp32 gradient accumulation; zero_to_fp32 refuses it, see
-    `bf16_optimizer_state_dict`), and stage 0 (the module itself holds the fp32 weights).
-    """
-    folder = root / tag
-    optimizer_files = sorted(folder.glob("*optim_states.pt"))
-    if optimizer_files:
-        if written_by_bf16_optimizer(optimizer_files[0]):
-            return bf16_optimizer_state_dict(folder)
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        return dict(get_fp32_state_dict_from_zero_checkpoint(str(root), tag=tag))
-    # ZeRO stage 0: rank 0's model states hold the full module (fp32 masters are the module weights).
-    states = sorted(folder.glob("mp_rank_*_model_states.pt"))
-    if not states:
-        raise FileNotFoundError(f"{folder}: no DeepSpeed model states")
-    module = torch.load(states[0], map_location="cpu", weights_only=False)["module"]
-    return {key: value.float() for key, value in module.items()}
-
-
-def written_by_bf16_optimizer(optimizer_file: Path) -> bool:
-    """True for BF16_Optimizer's partition files: its state has no `zero_stage` (ZeRO's always has one;
-    both name their files `bf16_zero_pp_rank_*` when bf16 is on, so the name does not tell)."""
-    from deepspeed.checkpoint.constants import (
-        OPTIMIZER_STATE_DICT,
-        SINGLE_PARTITION_OF_FP32_GROUPS,
-        ZERO_STAGE,
-    )
-
-    state = torch.load(optimizer_file, map_location="cpu", mmap=True, weights_only=False)[OPTIMIZER_STATE_DICT]
-    return ZERO_STAGE not in state and SINGLE_PARTITION_OF_FP32_GROUPS in state
-
-
-def bf16_optimizer_state_dict(folder: Path) -> dict[str, torch.Tensor]:
-    """fp32 master weights of a BF16_Optimizer checkpoint (files `bf16_zero_pp_rank_*_optim_states.pt`).
-
-    DeepSpeed's zero_to_fp32 rejects these ("is not a zero checkpoint": the optimizer state carries no
-    zero_stage), although the layout is ZeRO-1's: per parameter group, the trainable parameters flattened
-    in module order, padded at the end to a multiple of 2 x data-parallel size, and cut into one equal
-    partition per rank. So: concatenate the ranks' fp32 partitions in rank order and slice the
-    parameters back out in the order the model states record, checking that only the end padding is left.
-    """
-    from deepspeed.checkpoint.constants import (
-        OPTIMIZER_STATE_DICT,
-        PARTITION_COUNT,
-        SINGLE_PARTITION_OF_FP32_GROUPS,
-    )
-    from deepspeed.utils.zero_to_fp32 import get_model_state_files, get_optim_files, parse_model_states
-
-    model_state = parse_model_states(get_model_state_files(str(folder))[:1])[0]
-    partitions: list[list[torch.Tensor]] = []
-    counts: set[int] = set()
-    files = get_optim_files(str(folder))  # natural order: rank 0, 1, 2, ..., 10, ...
-    for file in files:
-        state = torch.load(file, map_location="cpu", mmap=True, weights_only=False)[OPTIMIZER_STATE_DICT]
-        partitions.append(list(state[SINGLE_PARTITION_OF_FP32_GROUPS]))
-        count = state[PARTITION_COUNT]
-        counts.update(count if isinstance(count, list) else [count])
-    if counts != {len(files)}:
-        raise ValueError(f"{folder}: {len(files)} optimizer partition files, but they were written by "
-                         f"{sorted(counts)} ranks (a rank's file is missing or from another run)")
-    world = len(files)
-    weights: dict[str, torch.Tensor] = dict(model_state.buffers)
-    for group, shapes in enumerate(model_state.param_shapes):
-        flat = torch.cat([rank_groups[group].detach().float() for rank_groups in partitions])
-        offset = 0
-        for name, shape in shapes.items():
-            numel = int(torch.Size(shape).numel())
-            weights[name] = flat.narrow(0, offset, numel).view(shape).clone()
-            offset += numel
-        if not 0 <= flat.numel() - offset < 2 * world:
-            raise ValueError(f"{folder}: parameter group {group} holds {flat.numel()} values, its parameters "
-                             f"{offset}: not the BF16_Optimizer layout")
-    for alias, target in model_state.shared_params:
-        if target in weights:
-            weights[alias] = weights[target]
-    return weights
-
-
 def read_run_config(root: Path, tag: str) -> dict[str, Any]:
     return json.loads((root / tag / RUN_CONFIG).read_text(encoding="utf-8"))
 
@@ -345,7 +260,7 @@ def record_tied_parameters(module: torch.nn.Module, folder: Path) -> None:
         else:
             holder[id(param)] = name
     for path in folder.glob("*model_states.pt"):
-        states = torch.load(path, map_location="cpu", weights_only=False)
+        states = load_data(path)
         if states.get("shared_params") == shared:
             continue
         states["shared_params"] = shared

@@ -41,9 +41,11 @@ from data_prep.atomic_io import atomic_write_bytes, atomic_write_stream, fsync_f
 from pretrain.checkpointing.footprint import CheckpointShape, checkpoint_bytes, free_bytes, human
 from pretrain.checkpointing.layout import LATEST, PRUNED_PREFIX
 from pretrain.checkpointing.manifest import manifest_bytes
+from pretrain.checkpointing.safe_load import load_data
 from pretrain.errors import EXPORT_ERROR_PREFIX, SAVE_ERROR_PREFIX, UserError
 
-__all__ = ["ExportError", "SaveAttempt", "SaveError", "agree_on_failures", "deepspeed_save", "publish", "report_failure"]
+__all__ = ["ExportError", "SaveAttempt", "SaveError", "agree_on_failures", "deepspeed_load", "deepspeed_save", "publish",
+           "report_failure"]
 
 # What a failed write raises: OSError from Python's I/O, RuntimeError from torch.save's writer ("file write failed")
 WRITE_ERRORS = (OSError, RuntimeError)
@@ -125,12 +127,29 @@ class WatchedHandle:
         return getattr(self._handle, name)
 
 
-class DurableWrites:
+class SafeLoads:
+    """DeepSpeed's checkpoint engine with its `load` reading each file as data (safe_load.py): DeepSpeed 0.19.8's
+    TorchCheckpointEngine.load passes `weights_only=False`, and every file its `load_checkpoint` reads (model
+    states, ZeRO partitions, BF16_Optimizer files) goes through the engine's `load`. Everything else is the
+    wrapped engine's."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def load(self, path: str, map_location: Any = None) -> Any:
+        return load_data(path, map_location=map_location)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class DurableWrites(SafeLoads):
     """DeepSpeed's TorchCheckpointEngine for one save, each file written by temp file + fsync + rename, a
-    failed write recorded in the attempt instead of raised. Everything else is the wrapped engine's."""
+    failed write recorded in the attempt instead of raised (and any load of the save's as data)."""
 
     def __init__(self, inner: Any, attempt: SaveAttempt) -> None:
-        self._inner, self._attempt = inner, attempt
+        super().__init__(inner)
+        self._attempt = attempt
 
     def save(self, state_dict: Any, path: str) -> None:
         zipfile = self._inner.zipfile_serialization
@@ -143,9 +162,6 @@ class DurableWrites:
                 raise (watched.error or err) from err
 
         self._attempt.write(Path(path).name, lambda: atomic_write_stream(path, write))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
 
 
 def deepspeed_save(engine: Any, attempt: SaveAttempt, save: Callable[[], object]) -> None:
@@ -167,6 +183,17 @@ def deepspeed_save(engine: Any, attempt: SaveAttempt, save: Callable[[], object]
     except OSError as err:
         attempt.fail("zero_to_fp32.py", err)
         barrier()  # stands in for save_checkpoint's final barrier, which this rank left before
+    finally:
+        engine.checkpoint_engine = inner
+
+
+def deepspeed_load(engine: Any, load: Callable[[], Any]) -> Any:
+    """Run `load` (the engine's load_checkpoint) with `SafeLoads` installed over whatever checkpoint engine the
+    engine has (a custom one's load is DeepSpeed's torch.load too); returns what `load` returns."""
+    inner = engine.checkpoint_engine
+    engine.checkpoint_engine = SafeLoads(inner)
+    try:
+        return load()
     finally:
         engine.checkpoint_engine = inner
 

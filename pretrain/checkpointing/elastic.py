@@ -32,6 +32,7 @@ import torch
 
 from data_prep.atomic_io import atomic_write_json, atomic_write_stream
 from pretrain.checkpointing.layout import CONSOLIDATED, RUN_CONFIG, TRAINER_STATE
+from pretrain.checkpointing.safe_load import UnsafeCheckpointError, load_data
 from pretrain.errors import ConfigError, ResumeError
 from pretrain.optim.zero_layout import FlatPartition, flat_views
 
@@ -85,8 +86,12 @@ def write_layout_record(engine: Any, folder: Path, rank: int) -> None:
 
 # ---------------------------------------------------------------------- converter (rank 0, offline)
 def _read(path: Path) -> Any:
+    """A checkpoint file as data (safe_load.py): a file that needs a type outside the allowlist is refused as it
+    is (UnsafeCheckpointError names the file and the type); any other failure is named here."""
     try:
-        return torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+        return load_data(path, mmap=True)
+    except UnsafeCheckpointError:
+        raise
     except Exception as err:  # a truncated or foreign file: name it, whatever torch raised
         raise ElasticError(f"{path}: unreadable ({type(err).__name__}: {err})") from err
 
@@ -303,7 +308,7 @@ def prepare_resume(root: Path, tag: str, ds_configs: dict[str, dict[str, Any]], 
             path, what = convert_once(root / tag, saved["world_size"])
             print(f"elastic resume: {root / tag} was written by {saved['world_size']} ranks, this job has "
                   f"{world_size}; {what}; loading it into the new partitions", flush=True)
-        except (ElasticError, OSError, KeyError) as err:
+        except (ElasticError, UnsafeCheckpointError, OSError, KeyError) as err:
             error[0] = f"checkpoint.dir: cannot resume {root / tag} on {world_size} ranks: {err}"
     if world_size > 1 and dist.is_initialized():
         dist.broadcast_object_list(error, src=src, group=group)

@@ -4,7 +4,8 @@ A phase starts from a checkpoint of this run (resume), from another run's checkp
 this toolkit (`init_from`). Token id 2,345 means a word only through the vocab the weights were trained with: weights
 read with shards of another vocab train on noise, and nothing fails. So each source's vocab sha256 (the run config a
 checkpoint carries, an export's export_info.json) is compared with the shards' before any weight is read, and a
-difference is refused in one line that names both vocabs.
+difference is refused in one line that names both vocabs. The weights themselves are read as data: a checkpoint's
+files with `weights_only=True` and one allowlist (safe_load.py), an export's safetensors only.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from transformers import BertConfig
 
 from pretrain.checkpointing.checkpoint import consolidated_state_dict, read_run_config, split_checkpoint_path
 from pretrain.checkpointing.export import folder_class
+from pretrain.checkpointing.safe_load import UnsafeCheckpointError
 from pretrain.errors import ConfigError
 from pretrain.run_folder import EXPORT_INFO
 
@@ -61,10 +63,14 @@ def initial_weights(path: str, shards: VocabIdentity, key: str) -> dict[str, tor
                 refuse_other_vocab(path, VocabIdentity(sha, str(folder / "vocab.txt")), shards, key)
         # the class it was saved as: an MLM-only export has no NSP head to load (load_weights says so if one is needed)
         saved_as = folder_class(BertConfig.from_pretrained(str(folder), local_files_only=True))
-        return saved_as.from_pretrained(str(folder), local_files_only=True).state_dict()
+        # safetensors only (what an export writes): a pickled pytorch_model.bin is never read from here
+        return saved_as.from_pretrained(str(folder), local_files_only=True, use_safetensors=True).state_dict()
     try:
         root, tag = split_checkpoint_path(folder)
     except FileNotFoundError as err:
         raise ConfigError(f"{key}: {err}") from err
     check_checkpoint_vocab(root, tag, shards, key)
-    return consolidated_state_dict(root, tag)
+    try:
+        return consolidated_state_dict(root, tag)  # every file read as data (safe_load.py)
+    except UnsafeCheckpointError as err:
+        raise ConfigError(f"{key}: {err}") from None
