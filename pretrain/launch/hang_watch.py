@@ -17,13 +17,10 @@ What this server adds to torch's (the private hooks it relies on are listed in p
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
-import re
 import signal
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,8 +37,9 @@ from pretrain.distributed.step_watch import (
     startup_limited,
 )
 from pretrain.launch.faults import hang_description
-from pretrain.launch.processes import catches, process_start, process_state, running
+from pretrain.launch.processes import catches, process_start, process_state
 from pretrain.launch.rank_logs import NCCL_PIPE_ENV, flight_recorder
+from pretrain.launch.timer_pipes import make_pipe_path, remove_pipe_folder, remove_stale_timer_pipes
 
 STACKS_WAIT_S = 1.0  # how long a hung rank gets to write its stacks before it is killed
 NCCL_DUMP_WAIT_S = 3.0  # and its NCCL watchdog to notice the dump request (it looks about once a second) and write
@@ -125,6 +123,10 @@ class HangWatch(FileTimerServer):
             super()._reap_worker(pid, signal)
         return super()._reap_worker(worker_pid, signal)
 
+    def stop(self) -> None:
+        super().stop()  # torch removes the pipe
+        remove_pipe_folder(self.path)
+
     def step_of(self, pid: int) -> str | None:
         """Where a rank was, for its fault line: the timer it took last, or TEARDOWN when that timer killed it on its
         way out (a rank that failed and then left names the step it failed at)."""
@@ -176,33 +178,15 @@ def ask_nccl_for_trace(rank: int | None) -> bool:
     return True
 
 
-TIMER_PIPE = re.compile(r"bert-ds-timers-(\d+)-[0-9a-f]{32}")  # the agent's pid, then a unique part
-
-
-def remove_stale_timer_pipes(folder: str) -> list[str]:
-    """Remove the timer pipes of agents that are gone: an agent ending by itself removes its own, but one killed by
-    SIGKILL (or the OOM killer) leaves it in the temporary folder, one per launch. The pid in the name says whose
-    it is; a pid reused by another process keeps its pipe (a harmless leftover, never a live agent's pipe lost)."""
-    removed = []
-    for name in os.listdir(folder):
-        match = TIMER_PIPE.fullmatch(name)
-        if match and not running(int(match.group(1))):
-            with contextlib.suppress(OSError):  # another agent removed it first
-                os.unlink(os.path.join(folder, name))
-                removed.append(name)
-    return removed
-
-
 def watch_ranks(limits: Limits, launch_dir: Path) -> HangWatch:
     """Start our timer server once for every attempt, and set what the ranks inherit: its pipe and limits (torch then
     starts no server of its own: TORCHELASTIC_ENABLE_FILE_TIMER unset), and on GPUs NCCL's flight recorder."""
     folder = os.environ.get("TMPDIR", "/tmp")
     remove_stale_timer_pipes(folder)
-    path = os.path.join(folder, f"bert-ds-timers-{os.getpid()}-{uuid.uuid4().hex}")
-    watch = HangWatch(path, limits)
+    watch = HangWatch(make_pipe_path(folder), limits)  # in a 0700 folder of its own (pretrain/launch/timer_pipes.py)
     watch.start()
     os.environ.pop("TORCHELASTIC_ENABLE_FILE_TIMER", None)
-    os.environ.update({TIMER_FILE_ENV: path, HANG_TIMEOUT_ENV: str(limits.hang_s),
+    os.environ.update({TIMER_FILE_ENV: watch.path, HANG_TIMEOUT_ENV: str(limits.hang_s),
                        STARTUP_TIMEOUT_ENV: str(limits.startup_s)})
     if os.environ.get("DS_ACCELERATOR") != "cpu":  # gloo has no flight recorder
         for name, value in flight_recorder(launch_dir).items():

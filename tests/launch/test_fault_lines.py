@@ -320,19 +320,3 @@ def test_the_hang_watch_names_a_frozen_peer_and_ends_both_the_waiting_one_after_
         for child in (frozen, waiting):
             child.kill()
             child.wait()
-
-
-def test_an_agent_removes_the_timer_pipes_of_agents_that_are_gone(tmp_path: Path) -> None:
-    """A SIGKILLed agent leaves its timer pipe in the temporary folder; the next agent removes it, never a running
-    agent's (the pid in the name), nor anything else there."""
-    from pretrain.launch.hang_watch import remove_stale_timer_pipes
-
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()
-    stale, live = f"bert-ds-timers-{gone.pid}-{'a' * 32}", f"bert-ds-timers-{os.getpid()}-{'b' * 32}"
-    others = ["bert-ds-timers-0123456789abcdef0123456789abcdef", f"bert-ds-timers-{gone.pid}-short", "notes.txt"]
-    for name in (stale, live, *others[:2]):
-        os.mkfifo(tmp_path / name)
-    (tmp_path / others[2]).write_text("x")
-    assert remove_stale_timer_pipes(str(tmp_path)) == [stale]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live, *others])
