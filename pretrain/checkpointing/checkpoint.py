@@ -68,8 +68,7 @@ from pretrain.checkpointing.layout import (
     TRAINER_STATE,
     make_tag,
 )
-from pretrain.checkpointing.manifest import gather_entries, write_manifest
-from pretrain.checkpointing.pointer import read_latest
+from pretrain.checkpointing.manifest import gather_entries, read_latest, write_manifest
 from pretrain.checkpointing.rng_state import read_rng, restore, rng_file_name, write_rng
 from pretrain.checkpointing.safe_load import load_data
 

@@ -16,7 +16,7 @@ The manifest is the tag's commit marker, written last (pretrain/checkpointing/co
 without one is a save that did not finish and never a fallback. The tag `latest` names without a manifest
 was written before manifests existed and is resumed unverified.
 
-Nothing committed is deleted at resume, whatever `latest` says (pretrain/checkpointing/pointer.py reads it):
+Nothing committed is deleted at resume, whatever `latest` says (`read_latest` checks it):
 - only tag folders WITHOUT a manifest that are newer than the bound are deleted, in one line: the bound is
   the tag `latest` names, or, with `latest` missing, empty or unreadable, the newest committed tag;
 - a committed tag newer than `latest` (the pointer's rewrite was lost: a crash between the manifest and
@@ -49,16 +49,72 @@ from pretrain.checkpointing.layout import (
     TAG_PATTERN,
     tag_order,
 )
-from pretrain.checkpointing.pointer import Pointer, PointerError, read_latest
 from pretrain.errors import ResumeError
 
-__all__ = ["MANIFEST", "damage", "file_owner", "gather_entries", "manifest_bytes", "resolve_resume_tag",
-           "write_manifest"]
+__all__ = ["MANIFEST", "PointerError", "damage", "file_owner", "gather_entries", "manifest_bytes", "read_latest",
+           "resolve_resume_tag", "write_manifest"]
 
 _RANK_FILE = re.compile(r"^(?:[a-z0-9]+_)?(?:zero_pp_rank_|rng_rank|elastic_layout_rank)(\d+)[_.]")
 _UNLISTED = (CONSOLIDATED, MANIFEST)  # written after the manifest (conversion), or the manifest itself
 
 
+# ---------------------------------------------------------------------- latest
+_MOST_BYTES = 4096  # a tag name is ~20 bytes: never read a huge or endless file whole
+
+
+class PointerError(ResumeError):
+    """`latest` names something that is no tag folder of its checkpoint folder (the message names both).
+
+    `latest` is one small file that a person, a copy (`cp -r phase*`), a sync tool or a purge can remove, empty or
+    rewrite: missing, empty or unreadable it is no pointer (`Pointer.problem`, and resume looks at the tags
+    themselves); a value that is no tag name (no absolute path, no `..`, no separator) or names a symbolic link
+    is refused, never a reason to load or delete anything."""
+
+
+@dataclass(frozen=True)
+class Pointer:
+    """`latest` as read: the tag it names, or (tag None) why there is none: "missing", "empty", "unreadable (...)"."""
+
+    tag: str | None
+    problem: str | None = None
+
+
+def read_latest(root: Path) -> Pointer:
+    """`root`/latest, checked (see the module docstring). Raises PointerError for a value that is no tag here."""
+    path = Path(root) / LATEST
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO or a link is no pointer of ours
+        try:
+            raw = os.read(fd, _MOST_BYTES)
+        finally:
+            os.close(fd)
+        text = raw.decode("utf-8")
+    except FileNotFoundError:
+        return Pointer(None, "missing")
+    except IsADirectoryError:  # no file can be written in its place either: never ours to delete
+        raise PointerError(f"{path} is a folder, not the file naming the newest checkpoint; move it away") from None
+    except (OSError, UnicodeDecodeError) as err:
+        why = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
+        return Pointer(None, f"unreadable ({why})")
+    tag = text.strip()
+    if not tag:
+        return Pointer(None, "empty")
+    check_tag_name(Path(root), tag)
+    return Pointer(tag)
+
+
+def check_tag_name(root: Path, tag: str) -> None:
+    """Refuse a `tag` read from `root`/latest that is no tag folder directly inside `root`."""
+    shown = tag if len(tag) <= 200 else f"{tag[:200]}..."
+    if not TAG_PATTERN.fullmatch(tag):
+        raise PointerError(f"{root / LATEST} names {shown!r}: no checkpoint tag (phaseN-stepNNNNNNN, a folder "
+                           f"directly inside {root}); write the tag to resume from into it, or remove the file")
+    if (root / tag).is_symlink():
+        raise PointerError(f"{root / LATEST} names {tag!r}, a symbolic link (to {os.readlink(root / tag)}): a "
+                           f"checkpoint is a folder of its own inside {root}")
+
+
+# ---------------------------------------------------------------------- manifests
 def file_owner(name: str) -> int:
     """The rank that writes a checkpoint file: the one in its name, else rank 0."""
     match = _RANK_FILE.match(name)

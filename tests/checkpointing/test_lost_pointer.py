@@ -14,8 +14,7 @@ import pytest
 
 from pretrain.checkpointing.checkpoint import CheckpointManager
 from pretrain.checkpointing.layout import LATEST, MANIFEST, PHASE_END
-from pretrain.checkpointing.manifest import resolve_resume_tag
-from pretrain.checkpointing.pointer import PointerError
+from pretrain.checkpointing.manifest import PointerError, resolve_resume_tag
 from pretrain.errors import ResumeError
 from tests.checkpointing.test_elastic_units import fake_checkpoint
 
