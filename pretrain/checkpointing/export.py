@@ -9,6 +9,12 @@ with `AutoModelForPreTraining` / `AutoModelForMaskedLM` (offline, the way a user
 with the training model's on one batch; a mismatch is an error, not a warning. The folder appears under its final
 name only once complete.
 
+OUT is replaced only when it is an earlier export (it holds `export_info.json`) or an empty folder
+(`check_export_target`): a typo such as `export runs/x/checkpoints runs/x` used to delete the whole run, the
+checkpoints it was exporting included. A folder that holds or lies inside the checkpoint is refused too. The earlier
+export is renamed aside and deleted only once the new one is in place, so a failure never leaves OUT empty. The
+folder takes `0o777 & ~umask` (mkdtemp makes it 0700): an export is meant to be handed on.
+
 Every export carries its model card, but the card is not this floor's: its facts are read from the run folder and
 rendered by pretrain/report/model_card.py, above checkpointing/. So the caller hands `export_state_dict` the card
 as a callable (`CardWriter`) and this module imports nothing of the report.
@@ -33,7 +39,7 @@ from transformers import (
     PreTrainedModel,
 )
 
-from data_prep.atomic_io import atomic_write_json
+from data_prep.atomic_io import atomic_write_json, shared_mode
 from pretrain.checkpointing.export_tokenizer import (
     TokenizerExportError,
     check_saved_tokenizer,
@@ -52,6 +58,58 @@ CardWriter = Callable[[Path, dict[str, Any], str], object]
 """Writes the model card into the staged folder: (folder, what the export knows: `source`, `run_config` (the resolved
 block alone) and `tokenizer` (the facts check_saved_tokenizer proved), the folder's final name for the card's
 loading lines). pretrain/report/model_card.py's ExportCard is the one every caller hands in."""
+
+
+class ExportTargetError(FileExistsError):
+    """OUT is not a folder an export may replace; the message is the one line to print (nothing was written)."""
+
+
+def check_export_target(out: Path, checkpoint: Path | None = None) -> None:
+    """Refuse `out` unless it is new, an empty folder or an earlier export, and (with `checkpoint`, the source's
+    checkpoint folder) unless it lies apart from the checkpoint. Cheap: callers run it before any work."""
+    out = Path(out)
+    where = f"export to {out} refused, nothing written:"
+    if checkpoint is not None:
+        target, source = out.resolve(), Path(checkpoint).resolve()
+        if target == source or target in source.parents:
+            raise ExportTargetError(f"{where} it holds the checkpoint being exported ({checkpoint}); choose a "
+                                    "new folder, e.g. <run.dir>/export/<name>")
+        if source in target.parents:
+            raise ExportTargetError(f"{where} it lies inside the checkpoint folder {checkpoint}; choose a folder "
+                                    "outside it")
+    if out.is_symlink():
+        raise ExportTargetError(f"{where} it is a symbolic link (to {os.readlink(out)}); name the folder itself")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise ExportTargetError(f"{where} it is a file, not a folder")
+    if (out / EXPORT_INFO).is_file():
+        return  # an earlier export: replaced once the new one is complete
+    entries = sorted(entry.name for entry in out.iterdir())
+    if entries:
+        shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
+        raise ExportTargetError(f"{where} it holds files that are no earlier export ({shown}; no {EXPORT_INFO}); "
+                                "choose a new or empty folder")
+
+
+def move_into_place(staging: Path, out: Path) -> None:
+    """Rename the complete `staging` folder to `out`. An earlier export there is renamed aside first and deleted
+    only after the new one is in place (a failed rename puts it back); `out` is checked again, as it may have
+    changed during the export's work."""
+    check_export_target(out)
+    os.chmod(staging, shared_mode(0o777))  # mkdtemp's 0700 -> what mkdir would give
+    aside = None
+    if out.exists():
+        aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.replaced.", dir=out.parent))
+        os.replace(out, aside)  # onto the empty folder mkdtemp reserved
+    try:
+        os.replace(staging, out)
+    except BaseException:
+        if aside is not None:
+            os.replace(aside, out)
+        raise
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def load_weights(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], source: str) -> None:
@@ -109,13 +167,15 @@ def export_state_dict(
     tolerance: float = 1e-4,
 ) -> dict[str, Any]:
     """Write `state_dict` as a verified HF folder at `out`; `resolved` is the run config's resolved block. `write_card`
-    writes the model card into the folder before it appears under its name (required: no export ships without one)."""
+    writes the model card into the folder before it appears under its name (required: no export ships without one).
+    `out` must be new, empty or an earlier export (ExportTargetError before any work)."""
+    out = Path(out)
+    check_export_target(out)
     config = BertConfig.from_dict(resolved["model_config"])
     reference = SparseBertForPreTraining(config)
     load_weights(reference, state_dict, source)
     plain = export_class(config)(config)
     load_weights(plain, state_dict, source)
-    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -135,9 +195,7 @@ def export_state_dict(
         atomic_write_json(staging / EXPORT_INFO, info)
         write_card(staging, {"source": source, "run_config": {"resolved": resolved}, "tokenizer": tokenizer_facts},
                    str(out))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(staging, out)
+        move_into_place(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
