@@ -15,6 +15,8 @@ PHASE_END = "PHASE_END"
 MANIFEST = "MANIFEST.json"
 CONSOLIDATED = "elastic_state.pt"  # the world-size-free state, written by a resume on another world size
 PRUNED_PREFIX = ".pruned-"  # an old tag being deleted (no tag name: never a resume candidate)
+CHECKPOINT_LOCK = ".checkpoints.lock"  # flock held by the job's rank 0 (pretrain/distributed/lifetime.py)
+OWNER = "run_owner.json"  # the run folder this checkpoint folder belongs to (pretrain/checkpointing/ownership.py)
 TAG_PATTERN = re.compile(r"^(phase\d)-step(\d+)$")
 
 

@@ -255,6 +255,11 @@ class CheckpointSection:
     """When checkpoints are written, how many are kept, and the Hugging Face export."""
 
     dir: str | None = setting(None, "checkpoint folder; default: <run.dir>/checkpoints")
+    adopt: bool = setting(
+        False,
+        "take over a checkpoint.dir that another run's record (run_owner.json) names: this run then resumes "
+        "from and prunes its checkpoints. Without it such a folder is refused in one line",
+    )
     every_steps: int | None = setting(
         500,
         "optimizer steps between checkpoints (a phase end and a stop always write one); null: none by "

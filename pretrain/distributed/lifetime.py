@@ -9,7 +9,10 @@ pretrain/launch/watchdog.py):
   so children are started from a thread that lives as long as they do (the main thread here).
 - `hold_run_folder`: an exclusive flock on RUN_DIR/.job.lock held by the job's rank 0 for the
   process's life, so a second job refuses a run folder a live job still writes into. The kernel
-  drops a flock when its holder dies, so the lock is never stale.
+  drops a flock when its holder dies, so the lock is never stale. `hold_checkpoint_folder` does the same
+  for a `checkpoint.dir` (its lock file named by pretrain/checkpointing/layout.py): two runs that share
+  one would resume from and prune each other's checkpoints. Which run a checkpoint folder belongs to between
+  jobs is pretrain/checkpointing/ownership.py's record.
 """
 
 from __future__ import annotations
@@ -82,20 +85,19 @@ class RunFolderBusyError(RuntimeError):
     """Another live process holds the run folder's lock."""
 
 
-_held: dict[Path, int] = {}  # run folder -> the descriptor holding its flock in this process
+_held: dict[Path, int] = {}  # locked folder -> the descriptor holding its flock in this process
+_tied: dict[Path, list[Path]] = {}  # run folder -> the checkpoint folders locked for it (released with it)
 
 
-def hold_run_folder(run_dir: Path) -> None:
-    """Take RUN_DIR/.job.lock for this process's life (again in the same process: a no-op).
+def _hold(folder: Path, lock_name: str, key: str) -> bool:
+    """Take FOLDER/lock_name for this process's life (again in the same process: a no-op). True when held.
 
-    Raises RunFolderBusyError naming the holder. On a file system without flock (some Lustre
-    mounts) it returns without a lock: the lock is a second protection, the watchdog the first.
-    """
-    run_dir = Path(run_dir).resolve()
-    if run_dir in _held:
-        return
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / JOB_LOCK
+    Raises RunFolderBusyError naming the holder. On a file system without flock (some Lustre mounts) it
+    returns False without a lock: the lock is a second protection, the watchdog the first."""
+    if folder in _held:
+        return True
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / lock_name
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -103,18 +105,40 @@ def hold_run_folder(run_dir: Path) -> None:
         holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
         os.close(fd)
         raise RunFolderBusyError(
-            f"run.dir {run_dir} is in use by a live job ({holder}; lock {path}): stop that job, or use another "
-            "run.dir") from None
+            f"{key} {folder} is in use by a live job ({holder}; lock {path}): stop that job, or use another "
+            f"{key}") from None
     except OSError:  # no flock on this file system
         os.close(fd)
-        return
+        return False
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-    _held[run_dir] = fd
+    _held[folder] = fd
+    return True
+
+
+def hold_run_folder(run_dir: Path) -> None:
+    """Take RUN_DIR/.job.lock for this process's life (again in the same process: a no-op); see `_hold`."""
+    _hold(Path(run_dir).resolve(), JOB_LOCK, "run.dir")
+
+
+def hold_checkpoint_folder(checkpoint_dir: Path, run_dir: Path, lock_name: str) -> None:
+    """Take CHECKPOINT_DIR/lock_name for this process's life, released with `run_dir`'s lock (another file than
+    the run folder's: a checkpoint.dir that is the run folder itself must not lock against itself); see `_hold`."""
+    folder = Path(checkpoint_dir).resolve()
+    if _hold(folder, lock_name, "checkpoint.dir"):
+        _tied.setdefault(Path(run_dir).resolve(), []).append(folder)
+
+
+def release_folder(folder: Path) -> None:
+    """Drop this process's lock on one folder (a refused claim)."""
+    fd = _held.pop(Path(folder).resolve(), None)
+    if fd is not None:
+        os.close(fd)
 
 
 def release_run_folder(run_dir: Path) -> None:
-    """Drop this process's lock on `run_dir` (in-process callers that train the same folder again)."""
-    fd = _held.pop(Path(run_dir).resolve(), None)
-    if fd is not None:
-        os.close(fd)
+    """Drop this process's lock on `run_dir` and on the checkpoint folders held for it (in-process callers that
+    train the same folder again)."""
+    run_dir = Path(run_dir).resolve()
+    for folder in [run_dir, *_tied.pop(run_dir, [])]:
+        release_folder(folder)

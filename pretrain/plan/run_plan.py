@@ -29,6 +29,7 @@ from transformers import BertConfig
 from data_prep.atomic_io import atomic_write_json, sha256_file
 from data_prep.shards import ShardFormatError
 from pretrain.checkpointing.cadence import CadenceSettings
+from pretrain.checkpointing.ownership import CheckpointClaim, claim_checkpoint_dir
 from pretrain.config.attention import PADDED_HINT, attention_plan
 from pretrain.config.deepspeed import phase_ds_config, precision_of
 from pretrain.config.sections import RunConfig
@@ -242,6 +243,7 @@ def plan_on_rank0(config: RunConfig, dist_info: DistInfo, share: JobShare | None
             verify = not verified_in_this_launch(config, launch)
             plan = plan_run(config, dist_info, verify_checksums=verify)
             hold_run_folder(Path(config.run.dir))  # after the checks: a refused run creates no folder
+            claim_checkpoint_dir(CheckpointClaim(config.checkpoint_dir, Path(config.run.dir), config.checkpoint.adopt))
             if verify:
                 record_verified(config, launch, time.monotonic() - started)
         except (ConfigError, DataConfigError, ShardFormatError, RunFolderBusyError) as err:
