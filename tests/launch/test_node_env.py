@@ -1,0 +1,250 @@
+"""Every value reaches the nodes as it was written, none sits on a command line, and no one else's file or module runs
+as you (pretrain/launch/node_env.py, transports.Pdsh, launch/plan.py, launch.sh).
+
+The nodes' variables (the ranks' defaults and the lines of ~/.deepspeed_env) once rode pdsh's command line as
+unquoted `export NAME=VALUE;` words: a value with `; touch X` ran `touch X` on every node, a space cut the value, a
+working folder with a space broke `cd`, and every user read the tokens with `ps`. Here the remote command the
+transport builds is run by a real shell (`bash -c`, pdsh's expansions done as pdsh does them), and, where this
+machine has sshd and pdsh, by a real loopback pdsh launch through pretrain.launch.nodes; the "agent" is a stand-in
+interpreter that records what it was given (its environment, folder, its shell's command line) and whether a
+`numpy.py` planted in the working folder gets imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pretrain.distributed.cluster import ClusterError, pdsh_quote, read_hostfile
+from pretrain.launch.node_env import parse_env_lines, read_env_file
+from pretrain.launch.plan import ds_env_lines, rank_env
+from pretrain.launch.transports import Pdsh
+from tests.support.cluster.local_cluster import LoopbackSsh, running_or_skip
+from tests.support.cluster.processes import free_port
+from tests.support.launching import REPO_ROOT, child_env, clean_env
+
+# What a user's ~/.deepspeed_env may hold: {marker} is a file that must never appear.
+USER_LINES = [
+    "WANDB_NOTES=first run; touch {marker}",
+    "SPACED=two  spaces and a tab\there ",
+    "ODD=it's \"q\" $HOME `id` $(id) 5%n %h {a,b} ~ * \\",
+    "HF_TOKEN=hf_not_a_real_token_4242",
+]
+# A working folder a remote shell and pdsh would mangle unquoted.
+AWKWARD_FOLDER = "work dir/it's 5%n {a,b}"
+# The stand-in agent: `-c` (the transport's store check) runs the real interpreter; anything else records.
+STAND_IN = """#!{python}
+import json, os, subprocess, sys
+if sys.argv[1:2] == ["-c"]:
+    os.execv({python!r}, [{python!r}, *sys.argv[1:]])
+node = sys.argv[sys.argv.index("--node") + 1]
+with open(f"/proc/{{os.getppid()}}/cmdline", "rb") as shell:
+    shell_line = shell.read().decode("utf-8", "replace")
+numpy = subprocess.run([{python!r}, "-c", "import numpy; print(numpy.__file__)"], capture_output=True, text=True)
+record = {{"env": dict(os.environ), "cwd": os.getcwd(), "shell_line": shell_line, "argv": sys.argv,
+          "numpy": numpy.stdout.strip()}}
+with open(os.path.join({out!r}, node + ".json"), "w") as out:
+    json.dump(record, out)
+"""
+PLANTED_NUMPY = "open({marker!r}, 'w').close()\nraise ImportError('planted')\n"
+
+
+class Stage:
+    """A working folder with an awkward name, a planted numpy.py, the user's env file, the stand-in agent."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.work, self.out = root, root / AWKWARD_FOLDER, root / "out"
+        self.work.mkdir(parents=True)
+        self.out.mkdir()
+        self.marker, self.numpy_marker = root / "injected", root / "planted-numpy-ran"
+        (self.work / "numpy.py").write_text(PLANTED_NUMPY.format(marker=str(self.numpy_marker)), encoding="utf-8")
+        self.user_file = root / "home" / ".deepspeed_env"
+        self.user_file.parent.mkdir()
+        self.user_file.write_text("\n".join(USER_LINES).replace("{marker}", str(self.marker)) + "\n", encoding="utf-8")
+        self.user_file.chmod(0o600)
+        self.python = root / "my bin" / "python"
+        self.python.parent.mkdir()
+        self.python.write_text(STAND_IN.format(python=sys.executable, out=str(self.out)), encoding="utf-8")
+        self.python.chmod(0o755)
+
+    def node_env(self) -> dict[str, str]:
+        """What launch.sh hands pretrain.launch.nodes: the ranks' defaults and the user's lines (plan.py)."""
+        lines = ds_env_lines(rank_env({"PYTHONPATH": str(REPO_ROOT)}, 1, 2), [self.user_file], note=print)
+        return parse_env_lines(lines, "DS_ENV")
+
+    def expected(self) -> dict[str, str]:
+        return parse_env_lines(self.user_file.read_text(encoding="utf-8").split("\n"), "user")
+
+    def record(self, node: str) -> dict:
+        return json.loads((self.out / f"{node}.json").read_text(encoding="utf-8"))
+
+    def check(self, node: str, pdsh_argv: list[str]) -> None:
+        """What `node`'s agent got: every value as written, in the working folder, nothing run, nothing on a
+        command line (pdsh's, or the node's shell's), the planted numpy.py not imported."""
+        record = self.record(node)
+        for name, value in self.expected().items():
+            assert record["env"].get(name) == value, (name, record["env"].get(name))
+        assert record["env"]["PYTHONSAFEPATH"] == "1" and record["env"]["OMP_NUM_THREADS"] == "2"
+        assert record["cwd"] == str(self.work)
+        assert not self.marker.exists(), "a value's '; touch' ran on the node"
+        assert not self.numpy_marker.exists() and record["numpy"].endswith("site-packages/numpy/__init__.py"), record
+        for line, where in ((" ".join(pdsh_argv), "pdsh's argv"), (record["shell_line"], "the node shell's argv")):
+            for name, value in self.expected().items():
+                assert value.strip() not in line, f"{name}'s value on {where}: {line}"
+        assert "--node" in record["argv"] and record["argv"][-2:] == ["--config", "run 1.json"]
+
+
+def remote_shell(words: list[str], host: str, shell: str = "bash") -> subprocess.CompletedProcess[str]:
+    """What a node does with pdsh's remote command: pdsh puts the host for %h and % for %%, joins the words with
+    spaces, and ssh hands that one string to the user's shell (`SHELL -c`)."""
+    line = " ".join(words).replace("%h", host).replace("%%", "%")
+    return subprocess.run([shell, "-c", line], capture_output=True, text=True, cwd="/", timeout=120)
+
+
+def transport(stage: Stage) -> Pdsh:
+    return Pdsh("bert-job-test", stage.node_env(), str(stage.python), workdir=str(stage.work))
+
+
+def test_values_reach_the_node_as_written_and_nothing_runs(tmp_path: Path) -> None:
+    stage = Stage(tmp_path)
+    pdsh = transport(stage)
+    with pdsh.shipped():
+        env_file = pdsh.env_file.path
+        assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+        assert stat.S_IMODE(env_file.parent.stat().st_mode) == 0o700 and env_file.parent.parent == stage.work
+        words = pdsh.command(["n1"], ["--nproc-per-node", "1"], ["--config", pdsh_quote("run 1.json")], "again")
+        assert words[:6] == ["pdsh", "-S", "-f", "1024", "-w", "n1"]
+        for shell in ("bash", "dash"):
+            if shell == "dash" and not shutil.which("dash"):
+                continue
+            done = remote_shell(words[6:], "n1", shell)
+            assert done.returncode == 0, done.stderr
+            stage.check("n1", words)
+    assert not env_file.exists() and not env_file.parent.exists()  # removed at the job's end
+
+
+def test_an_env_file_that_is_not_yours_is_refused_on_the_node(tmp_path: Path) -> None:
+    """Someone who can write the working folder swaps in a file of theirs: the node's shell sources nothing,
+    says so in one line and ends (status 2), so the agent never starts with their variables."""
+    if os.geteuid() != 0:
+        pytest.skip("handing a file to another user needs root")
+    stage = Stage(tmp_path)
+    pdsh = transport(stage)
+    with pdsh.shipped():
+        os.chown(pdsh.env_file.path, 65534, 65534)
+        done = remote_shell(pdsh.command(["n1"], [], ["--config", "run.json"], "again")[6:], "n1")
+        os.chown(pdsh.env_file.path, 0, 0)
+    assert done.returncode == 2 and not (stage.out / "n1.json").exists()
+    assert done.stderr.strip().splitlines()[-1].startswith("error: the launch's environment file "), done.stderr
+
+
+def test_a_missing_working_folder_stops_the_node_instead_of_starting_in_home(tmp_path: Path) -> None:
+    stage = Stage(tmp_path)
+    words = Pdsh("bert-job-test", {}, str(stage.python), workdir=str(tmp_path / "gone")).command(["n1"], [], [], "x")
+    done = remote_shell(words[6:], "n1")
+    assert done.returncode == 2 and "gone" in done.stderr and not (stage.out / "n1.json").exists()
+
+
+@pytest.mark.cluster
+def test_a_real_loopback_pdsh_launch_gets_every_value_and_shows_none(tmp_path: Path) -> None:
+    """pretrain.launch.nodes as launch.sh runs it (--env-file: launch.sh's 0600 temp file), over real pdsh + ssh
+    to two "nodes" of this machine; the stand-in agents record what they got."""
+    stage = Stage(tmp_path)
+    env_file = tmp_path / "ds_env"
+    env_file.write_text("".join(f"{name}={value}\n" for name, value in stage.node_env().items()), encoding="utf-8")
+    env_file.chmod(0o600)
+    for ssh in running_or_skip(LoopbackSsh(), "loopback ssh nodes"):
+        hosts, env = ssh.hostfile(tmp_path / "hosts"), child_env(**ssh.env, PYTHONSAFEPATH="1")  # as launch.sh's
+        # (the nodes' shells start from sshd's environment: there PYTHONSAFEPATH comes from the env file alone)
+        command = [sys.executable, "-m", "pretrain.launch.nodes", "--hostfile", str(hosts), "--nproc-per-node", "1",
+                   "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--env-file", str(env_file),
+                   "--python", str(stage.python), "--", "--config", "run 1.json"]
+        shown = subprocess.run([*command[:-3], "--show", *command[-3:]], cwd=stage.work, capture_output=True,
+                               text=True, env=env, timeout=120)
+        done = subprocess.run(command, cwd=stage.work, capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        for node in ("127.0.0.1", "localhost"):
+            stage.check(node, shown.stdout.split())
+        assert not [path for path in stage.work.iterdir() if path.name.startswith(".bert-ds-env-")]
+
+
+def test_a_deepspeed_env_someone_else_could_write_is_ignored_with_one_line(tmp_path: Path) -> None:
+    ranks = {"OMP_NUM_THREADS": "2"}
+    planted = tmp_path / ".deepspeed_env"
+    planted.write_text("LD_PRELOAD=/tmp/evil.so\nPYTHONPATH=/tmp/evil\n", encoding="utf-8")
+    notes: list[str] = []
+    planted.chmod(0o664)  # group-writable: anyone of the group could have written it
+    assert ds_env_lines(ranks, [planted], notes.append) == ["OMP_NUM_THREADS=2"]
+    assert notes == [f"ignoring '{planted}': others can write it (mode -rw-rw-r--); chmod go-w it"]
+    planted.chmod(0o646)
+    assert ds_env_lines(ranks, [planted], notes.append) == ["OMP_NUM_THREADS=2"] and len(notes) == 2
+    if os.geteuid() == 0:
+        planted.chmod(0o644)
+        os.chown(planted, 65534, 65534)
+        assert ds_env_lines(ranks, [planted], notes.append) == ["OMP_NUM_THREADS=2"]
+        assert notes[-1] == f"ignoring '{planted}': it belongs to uid 65534, not to you (uid 0)"
+        os.chown(planted, 0, 0)
+    planted.chmod(0o600)  # your own, writable by you alone: used
+    assert ds_env_lines(ranks, [planted], notes.append) == [
+        "LD_PRELOAD=/tmp/evil.so", "PYTHONPATH=/tmp/evil", "OMP_NUM_THREADS=2"]
+    os.mkfifo(tmp_path / "fifo")  # a pipe planted under the name must not hold the launch
+    assert ds_env_lines(ranks, [tmp_path / "fifo"], notes.append) == ["OMP_NUM_THREADS=2"]
+
+
+def test_launch_sh_dry_run_names_the_variables_never_their_values(tmp_path: Path) -> None:
+    """Through launch.sh: ./.deepspeed_env planted group-writable is one line and not used; ~/.deepspeed_env's
+    names are shown, its values (a token) are not; a numpy.py planted in the working folder is not imported by
+    the launch check launch.sh runs (python -m puts the working folder first on the import path without
+    PYTHONSAFEPATH)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".deepspeed_env").write_text("HF_TOKEN=hf_not_a_real_token_4242\n", encoding="utf-8")
+    (tmp_path / ".deepspeed_env").write_text("LD_PRELOAD=/tmp/evil.so\n", encoding="utf-8")
+    (tmp_path / ".deepspeed_env").chmod(0o664)
+    marker = tmp_path / "planted-numpy-ran"
+    (tmp_path / "numpy.py").write_text(PLANTED_NUMPY.format(marker=str(marker)), encoding="utf-8")
+    (tmp_path / "run.json").write_text("{}\n", encoding="utf-8")
+    (tmp_path / "hosts").write_text("node-a slots=1\nnode-b slots=1\n", encoding="utf-8")
+    proc = subprocess.run(["bash", str(REPO_ROOT / "launch.sh"), "--dry-run", "pretrain", "--config", "run.json",
+                           "--hostfile", "hosts", "--gpus", "1"], cwd=tmp_path, capture_output=True, text=True,
+                          env=clean_env(HOME=str(home)), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    names = next(line for line in proc.stdout.splitlines() if line.startswith("# DS_ENV_FILE")).split(": ", 1)[1]
+    assert names.split()[0] == "HF_TOKEN" and "PYTHONSAFEPATH" in names.split() and "LD_PRELOAD" not in names
+    assert "hf_not_a_real_token_4242" not in proc.stdout + proc.stderr
+    (ignored,) = [line for line in proc.stderr.splitlines() if "ignoring '.deepspeed_env'" in line]
+    assert ignored == "launch.sh: note: ignoring '.deepspeed_env': others can write it (mode -rw-rw-r--); chmod go-w it"
+    assert not marker.exists(), "launch.sh's own Python imported the working folder's numpy.py"
+
+
+def test_a_hostfile_name_that_pdsh_would_read_as_more_hosts_is_refused_by_line(tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts"
+    for bad in ("node1,node9", "node[1-9]", "root@node1", "node1;id", "-node", "node_1", "a..b"):
+        hosts.write_text(f"node0 slots=8\n{bad} slots=8\n", encoding="utf-8")
+        with pytest.raises(ClusterError) as raised:
+            read_hostfile(str(hosts))
+        assert str(raised.value) == (f"hostfile '{hosts}' line 2: '{bad}' is not a host name (letters, digits, '-' "
+                                     "and '.', or an IPv4 address)")
+    hosts.write_text("gpu-001.cluster.example slots=8\n10.0.0.7 slots=8\nlocalhost slots=1\n", encoding="utf-8")
+    assert [host for host, _ in read_hostfile(str(hosts))] == ["gpu-001.cluster.example", "10.0.0.7", "localhost"]
+    hosts.write_text("node1,node9 slots=8\n", encoding="utf-8")
+    (tmp_path / "run.json").write_text("{}\n", encoding="utf-8")
+    proc = subprocess.run(["bash", str(REPO_ROOT / "launch.sh"), "--dry-run", "pretrain", "--config", "run.json",
+                           "--hostfile", "hosts"], cwd=tmp_path, capture_output=True, text=True, env=clean_env(),
+                          timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "launch.sh: error: hostfile 'hosts' line 1: 'node1,node9' is not a host name (letters, digits, '-' and '.', "
+        "or an IPv4 address)"]
+
+
+def test_env_file_lines_keep_values_byte_for_byte(tmp_path: Path) -> None:
+    path = tmp_path / "env"
+    path.write_bytes(b"A=x=y \r\nB=\xff\n\n# note\nC=\n")
+    assert read_env_file(str(path)) == {"A": "x=y \r", "B": "\udcff", "C": ""}
