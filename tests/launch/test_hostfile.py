@@ -30,13 +30,15 @@ from typing import Any
 import pytest
 
 from pretrain.distributed.cluster import ClusterError
+from pretrain.launch.faults import FaultHistory
 from pretrain.launch.nodes import NodeJob, check_before_start
 from pretrain.launch.processes import running
 from pretrain.launch.rendezvous import listen
 from pretrain.launch.transports import Pdsh
+from pretrain.run_folder import faults_dir
 from tests.launch.conftest import ElasticReference
 from tests.support.cluster.local_cluster import LoopbackSsh, running_or_skip
-from tests.support.cluster.processes import free_port, parent, processes_mentioning
+from tests.support.cluster.processes import free_port, parent, process_environ, processes_mentioning
 from tests.support.cluster.runs import (
     PHASE1_STEPS,
     PHASE2_STEPS,
@@ -92,6 +94,7 @@ class HostfileRecord:
     rerun_status: int
     rerun_log: str
     records: list[dict[str, Any]]
+    rank_envs: list[dict[str, str]]  # the environment of each node's rank, read while the run held
 
 
 def launch_hostfile(ssh: LoopbackSsh, workdir: Path, args: list[str], log: Path,
@@ -130,6 +133,7 @@ def hostfile_runs(ssh_nodes: LoopbackSsh, workdir: Path) -> HostfileRecord:
     try:
         wait_for(lambda: held_after_the_first_checkpoint(run_dir) or proc.poll() is not None, 480,
                  "the run to hold after its first checkpoint", lambda: tail(killed_log))
+        rank_envs = [process_environ(pid) for pid in rank_processes(str(config))]
         victims = [pid for pid, rank in rank_processes(str(config)).items() if rank == 1]
         assert proc.poll() is None and victims, f"the run ended before the kill:\n{tail(killed_log)}"
         for pid in victims:
@@ -149,7 +153,7 @@ def hostfile_runs(ssh_nodes: LoopbackSsh, workdir: Path) -> HostfileRecord:
     rerun_status = finish(rerun, 600, rerun_log)
     return HostfileRecord(run_dir, status, tail(killed_log, 400_000), leftovers, checkpoint, records_after_kill,
                           rerun_status,
-                          tail(rerun_log, 400_000), step_records(run_dir))
+                          tail(rerun_log, 400_000), step_records(run_dir), rank_envs)
 
 
 def held_after_the_first_checkpoint(run_dir: Path) -> bool:
@@ -182,6 +186,12 @@ def test_hostfile_launch_leaves_no_env_file_behind(hostfile_runs: HostfileRecord
     env_files = re.findall(r"^\+ export DS_ENV_FILE=(\S+)$", hostfile_runs.rerun_log, re.MULTILINE)
     assert len(env_files) == 1, env_files
     assert not Path(env_files[0]).exists(), env_files
+    # nor the 0600 copy pretrain.launch.nodes ships to the nodes in the working folder (pretrain/launch/node_env.py)
+    assert not list(REPO_ROOT.glob(".bert-ds-env-*")), list(REPO_ROOT.glob(".bert-ds-env-*"))
+    # every node's rank got its variables from that file: PYTHONSAFEPATH keeps the working folder off its imports
+    assert len(hostfile_runs.rank_envs) == 2, hostfile_runs.rank_envs
+    assert all(env.get("PYTHONSAFEPATH") == "1" and env.get("TOKENIZERS_PARALLELISM") == "false"
+               for env in hostfile_runs.rank_envs)
 
 
 def test_hostfile_killed_node_ends_the_job_and_the_rerun_resumes(hostfile_runs: HostfileRecord) -> None:
@@ -193,6 +203,10 @@ def test_hostfile_killed_node_ends_the_job_and_the_rerun_resumes(hostfile_runs: 
     (line,) = re.findall(r"^.*launch\.sh: (?:fault|error): .*$", record.killed_log, re.MULTILINE)
     assert re.match(r"(\S+): launch\.sh: error: rank 1 \(host \1\) died of SIGKILL at phase1 step \d+; "
                     r"no restart left \(run.max_restarts=0\)", line), line
+    # The other node's record, judged from its rank's real log (gloo's lost-peer traceback), is a victim's: never
+    # "the same failure again", never the line shown (pretrain/launch/fault_texts.py).
+    survivor = [r for r in FaultHistory(faults_dir(record.run_dir)).records() if r.rank == 0]
+    assert survivor and all(r.victim for r in survivor), survivor
     assert record.checkpoint_after_kill is not None
     tag, state = record.checkpoint_after_kill
     assert state["phase"] == "phase1" and not state["complete"], state
