@@ -34,6 +34,7 @@ from tests.launch.test_signals import job_env, processes_mentioning, start, wait
 from tests.support.launching import Hold, free_port
 from tests.support.paths import REPO_ROOT
 from tests.support.pretrain_fixtures import build_shards, tiny_run_config
+from tests.support.rendezvous_intruder import Intruder
 
 pytestmark = pytest.mark.multirank
 
@@ -78,11 +79,24 @@ def same_weights(run_dir: Path, reference: dict[str, torch.Tensor]) -> bool:
 
 @pytest.fixture(scope="module")
 def reference(work: Path) -> dict[str, torch.Tensor]:
-    """The uninterrupted run every healed run is compared with."""
-    run_dir = work / "reference"
-    status = run_to_end(command(work, run_dir), work / "reference.log")
+    """The uninterrupted run every healed run is compared with; meanwhile someone who reaches its rendezvous store
+    plants a pickle and a forged "closed" state there (test_a_pickle_planted_in_the_live_rendezvous_store_runs_nothing)."""
+    run_dir, cmd = work / "reference", command(work, work / "reference")
+    with Intruder(int(cmd[cmd.index("--master-port") + 1]), work / "planted-marker") as intruder:
+        status = run_to_end(cmd, work / "reference.log")
     assert status == 0, (work / "reference.log").read_text()[-4000:]
+    (work / "planted-count").write_text(str(intruder.planted))
     return weights(run_dir)
+
+
+def test_a_pickle_planted_in_the_live_rendezvous_store_runs_nothing(work: Path, reference: dict) -> None:
+    """The store's key, listed by a client of the one-machine agent's store, holds a pickle that writes a marker, then
+    a forged closed state: none is unpickled, the run ends as uninterrupted (its weights are everyone's reference),
+    and one line names the store (tests/support/rendezvous_intruder.py)."""
+    del reference
+    log = (work / "reference.log").read_text()
+    assert int((work / "planted-count").read_text()) >= 1 and not (work / "planted-marker").exists()
+    assert log.count("launch.sh: warning: the rendezvous store at 127.0.0.1:") == 1, log[-4000:]
 
 
 def last_step(run_dir: Path) -> int:

@@ -28,16 +28,7 @@ from pretrain.launch.rendezvous import listen
 from pretrain.launch.rendezvous_key import RendezvousKeyError
 from pretrain.launch.signed_rendezvous import KEY_PREFIX, Meeting, SignedBackend, meeting_for, signed_handler
 from tests.support.launching import free_port
-
-
-class Planted:
-    """What an intruder sets into the store: unpickling it writes `marker`."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
-        return Path.write_text, (self.marker, "ran in the agent")
+from tests.support.rendezvous_intruder import Planted
 
 
 def served_handler(run_id: str) -> tuple[DynamicRendezvousHandler, Meeting]:
