@@ -231,10 +231,14 @@ class CheckpointManager:
 
 
 def split_checkpoint_path(path: str | Path) -> tuple[Path, str]:
-    """A checkpoint root (with `latest`) or one tag folder -> (root, tag)."""
+    """A checkpoint root (with `latest`) or one tag folder -> (root, tag). A `latest` that names no tag folder
+    directly inside the root is refused (PointerError): an absolute or `../` value would load another folder."""
     path = Path(path)
     if (path / LATEST).is_file():
-        return path, (path / LATEST).read_text(encoding="utf-8").strip()
+        pointer = read_latest(path)
+        if pointer.tag is None:
+            raise FileNotFoundError(f"{path / LATEST} is {pointer.problem}: name the checkpoint's tag folder instead")
+        return path, pointer.tag
     if path.is_dir() and any(path.glob("*model_states.pt")):
         return path.parent, path.name
     raise FileNotFoundError(f"{path}: neither a checkpoint folder with a 'latest' file nor a checkpoint tag folder")

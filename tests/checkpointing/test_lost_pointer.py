@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.checkpointing.checkpoint import CheckpointManager
+from pretrain.checkpointing.checkpoint import CheckpointManager, split_checkpoint_path
 from pretrain.checkpointing.layout import LATEST, MANIFEST, PHASE_END
 from pretrain.checkpointing.manifest import PointerError, resolve_resume_tag
 from pretrain.errors import ResumeError
@@ -98,6 +98,8 @@ def test_a_latest_outside_the_folder_is_refused_in_one_line(tmp_path: Path, valu
     assert folders(root) == sorted(TAGS) and (root / LATEST).read_text() == value  # nothing moved or deleted
     with pytest.raises(PointerError):
         CheckpointManager(root, 3, 0).latest_tag()
+    with pytest.raises(PointerError):  # export and init_from read the same pointer
+        split_checkpoint_path(root)
 
 
 def test_a_latest_naming_a_symlink_out_is_refused(tmp_path: Path) -> None:
