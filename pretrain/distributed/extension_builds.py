@@ -6,12 +6,18 @@ removed. Every other process waits for the file to go, printing nothing and with
 build killed midway (Ctrl-C, SIGKILL during a first launch) leaves the file, and every later launch
 waits on it forever.
 
-Because the holder keeps the descriptor open, "stale" is exact on one machine: a lock that no process
-has open (seen twice, same inode) is left over. On a network file system another machine may hold
-it, invisible here: such a lock is removed only once older than BERT_DS_STALE_LOCK_MINUTES (30),
-and waiting on it is said. Processes of other users cannot be inspected; a lock one of them might
-hold (the build folder is not ours) is never removed. Our own checks serialize on one flock, so two
-ranks never both remove, and a lock is removed by renaming it aside and checking it is the one looked at.
+Because the holder keeps the descriptor open, "stale" is exact where every possible holder is visible: a
+lock that no process has open (seen twice, same inode) is left over. Only a process of the initial pid namespace
+sees every process of the machine, and only if none of ours hides its descriptors (pretrain/distributed/
+holder_records.py): from a container, a build in a sibling container sharing the home folder is invisible, and
+removing its lock let two ninja builds share one folder (seen by a review: the first to finish removed the lock,
+the other's release failed). So each lock a watcher sees held gets a record beside it, `lock.holder` (host, boot,
+pid namespace, pid and its start time), and an unheld-looking lock is removed at once only when that record
+proves its holder dead, or when every possible holder is visible. Otherwise it may be held: it is removed only
+once older than BERT_DS_STALE_LOCK_MINUTES (30), and waiting on it is said; the same for a network file system,
+where another machine may hold it. Processes of other users cannot be inspected; a lock one of them might hold
+(the build folder is not ours) is never removed. Our own checks serialize on one flock, so two ranks never both
+remove, and a lock is removed by renaming it aside and checking it is the one looked at.
 
 The build tool: torch runs whichever `ninja` comes first on PATH, and ninja rebuilds a target whose
 command hash in `.ninja_log` is not its own. Two ninjas hash differently (pip's ninja 1.13 in the
@@ -36,9 +42,18 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from pretrain.distributed.holder_records import (
+    HolderRecord,
+    provably_dead,
+    read_record,
+    sees_every_possible_holder,
+    write_record,
+)
+
 NETWORK_FILE_SYSTEMS = {"nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs", "beegfs", "ceph", "glusterfs",
                         "fuse.sshfs", "fuse.glusterfs", "afs", "9p", "panfs", "wekafs"}
 POLL_SECONDS = 2.0
+HOLDER_RECORD = "lock.holder"  # beside torch's `lock`: who held it when a watcher saw it held (module docstring)
 SAY_BUILDING_AFTER_SECONDS = 8.0
 
 
@@ -62,17 +77,19 @@ def build_locks() -> list[Path]:
     return [lock for root in extension_roots() for lock in root.glob("*/lock")]
 
 
-def holders(lock: Path) -> tuple[list[int], bool]:
-    """The pids with `lock` open, and whether some process could not be inspected (another user's)."""
+def holders(lock: Path) -> tuple[list[int], list[int]]:
+    """The pids with `lock` open, and the pids whose descriptors could not be inspected (another user's, or ours
+    in another user namespace)."""
     target = str(lock.resolve())
-    found, hidden = [], False
+    found: list[int] = []
+    hidden: list[int] = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             fds = list((proc / "fd").iterdir())
         except PermissionError:
-            hidden = True
+            hidden.append(int(proc.name))
             continue
         except OSError:
             continue
@@ -123,6 +140,9 @@ class BuildWatcher:
         for lock in build_locks():
             with contextlib.suppress(FileNotFoundError):
                 self._check_one(lock)
+        for record in (record for root in extension_roots() for record in root.glob(f"*/{HOLDER_RECORD}")):
+            if not record.with_name("lock").exists():  # its build ended: the record proves nothing any more
+                _forget_holder(record.with_name("lock"))
 
     def _say_once(self, kind: str, lock: Path, message: str) -> None:
         if (kind, lock) not in self.said:
@@ -135,6 +155,7 @@ class BuildWatcher:
         name = lock.parent.name
         if pids:
             self.suspect.pop(lock, None)
+            record_holder(lock, pids[0], info.st_ino)
             if time.monotonic() - self.started < SAY_BUILDING_AFTER_SECONDS:
                 return
             if os.getpid() in pids:
@@ -149,10 +170,19 @@ class BuildWatcher:
                            "processes cannot be inspected; remove the file if nobody is compiling")
             return
         age = time.time() - info.st_mtime
-        if file_system_type(lock.resolve()) in NETWORK_FILE_SYSTEMS and age < stale_age_limit():
+        holder = recorded_holder(lock, info.st_ino)
+        proven = holder is not None and provably_dead(holder)
+        if not proven and file_system_type(lock.resolve()) in NETWORK_FILE_SYSTEMS and age < stale_age_limit():
             self._say_once("remote", lock, f"waiting on {lock}: no process on this machine holds it (another "
                            f"machine may be compiling); removed as stale at {stale_age_limit() / 60:.0f} min "
                            "of age, or remove it yourself if no machine is compiling")
+            return
+        if not proven and (holder is not None or not sees_every_possible_holder(hidden)) \
+                and age < stale_age_limit():
+            where = (f"pid {holder.pid} on {holder.host} (pid namespace {holder.pid_namespace})" if holder
+                     else "a process this one cannot inspect (another container or namespace on this machine)")
+            self._say_once("hidden", lock, f"waiting on {lock}: its holder may be {where}; removed as stale at "
+                           f"{stale_age_limit() / 60:.0f} min of age, or remove it yourself if nothing is compiling")
             return
         if self.suspect.get(lock) != info.st_ino:  # unheld once: look again before removing
             self.suspect[lock] = info.st_ino
@@ -160,9 +190,32 @@ class BuildWatcher:
         with _checks_serialized(lock.parent.parent):
             if lock.exists() and lock.stat().st_ino == info.st_ino and not holders(lock)[0] \
                     and _remove_if_same(lock, info.st_ino):
+                _forget_holder(lock)
                 say(f"removed stale lock {lock} ({age:.0f} s old, no process holds it: left by an interrupted "
                     "compile)")
         self.suspect.pop(lock, None)
+
+
+def record_holder(lock: Path, pid: int, inode: int) -> None:
+    """Write who holds `lock` (this inode) beside it, once: from another pid namespace the holder is invisible,
+    and the record is then what proves it alive or dead (module docstring)."""
+    path = lock.with_name(HOLDER_RECORD)
+    if (read_record(path) or {}).get("inode") == inode:
+        return
+    with contextlib.suppress(OSError):  # a folder we may not write: no record, the age limit then applies
+        write_record(path, {"inode": inode, "holder": HolderRecord.of(pid).to_dict()})
+
+
+def recorded_holder(lock: Path, inode: int) -> HolderRecord | None:
+    """The recorded holder of this very lock (same inode); None when there is no such record."""
+    data = read_record(lock.with_name(HOLDER_RECORD)) or {}
+    holder = data.get("holder")
+    return HolderRecord.from_dict(holder) if data.get("inode") == inode and isinstance(holder, dict) else None
+
+
+def _forget_holder(lock: Path) -> None:
+    with contextlib.suppress(OSError):
+        lock.with_name(HOLDER_RECORD).unlink()
 
 
 def _sibling(pid: int) -> bool:
