@@ -22,6 +22,9 @@ starts clean), prints one line (the folder, the failure, the space a checkpoint 
 the checkpoint `latest` still names), and every rank either trains on (a routine step checkpoint: the
 next one tries again) or stops with `SaveError` (a checkpoint the run cannot do without: a phase end,
 a stop; exit 4). docs/faults.md describes what the user sees.
+
+Loads go the other way through the same seam: `deepspeed_load` installs `SafeLoads` over the engine's checkpoint
+engine for a resume's `load_checkpoint`, so DeepSpeed's own reads are data-only too (safe_load.py).
 """
 
 from __future__ import annotations

@@ -18,6 +18,9 @@ into an engine with the same partitioning. Three pieces make it portable:
    into the new flats and moments (and into the compute-precision module weights), restores the
    scheduler and counters. Nothing is averaged or recomputed: the values are the saved ones, bit for bit.
 
+Every file is read as data (`_read`: safe_load.py), the converted state by every rank included: an
+`elastic_state.pt` found in the tag folder is reused as it is, so it is no more trusted than any other file.
+
 Why not DeepSpeed's universal checkpoints: see docs/elastic_resume.md.
 """
 
