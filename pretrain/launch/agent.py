@@ -197,7 +197,7 @@ class HealingAgent(LocalElasticAgent):
 
     @property
     def exit_status(self) -> int:
-        if self.stop_signal is not None:
+        if self.stop_signal is not None and self.record is None:  # a stop, unless its ranks ended their runs (0)
             return 128 + self.stop_signal
         return self.record.exit_status if self.record is not None else 1
 
@@ -236,12 +236,12 @@ class HealingAgent(LocalElasticAgent):
                          if pid in self.watch.hung and rank not in result.failures]
 
     def _judge(self, result: RunResult) -> None:
-        if self.stop_signal is not None:  # asked to stop: whatever the ranks did, no restart
-            self._remaining_restarts = 0
+        failures = self._failures(result)  # a stop: no restart, status 128 + N unless every rank's run had ended
+        if self.stop_signal is not None and not (failures and all(each.ended_run for each in failures)):
+            self._remaining_restarts, self.record = 0, None
             return
         group = self.get_worker_group()
         restarts_done = group.spec.max_restarts - self._remaining_restarts
-        failures = self._failures(result)
         if failures:
             first = primary_failure(failures)
             world = group.workers[0].world_size if group.workers else 1

@@ -21,7 +21,9 @@ words are its own CUDA error (NCCL's watchdog aborting it for its own GPU) is a 
 Among equals the one that failed first (RankFailure.failed_at), never the lower rank. The others died of its death,
 as their logs say.
 
-Kinds of failure that are no fault, and are never restarted: exit status 2 (a config, data or resume error the
+Kinds of failure that are no fault, and are never restarted: a rank that had said its run ended (RUN_ENDED_PREFIX:
+"complete" or the stop it was asked for) and then hung or crashed on its way out (one warning line, status 0, no
+record kept); exit status 2 (a config, data or resume error the
 ranks found: its line is shown once, and the job exits 2), 3 (NaN/inf losses, after a checkpoint) and 4 (a
 checkpoint or export that could not be written: the rank's own line says why). The same failure again (the same
 kind, cause, step and error line as the culprit of the attempt before, with no newer checkpoint since) is a bug
@@ -55,7 +57,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data_prep.atomic_io import atomic_write_bytes
-from pretrain.errors import ERROR_PREFIXES, NONFINITE_EXIT, SAVE_FAILED_EXIT, USER_ERROR_EXIT
+from pretrain.errors import (
+    ERROR_PREFIXES,
+    NONFINITE_EXIT,
+    RUN_ENDED_PREFIX,
+    SAVE_FAILED_EXIT,
+    USER_ERROR_EXIT,
+)
 from pretrain.launch.fault_records import (  # noqa: F401 - AgentEnd, RECORD_PREFIX: importers read them here too
     RECORD_PREFIX,
     VICTIM_ORDER,
@@ -102,6 +110,12 @@ class RankFailure:
         except OSError:
             written = math.inf
         return min(written, self.noticed + 1) if self.noticed is not None else written
+
+    @property
+    def ended_run(self) -> str | None:
+        """How its run ended, when the rank said so in its log before it failed (reported_end); None: it failed
+        before its run ended, a fault."""
+        return reported_end(self.log)
 
     @property
     def kind(self) -> str:
@@ -173,6 +187,13 @@ def primary_failure(failures: list[RankFailure]) -> RankFailure:
 def error_line(log: Path) -> str | None:
     """The last line of a rank's log that the driver prints for an error of its own ("config error: ...")."""
     return next((line.strip() for line in reversed(log_lines(log)) if line.startswith(ERROR_PREFIXES)), None)
+
+
+def reported_end(log: Path) -> str | None:
+    """How the rank's run ended, when it said so in its log before it failed (RUN_ENDED_PREFIX: "complete", or the
+    stop it was asked for); None: it failed before its run ended."""
+    return next((line[len(RUN_ENDED_PREFIX):].strip() for line in reversed(log_lines(log))
+                 if line.startswith(RUN_ENDED_PREFIX)), None)
 
 
 def latest_checkpoint(checkpoint_dir: Path) -> str | None:
@@ -259,6 +280,11 @@ def judge(failure: RankFailure, restarts_done: int, context: FaultContext, histo
                  cause=failure.cause, step=failure.step, detail=detail, checkpoint=checkpoint,
                  order=failure_order(failure), failed_at=failed_at if math.isfinite(failed_at) else None)
     log = failure.files()
+    ended = failure.ended_run
+    if ended is not None:  # its run was over: a hang or a crash on its way out is no fault, and not kept as one
+        line = (f"warning: {failure.line()} after its run ended ({ended}): not restarted, the run's end stands; "
+                f"{log}")
+        return FaultRecord(time.time(), **fields, restarts=False, exit_status=0, line=line)
     if failure.exitcode in NOT_RESTARTED and not (failure.hang or failure.node_lost):
         if found and failure.exitcode in (USER_ERROR_EXIT, SAVE_FAILED_EXIT):  # the rank's own words say it all
             line, status = found, failure.exitcode

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from pretrain.distributed.step_watch import TEARDOWN
+from pretrain.errors import RUN_ENDED_PREFIX
 from pretrain.launch.fault_records import FaultLines
 from pretrain.launch.faults import (
     RECORD_PREFIX,
@@ -25,7 +27,7 @@ from pretrain.launch.faults import (
     primary_failure,
 )
 from pretrain.launch.processes import process_state
-from tests.support.fault_texts import write_rank_log
+from tests.support.fault_texts import fault_text, write_rank_log
 from tests.support.paths import REPO_ROOT
 
 
@@ -320,3 +322,28 @@ def test_the_hang_watch_names_a_frozen_peer_and_ends_both_the_waiting_one_after_
         for child in (frozen, waiting):
             child.kill()
             child.wait()
+
+
+def test_a_rank_that_hangs_or_crashes_after_its_run_ended_is_a_warning_never_a_restart(tmp_path: Path) -> None:
+    """A finished run finishes: a rank that said its run ended (the driver's RUN_ENDED_PREFIX line in its log, under
+    the agent) and then hung on its way out (its teardown timer killed it) or crashed there (NCCL's destructors:
+    SIGABRT) is one warning line, no restart, status 0, and no fault in the records (goodput counts none). Before,
+    it was a fault: a restart, and on several nodes status 1 about ten minutes after training finished."""
+    log = tmp_path / "rank-1.log"
+    log.write_text(f"{RUN_ENDED_PREFIX}complete\n")  # as pretrain/train.py main() writes it under the agent
+    hung = failure(tmp_path, exitcode=-signal.SIGKILL, step=TEARDOWN,
+                   hang="made no progress in 10 min (running but not progressing; run.hang_timeout_minutes)")
+    record = judge(hung, 0, context(tmp_path), history(tmp_path))
+    assert (record.restarts, record.exit_status) == (False, 0)
+    assert record.line.startswith("warning: rank 1 (host node7) made no progress in 10 min (running but not "
+                                  "progressing; run.hang_timeout_minutes): killed during teardown after its run "
+                                  "ended (complete): not restarted, the run's end stands; log: "), record.line
+    log.write_text(f"{RUN_ENDED_PREFIX}SIGTERM\nterminate called without an active exception\n")  # after a stop
+    aborted = judge(failure(tmp_path, exitcode=-signal.SIGABRT, step="phase1 step 12"), 1, context(tmp_path),
+                    history(tmp_path))
+    assert (aborted.restarts, aborted.exit_status) == (False, 0) and "run ended (SIGTERM)" in aborted.line
+    assert history(tmp_path).records() == []
+    assert hung.ended_run == "SIGTERM"  # the agent's stop path reads it: a stop whose runs ended exits 0
+    log.write_text(fault_text("culprit_index_error"))  # failed before its run ended: a fault as ever
+    assert judge(failure(tmp_path, exitcode=1), 2, context(tmp_path), history(tmp_path)).restarts
+    assert failure(tmp_path, exitcode=1).ended_run is None
