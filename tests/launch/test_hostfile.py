@@ -188,6 +188,8 @@ def test_hostfile_launch_leaves_no_env_file_behind(hostfile_runs: HostfileRecord
     assert not Path(env_files[0]).exists(), env_files
     # nor the 0600 copy pretrain.launch.nodes ships to the nodes in the working folder (pretrain/launch/node_env.py)
     assert not list(REPO_ROOT.glob(".bert-ds-env-*")), list(REPO_ROOT.glob(".bert-ds-env-*"))
+    # nor the job's rendezvous key (pretrain/launch/rendezvous_key.py), which every agent read to sign its states
+    assert not list(REPO_ROOT.glob(".bert-ds-rendezvous-*")), list(REPO_ROOT.glob(".bert-ds-rendezvous-*"))
     # every node's rank got its variables from that file: PYTHONSAFEPATH keeps the working folder off its imports
     assert len(hostfile_runs.rank_envs) == 2, hostfile_runs.rank_envs
     assert all(env.get("PYTHONSAFEPATH") == "1" and env.get("TOKENIZERS_PARALLELISM") == "false"
