@@ -232,6 +232,8 @@ launch_module() { # $1 = python module, $2 = pretrain|finetune, then the subcomm
             # pretrain/distributed/cluster.py); with one node it runs them locally, and the arguments go as typed.
             if ((CLUSTER_REMOTE_SHELL)); then
                 echo "# hostfile: the module's arguments below are quoted once more for the remote shell (pdsh + ssh)"
+                run_finetune_nodes "$module"
+                return
             fi
             run "${ds[@]}" --hostfile "$HOSTFILE" --master_addr "$CLUSTER_MASTER_ADDR" \
                 --master_port "$CLUSTER_MASTER_PORT" ${CLUSTER_LAUNCHER_ARGS[@]+"${CLUSTER_LAUNCHER_ARGS[@]}"} \
@@ -297,6 +299,30 @@ run_nodes() { # [--slurm] then the pretrain arguments as typed: the error line's
         echo "# which starts: $(PYTHONPATH=$(with_repo_on_path) "$(command -v "$PYTHON" || echo python3)" "${nodes[@]}" \
             --python "$PYTHON" --show -- "${MODULE_ARGS[@]}")"
     fi
+}
+
+# squad/glue finetune on 2+ nodes: DeepSpeed's runner starts the ranks through pdsh and would put every line of its
+# env file, and every MLFLOW*/PYTHON*/UCX*/MV2*/NCCL* variable, on pdsh's command line (readable by every user with
+# ps) and in its log. So it gets only RANK_ENV (our defaults, printed above anyway): pretrain.launch.node_env ships the
+# rest in a 0600 file on the working folder (0700 folder, removed at exit) and each rank's command (--no_python)
+# sources that file on its node, then becomes the rank.
+RUNNER_ENV_FILE=/dev/null
+run_finetune_nodes() { # $1 = the module
+    local shipped request=(ship --python "$PYTHON") unset=() name
+    if ((DRY_RUN)); then request+=(--dry-run); else request+=(--env-file "$DS_ENV_FILE"); fi
+    shipped=$(PYTHONPATH=$(with_repo_on_path) "$(command -v "$PYTHON" || echo python3)" -m pretrain.launch.node_env \
+        --prog launch.sh "${request[@]}") || exit $?
+    eval "$shipped" # NODE_ENV_DIR, RUNNER_UNSET, NODE_ENV_EXEC: shlex.quote'd assignments
+    if ! ((DRY_RUN)); then
+        RUNNER_ENV_FILE=$(mktemp "${TMPDIR:-/tmp}/bert-ds-runner-env.XXXXXX")
+        trap 'rm -f "$DS_ENV_FILE" "$RUNNER_ENV_FILE"; rm -rf "$NODE_ENV_DIR"' EXIT
+        printf '%s\n' "${RANK_ENV[@]}" >"$RUNNER_ENV_FILE"
+    fi
+    for name in ${RUNNER_UNSET[@]+"${RUNNER_UNSET[@]}"}; do unset+=(-u "$name"); done
+    run env ${unset[@]+"${unset[@]}"} DS_ENV_FILE="$RUNNER_ENV_FILE" "${ds[@]}" --hostfile "$HOSTFILE" \
+        --master_addr "$CLUSTER_MASTER_ADDR" --master_port "$CLUSTER_MASTER_PORT" \
+        ${CLUSTER_LAUNCHER_ARGS[@]+"${CLUSTER_LAUNCHER_ARGS[@]}"} --no_local_rank --no_python "${NODE_ENV_EXEC[@]}" \
+        "$1" "${MODULE_ARGS[@]}"
 }
 
 # The pdsh launcher forwards few variables to the other nodes; the rest of RANK_ENV (and the lines

@@ -19,25 +19,42 @@ Any variable can ride it: add NAME -> VALUE to the `node_env` mapping the transp
 mapping goes into srun's environment (`--export=ALL` hands it to the tasks through slurmd, not argv). A secret
 that must stay a file (0600) can be written into `EnvFile.folder`, the per-launch 0700 folder, and its path ride here.
 
+`squad/glue finetune` on several nodes goes through DeepSpeed's runner, which puts every line of its env file and
+every MLFLOW*/PYTHON*/UCX*/MV2*/NCCL* variable on its pdsh command line (and logs it). `python -m
+pretrain.launch.node_env ship` (launch.sh) ships those here instead and prints what the runner needs: the names to
+unset from its environment, and a rank command prefix (EXEC_WITH_ENV, for its --no_python) that sources the file on
+the node and then becomes the rank.
+
 Standard library only, as nodes.py.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shlex
 import shutil
+import sys
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from pretrain.distributed.cluster import ClusterError, remote_quote
+from pretrain.distributed.cluster import ClusterError, pdsh_quote, remote_quote, shell_assignments
+from pretrain.errors import exit_on_error
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 FOLDER_PREFIX = ".bert-ds-env-"
 FILE_NAME = "env"
 NOT_SHARED_STATUS = 2  # a node that cannot source the file ends with this (nodes.py: "ended by itself")
+# What DeepSpeed's pdsh runner copies from its environment onto its command line (its EXPORT_ENVS, and NCCL for CUDA).
+RUNNER_EXPORTED = ("MLFLOW", "PYTHON", "MV2", "UCX", "NCCL")
+KEPT_BY_THE_RUNNER = ("PYTHONSAFEPATH",)  # the runner itself must keep it; "1" is no secret
+# `bash -c EXEC_WITH_ENV bash FILE COMMAND...`: source_command's checks and read, then become COMMAND.
+EXEC_WITH_ENV = ('f=$1; shift; { [ -O /dev/fd/3 ] && [ -O "${f%/*}" ] && [ ! -L "${f%/*}" ] && set -a && '
+                 '. /dev/fd/3 && set +a; } 3<"$f" || { echo "error: the environment file $f of this launch is missing '
+                 'on this node or not yours: the working folder must be on a file system every node shares, at the '
+                 f'same path" >&2; exit {NOT_SHARED_STATUS}; }}; exec "$@"')
 
 
 def parse_env_lines(lines: Iterable[str], source: str) -> dict[str, str]:
@@ -117,3 +134,39 @@ class EnvFile:
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None
+
+
+def runner_shipment(ds_env: Mapping[str, str], env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """What DeepSpeed's runner must not carry: (the values to ship, the names to unset from its environment). The
+    env file's lines (`ds_env`) win over the environment's, as they do in DeepSpeed."""
+    taken = [name for name in env if name.startswith(RUNNER_EXPORTED) and name not in KEPT_BY_THE_RUNNER]
+    return {**{name: env[name] for name in taken}, **ds_env}, taken
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`ship`: the finetune runner's shipment (runner_shipment) written to the working folder, and shell assignments
+    for launch.sh: NODE_ENV_DIR (to remove at exit; empty under --dry-run), RUNNER_UNSET (names), NODE_ENV_EXEC (the
+    pdsh-quoted rank command prefix: bash -c EXEC_WITH_ENV bash FILE PYTHON -u -m)."""
+    parser = argparse.ArgumentParser(prog="python -m pretrain.launch.node_env", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prog", default="pretrain.launch.node_env", help="name to prefix errors with (the caller)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    ship = commands.add_parser("ship", help="DeepSpeed runner's variables to a 0600 file, as shell assignments")
+    ship.add_argument("--env-file", default="", help="launch.sh's DS_ENV_FILE (NAME=VALUE lines)")
+    ship.add_argument("--python", required=True, help="the ranks' interpreter")
+    ship.add_argument("--dry-run", action="store_true", help="write nothing; show where the file would be")
+    args = parser.parse_args(argv)
+
+    def shipped() -> None:
+        values, unset = runner_shipment(read_env_file(args.env_file) if args.env_file else {}, os.environ)
+        env_file = EnvFile(values, Path.cwd())
+        if not args.dry_run:
+            env_file.write()
+        words = ["bash", "-c", EXEC_WITH_ENV, "bash", str(env_file.path), args.python, "-u", "-m"]
+        sys.stdout.write(shell_assignments({"NODE_ENV_DIR": str(env_file.folder or ""), "RUNNER_UNSET": unset,
+                                            "NODE_ENV_EXEC": [pdsh_quote(word) for word in words]}))
+
+    return exit_on_error(shipped, ClusterError, prefix=f"{args.prog}: error: ")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -5,9 +5,10 @@ The nodes' variables (the ranks' defaults and the lines of ~/.deepspeed_env) onc
 unquoted `export NAME=VALUE;` words: a value with `; touch X` ran `touch X` on every node, a space cut the value, a
 working folder with a space broke `cd`, and every user read the tokens with `ps`. Here the remote command the
 transport builds is run by a real shell (`bash -c`, pdsh's expansions done as pdsh does them), and, where this
-machine has sshd and pdsh, by a real loopback pdsh launch through pretrain.launch.nodes; the "agent" is a stand-in
-interpreter that records what it was given (its environment, folder, its shell's command line) and whether a
-`numpy.py` planted in the working folder gets imported.
+machine has sshd and pdsh, by real loopback pdsh launches: pretrain.launch.nodes (pretrain) and DeepSpeed's runner
+(`squad finetune --hostfile`). The agent or rank is a stand-in interpreter that records what it was given (its
+environment, folder, the command lines of the processes above it) and whether a `numpy.py` planted in the working
+folder gets imported.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import shutil
 import stat
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,17 +41,22 @@ USER_LINES = [
 ]
 # A working folder a remote shell and pdsh would mangle unquoted.
 AWKWARD_FOLDER = "work dir/it's 5%n {a,b}"
-# The stand-in agent: `-c` (the transport's store check) runs the real interpreter; anything else records.
+# The stand-in interpreter: our rank or agent (a `-m pretrain.launch.agent` or `pretrain.finetune...` command line)
+# records what it got, with the command lines of every process above it (the node's shell among them); anything else
+# (the transport's store check, DeepSpeed's runner and per-node launcher, launch.sh's helpers) runs for real.
 STAND_IN = """#!{python}
 import json, os, subprocess, sys
-if sys.argv[1:2] == ["-c"]:
+if sys.argv[1:4] not in (["-u", "-m", "pretrain.launch.agent"], ["-u", "-m", "pretrain.finetune.squad"]):
     os.execv({python!r}, [{python!r}, *sys.argv[1:]])
-node = sys.argv[sys.argv.index("--node") + 1]
-with open(f"/proc/{{os.getppid()}}/cmdline", "rb") as shell:
-    shell_line = shell.read().decode("utf-8", "replace")
+node = sys.argv[sys.argv.index("--node") + 1] if "--node" in sys.argv else "rank" + os.environ["RANK"]
+lines, pid = [], os.getppid()
+while pid > 1:
+    with open(f"/proc/{{pid}}/cmdline", "rb") as cmdline:
+        lines.append(cmdline.read().decode("utf-8", "replace"))
+    with open(f"/proc/{{pid}}/stat") as stat:
+        pid = int(stat.read().rpartition(")")[2].split()[1])
 numpy = subprocess.run([{python!r}, "-c", "import numpy; print(numpy.__file__)"], capture_output=True, text=True)
-record = {{"env": dict(os.environ), "cwd": os.getcwd(), "shell_line": shell_line, "argv": sys.argv,
-          "numpy": numpy.stdout.strip()}}
+record = {{"env": dict(os.environ), "cwd": os.getcwd(), "above": lines, "argv": sys.argv, "numpy": numpy.stdout.strip()}}
 with open(os.path.join({out!r}, node + ".json"), "w") as out:
     json.dump(record, out)
 """
@@ -59,8 +66,8 @@ PLANTED_NUMPY = "open({marker!r}, 'w').close()\nraise ImportError('planted')\n"
 class Stage:
     """A working folder with an awkward name, a planted numpy.py, the user's env file, the stand-in agent."""
 
-    def __init__(self, root: Path) -> None:
-        self.root, self.work, self.out = root, root / AWKWARD_FOLDER, root / "out"
+    def __init__(self, root: Path, folder: str = AWKWARD_FOLDER) -> None:
+        self.root, self.work, self.out = root, root / folder, root / "out"
         self.work.mkdir(parents=True)
         self.out.mkdir()
         self.marker, self.numpy_marker = root / "injected", root / "planted-numpy-ran"
@@ -85,20 +92,23 @@ class Stage:
     def record(self, node: str) -> dict:
         return json.loads((self.out / f"{node}.json").read_text(encoding="utf-8"))
 
-    def check(self, node: str, pdsh_argv: list[str]) -> None:
-        """What `node`'s agent got: every value as written, in the working folder, nothing run, nothing on a
-        command line (pdsh's, or the node's shell's), the planted numpy.py not imported."""
+    def check(self, node: str, shown: str, extra: dict[str, str] | None = None) -> dict:
+        """What `node`'s agent or rank got: every value as written, in the working folder, nothing run, no value on
+        a command line (`shown`: pdsh's or a log, and every process above it on the node: its shell, ...), the
+        planted numpy.py not imported."""
         record = self.record(node)
-        for name, value in self.expected().items():
+        expected = {**self.expected(), **(extra or {})}
+        for name, value in expected.items():
             assert record["env"].get(name) == value, (name, record["env"].get(name))
         assert record["env"]["PYTHONSAFEPATH"] == "1" and record["env"]["OMP_NUM_THREADS"] == "2"
+        assert record["env"]["PYTHONPATH"].split(os.pathsep)[0] == str(REPO_ROOT)  # ours, not DeepSpeed's (cwd)
         assert record["cwd"] == str(self.work)
         assert not self.marker.exists(), "a value's '; touch' ran on the node"
         assert not self.numpy_marker.exists() and record["numpy"].endswith("site-packages/numpy/__init__.py"), record
-        for line, where in ((" ".join(pdsh_argv), "pdsh's argv"), (record["shell_line"], "the node shell's argv")):
-            for name, value in self.expected().items():
-                assert value.strip() not in line, f"{name}'s value on {where}: {line}"
-        assert "--node" in record["argv"] and record["argv"][-2:] == ["--config", "run 1.json"]
+        for line, where in ((shown, "the launch host"), *((above, "the node") for above in record["above"])):
+            for name, value in expected.items():
+                assert value.strip() not in line, f"{name}'s value on a command line on {where}: {line}"
+        return record
 
 
 def remote_shell(words: list[str], host: str, shell: str = "bash") -> subprocess.CompletedProcess[str]:
@@ -126,7 +136,7 @@ def test_values_reach_the_node_as_written_and_nothing_runs(tmp_path: Path) -> No
                 continue
             done = remote_shell(words[6:], "n1", shell)
             assert done.returncode == 0, done.stderr
-            stage.check("n1", words)
+            assert stage.check("n1", " ".join(words))["argv"][-2:] == ["--config", "run 1.json"]
     assert not env_file.exists() and not env_file.parent.exists()  # removed at the job's end
 
 
@@ -152,15 +162,20 @@ def test_a_missing_working_folder_stops_the_node_instead_of_starting_in_home(tmp
     assert done.returncode == 2 and "gone" in done.stderr and not (stage.out / "n1.json").exists()
 
 
+@pytest.fixture(scope="module")
+def ssh_nodes() -> Iterator[LoopbackSsh]:
+    yield from running_or_skip(LoopbackSsh(), "loopback ssh nodes")
+
+
 @pytest.mark.cluster
-def test_a_real_loopback_pdsh_launch_gets_every_value_and_shows_none(tmp_path: Path) -> None:
+def test_a_real_loopback_pdsh_launch_gets_every_value_and_shows_none(tmp_path: Path, ssh_nodes: LoopbackSsh) -> None:
     """pretrain.launch.nodes as launch.sh runs it (--env-file: launch.sh's 0600 temp file), over real pdsh + ssh
     to two "nodes" of this machine; the stand-in agents record what they got."""
     stage = Stage(tmp_path)
     env_file = tmp_path / "ds_env"
     env_file.write_text("".join(f"{name}={value}\n" for name, value in stage.node_env().items()), encoding="utf-8")
     env_file.chmod(0o600)
-    for ssh in running_or_skip(LoopbackSsh(), "loopback ssh nodes"):
+    for ssh in [ssh_nodes]:
         hosts, env = ssh.hostfile(tmp_path / "hosts"), child_env(**ssh.env, PYTHONSAFEPATH="1")  # as launch.sh's
         # (the nodes' shells start from sshd's environment: there PYTHONSAFEPATH comes from the env file alone)
         command = [sys.executable, "-m", "pretrain.launch.nodes", "--hostfile", str(hosts), "--nproc-per-node", "1",
@@ -171,8 +186,30 @@ def test_a_real_loopback_pdsh_launch_gets_every_value_and_shows_none(tmp_path: P
         done = subprocess.run(command, cwd=stage.work, capture_output=True, text=True, env=env, timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr
         for node in ("127.0.0.1", "localhost"):
-            stage.check(node, shown.stdout.split())
+            assert stage.check(node, shown.stdout + done.stdout + done.stderr)["argv"][-2:] == ["--config", "run 1.json"]
         assert not [path for path in stage.work.iterdir() if path.name.startswith(".bert-ds-env-")]
+
+
+@pytest.mark.cluster
+def test_a_two_node_finetune_gives_deepspeeds_runner_no_value(tmp_path: Path, ssh_nodes: LoopbackSsh) -> None:
+    """`./launch.sh squad finetune --hostfile` on two "nodes": DeepSpeed's runner puts its env file's lines and
+    MLFLOW*/PYTHON*/... variables on pdsh's command line and logs it, so it gets our defaults only; the rest reaches
+    each rank through the shipped file its command sources first (EXEC_WITH_ENV). The runner's remote command
+    leaves the working folder unquoted (`cd DIR;`, DeepSpeed's), hence a plain folder here."""
+    stage = Stage(tmp_path, folder="work")
+    secret = {"MLFLOW_TRACKING_PASSWORD": "mlflow pass; touch " + str(stage.marker)}
+    env = child_env(**ssh_nodes.env, **secret, HOME=str(stage.user_file.parent), PYTHON=str(stage.python))
+    env.pop("PYTHONPATH", None)
+    done = subprocess.run(["bash", str(REPO_ROOT / "launch.sh"), "squad", "finetune", "--hostfile",
+                           str(ssh_nodes.hostfile(tmp_path / "hosts")), "--cpu", "--gpus", "1", "--master-port",
+                           str(free_port()), "--model", "a model"], cwd=stage.work, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in ("rank0", "rank1"):
+        record = stage.check(rank, done.stdout + done.stderr, secret)
+        assert record["argv"][-4:] == ["pretrain.finetune.squad", "finetune", "--model", "a model"], record["argv"]
+        assert record["env"]["DS_ACCELERATOR"] == "cpu"
+    assert not [path for path in stage.work.iterdir() if path.name.startswith(".bert-ds-env-")]
 
 
 def test_a_deepspeed_env_someone_else_could_write_is_ignored_with_one_line(tmp_path: Path) -> None:
