@@ -14,7 +14,9 @@ written) claims the folder:
 - a folder without a record (new, or written before this release) becomes this run's; one that already
   holds checkpoints says so in one line.
 
-The record is written atomically and only when it changes.
+The record is written atomically and only when it changes. `./launch.sh pretrain` asks the same question before
+any rank starts (`check_checkpoint_dir`, pretrain/launch/preflight.py), so a refusal does not wait for the shards'
+hashing.
 """
 
 from __future__ import annotations
@@ -50,16 +52,26 @@ def claim_checkpoint_dir(claim: CheckpointClaim) -> None:
     existed = folder.is_dir()
     hold_checkpoint_folder(folder, run, CHECKPOINT_LOCK)  # creates the folder when new
     try:
-        record = _new_record(folder, run, claim.adopt, existed)
+        record, line = _decide(folder, run, claim.adopt, existed)
     except CheckpointDirTakenError:
         release_folder(folder)
         raise
+    if line:
+        print(line, flush=True)
     if record is not None:
         atomic_write_json(folder / OWNER, record)
 
 
-def _new_record(folder: Path, run: Path, adopt: bool, existed: bool) -> dict[str, str | None] | None:
-    """The record to write (None: the folder is this run's already), saying in one line any change of hands."""
+def check_checkpoint_dir(claim: CheckpointClaim) -> None:
+    """The claim's verdict without taking anything (the launch-time check, before any rank starts and before the
+    shards are hashed): CheckpointDirTakenError when another run's record names the folder. Writes nothing."""
+    folder = Path(claim.checkpoint_dir).resolve()
+    if folder.is_dir():
+        _decide(folder, Path(claim.run_dir).resolve(), claim.adopt, existed=True)
+
+
+def _decide(folder: Path, run: Path, adopt: bool, existed: bool) -> tuple[dict[str, str | None] | None, str | None]:
+    """The record to write (None: the folder is this run's already) and the line that says a change of hands."""
     place = str(folder.relative_to(run)) if folder.is_relative_to(run) else None
     ours = {"run_dir": str(run), "place_in_run_dir": place}
     path = folder / OWNER
@@ -68,28 +80,25 @@ def _new_record(folder: Path, run: Path, adopt: bool, existed: bool) -> dict[str
         owner, owner_place = str(recorded["run_dir"]), recorded.get("place_in_run_dir")
     except FileNotFoundError:
         if existed and _holds_checkpoints(folder):
-            print(f"checkpoint.dir {folder}: no {OWNER} (written before runs recorded their checkpoint folder): "
-                  f"now run {run}'s", flush=True)
-        return ours
+            return ours, (f"checkpoint.dir {folder}: no {OWNER} (written before runs recorded their checkpoint "
+                          f"folder): now run {run}'s")
+        return ours, None
     except (OSError, ValueError, KeyError, TypeError) as err:
         if not adopt:
             raise CheckpointDirTakenError(
                 f"checkpoint.dir {folder}: its owner record {path} is unreadable ({err}): set checkpoint.adopt=true "
                 "if this run may take the folder over, or use another checkpoint.dir") from None
-        print(f"checkpoint.dir {folder}: owner record unreadable; adopted by run {run} (checkpoint.adopt)", flush=True)
-        return ours
+        return ours, f"checkpoint.dir {folder}: owner record unreadable; adopted by run {run} (checkpoint.adopt)"
     if owner == str(run):
-        return None
+        return None, None
     if place is not None and owner_place == place:
-        print(f"checkpoint.dir {folder}: recorded for run {owner}; it moved or was copied with its run folder: "
-              f"now run {run}'s", flush=True)
-        return ours
+        return ours, (f"checkpoint.dir {folder}: recorded for run {owner}; it moved or was copied with its run "
+                      f"folder: now run {run}'s")
     if not adopt:
         raise CheckpointDirTakenError(
             f"checkpoint.dir {folder} belongs to run {owner} (its {OWNER}): this run would resume from and prune "
             "that run's checkpoints; use another checkpoint.dir, or set checkpoint.adopt=true to take it over")
-    print(f"checkpoint.dir {folder}: taken over from run {owner} by run {run} (checkpoint.adopt)", flush=True)
-    return ours
+    return ours, f"checkpoint.dir {folder}: taken over from run {owner} by run {run} (checkpoint.adopt)"
 
 
 def _holds_checkpoints(folder: Path) -> bool:

@@ -44,6 +44,7 @@ from typing import Any
 
 from pretrain.checkpointing.cadence import advised_interval
 from pretrain.checkpointing.footprint import RunFootprint, check_free_space, model_fields
+from pretrain.checkpointing.ownership import CheckpointClaim, check_checkpoint_dir
 from pretrain.config.attention import setup_problem
 from pretrain.config.cli import parse_args
 from pretrain.config.deepspeed import phase_ds_config, phase_ds_json
@@ -168,6 +169,7 @@ def check_config(config: RunConfig, shape: LaunchShape) -> CheckedRun:
     overrides, max_positions = model_overrides(config, first.vocab_size)
     check_writable(Path(config.run.dir), "run.dir")
     check_writable(config.checkpoint_dir, "checkpoint.dir" if config.checkpoint.dir else "run.dir")
+    check_checkpoint_dir(CheckpointClaim(config.checkpoint_dir, Path(config.run.dir), config.checkpoint.adopt))
     footprint = None
     if ds_configs is not None and dp_size is not None:  # enough disk for keep_last + 1 checkpoints and the exports
         fields = model_fields(config.model.preset, overrides, first.vocab_size, max_positions)

@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 
 from pretrain.checkpointing.layout import OWNER
+from pretrain.errors import ConfigError
 from pretrain.export import main as export_main
+from pretrain.launch.preflight import LaunchShape, check_command_line
 from pretrain.train import main as train_main
 from tests.support.pretrain_fixtures import build_shards, tiny_run_config
 
@@ -118,6 +120,8 @@ def test_a_second_run_on_one_checkpoint_dir_is_refused_unless_it_adopts_it(run: 
     before = tree(checkpoints)
     args = ["--config", str(second_json), '--run.phases=["phase1"]', "--phase1.steps=2",
             "--logging.val_every_steps=0", "--logging.tensorboard=false"]
+    with pytest.raises(ConfigError, match=r"^checkpoint.dir .* belongs to run "):  # ./launch.sh, before any rank
+        check_command_line(args, LaunchShape(1, "cpu"))
     capsys.readouterr()
     assert train_main(args) == 2
     assert refused_line(capsys) == (
