@@ -13,6 +13,14 @@ import re
 import mwparserfromhell
 from mwparserfromhell.nodes import Comment, Heading, Tag, Template, Wikilink
 
+from data_prep.config import DEFAULT_LIMITS, DocumentLimits
+from data_prep.wikitext_scan import (
+    strip_leftover_refs,
+    strip_refs_and_comments,
+    unclosed_openers,
+    unwrap_leftover_links,
+)
+
 # Tags whose content is never running prose.
 _DROP_TAGS = frozenset(
     {"ref", "references", "table", "gallery", "math", "chem", "score", "timeline", "imagemap",
@@ -26,24 +34,26 @@ _DISAMBIGUATION = re.compile(
     r"surname|given name|set index article|sia|shipindex|hospitaldis|schooldis|mountainindex)\s*[|}]",
     re.IGNORECASE,
 )
-# <ref>s and comments cannot nest in MediaWiki, so a regex removes them exactly, and before
-# parsing: they are ~30% of an article's wikitext and building their nodes is most of the cost
-# (halves the cleaning time on the sample dump).
-_REFS_AND_COMMENTS = re.compile(r"<ref\b[^>]*/>|<ref\b[^>]*>.*?</ref\s*>|<!--.*?-->", re.IGNORECASE | re.DOTALL)
+# <ref>s and comments cannot nest in MediaWiki, so they are removed exactly before parsing, by a linear scan
+# (data_prep/wikitext_scan.py): they are ~30% of an article's wikitext and building their nodes is most of the
+# cost (halves the cleaning time on the sample dump).
 _REDIRECT = re.compile(r"^\s*#redirect", re.IGNORECASE)
 # Leftovers that strip_code can leave when markup is malformed in the source page.
 _RESIDUE_LINE = re.compile(r"^\s*(\{\||\|\}|\|-|!|\||\{\{|\}\}|<|__[A-Z]+__)")
 # Markup that survives when the source page itself is unbalanced (an unclosed '' or <ref>
 # makes the parser read what follows as text): scrubbed from the final text.
-_LEFTOVER_REF = re.compile(r"<ref[^>]*?/>|<ref[^>]*>.*?(</ref>|$)", re.IGNORECASE)
 _LEFTOVER_TEMPLATE = re.compile(r"\{\{[^{}]*\}\}")
 _LEFTOVER_FILE = re.compile(r"\[\[(file|image|category):[^\n]*", re.IGNORECASE)
-_LEFTOVER_LINK = re.compile(r"\[\[(?:[^|\]]*\|)?([^\]]*)\]\]")
 _LEFTOVER_TAG = re.compile(r"</?[a-zA-Z][^<>]*>")
 _LEFTOVER_MARKS = re.compile(r"''+|\[\[|\]\]|\{\{|\}\}")
 _MULTISPACE = re.compile(r"[ \t\u00a0]+")
-_EMPTY_PARENS = re.compile(r"\(\s*[,;]?\s*\)")
-_SPACE_BEFORE_PUNCT = re.compile(r"\s+([,.;:!?])")
+# Both written so that a long run of whitespace is tried once, not once per position (linear, same matches).
+_EMPTY_PARENS = re.compile(r"\((?:\s*[,;])?\s*\)")
+_SPACE_BEFORE_PUNCT = re.compile(r"(?<!\s)\s++([,.;:!?])")
+
+
+class CostlyPage(ValueError):
+    """A page over a cap (data_prep/config.py: DocumentLimits), found before it is parsed; says why."""
 
 
 def is_redirect(wikitext: str) -> bool:
@@ -78,17 +88,32 @@ def _prune(code: mwparserfromhell.wikicode.Wikicode) -> None:
             _prune(child)
 
 
-def wikitext_to_paragraphs(wikitext: str) -> list[str]:
-    """Plain-text paragraphs of one article, markup removed, in page order."""
-    code = mwparserfromhell.parse(_REFS_AND_COMMENTS.sub("", wikitext))
+def check_page(wikitext: str, limits: DocumentLimits) -> None:
+    """Refuse, in linear time, a page whose parse would take superlinear time: over the size cap, or with so
+    many unclosed openers that the parser's rescans of the rest of the page (one per opener) pass the cap."""
+    if len(wikitext) > limits.max_wikitext_chars:
+        raise CostlyPage(f"{len(wikitext):,} characters of wikitext, over the {limits.max_wikitext_chars:,} "
+                         "MediaWiki allows")
+    unclosed = unclosed_openers(wikitext)
+    if unclosed * len(wikitext) > limits.max_markup_cost:
+        raise CostlyPage(f"{unclosed:,} unclosed templates, links, tables or tags in {len(wikitext):,} characters "
+                         f"(vandalised or broken markup; parsing it takes time that grows with their product, "
+                         f"capped at {limits.max_markup_cost:,})")
+
+
+def wikitext_to_paragraphs(wikitext: str, limits: DocumentLimits = DEFAULT_LIMITS) -> list[str]:
+    """Plain-text paragraphs of one article, markup removed, in page order; CostlyPage for a page over a cap."""
+    wikitext = strip_refs_and_comments(wikitext)
+    check_page(wikitext, limits)
+    code = mwparserfromhell.parse(wikitext)
     _prune(code)
     text = code.strip_code(normalize=True, collapse=True, keep_template_params=False)
     paragraphs = []
     for line in text.split("\n"):
         if _RESIDUE_LINE.match(line):
             continue
-        line = _LEFTOVER_FILE.sub("", _LEFTOVER_REF.sub("", line))
-        line = _LEFTOVER_LINK.sub(r"\1", _LEFTOVER_TEMPLATE.sub("", line))
+        line = _LEFTOVER_FILE.sub("", strip_leftover_refs(line))
+        line = unwrap_leftover_links(_LEFTOVER_TEMPLATE.sub("", line))
         line = _LEFTOVER_MARKS.sub("", _LEFTOVER_TAG.sub("", line))
         line = line.lstrip("*#:; ").strip()
         line = _EMPTY_PARENS.sub("", line)

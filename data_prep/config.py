@@ -36,6 +36,39 @@ BERT_MASK_PROB = 0.15  # the rate BERT's 20 predictions at 128 were sized for
 NAMED_INPUTS = ("wiki_dumps", "wikiextractor", "books", "texts", "hf_datasets")
 
 
+# MediaWiki refuses to save a page over 2 MiB ($wgMaxArticleSize, 2048 KiB), so no real Wikipedia page is longer.
+MAX_WIKITEXT_CHARS = 2 << 20
+
+
+@dataclass(frozen=True)
+class DocumentLimits:
+    """Caps on one input document, so that no input, hostile or vandalised, costs more than linear time and
+    bounded memory: a document over a cap is skipped and counted under --skip-bad-files, else the build
+    stops with one line naming it. Fixed settings (not flags, not part of the identity): no real document
+    reaches them, so they change no byte of a build of real data.
+
+    - `max_document_bytes`: a document's bytes on disk before decoding: a book file (decompressed), one
+      JSON or text line, one WikiExtractor `<doc>`; also what a read takes at most at a time.
+    - `max_wikitext_chars`: a Wikipedia page's wikitext (MediaWiki's own limit, above).
+    - `max_markup_cost`: the wikitext parser (mwparserfromhell, a C extension) rescans the rest of a page for
+      every opener it cannot close (`{{`, `[[`, `{|`, `[`, a tag), so a page of unclosed openers takes
+      quadratic time (23 KiB of unclosed templates: 11 s). Such pages are found before parsing, in linear
+      time: unclosed openers times the page's length above this is refused (balanced real pages are at 0;
+      at the cap, a page costs the parser some seconds on this project's CI machine).
+    - `parse_seconds`: a last resort, per document, for a cost the count above does not see (the worker's
+      timer interrupts the parser). Far above any real page (a 2 MiB page takes about 5 s), because a page
+      it stops makes the output depend on the machine's speed; such a stop is said so in its message.
+    """
+
+    max_document_bytes: int = 64 << 20
+    max_wikitext_chars: int = MAX_WIKITEXT_CHARS
+    max_markup_cost: int = 1 << 24
+    parse_seconds: float = 120.0
+
+
+DEFAULT_LIMITS = DocumentLimits()
+
+
 class ConfigError(ValueError):
     """A flag has an invalid value; the message names the flag."""
 

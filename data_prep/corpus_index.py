@@ -23,6 +23,9 @@ import numpy as np
 
 from data_prep.work_layout import CLEAN_STAGE, TOKENS_STAGE, marker_path
 
+# Input documents left out for being over a cap (data_prep/config.py: DocumentLimits) under --skip-bad-files:
+# in a clean marker and the manifest's totals only when there were some, so other builds keep their bytes.
+DOCUMENTS_SKIPPED = "documents_skipped_over_limits"
 _VAL_ENTROPY = 0x7A1
 _DRAW_BLOCK = 1 << 20  # documents drawn at a time when a draw must scan the corpus (8 MiB)
 
@@ -74,6 +77,8 @@ def corpus_index(out: Path, num_shards: int) -> CorpusIndex:
         chunk_base += len(chunks)
         for key in ("input_documents", "documents_dropped_short", "characters", "documents", "sentences", "tokens"):
             totals[key] = totals.get(key, 0) + int((clean | tokens)[key])
+        if clean.get(DOCUMENTS_SKIPPED):
+            totals[DOCUMENTS_SKIPPED] = totals.get(DOCUMENTS_SKIPPED, 0) + int(clean[DOCUMENTS_SKIPPED])
     return CorpusIndex(tuple(spans), dict(sorted(totals.items())))
 
 

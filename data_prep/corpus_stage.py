@@ -23,9 +23,10 @@ from data_prep.atomic_io import atomic_write_bytes, atomic_write_json, sha256_fi
 from data_prep.batch_files import AtomicBatchWriter, read_batches
 from data_prep.config import BuildConfig
 from data_prep.corpus import TEXT_SCHEMA, text_table, token_schema, token_table
+from data_prep.corpus_index import DOCUMENTS_SKIPPED
 from data_prep.input_plan import InputPlan, read_shard
 from data_prep.parallel import Workers
-from data_prep.sources import RawDocument, to_sentences
+from data_prep.sources import RawDocument, document_sentences
 from data_prep.vocab import Vocab, VocabError, load_vocab, train_vocab
 from data_prep.work_layout import CLEAN_STAGE, TOKENS_STAGE, VOCAB_NAME, marker_path, text_path, tokens_path
 
@@ -37,6 +38,7 @@ class CleanTask:
     documents: list[RawDocument]
     min_doc_chars: int
     last: bool = False  # no documents: marks the end of the shard (`chunk` is then its number of chunks)
+    skip_bad_files: bool = False  # a document over a cap is left out and counted, instead of stopping the build
 
 
 @dataclass(frozen=True)
@@ -52,9 +54,12 @@ def clean_chunk(task: CleanTask) -> CleanedChunk:
         return CleanedChunk(task, None, {})
     titles: list[str] = []
     kept: list[list[str]] = []
-    dropped = 0
+    dropped = skipped = 0
     for doc in task.documents:
-        sentences = to_sentences(doc)
+        sentences = document_sentences(doc, task.skip_bad_files)
+        if sentences is None:
+            skipped += 1
+            continue
         if sum(len(s) for s in sentences) < max(1, task.min_doc_chars):
             dropped += 1
             continue
@@ -65,6 +70,8 @@ def clean_chunk(task: CleanTask) -> CleanedChunk:
         "documents_dropped_short": dropped,
         "characters": sum(len(s) for doc in kept for s in doc),
     }
+    if skipped:  # recorded only when some were: the markers (and manifests) of clean builds stay as they were
+        stats[DOCUMENTS_SKIPPED] = skipped
     return CleanedChunk(task, text_table(titles, kept), stats)
 
 
@@ -108,7 +115,7 @@ class _ShardText:
         assert result.table is not None
         self.writer.write(result.table)
         for key, value in result.stats.items():
-            self.stats[key] += value
+            self.stats[key] = self.stats.get(key, 0) + value
 
     def finish(self, chunks: int) -> None:
         self.writer.__exit__(None)
@@ -129,7 +136,7 @@ def clean_shards(cfg: BuildConfig, plan: InputPlan, shards: list[int], workers: 
         for shard in todo:
             chunks = 0
             for chunks, documents in enumerate(_chunks(read_shard(cfg, plan.shards[shard]), cfg.docs_per_chunk), 1):
-                yield CleanTask(shard, chunks - 1, documents, cfg.min_doc_chars)
+                yield CleanTask(shard, chunks - 1, documents, cfg.min_doc_chars, skip_bad_files=cfg.skip_bad_files)
             yield CleanTask(shard, chunks, [], cfg.min_doc_chars, last=True)
 
     current: _ShardText | None = None

@@ -162,6 +162,26 @@ def read_table(path: str | os.PathLike[str]) -> pa.Table:
         raise ShardFormatError(f"{path}: not a readable Arrow IPC file: {err}") from err
 
 
+def _file_entries(data: dict[str, Any]) -> list[Any]:
+    """Every file a manifest names: the vocab, the tokenizer files, each shard."""
+    entries = [data["vocab"].get("file") if isinstance(data["vocab"], dict) else data["vocab"]]
+    tokenizer = data.get("tokenizer")
+    if isinstance(tokenizer, dict):
+        entries += [tokenizer.get("file"), tokenizer.get("probe")]
+    for by_split in data["seq_lens"].values() if isinstance(data["seq_lens"], dict) else ():
+        for entry in by_split.values() if isinstance(by_split, dict) else ():
+            entries += [shard.get("file") for shard in entry.get("shards", ()) if isinstance(shard, dict)]
+    return [entry for entry in entries if entry is not None]  # a missing one is another error, found where read
+
+
+def _stays_inside(entry: Any) -> bool:
+    """A relative path without `..`: what the build writes. Checked on the words, not by resolving links, so a
+    folder the owner links in still reads; an entry that climbs out of the root or starts at `/` never does."""
+    if not isinstance(entry, str) or not entry or "\0" in entry:
+        return False
+    return not os.path.isabs(entry) and ".." not in Path(entry).parts
+
+
 @dataclass(frozen=True)
 class ShardInfo:
     file: str
@@ -194,6 +214,9 @@ class Manifest:
                 raise ShardFormatError(f"{path}: missing field {key!r}")
         if data.get("segments", NSP) not in SEGMENT_MODES:
             raise ShardFormatError(f"{path}: segments {data['segments']!r}, expected one of {', '.join(SEGMENT_MODES)}")
+        for entry in _file_entries(data):
+            if not _stays_inside(entry):
+                raise ShardFormatError(f"{path}: file entry {entry!r} is not a path inside {root}")
         return cls(root=root, data=data)
 
     @property

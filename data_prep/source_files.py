@@ -16,6 +16,10 @@ class SourceError(ValueError):
     """An input file or folder is missing, unreadable, corrupt or not UTF-8; names the path."""
 
 
+class DocumentTooLarge(SourceError):
+    """One input document is over a cap of data_prep.config.DocumentLimits; names its file and the document."""
+
+
 def open_binary(path: Path) -> BinaryIO:
     """bz2 by the file name's suffix: every source reads plain and compressed files alike."""
     return bz2.open(path, "rb") if path.suffix == ".bz2" else open(path, "rb")
@@ -47,12 +51,16 @@ def _decode(path: Path, data: bytes) -> str:
         raise SourceError(f"{path}: not UTF-8 (byte offset {err.start})") from err
 
 
-def read_text(path: Path) -> str:
+def read_text(path: Path, max_bytes: int) -> str:
+    """The whole file, decoded; at most `max_bytes` are read (decompressed, for a .bz2: a 1 MiB file of one
+    repeated byte decompresses to about 800 GiB), more raises DocumentTooLarge."""
     try:
         with open_binary(path) as handle:
-            data = handle.read()
+            data = handle.read(max_bytes + 1)  # bz2 decompresses only as far as the bytes asked for
     except (OSError, EOFError) as err:
         raise SourceError(f"{path}: corrupt or unreadable ({err})") from err
+    if len(data) > max_bytes:
+        raise DocumentTooLarge(f"{path}: over {max_bytes:,} bytes{' decompressed' if path.suffix == '.bz2' else ''}")
     return _decode(path, data)
 
 

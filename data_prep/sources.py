@@ -13,70 +13,64 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from data_prep.byte_ranges import BLANK_LINE, LINE, file_lines, range_name
-from data_prep.clean import is_disambiguation, is_redirect, wikitext_to_paragraphs
-from data_prep.sentences import split_sentences
-from data_prep.source_files import SourceError, check_readable_file, list_text_files, open_binary, read_text
+from data_prep.byte_ranges import BLANK_LINE, LINE, LongLine, file_lines, range_name
+from data_prep.clean import is_disambiguation, is_redirect
+from data_prep.config import DEFAULT_LIMITS, DocumentLimits
 
-# How a document's text is laid out, which decides how it becomes sentences.
-WIKITEXT = "wikitext"  # MediaWiki markup
-LINES = "lines"  # one sentence per line (BERT's sample_text.txt format)
-PARAGRAPH_LINES = "paragraph_lines"  # one paragraph per line (WikiExtractor, HF wikipedia)
-WRAPPED = "wrapped"  # hard-wrapped paragraphs separated by blank lines (Gutenberg books)
-
-
-@dataclass(frozen=True)
-class RawDocument:
-    source: str
-    title: str
-    text: str
-    layout: str
-
-
-def to_sentences(doc: RawDocument) -> list[str]:
-    if doc.layout == WIKITEXT:
-        paragraphs = wikitext_to_paragraphs(doc.text)
-    elif doc.layout == LINES:
-        return [line.strip() for line in doc.text.split("\n") if line.strip()]
-    elif doc.layout == PARAGRAPH_LINES:
-        paragraphs = [line.strip() for line in doc.text.split("\n") if line.strip()]
-    elif doc.layout == WRAPPED:
-        paragraphs = [" ".join(block.split()) for block in re.split(r"\n\s*\n", doc.text)]
-    else:
-        raise ValueError(f"unknown layout {doc.layout!r}")
-    return [sentence for paragraph in paragraphs for sentence in split_sentences(paragraph)]
-
+# re-exported: callers know these from here
+from data_prep.documents import (  # noqa: F401  # noqa: F401
+    LINES,
+    PARAGRAPH_LINES,
+    SKIPPED,
+    WIKITEXT,
+    WRAPPED,
+    RawDocument,
+    document_sentences,
+    skip_or_raise,
+    skipped,
+    to_sentences,
+)
+from data_prep.hf_source import read_hf_dataset
+from data_prep.source_files import (
+    DocumentTooLarge,
+    SourceError,
+    check_readable_file,
+    list_text_files,
+    open_binary,
+    read_text,
+)
+from data_prep.wiki_xml import dump_pages
 
 # Wikipedia XML dump
 
-def read_wiki_dump(path: Path) -> Iterator[RawDocument]:
+def read_wiki_dump(path: Path, skip_bad_files: bool = False,
+                   limits: DocumentLimits = DEFAULT_LIMITS) -> Iterator[RawDocument]:
     """Main-namespace articles of a pages-articles dump; redirects and disambiguation pages dropped.
 
-    Streams with iterparse and clears every <page> after use, so memory stays flat on a 20 GB
-    dump. bz2.open reads multistream files (concatenated streams) transparently.
+    Streamed page by page in bounded memory (data_prep/wiki_xml.py) on a 20 GB dump; bz2.open reads
+    multistream files (concatenated streams) transparently. A page over MediaWiki's own size limit is left
+    out and counted under --skip-bad-files, else stops the build naming it.
     """
     source = f"wiki:{path.name}"
     try:
         with open_binary(path) as handle:
-            for _event, element in ET.iterparse(handle, events=("end",)):
-                if not element.tag.endswith("}page") and element.tag != "page":
+            for page in dump_pages(handle, limits.max_wikitext_chars):
+                if page.ns != "0" or page.redirect:
                     continue
-                namespace = element.tag[: -len("page")]
-                title = element.findtext(f"{namespace}title") or ""
-                ns = element.findtext(f"{namespace}ns") or "0"
-                text = element.findtext(f"{namespace}revision/{namespace}text") or ""
-                redirect = element.find(f"{namespace}redirect") is not None
-                element.clear()
-                if ns != "0" or redirect or is_redirect(text) or is_disambiguation(title, text):
+                if page.oversized:
+                    yield skipped(source, page.title, DocumentTooLarge(
+                        f"--wiki-dump {path}: page {page.title!r}: {page.text_chars:,} characters of wikitext, over "
+                        f"the {limits.max_wikitext_chars:,} MediaWiki allows"), skip_bad_files)
                     continue
-                yield RawDocument(source, title, text, WIKITEXT)
+                if is_redirect(page.text) or is_disambiguation(page.title, page.text):
+                    continue
+                yield RawDocument(source, page.title, page.text, WIKITEXT)
     except ET.ParseError as err:
         raise SourceError(f"--wiki-dump {path}: malformed XML ({err})") from err
     except (OSError, EOFError) as err:
@@ -89,24 +83,34 @@ def read_wiki_dump(path: Path) -> Iterator[RawDocument]:
 _DOC_OPEN = re.compile(r'<doc id="([^"]*)"[^>]*title="([^"]*)"[^>]*>')
 
 
-def read_wikiextractor(folder: Path, skip_bad_files: bool = False) -> Iterator[RawDocument]:
+_DOC_HEADER_CHARS = 1 << 16  # a <doc ...> line is a few hundred characters; longer ones are text
+
+
+def read_wikiextractor(folder: Path, skip_bad_files: bool = False,
+                       limits: DocumentLimits = DEFAULT_LIMITS) -> Iterator[RawDocument]:
     """`<doc id= url= title=>` ... `</doc>` files (plain or .bz2); the repeated title line is skipped."""
     for path in list_text_files(folder, "--wikiextractor", None):
-        yield from read_wikiextractor_file(path, folder, skip_bad_files)
+        yield from read_wikiextractor_file(path, folder, skip_bad_files, limits)
 
 
-def read_wikiextractor_file(path: Path, folder: Path, skip_bad_files: bool = False) -> Iterator[RawDocument]:
-    """The documents of one WikiExtractor file of `folder` (its name relative to the folder is the source)."""
+def read_wikiextractor_file(path: Path, folder: Path, skip_bad_files: bool = False,
+                            limits: DocumentLimits = DEFAULT_LIMITS) -> Iterator[RawDocument]:
+    """The documents of one WikiExtractor file of `folder` (its name relative to the folder is the source). The
+    file is read whole, up to `max_document_bytes` decompressed (WikiExtractor writes 1 MB files by default)."""
     source = f"wikiextractor:{path.relative_to(folder)}"
     title: str | None = None
     lines: list[str] = []
     try:
-        text = read_text(path)
+        text = read_text(path, limits.max_document_bytes)
+    except DocumentTooLarge as err:
+        yield skipped(source, path.name, DocumentTooLarge(f"--wikiextractor {err}"), skip_bad_files)
+        return
     except SourceError as err:
-        _skip_or_raise(SourceError(f"--wikiextractor {err}"), skip_bad_files)
+        skip_or_raise(SourceError(f"--wikiextractor {err}"), skip_bad_files)
         return
     for line in text.split("\n"):
-        opened = _DOC_OPEN.match(line)
+        # the regex backtracks over a line without a closing '>': only a header's length is tried
+        opened = _DOC_OPEN.match(line) if len(line) <= _DOC_HEADER_CHARS else None
         if opened:
             title, lines = opened.group(2), []
         elif line.startswith("</doc>") and title is not None:
@@ -133,78 +137,106 @@ def strip_gutenberg(text: str) -> str:
     return text
 
 
-def _skip_or_raise(err: SourceError, skip_bad_files: bool) -> None:
-    if not skip_bad_files:
-        raise err
-    print(f"warning: skipped (--skip-bad-files): {err}", file=sys.stderr, flush=True)
-
-
 BOOK_SUFFIXES = (".txt", ".txt.bz2")
 
 
-def read_books(folder: Path, skip_bad_files: bool = False) -> Iterator[RawDocument]:
+def read_books(folder: Path, skip_bad_files: bool = False,
+               limits: DocumentLimits = DEFAULT_LIMITS) -> Iterator[RawDocument]:
     """One book per file; hard-wrapped or one-sentence-per-line paragraphs both work."""
     for path in list_text_files(folder, "--books", BOOK_SUFFIXES):
-        yield from read_book_file(path, folder, skip_bad_files)
+        yield from read_book_file(path, folder, skip_bad_files, limits)
 
 
-def read_book_file(path: Path, folder: Path, skip_bad_files: bool = False) -> Iterator[RawDocument]:
+def read_book_file(path: Path, folder: Path, skip_bad_files: bool = False,
+                   limits: DocumentLimits = DEFAULT_LIMITS) -> Iterator[RawDocument]:
+    """One book, read up to `max_document_bytes` (decompressed: a small .bz2 can expand without bound)."""
     try:
-        raw = read_text(path)
+        raw = read_text(path, limits.max_document_bytes)
+    except DocumentTooLarge as err:
+        yield skipped(f"books:{path.relative_to(folder)}", path.stem, DocumentTooLarge(f"--books {err}"),
+                       skip_bad_files)
+        return
     except SourceError as err:
-        _skip_or_raise(SourceError(f"--books {err}"), skip_bad_files)
+        skip_or_raise(SourceError(f"--books {err}"), skip_bad_files)
         return
     text = strip_gutenberg(raw.replace("\r\n", "\n"))
     yield RawDocument(f"books:{path.relative_to(folder)}", path.stem, text, WRAPPED)
 
 
-def read_sentence_lines(path: Path, start: int = 0, end: int | None = None) -> Iterator[RawDocument]:
+def read_sentence_lines(path: Path, start: int = 0, end: int | None = None, skip_bad_files: bool = False,
+                        limits: DocumentLimits = DEFAULT_LIMITS) -> Iterator[RawDocument]:
     """One sentence per line, blank lines between documents (BERT's input format), streamed; with a byte range
-    (data_prep/byte_ranges.py: cut at document starts), only the documents that start in it."""
+    (data_prep/byte_ranges.py: cut at document starts), only the documents that start in it. A document over
+    `max_document_bytes` (one line, or all of its lines) is skipped and counted, or stops the build."""
     source, name = f"text:{path.name}", range_name(path, start, end)
     lines: list[str] = []
-    count = 0
+    count = size = 0
+    too_long: int | None = None  # the line at which the document went over the cap
+
+    def finish() -> RawDocument:
+        title = f"{name}#{count}"
+        if too_long is None:
+            return RawDocument(source, title, "\n".join(lines), LINES)
+        return skipped(source, title, DocumentTooLarge(
+            f"--text {path}: line {too_long}{'' if start == 0 else f' from byte {start}'}: document over "
+            f"{limits.max_document_bytes:,} bytes"), skip_bad_files)
+
     try:
-        for number, raw in enumerate(file_lines(path, start, end), start=1):
+        for number, raw in enumerate(file_lines(path, start, end, limits.max_document_bytes), start=1):
+            if isinstance(raw, LongLine):
+                too_long, lines = too_long or number, []
+                continue
             try:
                 line = raw.decode("utf-8").strip()
             except UnicodeDecodeError as err:
                 raise SourceError(f"--text {path}: not UTF-8 (line {number} from byte {start})") from err
             if line:
-                lines.append(line)
-            elif lines:
+                size += len(raw)
+                if size > limits.max_document_bytes:
+                    too_long, lines = too_long or number, []
+                elif too_long is None:
+                    lines.append(line)
+            elif lines or too_long is not None:
                 count += 1
-                yield RawDocument(source, f"{name}#{count}", "\n".join(lines), LINES)
-                lines = []
+                yield finish()
+                lines, size, too_long = [], 0, None
     except (OSError, EOFError) as err:
         raise SourceError(f"--text {path}: corrupt or unreadable ({err})") from err
-    if lines:
-        yield RawDocument(source, f"{name}#{count + 1}", "\n".join(lines), LINES)
+    if lines or too_long is not None:
+        count += 1
+        yield finish()
 
 
 # JSON lines
 JSONL_SUFFIXES = (".jsonl",)
 
 
-def read_jsonl(folder: Path, skip_bad_files: bool = False) -> Iterator[RawDocument]:
+def read_jsonl(folder: Path, skip_bad_files: bool = False,
+               limits: DocumentLimits = DEFAULT_LIMITS) -> Iterator[RawDocument]:
     """Every *.jsonl file under `folder` (sorted paths), one document per line: an object whose string
     `text` field holds the document, one paragraph per line (as `--hf-dataset` rows, so the same rows
     give the same shards either way); its `title` or `id` names it. Streamed, without `datasets`.
 
     A bad line (not UTF-8, not JSON, no string `text`) stops the build naming the file and line; under
-    --skip-bad-files it is skipped, and each file's skipped lines are counted in one warning.
+    --skip-bad-files it is skipped, and each file's skipped lines are counted in one warning. A line over
+    `max_document_bytes` is never held whole: it stops the build, or is skipped and counted as a document.
     """
     for path in list_text_files(folder, "--jsonl", JSONL_SUFFIXES):
-        yield from read_jsonl_file(path, folder, skip_bad_files)
+        yield from read_jsonl_file(path, folder, skip_bad_files, limits=limits)
 
 
 def read_jsonl_file(path: Path, folder: Path, skip_bad_files: bool = False, start: int = 0,
-                    end: int | None = None) -> Iterator[RawDocument]:
+                    end: int | None = None, limits: DocumentLimits = DEFAULT_LIMITS) -> Iterator[RawDocument]:
     """One JSON-lines file, or the lines that start in a byte range of it (cut at line starts)."""
     source, name = f"jsonl:{path.relative_to(folder)}", range_name(path, start, end)
     bad: list[str] = []
     try:
-        for number, raw in enumerate(file_lines(path, start, end), start=1):
+        for number, raw in enumerate(file_lines(path, start, end, limits.max_document_bytes), start=1):
+            if isinstance(raw, LongLine):
+                yield skipped(source, f"{name}#{number}", DocumentTooLarge(
+                    f"--jsonl {path}: line {number}{'' if start == 0 else f' from byte {start}'}: {raw.size:,} "
+                    f"bytes, over the {limits.max_document_bytes:,} a document may have"), skip_bad_files)
+                continue
             if not raw.strip():
                 continue
             try:
@@ -215,9 +247,9 @@ def read_jsonl_file(path: Path, folder: Path, skip_bad_files: bool = False, star
                                       f"{err}") from err
                 bad.append(f"line {number}: {err}")
     except (OSError, EOFError) as err:
-        _skip_or_raise(SourceError(f"--jsonl {path}: corrupt or unreadable ({err})"), skip_bad_files)
+        skip_or_raise(SourceError(f"--jsonl {path}: corrupt or unreadable ({err})"), skip_bad_files)
     if bad:
-        _skip_or_raise(SourceError(f"--jsonl {path}: {len(bad)} bad line(s) left out (first: {bad[0]})"), True)
+        skip_or_raise(SourceError(f"--jsonl {path}: {len(bad)} bad line(s) left out (first: {bad[0]})"), True)
 
 
 def _jsonl_document(raw: bytes, source: str, fallback_title: str) -> RawDocument:
@@ -232,43 +264,6 @@ def _jsonl_document(raw: bytes, source: str, fallback_title: str) -> RawDocument
         raise SourceError('not an object with a string "text" field')
     title = row.get("title") or row.get("id") or fallback_title
     return RawDocument(source, str(title), text.replace("\r\n", "\n"), PARAGRAPH_LINES)
-
-
-# Hugging Face datasets
-
-def read_hf_dataset(spec: str, text_field: str = "text", rows_per_doc: int = 1) -> Iterator[RawDocument]:
-    """`NAME[:CONFIG]` through `datasets` (streaming from the Hub), or a `save_to_disk` folder.
-
-    Each row is a document, or `rows_per_doc` consecutive rows are one (bookcorpus stores one
-    sentence per row and no book boundaries).
-    """
-    import datasets  # imported here: it is slow to import and only this source needs it
-
-    name, _, config = spec.partition(":")
-    saved = Path(name)
-    if saved.is_dir() and ((saved / "dataset_dict.json").is_file() or (saved / "state.json").is_file()):
-        loaded = datasets.load_from_disk(name)
-        dataset = loaded["train"] if isinstance(loaded, datasets.DatasetDict) else loaded
-    else:
-        try:
-            dataset = datasets.load_dataset(name, config or None, split="train", streaming=True)
-        except Exception as err:  # datasets raises many types (hub, file, config errors)
-            raise SourceError(f"--hf-dataset {spec}: cannot load ({type(err).__name__}: {err})") from err
-    source = f"hf:{spec}"
-    layout = PARAGRAPH_LINES  # a row is a paragraph (wikipedia, wikitext) or a sentence (bookcorpus)
-    buffer: list[str] = []
-    first_title = ""
-    for index, row in enumerate(dataset):
-        if text_field not in row:
-            raise SourceError(f"--hf-dataset {spec}: rows have no {text_field!r} field (fields: {sorted(row)})")
-        if not buffer:
-            first_title = str(row.get("title") or f"{spec}#{index}")
-        buffer.append(str(row[text_field]))
-        if len(buffer) >= rows_per_doc:
-            yield RawDocument(source, first_title, "\n".join(buffer), layout)
-            buffer = []
-    if buffer:
-        yield RawDocument(source, first_title, "\n".join(buffer), layout)
 
 
 # the table of sources
@@ -299,6 +294,7 @@ class ReadContext:
 
     skip_bad_files: bool
     options: Mapping[str, Any] = field(default_factory=dict)
+    limits: DocumentLimits = DEFAULT_LIMITS
 
 
 @dataclass(frozen=True)
@@ -350,27 +346,32 @@ class Source:
 SOURCES: tuple[Source, ...] = (
     Source("--wiki-dump", "wiki_dumps", "PATH",
            "Wikipedia pages-articles XML dump, .xml or .xml.bz2 (multistream too); repeatable",
-           FILE, lambda value, _context: read_wiki_dump(Path(value))),
+           FILE, lambda value, context: read_wiki_dump(Path(value), context.skip_bad_files, context.limits)),
     Source("--wikiextractor", "wikiextractor", "DIR",
            "folder of WikiExtractor output (<doc id= url= title=> files); repeatable",
-           FOLDER, lambda value, context: read_wikiextractor(Path(value), context.skip_bad_files),
-           read_file=lambda path, folder, context: read_wikiextractor_file(path, folder, context.skip_bad_files),
+           FOLDER, lambda value, context: read_wikiextractor(Path(value), context.skip_bad_files, context.limits),
+           read_file=lambda path, folder, context: read_wikiextractor_file(path, folder, context.skip_bad_files,
+                                                                           context.limits),
            skips_bad_files=True),
     Source("--books", "books", "DIR",
            "folder of plain-text books, one per file (Gutenberg header/footer stripped); repeatable",
-           FOLDER, lambda value, context: read_books(Path(value), context.skip_bad_files),
-           read_file=lambda path, folder, context: read_book_file(path, folder, context.skip_bad_files),
+           FOLDER, lambda value, context: read_books(Path(value), context.skip_bad_files, context.limits),
+           read_file=lambda path, folder, context: read_book_file(path, folder, context.skip_bad_files,
+                                                                  context.limits),
            suffixes=BOOK_SUFFIXES, skips_bad_files=True),
     Source("--text", "texts", "FILE", "one sentence per line, blank line between documents; repeatable",
-           FILE, lambda value, _context: read_sentence_lines(Path(value)), cut_at=BLANK_LINE,
-           read_range=lambda path, _root, _context, start, end: read_sentence_lines(path, start, end)),
+           FILE, lambda value, context: read_sentence_lines(Path(value), 0, None, context.skip_bad_files,
+                                                            context.limits), cut_at=BLANK_LINE,
+           read_range=lambda path, _root, context, start, end: read_sentence_lines(
+               path, start, end, context.skip_bad_files, context.limits)),
     Source("--jsonl", "jsonl", "DIR",
            'folder of JSON-lines files (*.jsonl, sorted): one {"text": ...} document per line, a paragraph '
            "per line of text; repeatable",
-           FOLDER, lambda value, context: read_jsonl(Path(value), context.skip_bad_files),
-           read_file=lambda path, folder, context: read_jsonl_file(path, folder, context.skip_bad_files),
+           FOLDER, lambda value, context: read_jsonl(Path(value), context.skip_bad_files, context.limits),
+           read_file=lambda path, folder, context: read_jsonl_file(path, folder, context.skip_bad_files,
+                                                                   limits=context.limits),
            cut_at=LINE, read_range=lambda path, folder, context, start, end: read_jsonl_file(
-               path, folder, context.skip_bad_files, start, end),
+               path, folder, context.skip_bad_files, start, end, context.limits),
            suffixes=JSONL_SUFFIXES, skips_bad_files=True),
     Source("--hf-dataset", "hf_datasets", "NAME[:CONFIG]",
            "Hugging Face dataset by name (streamed, split 'train') or a save_to_disk folder; repeatable",
