@@ -256,8 +256,8 @@ def serve_store(job: NodeJob) -> subprocess.Popen[bytes] | None:
         return None
     sock = listen(port, host)  # where the nodes reach this machine, not every interface
     try:
-        command = [sys.executable, "-u", "-m", "pretrain.launch.store", "--port", str(port), "--listen-fd",
-                   str(sock.fileno()), "--with-parent"]
+        command = [sys.executable, "-u", "-m", "pretrain.launch.store", "--host", host, "--port", str(port),
+                   "--listen-fd", str(sock.fileno()), "--with-parent"]  # --host: its own client dials the socket
         return subprocess.Popen(command, pass_fds=[sock.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     finally:
         sock.close()  # the store holds it now

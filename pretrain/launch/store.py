@@ -29,19 +29,18 @@ from pretrain.launch.rendezvous import listen
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pretrain.launch.store", description=__doc__.split("\n")[0])
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--host", default="", help="the address the nodes reach this machine at (served there alone)")
+    parser.add_argument("--host", required=True, help="the address the nodes reach this machine at (served there alone;"
+                        " with --listen-fd the address that socket is bound to)")
     parser.add_argument("--listen-fd", type=int, default=None, help="a socket already listening on the port")
     parser.add_argument("--with-parent", action="store_true", help="end when the process that started it ends")
     args = parser.parse_args(argv)
-    if args.listen_fd is None and not args.host:
-        parser.error("give --host ADDRESS: the address the nodes reach this machine at (the store listens there alone)")
     if args.with_parent:
         die_with_parent(signal.SIGTERM)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: sys.exit(0))
     try:
         listen_fd = args.listen_fd if args.listen_fd is not None else listen(args.port, args.host).detach()
-        store = TCPStore(args.host or "127.0.0.1", args.port, is_master=True, wait_for_workers=False,
+        store = TCPStore(args.host, args.port, is_master=True, wait_for_workers=False,
                          multi_tenant=True, timeout=timedelta(seconds=60), master_listen_fd=listen_fd)
     except ClusterError as err:
         print(f"launch.sh: error: {err}", file=sys.stderr)

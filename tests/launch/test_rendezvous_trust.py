@@ -24,9 +24,11 @@ from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, _RendezvousState
 
 from pretrain.launch import rendezvous_key
+from pretrain.launch.nodes import NodeJob, serve_store
 from pretrain.launch.rendezvous import listen
 from pretrain.launch.rendezvous_key import RendezvousKeyError
 from pretrain.launch.signed_rendezvous import KEY_PREFIX, Meeting, SignedBackend, meeting_for, signed_handler
+from pretrain.launch.transports import Pdsh
 from tests.support.launching import free_port
 from tests.support.rendezvous_intruder import Planted
 
@@ -115,6 +117,23 @@ def test_the_store_of_one_machine_listens_on_loopback_alone() -> None:
     with socket.socket() as probe, pytest.raises(OSError):  # nothing answers on another address of the machine
         probe.settimeout(5)
         probe.connect(("127.0.0.2", meeting.port))
+
+
+def test_the_store_nodes_py_serves_listens_on_the_endpoints_address_alone_and_answers_there() -> None:
+    """A multi-node job's store (pretrain/launch/store.py, on the socket nodes.py bound): at an address of this
+    machine other than 127.0.0.1, as a cluster interface would be; its own client must dial that address too."""
+    port = free_port()
+    job = NodeJob(["node1", "node2"], 2, Pdsh("bert-job-store"), [], [], "again", f"127.0.0.2:{port}")
+    served = serve_store(job)
+    assert served is not None
+    try:
+        client = TCPStore("127.0.0.2", port, is_master=False, timeout=timedelta(seconds=60))
+        client.set("probe", "1")
+        assert client.get("probe") == b"1" and served.poll() is None
+        assert listening(port) == ["0200007F"]  # 127.0.0.2 alone, not every interface
+    finally:
+        served.terminate()
+        served.wait()
 
 
 def test_the_key_file_is_the_users_alone_and_anything_else_is_refused_in_one_line(tmp_path: Path) -> None:
