@@ -27,10 +27,6 @@ from collections.abc import Callable
 USER_ERROR_EXIT = 2  # a config, data or resume error (UserError): one line with its kind's prefix
 NONFINITE_EXIT = 3  # too many NaN/inf steps in a row (a checkpoint was written first)
 SAVE_FAILED_EXIT = 4  # a phase-end or stop checkpoint (or an export) could not be written; its line is out
-# The driver's last word in its log (stderr) under the elastic agent, once its run has ended of itself ("complete", or
-# the stop it was asked for): whatever ends the process after it (a hang or a crash on the way out, NCCL's
-# destructors) is no fault, never a restart, and the job's status is the run's (pretrain/launch/faults.py judge).
-RUN_ENDED_PREFIX = "run ended: "
 
 
 class UserError(ValueError):

@@ -70,17 +70,10 @@ from pretrain.data.batches import DataConfigError
 from pretrain.distributed.info import DistInfo, Launch
 from pretrain.distributed.lifetime import release_run_folder
 from pretrain.distributed.process_group import init_distributed
-from pretrain.distributed.step_watch import TIMER_FILE_ENV, StepWatch
+from pretrain.distributed.step_watch import StepWatch, tell_run_ended
 from pretrain.distributed.stop_request import StopRequest
 from pretrain.engine import build_engine, rebind_optimizer
-from pretrain.errors import (
-    NONFINITE_EXIT,
-    RUN_ENDED_PREFIX,
-    SAVE_FAILED_EXIT,
-    USER_ERROR_EXIT,
-    ConfigError,
-    UserError,
-)
+from pretrain.errors import NONFINITE_EXIT, SAVE_FAILED_EXIT, USER_ERROR_EXIT, ConfigError, UserError
 from pretrain.export import export_checkpoint
 from pretrain.metrics.throughput import Throughput
 from pretrain.metrics.writer import MetricsWriter
@@ -382,8 +375,7 @@ def main(argv: list[str] | None = None, extensions: Sequence[TrainingPlugin] = (
     finally:
         stop.uninstall()
     print(f"done: {outcome}", flush=True)
-    if os.environ.get(TIMER_FILE_ENV):  # under the elastic agent stderr is this rank's log, read on a failure
-        print(f"{RUN_ENDED_PREFIX}{outcome}", file=sys.stderr, flush=True)
+    tell_run_ended(outcome)  # under the elastic agent, in this rank's log: a hang or crash after it is no fault
     return 0
 
 

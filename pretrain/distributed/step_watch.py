@@ -29,6 +29,10 @@ that step (or a later one) begins for as long as the file says so, its timer rel
 holds every rank on its way out with its timer running (a rehearsed hang at exit). Tests use it to act at a
 known step whatever the machine's speed; an operator can use it the same way to rehearse a fault.
 
+The end: `tell_run_ended` writes the rank's last word to its log once its run has ended of itself ("complete", or
+the stop it was asked for): whatever ends the process after it (its teardown timer, NCCL's destructors aborting it)
+is then no fault for the agent, never a restart, and the job's status is the run's (pretrain/launch/faults.py).
+
 Without the agent (a plain process, a fine-tune's srun tasks, in-process tests) the watch is off and costs nothing.
 Standard library only at import (torch's timer client is imported only under the agent).
 """
@@ -52,6 +56,7 @@ HOLD_FILE_ENV = "BERT_DS_HOLD_FILE"  # rehearsal: hold before the step this file
 START_UP = "start-up"  # the scope the agent arms for every rank it starts
 TEARDOWN = "teardown"  # the scope a rank holds from its last step to its exit (`teardown`)
 STACKS_SIGNAL = signal.SIGUSR2  # the agent asks a hung rank for its stacks before killing it
+RUN_ENDED_PREFIX = "run ended: "  # a rank's last word in its log under the agent (`tell_run_ended`)
 _STEP = re.compile(r"(phase\d+) step (\d+)")
 
 
@@ -70,6 +75,13 @@ def startup_limited(scope: str, previous: str | None) -> bool:
     """Whether a timer named `scope`, taken after one named `previous`, runs under the start-up limit: start-up,
     the stages, and the first step after them (the agent applies the same rule to name the limit that ran out)."""
     return parse_step(scope) is None or parse_step(previous) is None
+
+
+def tell_run_ended(outcome: str) -> None:
+    """Under the agent (its timer pipe set), say in the rank's log (stderr, which the agent reads on a failure) that
+    its run has ended with `outcome`; without it nothing (stderr is the terminal, where `done: ...` said it)."""
+    if os.environ.get(TIMER_FILE_ENV):
+        print(f"{RUN_ENDED_PREFIX}{outcome}", file=sys.stderr, flush=True)
 
 
 def dump_stacks_on_signal() -> None:

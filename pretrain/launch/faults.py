@@ -42,7 +42,8 @@ the same history, and what the faults cost can be read back (time, kind, restart
 An agent under pretrain/launch/nodes.py also prints it as one JSON line (RECORD_PREFIX); nodes.py reads it back
 with `FaultRecord.from_line` and shows the most telling node's line.
 
-Standard library only (and pretrain/errors.py, the driver's exit statuses and error prefixes; pretrain/run_folder.py).
+Standard library only (and pretrain/errors.py, the driver's exit statuses and error prefixes; pretrain/run_folder.py;
+the rank's last word, RUN_ENDED_PREFIX, from pretrain/distributed/step_watch.py).
 """
 
 from __future__ import annotations
@@ -57,13 +58,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data_prep.atomic_io import atomic_write_bytes
-from pretrain.errors import (
-    ERROR_PREFIXES,
-    NONFINITE_EXIT,
-    RUN_ENDED_PREFIX,
-    SAVE_FAILED_EXIT,
-    USER_ERROR_EXIT,
-)
+from pretrain.distributed.step_watch import RUN_ENDED_PREFIX
+from pretrain.errors import ERROR_PREFIXES, NONFINITE_EXIT, SAVE_FAILED_EXIT, USER_ERROR_EXIT
 from pretrain.launch.fault_records import (  # noqa: F401 - AgentEnd, RECORD_PREFIX: importers read them here too
     RECORD_PREFIX,
     VICTIM_ORDER,

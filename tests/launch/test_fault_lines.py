@@ -13,8 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from pretrain.distributed.step_watch import TEARDOWN
-from pretrain.errors import RUN_ENDED_PREFIX
+from pretrain.distributed.step_watch import RUN_ENDED_PREFIX, TEARDOWN
 from pretrain.launch.fault_records import FaultLines
 from pretrain.launch.faults import (
     RECORD_PREFIX,
@@ -330,7 +329,7 @@ def test_a_rank_that_hangs_or_crashes_after_its_run_ended_is_a_warning_never_a_r
     SIGABRT) is one warning line, no restart, status 0, and no fault in the records (goodput counts none). Before,
     it was a fault: a restart, and on several nodes status 1 about ten minutes after training finished."""
     log = tmp_path / "rank-1.log"
-    log.write_text(f"{RUN_ENDED_PREFIX}complete\n")  # as pretrain/train.py main() writes it under the agent
+    log.write_text(f"{RUN_ENDED_PREFIX}complete\n")  # as step_watch.tell_run_ended writes it under the agent
     hung = failure(tmp_path, exitcode=-signal.SIGKILL, step=TEARDOWN,
                    hang="made no progress in 10 min (running but not progressing; run.hang_timeout_minutes)")
     record = judge(hung, 0, context(tmp_path), history(tmp_path))
