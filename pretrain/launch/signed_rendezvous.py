@@ -19,6 +19,11 @@ What it cannot stop: someone who reaches the port can still delete or overwrite 
 the store, and so stall a rendezvous (the ranks in the middle of an attempt go on; a restart waits); the store
 listens only where the nodes reach it (pretrain/launch/rendezvous.py `listen`) to keep that set of people small.
 
+torch names this relies on (besides the public RendezvousParameters and TCPStore): the RendezvousBackend protocol
+(name, get_state, set_state with its fencing token: what the handler's state holder reads and writes through, and
+the only place it unpickles from) and dynamic_rendezvous.create_handler; tests/launch/test_rendezvous_trust.py
+checks them by what they do (a planted pickle never runs, a forged state is never read).
+
 The store: one machine, the agent serves it on a socket bound to the --master-addr it is given (127.0.0.1 by
 default; torch's own server would listen on every interface whatever host it is given); several nodes, each agent
 is a client of the store nodes.py serves.
@@ -91,14 +96,14 @@ class SignedBackend(RendezvousBackend):
         return hmac.new(self._secret, MAGIC + self._key.encode() + number + state, hashlib.sha256).digest()
 
     def _open(self, value: bytes) -> tuple[int, bytes] | str:
-        """(sequence, state) of a value this job signed, else why not (a phrase)."""
+        """(sequence, state) of a value this job signed, else what it is (a phrase)."""
         try:
             raw = base64.b64decode(value, validate=True)
         except (binascii.Error, ValueError):
-            return "not a signed state"
+            return "a state not signed by this job"
         number, mac, state = raw[len(MAGIC):len(MAGIC) + _SEQ_BYTES], raw[len(MAGIC) + _SEQ_BYTES:_HEADER], raw[_HEADER:]
         if len(raw) < _HEADER or not raw.startswith(MAGIC) or not hmac.compare_digest(mac, self._mac(number, state)):
-            return "not signed by this job"
+            return "a state not signed by this job"
         sequence = int.from_bytes(number, "big")
         if sequence < self._highest:
             return "an older state of this job written again"
@@ -109,7 +114,7 @@ class SignedBackend(RendezvousBackend):
         with the foreign value as the token, so that the next write replaces it."""
         if value == EMPTY and self._last_good is None:
             return None
-        opened = self._open(value) if value != EMPTY else "emptied"
+        opened = self._open(value) if value != EMPTY else "no state where a good one was"
         if isinstance(opened, tuple):
             self._highest, self._last_good = opened
             return self._last_good, value
@@ -119,10 +124,10 @@ class SignedBackend(RendezvousBackend):
             return None
         return self._last_good, value
 
-    def _refuse(self, why: str) -> None:
+    def _refuse(self, what: str) -> None:
         self.refused += 1
         if self.refused == 1:
-            print(f"launch.sh: warning: the rendezvous store at {self.address} holds a state {why} (someone who "
+            print(f"launch.sh: warning: the rendezvous store at {self.address} holds {what} (someone who "
                   "reaches that port wrote it): not read; the agents keep the last good state and overwrite it "
                   "(further ones are not told)", file=sys.stderr, flush=True)
 
