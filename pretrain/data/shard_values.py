@@ -56,7 +56,7 @@ def check_shard(path: Path, sha256: str | None, limits: ValueLimits) -> None:
         table = ipc.open_file(buffer).read_all()
     except (OSError, pa.ArrowInvalid) as err:
         raise ShardValueError(f"{path}: not a readable Arrow IPC shard: {err}") from err
-    problem = first_bad_value(table, limits)
+    problem = _schema_problem(table.schema) or first_bad_value(table, limits)
     if problem is not None:
         raise ShardValueError(f"{path}: {problem}; rebuild the shards (python -m data_prep build)")
 
@@ -66,6 +66,18 @@ def _sha256(buffer: pa.Buffer) -> str:
     for start in range(0, len(view), HASH_CHUNK):
         digest.update(view[start : start + HASH_CHUNK])
     return digest.hexdigest()
+
+
+def _schema_problem(schema: pa.Schema) -> str | None:
+    """What the columns the check reads lack: lists of integer ids, the static pair together."""
+    static = {"masked_positions", "masked_label_ids"} & set(schema.names)
+    for name in ("input_ids", *sorted(static)):
+        kind = schema.field(name).type if name in schema.names else None
+        if kind is None or not pa.types.is_list(kind) or not pa.types.is_integer(kind.value_type):
+            return f"column {name} is {kind or 'missing'}, not a list of integer ids (not a shard of this format)"
+    if len(static) == 1:
+        return f"column {static.pop()} without its pair (masked_positions and masked_label_ids go together)"
+    return None
 
 
 def first_bad_value(table: pa.Table, limits: ValueLimits) -> str | None:

@@ -118,3 +118,16 @@ def test_unchecked_shards_never_label_another_instances_token(built: Path, tmp_p
     ids["input_ids"] = np.append(ids["input_ids"][:-1], 65000)
     with pytest.raises(DataConfigError, match="token id 65000 is outside the vocab"):
         collate([ids], None)
+
+
+def test_a_shard_without_the_columns_the_check_reads_is_refused_naming_them(built: Path, tmp_path: Path) -> None:
+    from pretrain.data.shard_values import ShardValueError, ValueLimits, check_shard
+
+    table = read_table(built / SHARD).drop_columns(["masked_label_ids"])
+    write_shard_table(tmp_path / "half.arrow", table)
+    with pytest.raises(ShardValueError, match="column masked_positions without its pair"):
+        check_shard(tmp_path / "half.arrow", None, ValueLimits(vocab_size=100, seq_len=32))
+    floats = pa.table({"input_ids": pa.array([[1.0, 2.0]]), "a_len": pa.array([2], pa.uint16())})
+    write_shard_table(tmp_path / "floats.arrow", floats)
+    with pytest.raises(ShardValueError, match="column input_ids is list<item: double>, not a list of integer ids"):
+        check_shard(tmp_path / "floats.arrow", None, ValueLimits(vocab_size=100, seq_len=32))
