@@ -4,6 +4,7 @@ node writes and reads, on real files (a run folder's `latest`, a rank's log, the
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -13,7 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-from pretrain.distributed.step_watch import RUN_ENDED_PREFIX, TEARDOWN
+import pytest
+
+from pretrain.distributed.step_watch import RUN_ENDED_PREFIX, TEARDOWN, TIMER_FILE_ENV, tell_run_ended
 from pretrain.launch.fault_records import FaultLines
 from pretrain.launch.faults import (
     RECORD_PREFIX,
@@ -323,13 +326,18 @@ def test_the_hang_watch_names_a_frozen_peer_and_ends_both_the_waiting_one_after_
             child.wait()
 
 
-def test_a_rank_that_hangs_or_crashes_after_its_run_ended_is_a_warning_never_a_restart(tmp_path: Path) -> None:
+def test_a_rank_that_hangs_or_crashes_after_its_run_ended_is_a_warning_never_a_restart(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A finished run finishes: a rank that said its run ended (the driver's RUN_ENDED_PREFIX line in its log, under
     the agent) and then hung on its way out (its teardown timer killed it) or crashed there (NCCL's destructors:
     SIGABRT) is one warning line, no restart, status 0, and no fault in the records (goodput counts none). Before,
     it was a fault: a restart, and on several nodes status 1 about ten minutes after training finished."""
     log = tmp_path / "rank-1.log"
-    log.write_text(f"{RUN_ENDED_PREFIX}complete\n")  # as step_watch.tell_run_ended writes it under the agent
+    with log.open("w") as stderr, contextlib.redirect_stderr(stderr):
+        tell_run_ended("complete")  # the driver's last word: nothing without the agent's timer pipe
+        monkeypatch.setenv(TIMER_FILE_ENV, str(tmp_path / "timers"))
+        tell_run_ended("complete")  # under the agent its stderr is this log
+    assert log.read_text() == f"{RUN_ENDED_PREFIX}complete\n"
     hung = failure(tmp_path, exitcode=-signal.SIGKILL, step=TEARDOWN,
                    hang="made no progress in 10 min (running but not progressing; run.hang_timeout_minutes)")
     record = judge(hung, 0, context(tmp_path), history(tmp_path))
