@@ -67,7 +67,7 @@ from pretrain.launch.fault_records import (  # noqa: F401 - AgentEnd, RECORD_PRE
     FaultRecord,
     attempt_culprit,
 )
-from pretrain.launch.fault_texts import (  # noqa: F401 - exception_line: importers read it here too
+from pretrain.launch.fault_texts import (
     exception_line,
     log_lines,
     own_device_error,
