@@ -1,5 +1,6 @@
-"""What a failed rank's log says, read as torch writes it: its last report (the last traceback, or the C++ `terminate called ...` of a thread that aborted the process), the exception that report
-names, and whether the rank died of another's failure (a victim) or of its own.
+"""What a failed rank's log says, read as torch writes it: its last report (the last traceback, or the C++
+`terminate called ...` of a thread that aborted the process), the exception that report names, and whether the rank
+died of another's failure (a victim) or of its own.
 
 Why the whole report and not one line: torch writes a peer's death over several lines. An NCCL error raised in the
 rank's own thread is `NCCL error in: FILE:LINE, <reason>, NCCL version X`, a newline, then the detail of the error
@@ -19,14 +20,15 @@ The texts, and where torch (2.13) writes each (tests/launch/fixtures/fault_texts
 them, captured from real gloo ranks whose peer was SIGKILLed, and, for NCCL, built from torch's format strings):
 gloo's pair.cc "Connection closed by peer" / "Connection reset by peer"; the ranks' TCPStore when the rank serving
 it is gone ("Failed to recv, got 0 bytes", "Broken pipe", "Connection reset by peer"), when a rank never joins it
-("Timed out after N seconds waiting for clients", "wait timeout after N ms, keys: ...", "The client socket has
-timed out after"); NCCL's ncclGetErrorString ("remote process exited or there was a network error") and its
-detail ("ncclRemoteError: ... a remote process exiting prematurely", or for an older NCCL's ncclSystemError "It
-can be also caused by unexpected exit of a remote peer"), NCCL's last error "Connection closed by remote peer";
+("Timed out after N seconds waiting for clients", "wait timeout after N ms, keys: ..."); NCCL's
+ncclGetErrorString ("remote process exited or there was a network error") and its detail ("ncclRemoteError: ...
+a remote process exiting prematurely", or for an older NCCL's ncclSystemError "It can be also caused by unexpected
+exit of a remote peer"), NCCL's last error "Connection closed by remote peer";
 ProcessGroupNCCL's watchdog ("Watchdog caught collective operation timeout", "NCCL communicator was aborted").
 Not DistBackendError, DistNetworkError or ncclSystemError as such: a rank whose own GPU or NIC fails (an Xid, a
 CUDA error, "NET/IB: ... error") or whose port is taken (DistNetworkError "The server socket has failed to
-listen") raises them too, and is the culprit.
+listen") raises them too, and is the culprit; nor a client's "The client socket has timed out after" (the store's
+host gone, or this node's own link: the store's host, when it failed, is the more telling record anyway).
 
 Standard library only: the ground floor (pretrain/launch/faults.py reads the driver's own error lines).
 """
@@ -46,7 +48,7 @@ VICTIM_TEXTS = (
     "BrokenPipeError",
     # the ranks' TCPStore (torch/csrc/distributed/c10d/TCPStore*.cpp, Utils.hpp): its server gone, a rank missing
     "Failed to recv, got 0 bytes", "Did the remote server shutdown or crash", "waiting for clients",
-    "wait timeout after", "The client socket has timed out after",
+    "wait timeout after",
     # NCCL (ncclGetErrorString; torch's getNcclErrorDetailStr; NCCL's own last error)
     "remote process exited", "remote process exiting prematurely", "unexpected exit of a remote peer",
     "Connection closed by remote peer",
