@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +44,7 @@ from data_prep.source_files import (
     open_binary,
     read_text,
 )
-from data_prep.wiki_xml import dump_pages
+from data_prep.wiki_xml import XMLError, dump_pages
 
 # Wikipedia XML dump
 
@@ -71,7 +70,7 @@ def read_wiki_dump(path: Path, skip_bad_files: bool = False,
                 if is_redirect(page.text) or is_disambiguation(page.title, page.text):
                     continue
                 yield RawDocument(source, page.title, page.text, WIKITEXT)
-    except ET.ParseError as err:
+    except XMLError as err:
         raise SourceError(f"--wiki-dump {path}: malformed XML ({err})") from err
     except (OSError, EOFError) as err:
         raise SourceError(f"--wiki-dump {path}: corrupt or unreadable ({err})") from err
