@@ -190,25 +190,52 @@ def test_a_real_loopback_pdsh_launch_gets_every_value_and_shows_none(tmp_path: P
         assert not [path for path in stage.work.iterdir() if path.name.startswith(".bert-ds-env-")]
 
 
-@pytest.mark.cluster
-def test_a_two_node_finetune_gives_deepspeeds_runner_no_value(tmp_path: Path, ssh_nodes: LoopbackSsh) -> None:
-    """`./launch.sh squad finetune --hostfile` on two "nodes": DeepSpeed's runner puts its env file's lines and
-    MLFLOW*/PYTHON*/... variables on pdsh's command line and logs it, so it gets our defaults only; the rest reaches
-    each rank through the shipped file its command sources first (EXEC_WITH_ENV). The runner's remote command
-    leaves the working folder unquoted (`cd DIR;`, DeepSpeed's), hence a plain folder here."""
+# Stand-ins around DeepSpeed's real runner. pdsh records its command line and plays each node: its %-expansion, then
+# the node's shell (a fresh environment) runs the remote command, where DeepSpeed's per-node launcher skips its own
+# options and becomes the rank's command (as it does: no shell). ssh (the runner's reachability check) says yes.
+FAKE_PDSH = """#!{python}
+import os, re, subprocess, sys
+args = sys.argv[1:]
+open({record!r}, "wb").write("\\0".join(args).encode() + b"\\0")
+hosts, status = args[args.index("-w") + 1].split(","), 0
+remote = " ".join(args[args.index("-w") + 2:]).replace({python!r} + " -u -m deepspeed.launcher.launch", {launcher!r})
+for rank, host in enumerate(hosts):
+    line = re.sub("%(.)", lambda m: {{"n": str(rank), "h": host, "%": "%"}}.get(m[1], m[0]), remote)
+    node = subprocess.run(["bash", "-c", line], env={{"PATH": os.environ["PATH"], "NODE": str(rank)}}, cwd="/")
+    status = status or node.returncode
+sys.exit(status)
+"""
+FAKE_SSH = "#!/bin/sh\nexit 0\n"
+FAKE_NODE_LAUNCHER = '#!/bin/sh\nwhile [ "${1#--}" != "$1" ]; do shift; done\nRANK=$NODE WORLD_SIZE=2 exec "$@"\n'
+
+
+def test_a_two_node_finetune_gives_deepspeeds_runner_no_value(tmp_path: Path) -> None:
+    """`./launch.sh squad finetune --hostfile` on two nodes: DeepSpeed's runner (run for real) puts its env file's
+    lines and MLFLOW*/PYTHON*/... variables on pdsh's command line and logs it, so it gets our defaults only; the
+    rest reaches each rank through the shipped file its command sources first (EXEC_WITH_ENV). The runner's remote
+    command leaves the working folder unquoted (`cd DIR;`, DeepSpeed's), hence a plain folder here."""
     stage = Stage(tmp_path, folder="work")
+    fakes, record = tmp_path / "fakes", tmp_path / "pdsh.argv"
+    fakes.mkdir()
+    pdsh = FAKE_PDSH.format(python=sys.executable, record=str(record), launcher=str(fakes / "launch"))
+    for name, text in (("pdsh", pdsh), ("ssh", FAKE_SSH), ("launch", FAKE_NODE_LAUNCHER)):
+        (fakes / name).write_text(text, encoding="utf-8")
+        (fakes / name).chmod(0o755)
     secret = {"MLFLOW_TRACKING_PASSWORD": "mlflow pass; touch " + str(stage.marker)}
-    env = child_env(**ssh_nodes.env, **secret, HOME=str(stage.user_file.parent), PYTHON=str(stage.python))
+    env = child_env(**secret, HOME=str(stage.user_file.parent), PYTHON=str(stage.python),
+                    PATH=f"{fakes}{os.pathsep}{os.environ['PATH']}")
     env.pop("PYTHONPATH", None)
+    (tmp_path / "hosts").write_text("n1 slots=1\nn2 slots=1\n", encoding="utf-8")
     done = subprocess.run(["bash", str(REPO_ROOT / "launch.sh"), "squad", "finetune", "--hostfile",
-                           str(ssh_nodes.hostfile(tmp_path / "hosts")), "--cpu", "--gpus", "1", "--master-port",
-                           str(free_port()), "--model", "a model"], cwd=stage.work, env=env, capture_output=True,
-                          text=True, timeout=300)
+                           str(tmp_path / "hosts"), "--cpu", "--gpus", "1", "--model", "a model"], cwd=stage.work,
+                          env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
+    pdsh_argv = record.read_bytes().decode("utf-8").split("\0")[:-1]
+    assert "deepspeed.launcher.launch" in pdsh_argv and "cmd = pdsh " in done.stdout + done.stderr  # its log line
     for rank in ("rank0", "rank1"):
-        record = stage.check(rank, done.stdout + done.stderr, secret)
-        assert record["argv"][-4:] == ["pretrain.finetune.squad", "finetune", "--model", "a model"], record["argv"]
-        assert record["env"]["DS_ACCELERATOR"] == "cpu"
+        got = stage.check(rank, " ".join(pdsh_argv) + done.stdout + done.stderr, secret)
+        assert got["argv"][-4:] == ["pretrain.finetune.squad", "finetune", "--model", "a model"], got["argv"]
+        assert got["env"]["DS_ACCELERATOR"] == "cpu"
     assert not [path for path in stage.work.iterdir() if path.name.startswith(".bert-ds-env-")]
 
 
