@@ -40,6 +40,7 @@ from pathlib import Path
 
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b.*")
+TAIL_BYTES = 1 << 20  # what is read of a rank's log: its end, where a failure's last report is
 TRACEBACK = "Traceback (most recent call last):"
 TERMINATE = "terminate called after throwing"  # a C++ exception out of a thread: std::terminate, then SIGABRT
 VICTIM_TEXTS = (
@@ -61,10 +62,13 @@ OWN_DEVICE_TEXTS = ("CUDA error:", "ncclUnhandledCudaError", "unhandled cuda err
 
 
 def log_lines(log: Path) -> list[str]:
-    """The rank's log, each line without the `[rankN]: ` torch puts before the lines of an uncaught exception
-    (torch.distributed's excepthook, distributed_c10d.py)."""
+    """The end of the rank's log (its last TAIL_BYTES: a failure's last words, however much the rank logged before),
+    each line without the `[rankN]: ` torch puts before the lines of an uncaught exception (torch.distributed's
+    excepthook, distributed_c10d.py)."""
     try:
-        text = log.read_text(encoding="utf-8", errors="replace")
+        with log.open("rb") as stream:
+            stream.seek(max(0, stream.seek(0, 2) - TAIL_BYTES))
+            text = stream.read().decode("utf-8", errors="replace")
     except OSError:
         return []
     return [_RANK_PREFIX.sub("", line, count=1) for line in text.splitlines()]

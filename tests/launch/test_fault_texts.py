@@ -23,7 +23,7 @@ from pretrain.launch.faults import (
     failure_order,
     judge,
 )
-from tests.support.fault_texts import FAULT_TEXTS, write_rank_log
+from tests.support.fault_texts import FAULT_TEXTS, fault_text, write_rank_log
 
 ABRT = -signal.SIGABRT
 # fixture: (the status the rank ended with, victim?, how its exception line starts)
@@ -126,3 +126,14 @@ def test_a_culprit_that_nccls_watchdog_aborted_for_its_own_gpu_is_named_and_can_
     assert shown[0].startswith("nodeA: launch.sh: fault: rank 0 (host nodeA) died of SIGABRT during phase1 set-up;")
     assert shown[1].startswith("nodeA: launch.sh: error: rank 0 (host nodeA) died of SIGABRT during phase1 set-up; "
                                "the same failure as the last one"), shown
+
+
+def test_a_long_log_is_read_from_its_end(tmp_path: Path) -> None:
+    """A rank that logged much before it failed (warnings, its stacks): its last report is still read whole, from
+    the end of its log only."""
+    log = tmp_path / "rank-0.log"
+    noise = "[rank0]: UserWarning: a warning a rank may print at every step\n" * 40_000  # about 2.6 MB
+    log.write_text(noise + fault_text("nccl_remote_error"))
+    failure = RankFailure(0, "n0", 1, "phase1 step 12", log)
+    assert failure_order(failure) >= VICTIM_ORDER
+    assert (exception_line(log) or "").startswith("torch.distributed.DistBackendError: NCCL error in:")
