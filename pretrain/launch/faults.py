@@ -23,18 +23,18 @@ as their logs say.
 
 Kinds of failure that are no fault, and are never restarted: a rank that had said its run ended (RUN_ENDED_PREFIX:
 "complete" or the stop it was asked for) and then hung or crashed on its way out (one warning line, status 0, no
-record kept); exit status 2 (a config, data or resume error the
-ranks found: its line is shown once, and the job exits 2), 3 (NaN/inf losses, after a checkpoint) and 4 (a
-checkpoint or export that could not be written: the rank's own line says why). The same failure again (the same
+record kept); exit status 2 (a config, data or resume error the ranks found: its line is shown once, and the job
+exits 2), 3 (NaN/inf losses, after a checkpoint) and 4 (a checkpoint or export that could not be written: the
+rank's own line says why). The same failure again (the same
 kind, cause, step and error line as the culprit of the attempt before, with no newer checkpoint since) is a bug
 rather than a fault: restarting would fail there again, so restarts stop. The attempt before is decided by its
 culprit, the most telling of every node's records of it (fault_records.attempt_culprit), never by this node's own
 record: a node whose rank only lost its peer, even with a text no list knows, is never "the same failure" unless
 it was that culprit. A victim's record (a rank that died of another's failure) is never the same failure again:
-its line is the same whatever killed its peer. The restart budget,
-run.max_restarts, counts the faults since the checkpoint the job restarts from (FaultHistory.spent_since): a newer
-checkpoint is progress and starts it again, so a long job that commits checkpoints between faults outlives any
-number of them, and a job that fails again and again without progress stops after run.max_restarts.
+its line is the same whatever killed its peer. The restart budget, run.max_restarts, counts the faults since the
+checkpoint the job restarts from (FaultHistory.spent_since): a newer checkpoint is progress and starts it again, so
+a long job that commits checkpoints between faults outlives any number of them, and a job that fails again and
+again without progress stops after run.max_restarts.
 
 `FaultRecord` (pretrain/launch/fault_records.py) is the one definition of a judged fault. Each agent writes one per
 failure into RUN/logs/faults/ (FaultHistory), so every node judges "the same failure again" and the budget against
@@ -80,6 +80,8 @@ NOT_RESTARTED = {USER_ERROR_EXIT: "a config, data or resume error", NONFINITE_EX
 KINDS = {USER_ERROR_EXIT: "config", NONFINITE_EXIT: "nonfinite", SAVE_FAILED_EXIT: "save"}
 NODE_LOST = "stopped by its agent: a node of the job was lost"
 BY_AGENT = "killed by its agent: another rank of the job had failed"
+
+
 @dataclass(frozen=True)
 class RankFailure:
     """One rank's end, as the agent saw it. `exitcode` < 0: killed by signal -exitcode."""
