@@ -11,6 +11,7 @@ whose RNG file is the previous release's pickle still resumes, to the same rando
 from __future__ import annotations
 
 import copy
+import hashlib
 import io
 import json
 import os
@@ -28,11 +29,13 @@ import torch
 from pretrain.checkpointing.checkpoint import CheckpointManager, consolidated_state_dict
 from pretrain.checkpointing.elastic import FORMAT as ELASTIC_FORMAT
 from pretrain.checkpointing.elastic import prepare_resume
-from pretrain.checkpointing.layout import CONSOLIDATED, RUN_CONFIG, make_tag
+from pretrain.checkpointing.layout import CONSOLIDATED, MANIFEST, RUN_CONFIG, make_tag
 from pretrain.checkpointing.safe_load import UnsafeCheckpointError, allowed_globals, load_data
 from pretrain.checkpointing.weights_source import VocabIdentity, initial_weights
-from pretrain.errors import ConfigError, ResumeError
+from pretrain.errors import USER_ERROR_EXIT, ConfigError, ResumeError
 from pretrain.export import main as export_main
+from pretrain.train import main as train_main
+from tests.support.pretrain_fixtures import build_shards, tiny_run_config
 from tests.support.trainer_fixtures import build_trainer
 
 STAGE = "--phase1.ds_overrides.zero_optimization.stage="
@@ -245,6 +248,31 @@ def test_a_checkpoint_of_the_previous_release_still_resumes(handed: Saved) -> No
     torch.manual_seed(0), np.random.seed(0), random.seed(0)
     CheckpointManager(handed.root, 1, 0).load(handed.trainer.engine, handed.tag)
     assert draws() == expected
+
+
+def test_the_driver_refuses_a_planted_checkpoint_in_one_line_and_exits_2(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """The whole resume as a user runs it (`python -m pretrain.train`, here in this process): a run stopped at step 2
+    of 4, its model states given a planted object and its manifest rewritten to match (a sha256 is no signature:
+    whoever hands over a checkpoint writes its manifest too). The rerun stops before training: one line, exit 2."""
+    shards = build_shards(tmp_path / "shards", seq_lens=(32,), train=32, val=8)
+    command = ["--config", str(tiny_run_config(tmp_path / "run.json", shards, tmp_path / "run")),
+               '--run.phases=["phase1"]', "--phase1.steps=4", "--logging.val_every_steps=0",
+               "--logging.tensorboard=false", "--model.compile=false"]
+    assert train_main([*command, "--run.stop_after_steps=2"]) == 0
+    folder = tmp_path / "run" / "checkpoints" / (tmp_path / "run" / "checkpoints" / "latest").read_text()
+    marker = tmp_path / "marker"
+    file = model_states(folder)
+    plant_in_torch_file(file, marker)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest["files"][file.name].update(size=file.stat().st_size, sha256=hashlib.sha256(file.read_bytes()).hexdigest())
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    capsys.readouterr()
+    assert train_main(command) == USER_ERROR_EXIT
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("checkpoint error: "), lines
+    assert_one_line_naming(lines[0], file)
+    assert not marker.exists()
 
 
 def draws() -> tuple[Any, ...]:
