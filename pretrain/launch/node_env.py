@@ -60,15 +60,18 @@ EXEC_WITH_ENV = ('f=$1; shift; { [ -O /dev/fd/3 ] && [ -O "${f%/*}" ] && [ ! -L 
 def parse_env_lines(lines: Iterable[str], source: str) -> dict[str, str]:
     """NAME -> VALUE of `lines` in DeepSpeed's env-file form (NAME=VALUE, the value as written to the line's end; blank
     lines and "#" comments skip; spaces around NAME are dropped, as DeepSpeed drops them); the last of a name wins.
-    A line that is not NAME=VALUE with a shell variable name is a ClusterError naming `source` and the line."""
+    A line that is not NAME=VALUE with a shell variable name is a ClusterError naming `source`, the line and the
+    name, never a value (the file holds tokens)."""
     values: dict[str, str] = {}
     for number, line in enumerate(lines, start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         name, equals, value = line.partition("=")
-        if not equals or not ENV_NAME.fullmatch(name.strip()):
-            raise ClusterError(f"{source} line {number}: expected NAME=VALUE with NAME of letters, digits and _ "
-                               f"(not a digit first), got '{line.strip()[:80]}'")
+        if not equals:
+            raise ClusterError(f"{source} line {number}: expected NAME=VALUE, got a line without '='")
+        if not ENV_NAME.fullmatch(name.strip()):
+            raise ClusterError(f"{source} line {number}: '{name.strip()[:60]}' is not a variable name (letters, "
+                               "digits and _, not a digit first)")
         values[name.strip()] = value
     return values
 

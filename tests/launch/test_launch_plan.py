@@ -161,11 +161,15 @@ def test_ds_env_lines_keep_the_users_files_and_let_them_win(tmp_path: Path) -> N
     assert lines == ["OMP_NUM_THREADS=3\r", "SPACED=1 ", "RAW=\udcff\udcfe", "LAST=x", "NCCL_DEBUG=INFO", "A=b=c",
                      "PYTHONPATH=/repo"]  # fmt: skip
     assert ds_env_lines(ranks, []) == ["OMP_NUM_THREADS=8", "NCCL_DEBUG=WARN", "PYTHONPATH=/repo"]
-    # a line that is not NAME=VALUE (the name ends up in an assignment on every node) is one line naming it
-    for bad in ("not a setting", "A B=1", "1X=2", "X;id=3", "export X=1"):
+    # a line that is not NAME=VALUE (the name ends up in an assignment on every node) is one line naming the line
+    # and the name, never the value (a token)
+    for bad, said in (("not a setting", "expected NAME=VALUE, got a line without '='"),
+                      ("A B=hf_1", "'A B' is not a variable name"), ("1X=hf_2", "'1X' is not a variable name"),
+                      ("X;id=hf_3", "'X;id' is not a variable name"), ("export X=hf_4", "'export X' is not a variable")):
         home.write_text(f"OK=1\n{bad}\n")
-        with pytest.raises(ClusterError, match=f"'{home}' line 2: expected NAME=VALUE .*, got '{re.escape(bad)}'"):
+        with pytest.raises(ClusterError, match=f"^'{re.escape(str(home))}' line 2: {re.escape(said)}") as raised:
             ds_env_lines(ranks, [home])
+        assert "hf_" not in str(raised.value)
 
 
 # ---------------------------------------------------------------------------------------------- one launch
