@@ -99,9 +99,14 @@ def write_rng(path: Path) -> bytes:
 def read_rng(path: Path) -> dict[str, Any]:
     """The states saved in `path`, this format or the previous release's (module docstring), for `restore`."""
     raw = path.read_bytes()
-    if raw.startswith(ZIP_MAGIC):
-        return from_data(load_data(io.BytesIO(raw), name=path), path)
-    legacy = LegacyRngReader(io.BytesIO(raw), path).load()
+    try:
+        if raw.startswith(ZIP_MAGIC):
+            return from_data(load_data(io.BytesIO(raw), name=path), path)
+        legacy = LegacyRngReader(io.BytesIO(raw), path).load()
+    except (UnsafeCheckpointError, ResumeError):
+        raise
+    except Exception as err:  # a truncated or garbled file, whatever the reader raised: name it
+        raise ResumeError(f"{path}: not an RNG state file of this toolkit ({type(err).__name__}: {err})") from None
     if not (isinstance(legacy, dict) and {"torch", "numpy", "python"} <= set(legacy)):
         raise ResumeError(f"{path}: not an RNG state file of this toolkit")
     return from_data(to_data(legacy), path)  # the same checks as a new file's
