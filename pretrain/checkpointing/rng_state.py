@@ -106,7 +106,8 @@ def read_rng(path: Path) -> dict[str, Any]:
     except (UnsafeCheckpointError, ResumeError):
         raise
     except Exception as err:  # a truncated or garbled file, whatever the reader raised: name it
-        raise ResumeError(f"{path}: not an RNG state file of this toolkit ({type(err).__name__}: {err})") from None
+        why = (str(err).strip().splitlines() or [""])[0][:120]
+        raise ResumeError(f"{path}: not an RNG state file of this toolkit ({type(err).__name__}: {why})") from None
     if not (isinstance(legacy, dict) and {"torch", "numpy", "python"} <= set(legacy)):
         raise ResumeError(f"{path}: not an RNG state file of this toolkit")
     return from_data(to_data(legacy), path)  # the same checks as a new file's
