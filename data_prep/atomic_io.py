@@ -41,6 +41,15 @@ def process_umask() -> int:
     return current
 
 
+def give_mode(target: int | str | os.PathLike[str], mode: int) -> None:
+    """chmod a descriptor or path, where the file system has modes: some network and FUSE mounts refuse chmod
+    (EPERM), and a write must not fail for a courtesy; their files keep the mount's own modes."""
+    try:
+        os.chmod(target, mode)
+    except OSError:
+        pass
+
+
 def shared_mode(base: int) -> int:
     """`base` (0o666 for a file, 0o777 for a folder) less this process's umask: what `open`/`mkdir` would give."""
     return base & ~process_umask()
@@ -68,7 +77,7 @@ def atomic_write_stream(path: str | os.PathLike[str], write: Callable[[BinaryIO]
         with os.fdopen(fd, "wb") as handle:
             write(handle)
             handle.flush()
-            os.fchmod(handle.fileno(), shared_mode(0o666))  # mkstemp's 0600 -> what open() would give
+            give_mode(handle.fileno(), shared_mode(0o666))  # mkstemp's 0600 -> what open() would give
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:

@@ -39,7 +39,7 @@ from transformers import (
     PreTrainedModel,
 )
 
-from data_prep.atomic_io import atomic_write_json, shared_mode
+from data_prep.atomic_io import atomic_write_json, give_mode, shared_mode
 from pretrain.checkpointing.export_tokenizer import (
     TokenizerExportError,
     check_saved_tokenizer,
@@ -97,7 +97,7 @@ def move_into_place(staging: Path, out: Path) -> None:
     only after the new one is in place (a failed rename puts it back); `out` is checked again, as it may have
     changed during the export's work."""
     check_export_target(out)
-    os.chmod(staging, shared_mode(0o777))  # mkdtemp's 0700 -> what mkdir would give
+    give_mode(staging, shared_mode(0o777))  # mkdtemp's 0700 -> what mkdir would give
     aside = None
     if out.exists():
         aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.replaced.", dir=out.parent))
