@@ -64,7 +64,7 @@ from pretrain.step_stats import host_values_to_device
 if TYPE_CHECKING:
     from pretrain.config.sections import RunConfig
     from pretrain.model.bert import PretrainingOutput
-    from pretrain.trainer import PhaseState
+    from pretrain.phase_state import PhaseState
 
 TEACHERS_FILE = "codistill_teachers.pt"
 FINAL_FILE = "codistill_final.json"

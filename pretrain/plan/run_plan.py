@@ -45,13 +45,13 @@ from pretrain.model.attention_plan import AttentionPlan
 from pretrain.model.bert import OBJECTIVES, bert_config
 from pretrain.model.kernel_support import DeviceFacts, read_device_facts
 from pretrain.model.presets import flop_parameter_counts
+from pretrain.phase_state import TrainerSettings
 from pretrain.plan.compiled_check import compiled_self_test
 from pretrain.plan.contained import SelfTest, contained
 from pretrain.plan.self_test import SelfTestResult, kernel_self_test
 from pretrain.plan.shard_plan import check_run_shards, model_overrides
 from pretrain.run_folder import shards_verified_path
 from pretrain.schedule import Schedule, build_schedule, schedule_line
-from pretrain.trainer import TrainerSettings
 
 if TYPE_CHECKING:
     from pretrain.plugin import JobShare

@@ -1,0 +1,146 @@
+"""One optimizer step of a phase: its micro-batches through forward and backward, the loss, the step's numbers.
+
+Determinism: before every micro-batch the global torch RNG (dropout) is reseeded from (run seed, phase, step,
+micro-batch, rank) (`step_seed`, pretrain/phase_state.py), so the random stream after a resume is the one an
+uninterrupted run would have drawn, with no RNG bookkeeping in the loop.
+
+Loss normalisation, independent of the split: the MLM loss of a step is the cross-entropy summed over
+every labelled token of the global batch divided by their number, whatever the micro-batch size,
+accumulation and world size. Each micro-batch contributes its summed cross-entropy times
+(micro-batches per step / labelled tokens of the step); DeepSpeed's averaging over the accumulation
+steps and ranks divides the factor back out. The step's labelled count needs one small all-reduce
+before the first backward (all micro-batches of the step are read first, pretrain/step_feed.py). The NSP
+loss stays a mean per micro-batch: every micro-batch holds the same number of instances, so the mean of the
+means is the mean over the global batch.
+
+`OptimizerStep` is the step half of the phase trainer (pretrain/trainer.py `PhaseTrainer`, the loop half,
+derives from it and sets the attributes declared below); the loop calls `train_step` once per step.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pretrain.checkpointing.cadence import CheckpointCadence
+from pretrain.config.sections import PHASE_NAMES
+from pretrain.data.loader import model_inputs
+from pretrain.distributed.info import DistInfo
+from pretrain.distributed.stop_request import StopRequest
+from pretrain.metrics.monitor import StepMonitor
+from pretrain.model.bert import PretrainingOutput
+from pretrain.phase_state import NonFiniteLossError, PhaseState, TrainerSettings, step_seed
+from pretrain.plugin import ExtraLoss, StepAgreement, TrainingPlugin
+from pretrain.step_feed import StepFeed
+from pretrain.step_stats import StepResult, StepSums, StepTotals, host_values_to_device, labelled_slots
+
+__all__ = ["OptimizerStep"]
+
+
+class OptimizerStep:
+    """`train_step` and the loss it back-propagates; the attributes are the trainer's (pretrain/trainer.py)."""
+
+    engine: Any
+    settings: TrainerSettings
+    state: PhaseState
+    dist_info: DistInfo
+    stop: StopRequest
+    plugin: TrainingPlugin
+    cadence: CheckpointCadence
+    feed: StepFeed
+    monitors: list[StepMonitor]
+    loss_term: ExtraLoss | None
+    replica_group: Any
+    accumulation: int  # micro-batches per rank in one optimizer step
+    global_batch: int  # samples of one optimizer step over all ranks
+    micro_batches_per_step: int  # micro-batches of one optimizer step over all ranks
+
+    def loss(
+        self, output: PretrainingOutput, batch: dict[str, torch.Tensor], mlm_scale: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """What backward runs on. `mlm_scale` = micro-batches per step / labelled tokens of the step: the MLM
+        term becomes split-independent (module docstring); None keeps the micro-batch mean."""
+        task = output.loss if mlm_scale is None else output.mlm_loss_sum * mlm_scale.float() + output.nsp_loss
+        if self.loss_term is None:
+            return task, {}
+        extra, numbers = self.loss_term(output, batch, self.state)
+        return task + extra, numbers
+
+    def _step_mlm_scale(self, batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+        """micro-batches per step / labelled MLM slots of the whole global batch (one tiny all-reduce of a
+        number counted on the host from the collated labels: no device -> host sync)."""
+        labelled = host_values_to_device([float(sum(labelled_slots(b) for b in batches))], self.dist_info.device)
+        if dist.is_initialized() and self.dist_info.world_size > 1:
+            dist.all_reduce(labelled, group=self.replica_group)
+        return self.micro_batches_per_step / labelled[0].clamp_min(1)
+
+    def train_step(self) -> StepResult:
+        """Accumulate `gradient_accumulation_steps` micro-batches, then one optimizer step.
+
+        Statistics stay on the device until one all-reduce at the end (a single host sync per step,
+        pretrain/step_stats.py), which also carries this rank's stop request so the ranks agree on stopping
+        for free, and the step's work counts, so throughput counts every rank's batches. While each
+        micro-batch's work is queued, one micro-batch of the next step is read.
+        """
+        phase_index = PHASE_NAMES.index(self.state.phase)
+        batches = self.feed.step_batches(self.state.data_position, self.accumulation)
+        self.state.data_position += self.global_batch
+        mlm_scale = self._step_mlm_scale(batches)  # before the first backward (module docstring)
+        next_count = self.accumulation if self.state.step + 1 < self.settings.steps else 0
+        sums = StepSums(self.dist_info.device)
+        lr = 0.0
+        for micro, host_batch in enumerate(batches):
+            batch = model_inputs(host_batch, self.dist_info.device)
+            torch.manual_seed(step_seed(self.settings.seed, phase_index, self.state.step, micro, self.dist_info.rank))
+            output: PretrainingOutput = self.engine(**batch)
+            loss, extra = self.loss(output, batch, mlm_scale)
+            # A NaN/inf loss is still back-propagated: its non-finite gradients make DeepSpeed's overflow
+            # check skip the step on every rank together (checked below), so no rank diverges.
+            self.engine.backward(loss)
+            if micro == self.accumulation - 1:
+                # the lr this update uses: DeepSpeed steps its scheduler inside the boundary engine.step()
+                lr = float(self.engine.get_lr()[0])
+                for monitor in self.monitors:  # the step's gradients: averaged over the ranks, not yet clipped
+                    monitor.before_step()
+            self.engine.step()
+            sums.add(output, batch, host_batch, loss, extra)
+            self.feed.read_ahead(next_count)
+        totals = sums.reduce(bool(self.stop.signal_name), self.cadence.time_due(time.monotonic()),
+                             self.replica_group, self.dist_info.world_size)
+        return self._result(totals, lr)
+
+    def _result(self, totals: StepTotals, lr: float) -> StepResult:
+        """The step's numbers from its one all-reduce, after the ranks (and a plug-in's models) agree on stopping,
+        saving and a NaN abort."""
+        nonfinite = totals["nonfinite"]
+        aborting_here = bool(nonfinite) and (
+            self.state.consecutive_nonfinite + 1 >= self.settings.max_consecutive_nonfinite)
+        # a plug-in that runs several models in one job makes the stop and a NaN abort common to all of them
+        agreed, abort_elsewhere = self.plugin.agree_on_step(
+            StepAgreement(stop=totals["stop"] > 0, save_due=totals["save_due"] > 0, aborting_here=aborting_here),
+            self.dist_info.device)
+        finite_micro = self.accumulation * self.dist_info.world_size - nonfinite
+        applied = bool(self.engine.was_step_applied())
+        if nonfinite and applied:
+            raise NonFiniteLossError(
+                "a NaN/inf loss reached an applied optimizer step: this engine configuration does not check "
+                "gradients for overflow (use ZeRO stage >= 1 or fp16); stopping before the weights are used"
+            )
+        labelled = max(totals["mlm_labelled"], 1)
+        values = {
+            "loss/mlm": totals["mlm_loss_sum"] / labelled,  # over every labelled token of the step (NaN ones: 0)
+            "acc/mlm": totals["mlm_correct"] / labelled,
+        }
+        if self.settings.nsp:
+            values["loss/nsp"] = totals["nsp_loss_sum"] / max(finite_micro, 1)
+            values["acc/nsp"] = totals["nsp_correct"] / max(totals["instances"], 1)
+        values["loss/total"] = values["loss/mlm"] + values.get("loss/nsp", 0.0)
+        divisor = self.accumulation * self.dist_info.world_size
+        values.update({key: total / divisor for key, total in totals.extras.items()})
+        values["lr"] = lr
+        values["perf/data_wait_s"] = self.feed.wait_s
+        return StepResult(applied=applied, nonfinite=nonfinite > 0, values=values, counts=totals.counts(),
+                          stop_requested=agreed.stop, save_due=agreed.save_due, abort_elsewhere=abort_elsewhere)

@@ -1,0 +1,104 @@
+"""What one phase's loop is handed and what it keeps: its settings, the job it runs in, and its resumable state.
+
+`TrainerSettings` is everything the loop reads of the run config (the run plan, pretrain/plan/run_plan.py,
+builds it per phase); `TrainerJob` is what every phase of one job shares (the driver, pretrain/train.py, builds
+it once); `PhaseState` is what a resume needs besides DeepSpeed's own files (weights, optimizer, the lr
+scheduler's position), written with every checkpoint. Kept apart from the loop (pretrain/trainer.py) so that a
+test, a benchmark or a plug-in can make and read them without the loop's imports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pretrain.checkpointing.cadence import CadenceSettings
+from pretrain.data.order import FEISTEL_ORDER, LEGACY_ORDER
+from pretrain.distributed.info import DistInfo
+from pretrain.distributed.step_watch import StepWatch
+from pretrain.distributed.stop_request import StopRequest
+from pretrain.metrics.monitor import StepMonitor
+from pretrain.metrics.writer import MetricsWriter
+from pretrain.model.compiled import CompileLedger
+from pretrain.plugin import TrainingPlugin
+
+if TYPE_CHECKING:  # a type only: importing the checkpoint module would load DeepSpeed
+    from pretrain.checkpointing.checkpoint import CheckpointManager
+
+__all__ = ["NonFiniteLossError", "PhaseState", "TrainerJob", "TrainerSettings", "step_seed"]
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    """What one phase's trainer reads, and nothing else of the run config: the run plan builds it per phase
+    (pretrain/plan/run_plan.py), so what a phase's loop depends on is listed here and a test or benchmark can
+    make one without a whole config."""
+
+    phase: str  # phase1 | phase2
+    steps: int  # phaseN.steps: optimizer steps of the phase
+    seq_len: int  # phaseN.seq_len
+    seed: int  # run.seed: the dropout reseed before every micro-batch
+    num_workers: int = 0  # data.num_workers: DataLoader worker processes of the training stream
+    val_every_steps: int = 0  # logging.val_every_steps: steps between evaluations (0: never)
+    val_instances: int | None = None  # logging.val_instances: held-out instances per evaluation (None: val_batches)
+    val_batches: int = 1  # logging.val_batches: micro-batches per rank per evaluation when val_instances is None
+    checkpoint: CadenceSettings = field(default_factory=CadenceSettings)  # checkpoint.every_*: when steps save
+    max_consecutive_nonfinite: int = 5  # failures.max_consecutive_nonfinite: NaN/inf steps in a row before the abort
+    stop_after_steps: int | None = None  # run.stop_after_steps: this process's step budget (None: to the end)
+    step_offset: int = 0  # global step of the phase's step 0 on the TensorBoard axis (phase 2: phase 1's steps)
+    progress_bar: bool = False  # logging.progress_bar: rank 0's bar with ETA
+    nsp: bool = True  # the shards' objective: MLM + NSP (sentence pairs), else MLM alone (no NSP numbers logged)
+    monitors: tuple[StepMonitor, ...] = ()  # what a step logs beyond losses and rates (pretrain/metrics/monitors.py)
+
+
+class NonFiniteLossError(RuntimeError):
+    """Too many optimizer steps in a row had a NaN/inf loss; a checkpoint was written first."""
+
+
+@dataclass
+class PhaseState:
+    phase: str
+    step: int = 0  # optimizer steps done in this phase (skipped ones included: their data was consumed)
+    data_position: int = 0  # samples of this phase's data stream consumed by all ranks (step x global batch)
+    samples_seen: int = 0  # sequences of the whole run (all phases, all ranks)
+    nonfinite_steps: int = 0
+    consecutive_nonfinite: int = 0
+    complete: bool = False
+    # 2: the data stream does not depend on the world size and data_position counts samples. States without
+    # the key were written when data_position counted this rank's micro-batches (resumable on that world only).
+    data_order: int = 2
+    data_permutation: str = FEISTEL_ORDER  # pretrain/data/order.py; states without it resume on numpy's (legacy)
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PhaseState:
+        return cls(**{"data_order": 1, "data_permutation": LEGACY_ORDER, **data})
+
+
+@dataclass
+class TrainerJob:
+    """What every phase of one job shares, built once by the driver (pretrain/train.py) and handed to each
+    phase's trainer: this process's place in the job, the run folder, where checkpoints and metrics go, the
+    stop request, and the job's plug-in (the driver's: a PluginStack of the config's plug-in and a caller's
+    extensions). Each phase's own settings come from its plan."""
+
+    run_dir: Path  # the job's run folder (a plug-in's share applied)
+    resolved_config: dict[str, Any]  # the run config + what was derived from files, written with every checkpoint
+    dist_info: DistInfo
+    checkpoints: CheckpointManager
+    metrics: MetricsWriter
+    stop: StopRequest
+    plugin: TrainingPlugin = field(default_factory=TrainingPlugin)
+    watch: StepWatch = field(default_factory=StepWatch.from_env)  # progress timed by the elastic agent: hangs
+    compile_ledger: CompileLedger = field(default_factory=CompileLedger)  # the compiled layer over the process
+
+
+def step_seed(*parts: int) -> int:
+    """The dropout seed of one micro-batch from (run seed, phase, step, micro-batch, rank): the random stream after
+    a resume is the one an uninterrupted run would have drawn, with no RNG state to checkpoint."""
+    return int(np.random.SeedSequence([p & 0xFFFFFFFF for p in parts]).generate_state(1, dtype=np.uint64)[0] >> 1)
