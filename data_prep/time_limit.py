@@ -4,7 +4,8 @@ The wikitext parser is a C extension and cannot be cancelled from another thread
 Python as it builds its tokens, and `re` checks for signals as it matches, so a SIGALRM handler that raises
 interrupts both within milliseconds. The timer is the process's real-time interval timer, so it is only
 set from the main thread (a worker's tasks run there, and so does an in-process build); elsewhere no limit
-is set. The previous handler and timer are put back afterwards.
+is set, nor while another timer of the process runs (a test runner's, say). The previous handler is put
+back afterwards.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def _on_alarm(_signum: int, _frame: object) -> None:
 @contextmanager
 def time_limit(seconds: float) -> Iterator[None]:
     """Raise TimeLimitExceeded inside the block once it has run `seconds` of wall-clock time."""
-    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread() \
+            or signal.getitimer(signal.ITIMER_REAL)[0] > 0:  # someone else's timer is running: leave it be
         yield
         return
     previous = signal.signal(signal.SIGALRM, _on_alarm)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import signal
 import time
 from collections.abc import Callable
 
@@ -22,6 +23,7 @@ from data_prep.corpus_index import DOCUMENTS_SKIPPED
 from data_prep.sentences import split_sentences
 from data_prep.source_files import DocumentTooLarge
 from data_prep.sources import RawDocument, document_sentences
+from data_prep.time_limit import time_limit
 from data_prep.wikitext_scan import strip_leftover_refs, strip_refs_and_comments, unwrap_leftover_links
 from tests.support.data_prep_fixtures import write_vocab, write_wiki_dump
 
@@ -130,6 +132,22 @@ def test_the_time_limit_stops_a_cost_the_counts_do_not_see() -> None:
     doc = RawDocument("text:x.txt", "x.txt#1", "Mr. A " * 400_000, "paragraph_lines")
     with pytest.raises(DocumentTooLarge, match="not cleaned within 0.05 s"):
         document_sentences(doc, False, DocumentLimits(parse_seconds=0.05))
+
+
+def test_the_time_limit_leaves_another_timer_alone() -> None:
+    """A timer the process already runs (a test runner's, say) is neither replaced nor cancelled."""
+    previous = signal.signal(signal.SIGALRM, lambda *_: None)
+    signal.setitimer(signal.ITIMER_REAL, 100)
+    try:
+        with time_limit(0.05):
+            assert signal.getitimer(signal.ITIMER_REAL)[0] > 50
+        assert signal.getitimer(signal.ITIMER_REAL)[0] > 50
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    with time_limit(0.05):
+        assert 0 < signal.getitimer(signal.ITIMER_REAL)[0] <= 0.05
+    assert signal.getitimer(signal.ITIMER_REAL)[0] == 0
 
 
 def test_a_build_names_a_vandalised_page_or_skips_and_counts_it(tmp_path, capsys) -> None:
