@@ -35,7 +35,13 @@ from data_prep.config import NSP, BuildConfig, ConfigError
 from data_prep.corpus_index import corpus_index, count_held_out, missing_corpus_shards
 from data_prep.corpus_stage import clean_shards, corpus_sentences, prepare_vocab, tokenize_shards
 from data_prep.input_plan import InputPlan, PlanError, ensure_plan, load_plan, make_plan
-from data_prep.instance_stage import InstanceSettings, InstanceTask, instance_task_done, make_instances
+from data_prep.instance_stage import (
+    InstanceSettings,
+    InstanceTask,
+    instance_task_done,
+    make_instances,
+    nsp_pool_report,
+)
 from data_prep.parallel import Workers
 from data_prep.report import print_summary
 from data_prep.shard_stage import (
@@ -195,9 +201,21 @@ def merge(cfg: BuildConfig, plan: InputPlan, workers: Workers) -> dict[str, Any]
         "totals": totals,
         "seq_lens": seq_entries,
     }
+    if cfg.segments == NSP:
+        manifest["nsp_pools"] = nsp_pool_report(out, cfg.seq_lens, plan.num_shards)
+        report_self_draws(manifest["nsp_pools"])
     atomic_write_json(out / MANIFEST_NAME, manifest)
     remove_stale_temp_files(out)  # every task is done: a temp file left now belongs to a killed one
     return manifest
+
+
+def report_self_draws(pools: dict[str, Any]) -> None:
+    """Say so when a negative's B had to come from A's own document (a split of one document)."""
+    for seq_len, by_split in pools["self_draws"].items():
+        for split, count in by_split.items():
+            if count:
+                print(f"nsp: {count} random-next segment(s) of {split} at length {seq_len} come from A's own "
+                      f"document: the {split} split has one document", flush=True)
 
 
 def instance_tasks(cfg: BuildConfig, num_shards: int) -> list[InstanceTask]:

@@ -20,17 +20,18 @@ from __future__ import annotations
 import functools
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from data_prep.atomic_io import atomic_write_json
 from data_prep.batch_files import AtomicBatchWriter
 from data_prep.config import FULL_SENTENCES, NSP, NSP_SCOPE_SHARD, BuildConfig
 from data_prep.corpus import TokenCorpus
-from data_prep.corpus_index import CorpusIndex, DocumentSplits, corpus_index
+from data_prep.corpus_index import CorpusIndex, corpus_index, held_out
 from data_prep.instances import (
     Instance,
     MaskedInstance,
@@ -40,6 +41,7 @@ from data_prep.instances import (
     mask_instance,
     packed_instances,
 )
+from data_prep.nsp_pool import NSP_POOL_DOCUMENTS, NspPool, PoolScope, corpus_scope, shard_scope
 from data_prep.shards import NO_NEXT_SENTENCE_LABEL, SPLITS, id_type, shard_schema
 from data_prep.vocab import load_vocab
 from data_prep.work_layout import VOCAB_NAME, instances_path, instances_stage, marker_path, tokens_path
@@ -83,27 +85,64 @@ def instance_marker(out: Path, seq_len: int, shard: int) -> dict:
     return json.loads(marker_path(out, instances_stage(seq_len), shard).read_text(encoding="utf-8"))
 
 
+def nsp_pool_report(out: Path, seq_lens: tuple[int, ...] | list[int], num_shards: int) -> dict:
+    """The manifest's `nsp_pools`, from the instance markers (data_prep/nsp_pool.py): the pool size a shard's
+    own pool must reach, the input shards whose pool of a split was widened to a group of shards (counted at
+    the first length; every length has the same groups), and the negatives whose B is from A's own document
+    (only where the split has one document). Markers of an earlier version lack the keys: counted as 0."""
+    markers = {seq_len: [instance_marker(out, seq_len, s) for s in range(num_shards)] for seq_len in seq_lens}
+    first = markers[seq_lens[0]]
+    return {
+        "min_documents": NSP_POOL_DOCUMENTS,
+        "shards_widened": {split: sum(m.get(f"{split}_pool_shards", 1) > 1 for m in first) for split in SPLITS},
+        "self_draws": {str(seq_len): {split: sum(m.get(f"{split}_self_draws", 0) for m in found) for split in SPLITS}
+                       for seq_len, found in markers.items()},
+    }
+
+
 @functools.lru_cache(maxsize=1)
 def _whole_corpus(out: Path, num_shards: int) -> TokenCorpus:
     return TokenCorpus([tokens_path(out, s) for s in range(num_shards)])
 
 
 @functools.lru_cache(maxsize=1)
-def _corpus_splits(num_documents: int, val_fraction: float, seed: int) -> DocumentSplits:
-    return DocumentSplits(0, num_documents, num_documents, val_fraction, seed)
+def _corpus_pools(out: Path, num_shards: int, val_fraction: float, seed: int) -> PoolScope:
+    return corpus_scope(corpus_index(out, num_shards), val_fraction, seed)
 
 
-def _scope(task: InstanceTask, index: CorpusIndex) -> tuple[TokenCorpus, DocumentSplits, range]:
-    """The documents a task draws from and splits, and the parts (chunks) of `corpus` that are its own."""
+@functools.lru_cache(maxsize=2)
+def _corpus_pool(out: Path, num_shards: int, val_fraction: float, seed: int, split: str) -> np.ndarray:
+    """A split's documents over the corpus (8 bytes each), kept for the process's next tasks."""
+    scope = _corpus_pools(out, num_shards, val_fraction, seed)
+    return scope.pool(corpus_index(out, num_shards), split).documents
+
+
+def _pools(task: InstanceTask, index: CorpusIndex, scope: PoolScope) -> NspPools:
+    settings = task.settings
+    if settings.nsp_scope == NSP_SCOPE_SHARD:
+        return NspPools(scope, lambda split: scope.pool(index, split).documents)
+    return NspPools(scope, lambda split: _corpus_pool(task.out, task.num_shards, settings.val_fraction,
+                                                      settings.seed, split))
+
+
+def _scope(task: InstanceTask, index: CorpusIndex) -> tuple[TokenCorpus, PoolScope, range]:
+    """The documents a task draws from and splits, and the parts (chunks) of `corpus` that are its own
+    (data_prep/nsp_pool.py: the shard's own file unless a pool of its had to be widened)."""
     span = index.spans[task.shard]
     settings = task.settings
     if settings.nsp_scope == NSP_SCOPE_SHARD or settings.segments != NSP:
-        corpus = TokenCorpus([tokens_path(task.out, task.shard)], first_document=span.doc_start)
-        splits = DocumentSplits(span.doc_start, span.documents, index.documents, settings.val_fraction, settings.seed)
-        return corpus, splits, range(len(span.chunk_documents))
+        if settings.segments == NSP:
+            scope = shard_scope(index, task.shard, settings.val_fraction, settings.seed)
+        else:  # packing draws nothing: the shard alone
+            kept = held_out(span.doc_start, span.documents, index.documents, settings.val_fraction, settings.seed)
+            scope = PoolScope(range(task.shard, task.shard + 1), span.doc_start, kept, {})
+        first = index.spans[scope.shards.start]
+        corpus = TokenCorpus([tokens_path(task.out, s) for s in scope.shards], first_document=first.doc_start)
+        own_first = span.chunk_base - first.chunk_base
+        return corpus, scope, range(own_first, own_first + len(span.chunk_documents))
     corpus = _whole_corpus(task.out, task.num_shards)
-    splits = _corpus_splits(index.documents, settings.val_fraction, settings.seed)
-    return corpus, splits, range(span.chunk_base, span.chunk_base + len(span.chunk_documents))
+    scope = _corpus_pools(task.out, task.num_shards, settings.val_fraction, settings.seed)
+    return corpus, scope, range(span.chunk_base, span.chunk_base + len(span.chunk_documents))
 
 
 def next_sentence_label(inst: Instance) -> int:
@@ -171,7 +210,8 @@ def make_instances(task: InstanceTask) -> dict[str, int]:
     special = SpecialIds(ids["[CLS]"], ids["[SEP]"], ids["[MASK]"], ids["[PAD]"], ids["[UNK]"])
     continuation = vocab.continuation_mask() if settings.whole_word else None
     index = corpus_index(task.out, task.num_shards)
-    corpus, splits, parts = _scope(task, index)
+    corpus, scope, parts = _scope(task, index)
+    pools = _pools(task, index, scope)
     first_chunk = index.spans[task.shard].chunk_base
     schema = shard_schema(vocab.size, settings.static_masking)
     stats = {f"{split}_{key}": 0 for split in SPLITS for key in ("instances", "random_next")}
@@ -184,9 +224,9 @@ def make_instances(task: InstanceTask) -> dict[str, int]:
             rng = random.Random(f"instances:{settings.seed}:{task.seq_len}:{first_chunk + local}")
             documents = corpus.part_range(part)
             if settings.segments == NSP:
-                made = _nsp_instances(task, corpus, documents, splits, special, rng)
+                made = _nsp_instances(task, corpus, documents, pools, special, rng)
             else:
-                packed = _pack_splits(task, corpus, documents, splits, special, vocab.continuation_mask())
+                packed = _pack_splits(task, corpus, documents, scope, special, vocab.continuation_mask())
                 for split, p in packed.items():
                     dropped[split]["pieces"] += p.dropped_pieces
                     dropped[split]["tokens"] += p.dropped_tokens
@@ -203,41 +243,66 @@ def make_instances(task: InstanceTask) -> dict[str, int]:
                     rows[split].append(inst)
         for split in SPLITS:
             rows[split].flush()
-    marker = {**stats, "dropped": dropped} if settings.segments != NSP else stats
+    marker = {**stats, "dropped": dropped} if settings.segments != NSP else {**stats, **pools.marker_entries()}
     atomic_write_json(marker_path(task.out, instances_stage(task.seq_len), task.shard), marker)
     return stats
 
 
 def _nsp_instances(
-    task: InstanceTask, corpus: TokenCorpus, documents: range, splits: DocumentSplits, special: SpecialIds,
+    task: InstanceTask, corpus: TokenCorpus, documents: range, pools: NspPools, special: SpecialIds,
     rng: random.Random,
 ) -> Iterator[tuple[str, Instance]]:
-    """BERT's pairs, document by document, `dupe_factor` rounds; random next from the same split and scope."""
+    """BERT's pairs, document by document, `dupe_factor` rounds; random next from the same split's pool."""
     for _round in range(task.settings.dupe_factor):
         for doc in documents:
-            split = splits.split_of(doc)
-            pool = splits.pools[split]
+            split = pools.scope.split_of(doc)
+            pool = pools.of(split)
             created = instances_from_document(
                 doc,
                 corpus.document,
-                lambda r, pool=pool: int(pool[r.randrange(len(pool))]),
+                pool.draw,
                 task.seq_len,
                 task.settings.short_seq_prob,
                 special,
                 rng,
+                pool.other_than,
             )
             for inst in created:
                 yield split, inst
 
 
+class NspPools:
+    """A task's pools, made when a split first needs one (a split without documents here never reads its
+    pool); `documents(split)` gives a pool's documents (cached per process in `--nsp-scope corpus`)."""
+
+    def __init__(self, scope: PoolScope, documents: Callable[[str], np.ndarray]) -> None:
+        self.scope = scope
+        self._documents = documents
+        self._pools: dict[str, NspPool] = {}
+
+    def of(self, split: str) -> NspPool:
+        if split not in self._pools:
+            self._pools[split] = NspPool(self._documents(split))
+        return self._pools[split]
+
+    def marker_entries(self) -> dict[str, int]:
+        """What the marker records of the pools: each split's widened group (input shards) and self-draws."""
+        entries = {}
+        for split in SPLITS:
+            group = self.scope.groups.get(split, range(0))
+            entries[f"{split}_pool_shards"] = len(group)
+            entries[f"{split}_self_draws"] = self._pools[split].self_draws if split in self._pools else 0
+        return entries
+
+
 def _pack_splits(
-    task: InstanceTask, corpus: TokenCorpus, documents: range, splits: DocumentSplits, special: SpecialIds,
+    task: InstanceTask, corpus: TokenCorpus, documents: range, scope: PoolScope, special: SpecialIds,
     continuation,
 ) -> dict[str, Packed]:
     """The chunk's documents of each split packed in order (cut at word starts: `continuation`)."""
     return {
         split: packed_instances(
-            (corpus.document(doc) for doc in documents if splits.split_of(doc) == split),
+            (corpus.document(doc) for doc in documents if scope.split_of(doc) == split),
             task.seq_len,
             task.settings.segments == FULL_SENTENCES,
             special,

@@ -77,8 +77,13 @@ def instances_from_document(
     short_seq_prob: float,
     special: SpecialIds,
     rng: random.Random,
+    pick_other_document: Callable[[int, random.Random], int] | None = None,
 ) -> list[Instance]:
-    """All instances that start in document `doc_index` (BERT's create_instances_from_document)."""
+    """All instances that start in document `doc_index` (BERT's create_instances_from_document).
+
+    A random next segment's document is drawn up to ten times, as BERT does, while the draw is A's own;
+    after that BERT takes B from A's own document. `pick_other_document(doc_index, rng)` replaces that last
+    resort (data_prep/nsp_pool.py: another document of the pool, drawn); without it, BERT's behaviour."""
     document = get_document(doc_index)
     max_tokens = seq_len - 3
     target = max_tokens
@@ -99,10 +104,13 @@ def instances_from_document(
             if is_random_next:
                 target_b = target - len(tokens_a)
                 other = doc_index
-                for _ in range(10):  # BERT's retry count; a one-document split falls back to itself
+                for _ in range(10):  # BERT's retry count
                     other = pick_random_document(rng)
                     if other != doc_index:
                         break
+                else:
+                    if pick_other_document is not None:
+                        other = pick_other_document(doc_index, rng)
                 random_doc = get_document(other)
                 start = rng.randint(0, len(random_doc) - 1)
                 for k in range(start, len(random_doc)):  # index, not slice: documents are lazy

@@ -66,9 +66,11 @@ def row_digest(path: Path) -> str:
 
 
 def manifest_digest(manifest: dict) -> str:
-    """Without `config` (absolute paths), `tool_version`, and the keys added since: `segments` (the mode) and
-    `tokenizer` (the files that record the tokenizer beside the shards; the shards are the same)."""
-    kept = {k: v for k, v in manifest.items() if k not in ("config", "tool_version", "segments", "tokenizer")}
+    """Without `config` (absolute paths), `tool_version`, and the keys added since: `segments` (the mode),
+    `tokenizer` (the files that record the tokenizer beside the shards; the shards are the same) and `nsp_pools`
+    (where random next segments came from: these one-shard builds widen no pool and self-draw nothing)."""
+    kept = {k: v for k, v in manifest.items()
+            if k not in ("config", "tool_version", "segments", "tokenizer", "nsp_pools")}
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()
 
 
@@ -92,6 +94,8 @@ def test_default_nsp_shards_are_byte_identical_to_before(name: str, corpus: Path
         )
     manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
     assert manifest_digest(manifest) == MANIFEST_DIGEST[name]
+    assert manifest["nsp_pools"]["shards_widened"] == {"train": 0, "val": 0}
+    assert all(n == 0 for by_split in manifest["nsp_pools"]["self_draws"].values() for n in by_split.values())
     assert sorted(json.loads((out / "build_config.json").read_text(encoding="utf-8"))) == OLD_IDENTITY_KEYS
     assert sorted(manifest["config"]) == OLD_IDENTITY_KEYS
     assert Manifest.load(out).data["masking"]["mode"] == ("dynamic" if name == "dynamic" else "static")
