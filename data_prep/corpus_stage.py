@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
-from data_prep.atomic_io import atomic_write_bytes, atomic_write_json, sha256_file
+from data_prep.atomic_io import atomic_write_bytes, sha256_file
 from data_prep.batch_files import AtomicBatchWriter, read_batches
 from data_prep.config import BuildConfig
 from data_prep.corpus import TEXT_SCHEMA, text_table, token_schema, token_table
@@ -27,6 +27,7 @@ from data_prep.corpus_index import DOCUMENTS_SKIPPED
 from data_prep.input_plan import InputPlan, read_shard
 from data_prep.parallel import Workers
 from data_prep.sources import RawDocument, document_sentences
+from data_prep.task_markers import write_marker
 from data_prep.vocab import Vocab, VocabError, load_vocab, train_vocab
 from data_prep.work_layout import CLEAN_STAGE, TOKENS_STAGE, VOCAB_NAME, marker_path, text_path, tokens_path
 
@@ -119,8 +120,8 @@ class _ShardText:
 
     def finish(self, chunks: int) -> None:
         self.writer.__exit__(None)
-        atomic_write_json(marker_path(self.out, CLEAN_STAGE, self.shard),
-                          {**self.stats, "chunks": chunks, "input_files": self.units})
+        write_marker(self.out, marker_path(self.out, CLEAN_STAGE, self.shard),
+                     {**self.stats, "chunks": chunks, "input_files": self.units}, [self.writer.path])
 
 
 def clean_shards(cfg: BuildConfig, plan: InputPlan, shards: list[int], workers: Workers) -> None:
@@ -210,7 +211,8 @@ def tokenize_shards(cfg: BuildConfig, vocab: Vocab, shards: list[int]) -> None:
                 chunk_documents.append(table.num_rows)
                 for key, value in chunk_stats.items():
                     stats[key] += value
-        atomic_write_json(marker_path(out, TOKENS_STAGE, shard), {**stats, "chunk_documents": chunk_documents})
+        write_marker(out, marker_path(out, TOKENS_STAGE, shard), {**stats, "chunk_documents": chunk_documents},
+                     [tokens_path(out, shard)])
         tokens += stats["tokens"]
         docs += stats["documents"]
         elapsed = max(1e-9, time.perf_counter() - started)
