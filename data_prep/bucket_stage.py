@@ -25,10 +25,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from data_prep.atomic_io import atomic_write_json
 from data_prep.batch_files import AtomicBatchWriter, read_batches
 from data_prep.shard_stage import bucket_ids, bucket_key, bucket_shuffle, part_starts, take_in_order
 from data_prep.shards import read_table
+from data_prep.task_markers import write_marker
 from data_prep.work_layout import instances_path, marker_path, scatter_stage, scattered_path
 
 
@@ -64,7 +64,8 @@ def scatter(task: ScatterTask) -> None:
                 writer.write(table.take(pa.array(order[at : at + count])))
                 at += count
         sizes[split] = per_bucket.tolist()
-    atomic_write_json(marker_path(task.out, scatter_stage(task.seq_len), task.shard), sizes)
+    written = [scattered_path(task.out, task.seq_len, task.shard, split) for split in sizes]
+    write_marker(task.out, marker_path(task.out, scatter_stage(task.seq_len), task.shard), sizes, written)
 
 
 def bucket_sizes(out: Path, seq_len: int, split: str, num_shards: int) -> np.ndarray:

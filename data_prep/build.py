@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from data_prep import __version__
-from data_prep.atomic_io import atomic_write_json, sha256_file
+from data_prep.atomic_io import atomic_write_json, fsync_folder, sha256_file
 from data_prep.bucket_stage import (
     BucketedShardTask,
     ScatterTask,
@@ -57,9 +57,20 @@ from data_prep.shard_stage import (
 from data_prep.shards import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, SPLITS, write_shard_table
 from data_prep.source_files import SourceError
 from data_prep.sources import SOURCES
+from data_prep.task_markers import drop_broken_markers
 from data_prep.tokenizer_files import write_tokenizer_files
 from data_prep.vocab import Vocab, load_vocab
-from data_prep.work_layout import CONFIG_NAME, VOCAB_NAME, chunk_layout_files, plan_path, shard_file
+from data_prep.work_layout import (
+    CLEAN_STAGE,
+    CONFIG_NAME,
+    TOKENS_STAGE,
+    VOCAB_NAME,
+    chunk_layout_files,
+    instances_stage,
+    marker_path,
+    plan_path,
+    shard_file,
+)
 
 
 class BuildError(ValueError):
@@ -204,7 +215,11 @@ def merge(cfg: BuildConfig, plan: InputPlan, workers: Workers) -> dict[str, Any]
     if cfg.segments == NSP:
         manifest["nsp_pools"] = nsp_pool_report(out, cfg.seq_lens, plan.num_shards)
         report_self_draws(manifest["nsp_pools"])
+    for folder in sorted({(out / shard_file(int(seq_len), "train", 0)).parent for seq_len in seq_entries}):
+        if folder.is_dir():
+            fsync_folder(folder)  # the shards' renames are durable before the manifest that lists them
     atomic_write_json(out / MANIFEST_NAME, manifest)
+    fsync_folder(out)
     remove_stale_temp_files(out)  # every task is done: a temp file left now belongs to a killed one
     return manifest
 
@@ -301,6 +316,7 @@ def run_build(cfg: BuildConfig) -> dict[str, Any] | None:
         print(f"{cfg.out_dir}: already complete (same config); nothing to do")
         print_summary(manifest)
         return manifest
+    drop_broken_markers(cfg.out_dir)
     started = time.perf_counter()
     print(f"{plan.num_shards} input shard(s) of up to {cfg.input_shard_mb:g} MiB", flush=True)
     with Workers(cfg.workers) as workers:
@@ -328,6 +344,7 @@ def run_merge(out: Path, workers: int) -> dict[str, Any]:
         plan = ensure_plan(cfg)  # the inputs are still those the nodes read
     except PlanError as err:
         raise BuildError(str(err)) from err
+    drop_broken_markers(out)
     started = time.perf_counter()
     with Workers(workers) as pool:
         manifest = merge(cfg, plan, pool)
@@ -343,6 +360,7 @@ def run_task(out: Path, stage: str, index: int, workers: int) -> None:
     if stage == "corpus":
         if not 0 <= index < plan.num_shards:
             raise BuildError(f"task corpus --index {index}: the plan has {plan.num_shards} input shard(s)")
+        drop_broken_markers(out, [marker_path(out, stage, index) for stage in (CLEAN_STAGE, TOKENS_STAGE)])
         with Workers(workers) as pool:
             prepare_corpus(cfg, plan, [index], pool)
         return
@@ -354,5 +372,6 @@ def run_task(out: Path, stage: str, index: int, workers: int) -> None:
     if not 0 <= index < len(tasks):
         raise BuildError(f"task instances --index {index}: there are {len(tasks)} instance task(s)")
     task = tasks[index]
+    drop_broken_markers(out, [marker_path(out, instances_stage(task.seq_len), task.shard)])
     if not instance_task_done(out, task.seq_len, task.shard):
         make_instances(task)

@@ -27,7 +27,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from data_prep.atomic_io import atomic_write_json
 from data_prep.batch_files import AtomicBatchWriter
 from data_prep.config import FULL_SENTENCES, NSP, NSP_SCOPE_SHARD, BuildConfig
 from data_prep.corpus import TokenCorpus
@@ -43,6 +42,7 @@ from data_prep.instances import (
 )
 from data_prep.nsp_pool import NSP_POOL_DOCUMENTS, NspPool, PoolScope, corpus_scope, shard_scope
 from data_prep.shards import NO_NEXT_SENTENCE_LABEL, SPLITS, id_type, shard_schema
+from data_prep.task_markers import write_marker
 from data_prep.vocab import load_vocab
 from data_prep.work_layout import VOCAB_NAME, instances_path, instances_stage, marker_path, tokens_path
 
@@ -244,7 +244,8 @@ def make_instances(task: InstanceTask) -> dict[str, int]:
         for split in SPLITS:
             rows[split].flush()
     marker = {**stats, "dropped": dropped} if settings.segments != NSP else {**stats, **pools.marker_entries()}
-    atomic_write_json(marker_path(task.out, instances_stage(task.seq_len), task.shard), marker)
+    write_marker(task.out, marker_path(task.out, instances_stage(task.seq_len), task.shard), marker,
+                 [writer.path for writer in writers.values()])
     return stats
 
 

@@ -9,7 +9,8 @@ both are read by pretrain/ too.)
     work/instances/seqL/shard-NNNNN-SPLIT.arrow      its instances at length L, per split
     work/buckets/seqL/shard-NNNNN-SPLIT.arrow        over one bucket: its instances grouped by shuffle bucket
     work/shards/seqL-SPLIT-order.json                the bucket size the shards are cut with
-    work/done/STAGE-NNNNN.json                       a finished task: its output is complete; its statistics
+    work/done/STAGE-NNNNN.json                       a finished task: its statistics, and the size and sha256 of
+                                                     each output it vouches for (data_prep/task_markers.py)
     work/slurm/                                      the batch scripts of a SLURM build, and their logs
 
 The unit of work is an input shard (data_prep/input_plan.py), so work/ holds a few files per input shard
@@ -66,9 +67,13 @@ def instances_stage(seq_len: int) -> str:
     return f"instances-seq{seq_len}"
 
 
+def done_dir(out: Path) -> Path:
+    return work_dir(out) / "done"
+
+
 def marker_path(out: Path, stage: str, shard: int) -> Path:
     """`stage`: CLEAN_STAGE, TOKENS_STAGE, instances_stage(seq_len) or scatter_stage(seq_len)."""
-    return work_dir(out) / "done" / f"{stage}-{shard:05d}.json"
+    return done_dir(out) / f"{stage}-{shard:05d}.json"
 
 
 def shard_order_path(out: Path, seq_len: int, split: str) -> Path:
