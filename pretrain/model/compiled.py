@@ -18,6 +18,11 @@ is. The line quotes the root of the error's chain (an inductor failure's own fir
 - otherwise (model.compile=null): one line (rank 0), once per process, the layer runs eager for the rest of the
   process (later phases too: never retried), `compile/fallback` is 1, and the ledger's `on_fallback` lets the
   driver record it (`amend_resolved`: config.resolved.json says compile false and why).
+  The call that fell back, when it records gradients, raises LayerFellBack instead of running eager in place, and
+  the encoder calls the layer again (pretrain/model/unpadded.py `encoder_layer`): under activation checkpointing
+  the compiled attempt's saved tensors are already in the layer's checkpoint frame, and an eager call in that frame
+  made its recomputation save fewer tensors (CheckpointError in loss.backward()). The RNG is put back first, so
+  the eager call's dropout is an eager run's.
 A later error in code that already ran compiled (an out-of-memory, a NaN check) is the run's own: it propagates.
 Shapes: the token count of an unpadded micro-batch varies (bucketed to multiples of 64) and the segment count
 varies between training and a short validation batch; both are marked `maybe_mark_dynamic` before every
@@ -58,6 +63,7 @@ from transformers.models.bert.modeling_bert import BertLayer
 from pretrain.errors import ConfigError
 from pretrain.model.unpadded import (
     LAYER_FORWARD_ATTRIBUTE,
+    LayerFellBack,
     LayerForward,
     check_layers_supported,
     unpadded_layer,
@@ -139,6 +145,27 @@ def keep(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+@dataclass(frozen=True)
+class RngState:
+    """The global generators' state (CPU, and the device's on CUDA) at a layer call's start, put back before a
+    fallback calls the layer again eager: the eager call then draws what an eager run would, so the step's loss and
+    gradients are an eager run's (a few microseconds per call: the states are small host-side copies)."""
+
+    cpu: torch.Tensor
+    device: torch.device
+    cuda: torch.Tensor | None
+
+    @classmethod
+    def of(cls, device: torch.device) -> RngState:
+        on_cuda = device.type == "cuda"
+        return cls(torch.get_rng_state(), device, torch.cuda.get_rng_state(device) if on_cuda else None)
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state(self.cuda, self.device)
+
+
 class CompiledLayer:
     """`unpadded_layer` compiled as one full graph, with its failures and recompiles made explicit (module docstring).
 
@@ -173,6 +200,7 @@ class CompiledLayer:
         torch._dynamo.maybe_mark_dynamic(hidden, 1)  # the token count: one graph for every bucket
         torch._dynamo.maybe_mark_dynamic(cu_seqlens, 0)  # the segment count
         before, stage = counters["stats"]["unique_graphs"], FIRST_RUN
+        rng = RngState.of(hidden.device)  # a fallback's eager call draws the dropout masks the compiled one drew
         try:
             out = self.compiled(layer, hidden, cu_seqlens, max_seqlen)
             if self._first(before) and torch.is_grad_enabled() and out.requires_grad:
@@ -192,6 +220,9 @@ class CompiledLayer:
             self._failed(error, stage)  # e.g. a Triton kernel the device refuses at launch
         finally:
             self.ledger.graphs += counters["stats"]["unique_graphs"] - before
+        rng.restore()
+        if torch.is_grad_enabled():  # the compiled attempt may have saved tensors into a checkpoint frame
+            raise LayerFellBack(self.ledger.fallback)  # the caller (unpadded.encoder_layer) calls again: eager
         return self.eager(layer, hidden, cu_seqlens, max_seqlen)  # the compiled output (if any) is dropped
 
     def _first(self, before: int) -> bool:

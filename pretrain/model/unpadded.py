@@ -29,6 +29,14 @@ LayerForward = Callable[[BertLayer, torch.Tensor, torch.Tensor, int], torch.Tens
 LAYER_FORWARD_ATTRIBUTE = "unpadded_layer_forward"
 
 
+class LayerFellBack(Exception):
+    """Raised by a layer function that gave up its compiled code during this call and runs eager from now on
+    (pretrain/model/compiled.py): call it again. Why not run eager in the same call: the compiled attempt's saved
+    tensors may already sit in an activation-checkpointing frame (its saved-tensor hooks pack what any op saves),
+    and the frame's recomputation in backward, eager only, would then save fewer tensors than the forward did
+    (torch's CheckpointError). Called again from `encoder_layer`, the eager call gets a fresh frame of its own."""
+
+
 def unpadded_layer(layer: BertLayer, hidden: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                    kernel: VarlenKernel = varlen_attention) -> torch.Tensor:
     """`BertLayer.forward` on [1, T, hidden] flat tokens, with variable-length self-attention.
@@ -69,10 +77,26 @@ def unpadded_encode(
                              position_ids=position_ids[None])
     forward: LayerForward = getattr(model, LAYER_FORWARD_ATTRIBUTE, None) or unpadded_layer
     for layer in bert.encoder.layer:
-        if layer.gradient_checkpointing and layer.training:
-            hidden = checkpoint(forward, layer, hidden, cu_seqlens, max_seqlen, use_reentrant=False)
-        else:
-            hidden = forward(layer, hidden, cu_seqlens, max_seqlen)
+        hidden = encoder_layer(forward, layer, hidden, cu_seqlens, max_seqlen)
     cls_states = hidden[0].index_select(0, cu_seqlens[:-2].long())  # each instance's first token; not the tail
     pooled = bert.pooler(cls_states[:, None, :]) if bert.pooler is not None else cls_states
     return hidden, pooled
+
+
+def encoder_layer(forward: LayerForward, layer: BertLayer, hidden: torch.Tensor, cu_seqlens: torch.Tensor,
+                  max_seqlen: int) -> torch.Tensor:
+    """`forward` on one layer, in a checkpoint frame where activation checkpointing is on; once more, from a new
+    frame, when `forward` fell back to eager during the call (LayerFellBack: the first frame is dropped with the
+    compiled attempt's output, so nothing of it reaches the loss)."""
+    try:
+        return _layer_call(forward, layer, hidden, cu_seqlens, max_seqlen)
+    except LayerFellBack:
+        pass  # retried below, outside the handler: the failed frame and its traceback are released first
+    return _layer_call(forward, layer, hidden, cu_seqlens, max_seqlen)
+
+
+def _layer_call(forward: LayerForward, layer: BertLayer, hidden: torch.Tensor, cu_seqlens: torch.Tensor,
+                max_seqlen: int) -> torch.Tensor:
+    if layer.gradient_checkpointing and layer.training:
+        return checkpoint(forward, layer, hidden, cu_seqlens, max_seqlen, use_reentrant=False)
+    return forward(layer, hidden, cu_seqlens, max_seqlen)
