@@ -89,11 +89,8 @@ def _prune(code: mwparserfromhell.wikicode.Wikicode) -> None:
 
 
 def check_page(wikitext: str, limits: DocumentLimits) -> None:
-    """Refuse, in linear time, a page whose parse would take superlinear time: over the size cap, or with so
-    many unclosed openers that the parser's rescans of the rest of the page (one per opener) pass the cap."""
-    if len(wikitext) > limits.max_wikitext_chars:
-        raise CostlyPage(f"{len(wikitext):,} characters of wikitext, over the {limits.max_wikitext_chars:,} "
-                         "MediaWiki allows")
+    """Refuse, in linear time, a page whose parse would take superlinear time: with so many unclosed openers
+    that the parser's rescans of the rest of the page (one per opener) pass the cap."""
     unclosed = unclosed_openers(wikitext)
     if unclosed * len(wikitext) > limits.max_markup_cost:
         raise CostlyPage(f"{unclosed:,} unclosed templates, links, tables or tags in {len(wikitext):,} characters "
@@ -103,6 +100,9 @@ def check_page(wikitext: str, limits: DocumentLimits) -> None:
 
 def wikitext_to_paragraphs(wikitext: str, limits: DocumentLimits = DEFAULT_LIMITS) -> list[str]:
     """Plain-text paragraphs of one article, markup removed, in page order; CostlyPage for a page over a cap."""
+    if len(wikitext) > limits.max_wikitext_chars:
+        raise CostlyPage(f"{len(wikitext):,} characters of wikitext, over the {limits.max_wikitext_chars:,} "
+                         "MediaWiki allows")
     wikitext = strip_refs_and_comments(wikitext)
     check_page(wikitext, limits)
     code = mwparserfromhell.parse(wikitext)
