@@ -127,6 +127,9 @@ class BuildConfig:
     workers: int = field(default_factory=default_workers)
     num_nodes: int = 1
     node_rank: int = 0
+    # Keep OUT/work/ (the cleaned text, tokens, instances and markers) once the manifest is written; by default
+    # the build removes the files it wrote there (2-3x the output's size), as they are of no further use.
+    keep_work: bool = False
 
     def __post_init__(self) -> None:
         # One order whatever order the caller (or a recorded identity's sorted keys) gave.
@@ -203,7 +206,7 @@ class BuildConfig:
         `segments`, `nsp_scope` and `input_shard_mb` only when not the default: a folder started before
         they existed recorded no such key, and its manifest's `config` stays as it was."""
         data = asdict(self)
-        for key in ("out", "workers", "num_nodes", "node_rank"):
+        for key in ("out", "workers", "num_nodes", "node_rank", "keep_work"):
             data.pop(key)
         for key, default in (("segments", NSP), ("nsp_scope", NSP_SCOPE_SHARD),
                              ("input_shard_mb", DEFAULT_INPUT_SHARD_MB)):
