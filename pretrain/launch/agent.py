@@ -29,8 +29,8 @@ one dies. What is ours on top (HealingAgent):
   waits in it; an agent whose rendezvous another node closed ends quietly.
 - signals: launch.sh passes SIGINT/SIGTERM/SIGUSR1/SIGHUP to this process, which passes them on to the ranks (they
   checkpoint at the step boundary and exit 0) and restarts nothing after. A rank that has no handler yet (its
-  interpreter still starting) gets the signal once it has one; between two attempts (no rank running) the stop is
-  one line and exit 0 (130 for SIGINT).
+  interpreter still starting) gets the signal once it has one; between two attempts (no rank running), or while a
+  fault is handled, the stop is one line and exit 0 (130 for SIGINT): the checkpoint to resume from is `latest`.
 
 torch internals this relies on, every other use being public API (get_worker_group, Worker.id, WorkerSpec,
 LogsSpecs, RendezvousParameters, the rendezvous handler's shutdown, FileTimerServer/FileTimerRequest, the
@@ -44,7 +44,9 @@ checks each of these, in seconds and without ranks, and pyproject.toml bounds to
    counted here, so the attempt's number (its records, its attempt-K folder) is the same on every node.
 2. `SimpleElasticAgent._monitor_workers`, overridden (torch's documented hook for extending the agent): each failure
    is judged where torch sees it; also where new ranks get their start-up timer and lost nodes are acted on.
-3. `SimpleElasticAgent._restart_workers`, overridden: the count of (1) for a healthy group.
+3. `SimpleElasticAgent._restart_workers`, overridden: the count of (1) for a healthy group, whose ranks are ended
+   as a fault's survivors first (survivors.py: stacks, SIGKILL; torch's `_stop_workers` would SIGTERM them with a
+   30 s grace), and no restart after a stop.
 4. `FileTimerServer._reap_worker`, overridden: torch's server calls it for each expired worker and then with its own
    pid; ours asks for stacks first, and skips the second call (torch would kill the agent).
 5. `LocalElasticAgent._setup_local_watchdog`'s behaviour: with TORCHELASTIC_ENABLE_FILE_TIMER unset and
@@ -65,7 +67,6 @@ import os
 import signal
 import socket
 import sys
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -89,24 +90,16 @@ from pretrain.launch.faults import (
     FaultHistory,
     FaultRecord,
     RankFailure,
-    hang_description,
     judge,
     judge_stuck,
     primary_failure,
 )
-from pretrain.launch.hang_watch import HangWatch, Limits, ask_for_stacks, watch_ranks
+from pretrain.launch.hang_watch import HangWatch, Limits, watch_ranks
 from pretrain.launch.nodes import NODE_LOST_SIGNAL, node_range
-from pretrain.launch.processes import (
-    catches,
-    ended_badly,
-    kill,
-    process_state,
-    running,
-    send_when_caught,
-    wait_until_gone,
-)
+from pretrain.launch.processes import ended_badly, kill, pass_on, running
 from pretrain.launch.rank_logs import RankLogs, nccl_trace, quiet_torch_logs
 from pretrain.launch.signed_rendezvous import meeting_for, signed_handler
+from pretrain.launch.survivors import NodeSettings, NodeUnhealthy, end_ranks
 from pretrain.plugin import JobShare
 from pretrain.run_folder import faults_dir, launch_logs_dir
 
@@ -144,16 +137,6 @@ class Judging:
         return self.context
 
 
-@dataclass(frozen=True)
-class NodeSettings:
-    """This node's part: its name in the lines, the job's most nodes, whether nodes.py reads its records."""
-
-    host: str
-    max_nodes: int = 1
-    under_nodes: bool = False
-    shutdown_timeout: int = 30
-
-
 class HealingAgent(LocalElasticAgent):
     """LocalElasticAgent whose failures are judged (faults.judge) and told in one line each (module docstring)."""
 
@@ -170,6 +153,7 @@ class HealingAgent(LocalElasticAgent):
         self.timed: set[int] = set()  # pids whose start-up is timed
         self.stopped_for_lost_node: set[int] = set()
         self.ended_by_agent: set[int] = set()  # pids killed here because another rank of their group failed
+        self.last_word = ""  # the line this node ends the job with, for nodes.py (a stuck rank: survivors.py)
 
     # ------------------------------------------------------------------ what torch calls
     def _monitor_workers(self, worker_group: Any) -> RunResult:
@@ -185,8 +169,16 @@ class HealingAgent(LocalElasticAgent):
         # torch restarts a healthy group without counting it when another node waits in the rendezvous: that
         # node's ranks failed (it counted it). A failed group was counted by torch before this call. Counted here
         # too, every node numbers the attempts alike (the records' `restart`, by which the nodes' lines are matched).
-        if worker_group.state == WorkerState.HEALTHY and self._remaining_restarts > 0:
-            self._remaining_restarts -= 1  # the attempt's number: TORCH_ATTEMPTS - _remaining_restarts
+        # Its ranks lost a peer (or a node joins): ended as a fault's survivors (survivors.py), not by torch's SIGTERM
+        # and 30 s grace. After a user's stop they are saving: no restart, they end by themselves.
+        if worker_group.state == WorkerState.HEALTHY:
+            if self.stop_signal is not None:
+                return
+            if self._remaining_restarts > 0:
+                self._remaining_restarts -= 1  # the attempt's number: TORCH_ATTEMPTS - _remaining_restarts
+            self._end_ranks([pid for pid in self.pids().values() if running(pid)], "torch's healthy-group restart")
+        if self.stop_signal is not None:  # a stop that came while the fault was judged: ends as between attempts
+            raise SignalException("while a fault was handled", signal.Signals(self.stop_signal))
         super()._restart_workers(worker_group)
 
     # ------------------------------------------------------------------ ours
@@ -197,8 +189,8 @@ class HealingAgent(LocalElasticAgent):
 
     @property
     def exit_status(self) -> int:
-        if self.stop_signal is not None and self.record is None:  # a stop, unless its ranks ended their runs (0)
-            return 128 + self.stop_signal
+        if self.stop_signal is not None and self.record is None:  # a stop, even one during a fault: 0 (the batch
+            return 130 if self.stop_signal == signal.SIGINT else 0  # file requeues), 130 for Ctrl-C
         return self.record.exit_status if self.record is not None else 1
 
     def _time_new_ranks(self) -> None:
@@ -236,7 +228,7 @@ class HealingAgent(LocalElasticAgent):
                          if pid in self.watch.hung and rank not in result.failures]
 
     def _judge(self, result: RunResult) -> None:
-        failures = self._failures(result)  # a stop: no restart, status 128 + N unless every rank's run had ended
+        failures = self._failures(result)  # a stop, before or during the fault: no restart (run() says it)
         if self.stop_signal is not None and not (failures and all(each.ended_run for each in failures)):
             self._remaining_restarts, self.record = 0, None
             return
@@ -257,27 +249,25 @@ class HealingAgent(LocalElasticAgent):
             self._remaining_restarts = 0
 
     def _end_survivors_of_a_fault(self) -> None:
-        """Once a rank has ended badly (read from /proc before torch reaps it), the others still running give their
-        stacks (bounded: hang_watch.STACKS_WAIT_S) and are killed with SIGKILL, as a lost node's are; the restart
-        waits until they are gone. torch's poll would send them SIGTERM with a 30 s grace: our ranks read SIGTERM as
-        a user's stop, and on NCCL a rank blocked in a collective never sees it. Not after a user's stop."""
+        """Once a rank has ended badly (read from /proc before torch reaps it), the others still running are ended
+        (survivors.end_ranks: stacks, SIGKILL, gone), before torch's poll would stop them with SIGTERM and a 30 s
+        grace. After a user's stop too: a rank whose peer died cannot finish its checkpoint."""
         pids = self.pids()
-        if self.stop_signal is not None or not any(ended_badly(pid) for pid in pids.values()):
+        if not any(ended_badly(pid) for pid in pids.values()):
             return
-        survivors = {rank: pid for rank, pid in pids.items()  # not those the timers are ending (hang_watch.hung)
-                     if pid not in self.ended_by_agent | set(self.watch.hung) and running(pid)}
-        if not survivors:
+        survivors = [pid for pid in pids.values()  # not those the timers are ending (hang_watch.hung)
+                     if pid not in self.ended_by_agent | set(self.watch.hung) and running(pid)]
+        self._end_ranks(survivors, "a rank of this node ended badly")
+
+    def _end_ranks(self, pids: list[int], why: str) -> None:
+        if not pids:
             return
-        self.ended_by_agent.update(survivors.values())
-        if self.judging.config.run.survivor_stacks:
-            self.watch.stacks |= ask_for_stacks(list(survivors.values()), self.watch.ranks)
-        for pid in survivors.values():
-            kill(pid, signal.SIGKILL)
-        left = wait_until_gone(list(survivors.values()), self.watch.limits.startup_s)
-        if left:
-            say(f"warning: host {self.node.host}: pid {', '.join(map(str, left))} still there "
-                f"{self.watch.limits.startup_s:g} s after SIGKILL ({hang_description(process_state(left[0]))}); "
-                "restarting anyway")
+        self.ended_by_agent.update(pids)
+        try:
+            end_ranks(pids, self.watch, self.node, why)
+        except NodeUnhealthy:
+            self._pcontext = None  # torch's close would wait for the stuck rank for ever (SIGKILL, then wait())
+            raise
 
     def forward(self, signum: int, _frame: Any = None) -> None:
         """launch.sh's signal, passed on to every rank; nothing is restarted after it. The same stop may come twice (a
@@ -289,12 +279,8 @@ class HealingAgent(LocalElasticAgent):
         if not pids and told_before:
             return
         if not pids:  # in a rendezvous: end it
-            raise SignalException(f"{signal.Signals(signum).name} between attempts", signal.Signals(signum))
-        for pid in pids:
-            if catches(pid, signum):
-                kill(pid, signum)
-            else:  # still starting: the signal's default action would kill it (a fault, status 143), so it waits
-                threading.Thread(target=send_when_caught, args=(pid, signum), daemon=True).start()
+            raise SignalException("between two attempts (no rank running)", signal.Signals(signum))
+        pass_on(pids, signum)
 
     def node_lost(self, _signum: int, _frame: Any = None) -> None:
         """nodes.py's word that a node of the job is gone (NODE_LOST_SIGNAL); acted on at the next monitor tick."""
@@ -331,20 +317,26 @@ def build_agent(args: argparse.Namespace, module_args: list[str]) -> HealingAgen
     run_dir = Path(config.run.dir)
     context = FaultContext(job, config.run.max_restarts, run_dir, config.checkpoint_dir, args.resume_command)
     judging = Judging(config, context, FaultHistory(faults_dir(run_dir)))
-    settings = NodeSettings(node or socket.gethostname(), high, bool(args.rdzv_endpoint),
-                            int(float(os.environ.get("BERT_DS_KILL_GRACE_SECONDS", "30"))))
+    host = node or socket.gethostname()
+    settings = NodeSettings(host, high, bool(args.rdzv_endpoint),
+                            int(float(os.environ.get("BERT_DS_KILL_GRACE_SECONDS", "30"))), config.run.survivor_stacks)
     return HealingAgent(spec, RankLogs(launch_dir), judging, watch, settings)
 
 
 def run(agent: HealingAgent) -> int:
     """The agent's run, its rendezvous closed whatever the end (no other node waits in it), and its status."""
+    resume = agent.judging.context.resume_command
     try:
         result = agent.run()
-    except SignalException as stopped:  # between two attempts (a restart's rendezvous): no rank to checkpoint
-        name = signal.Signals(stopped.sigval).name
-        say(f"stopped by {name} between two attempts (no rank running); the same command resumes from the newest "
-            f"checkpoint: {agent.judging.context.resume_command}")
-        return 128 + stopped.sigval if stopped.sigval == signal.SIGINT else 0
+    except SignalException as stopped:  # between two attempts, or while a fault was handled: no rank to checkpoint
+        agent.stop_signal = agent.stop_signal or stopped.sigval
+        say(f"stopped by {signal.Signals(agent.stop_signal).name} {stopped.args[0]}; the same command resumes from "
+            f"the newest checkpoint: {resume}")
+        return agent.exit_status
+    except NodeUnhealthy as unhealthy:
+        agent.last_word = f"{unhealthy.line} with: {resume}"
+        say(agent.last_word)
+        return 1
     except RendezvousClosedError:  # another node's final verdict ended the job; that node told it
         return 1
     except RendezvousError as err:
@@ -357,6 +349,9 @@ def run(agent: HealingAgent) -> int:
         except Exception:  # noqa: BLE001 - a store already gone has nothing left to close
             pass
         agent.watch.stop()
+    if result.is_failed() and agent.stop_signal is not None and agent.record is None:
+        say(f"stopped by {signal.Signals(agent.stop_signal).name} while a fault was handled; the same command "
+            f"resumes from the newest checkpoint: {resume}")
     return 0 if not result.is_failed() else agent.exit_status
 
 
@@ -392,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(NODE_LOST_SIGNAL, agent.node_lost)
     status = run(agent)
     if agent.node.under_nodes:  # nodes.py: this node ended by itself, whatever its transport says next
-        print(AgentEnd(agent.node.host, status).to_line(), file=sys.stderr, flush=True)
+        print(AgentEnd(agent.node.host, status, agent.last_word).to_line(), file=sys.stderr, flush=True)
     return status
 
 

@@ -8,6 +8,7 @@ reused), and waiting until killed ones are gone.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -81,8 +82,19 @@ def send_when_caught(pid: int, signum: int) -> None:
         time.sleep(0.02)
 
 
+def pass_on(pids: list[int], signum: int) -> None:
+    """A stop to each of `pids`: at once to those with a handler for it; a rank still starting would die of the
+    signal's default action (a fault, status 143), so a thread passes it on once the rank has one."""
+    for pid in pids:
+        if catches(pid, signum):
+            kill(pid, signum)
+        else:
+            threading.Thread(target=send_when_caught, args=(pid, signum), daemon=True).start()
+
+
 def kill(pid: int, signum: int) -> None:
+    """`signum` to `pid`; nothing when it is gone, or is no longer ours (its pid reused by another user's)."""
     try:
         os.kill(pid, signum)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         pass
