@@ -34,7 +34,7 @@ if __name__ == "__main__":
 
     tie_to_launcher()  # first: a rank still importing when its agent dies dies with it
     dump_stacks_on_signal()  # before the heavy imports: a rank hung in them gives its stacks too
-    StopRequest.current()  # and a stop during them is a stop (main() takes this request over)
+    StopRequest.for_process()  # a stop during them is a stop (main() takes it over); kept until os._exit
 
 import functools
 import gc

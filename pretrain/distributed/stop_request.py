@@ -3,6 +3,11 @@
 The handler only records the signal (a flag read between steps), so the loop always stops where a
 checkpoint is consistent; the ranks then agree on the stop through the step's statistics all-reduce
 (pretrain/trainer.py), so one rank's signal stops every rank at the same step.
+
+A rank's process holds its handlers from its first lines to its end (for_process): a stop signal that came before
+them would end it by the signal's default action (status 143/138, even after its run ended: SLURM's `scancel
+--signal` reaches the ranks themselves), so the SLURM entrypoint (pretrain/launch/pin.py) starts the rank with them
+ignored (IGNORED), and the request installed first thing is never uninstalled; the process's os._exit ends it.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGINT)
 
 @dataclass
 class StopRequest:
@@ -23,6 +29,7 @@ class StopRequest:
     signal_name: str | None = None
     interrupts: int = 0
     installed: list[tuple[int, Any]] = field(default_factory=list)
+    lasts: bool = False  # the process's own request (for_process): uninstall() leaves it in place
 
     @classmethod
     def current(cls) -> StopRequest:
@@ -36,11 +43,21 @@ class StopRequest:
         request.install()
         return request
 
+    @classmethod
+    def for_process(cls) -> StopRequest:
+        """The request a rank's process installs first thing and keeps until it exits (module docstring): the driver's
+        own uninstall() after its run leaves it, so a stop during the process's teardown is noted, not its end."""
+        request = cls.current()
+        request.lasts = True
+        return request
+
     def install(self) -> None:
-        for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGINT):
+        for signum in STOP_SIGNALS:
             self.installed.append((signum, signal.signal(signum, self._handle)))
 
     def uninstall(self) -> None:
+        if self.lasts:
+            return
         for signum, previous in self.installed:
             signal.signal(signum, previous)
         self.installed.clear()
@@ -53,6 +70,14 @@ class StopRequest:
                 os._exit(130)
             self._say("SIGINT: stopping with a checkpoint at the end of this step (Ctrl-C again aborts without one)")
         self.signal_name = self.signal_name or signal.Signals(signum).name
+
+    @staticmethod
+    def ignore_until_installed() -> None:
+        """The stop signals ignored (kept so across exec) until a StopRequest is installed: for a process that execs
+        the rank (pretrain/launch/pin.py). A stop sent meanwhile is not lost under the agent: it passes a stop on only
+        once the rank's handler is there (pretrain/launch/processes.send_when_caught)."""
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
 
     @staticmethod
     def _say(message: str) -> None:

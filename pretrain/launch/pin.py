@@ -8,7 +8,7 @@ in order, split into LOCAL_WORLD_SIZE equal blocks, block LOCAL_RANK for this ra
 rank's cores together, as SLURM's default block distribution does). Set before the rank's interpreter starts
 (exec: same process, so the agent's pid and timers stay valid), so every thread it ever starts inherits it.
 
-Standard library only.
+Standard library only (and the rank's stop request, itself standard library only).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+
+from pretrain.distributed.stop_request import StopRequest
 
 
 def share(cpus: Sequence[int], local_rank: int, ranks: int) -> list[int]:
@@ -37,6 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     local_rank, ranks = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     os.sched_setaffinity(0, share(os.sched_getaffinity(0), local_rank, ranks))
+    StopRequest.ignore_until_installed()  # scancel --signal reaches the rank itself: not its end while it starts
     os.execv(sys.executable, [sys.executable, *args])
     return 0  # not reached
 
