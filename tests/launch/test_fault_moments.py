@@ -60,10 +60,16 @@ while True:
 def agent_env(tmp_path: Path) -> Iterator[Path]:
     """The variables watch_ranks and the ranks need, restored after (they are the agent process's own)."""
     saved = dict(os.environ)
+    loggers = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.distributed.launcher")]
+    kept = [(logger, logger.handlers[:], logger.level, logger.propagate) for logger in loggers]
     os.environ["PYTHONPATH"] = str(REPO_ROOT)
     yield tmp_path
     os.environ.clear()
     os.environ.update(saved)
+    for logger, handlers, level, propagate in kept:  # quiet_torch_logs sent them to this test's agent.log
+        for handler in logger.handlers:
+            handler.close()
+        logger.handlers[:], logger.level, logger.propagate = handlers, level, propagate
 
 
 def make_agent(folder: Path, kind: type[HealingAgent] = HealingAgent, **node: Any) -> HealingAgent:
@@ -123,10 +129,10 @@ def test_a_healthy_group_restarted_for_another_nodes_fault_gives_its_stacks_and_
     assert "ranks ended" in agent_log and "then SIGKILL" in agent_log, agent_log
 
 
-def test_a_rank_that_sigkill_cannot_end_marks_its_node_unhealthy_with_one_line_naming_it(tmp_path: Path) -> None:
+def test_a_rank_that_sigkill_cannot_end_marks_its_node_unhealthy_with_one_line_naming_it(agent_env: Path) -> None:
     """pid 1 stands for a rank in uninterruptible sleep: the kernel never lets SIGKILL end it (an init process only
     gets the signals it handles; not ours, where the tests do not run as root)."""
-    launch_dir = tmp_path / "launch"
+    launch_dir = agent_env / "launch"
     launch_dir.mkdir()
     watch = watch_ranks(Limits(600.0, 600.0), launch_dir)
     try:
@@ -184,4 +190,3 @@ def test_a_stop_at_any_moment_of_a_faults_handling_ends_like_a_stop_between_atte
     stopped = [line for line in err.splitlines() if "stopped by SIGTERM" in line]
     assert len(stopped) == 1 and "resumes from the newest checkpoint: ./launch.sh pretrain" in stopped[0], err
     assert (folder / "checkpoints" / "latest").read_text() == "phase1-step0000010\n"
-    logging.getLogger("torch.distributed.elastic").handlers.clear()
