@@ -23,6 +23,7 @@ from pretrain.distributed.cluster import device_index, slurm_task_env
 from pretrain.distributed.extension_builds import reporting_builds
 from pretrain.distributed.info import DistInfo
 from pretrain.distributed.lifetime import die_with_parent, parent_death_signal
+from pretrain.distributed.rank_store import rank_store_from_env
 
 # DeepSpeed's own default; the driver passes run.dist_timeout_minutes (pretrain/config/sections.py says why longer)
 DEFAULT_TIMEOUT_MINUTES = 10
@@ -100,6 +101,19 @@ def process_group_backend(device_name: str, communication_backend: str) -> str:
     return communication_backend
 
 
+def _join_on_own_store(backend: str, local_rank: int, timeout: timedelta) -> None:
+    """The default process group, on a store whose server listens only where the ranks reach it
+    (pretrain/distributed/rank_store.py: torch's env:// server listens on every interface). Where that keeps torch's
+    env:// (the ranks of a torchrun sharing its agent's store), nothing here: DeepSpeed joins through env://. As
+    DeepSpeed would, a CUDA rank of a world of several binds its device (`device_id`)."""
+    store = rank_store_from_env(timeout)
+    if store is None:
+        return
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = {"device_id": torch.device("cuda", local_rank)} if backend == "nccl" and world_size != 1 else {}
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **device)
+
+
 def init_distributed(timeout_minutes: int = DEFAULT_TIMEOUT_MINUTES) -> DistInfo:
     """Join (or create) the default process group; idempotent (a second call keeps the first timeout).
 
@@ -118,11 +132,11 @@ def init_distributed(timeout_minutes: int = DEFAULT_TIMEOUT_MINUTES) -> DistInfo
             # A rank ends with its launcher, even one SIGKILLed (launch.sh's watchdog stops the launcher's whole
             # group; this covers the launcher alone dying): PARENT_DEATH_SIGNALS says how.
             die_with_parent(signum)
+        timeout = timedelta(minutes=timeout_minutes)
+        _join_on_own_store(backend, local, timeout)
         # The CPU communication op is compiled here on a machine's first launch: said, and no stale lock waited on.
-        with reporting_builds():
-            deepspeed.init_distributed(
-                dist_backend=backend, auto_mpi_discovery=False, timeout=timedelta(minutes=timeout_minutes)
-            )
+        with reporting_builds():  # DeepSpeed wraps the group joined above (torch's env:// where that kept it)
+            deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, timeout=timeout)
         if accelerator.device_name() == "cpu":
             _release_cpu_shm_names(dist.get_rank(), dist.get_world_size())
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -1,0 +1,78 @@
+"""The ranks' own store listens on loopback alone for a job on one machine, and the ranks exchange values as JSON.
+
+Two real rank processes with the variables our elastic agent gives a one-machine job's ranks (MASTER_ADDR
+127.0.0.1, a store of their own: TORCHELASTIC_USE_AGENT_STORE=False), joined by the driver's init_distributed over
+gloo (tests/scripts/rank_store_ranks.py). torch's own server, asked for 127.0.0.1, listens on every interface
+(`[::]`, IPv4 included); ours is bound to 127.0.0.1 (pretrain/distributed/rank_store.py). Over the same group:
+pretrain/distributed/json_collectives.py, which replaced torch's pickling `*_object` collectives.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pretrain.distributed.rank_store import RankStoreSettings, bind_here, loopback_everywhere
+from tests.support.launching import deepspeed_cpu_env, free_port
+from tests.support.paths import REPO_ROOT
+
+SCRIPT = REPO_ROOT / "tests" / "scripts" / "rank_store_ranks.py"
+
+
+def results_of_two_ranks() -> dict[int, dict]:
+    port = free_port()
+    env = deepspeed_cpu_env() | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
+                                 "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_USE_AGENT_STORE": "False"}
+    ranks = [subprocess.Popen([sys.executable, "-u", str(SCRIPT)], cwd=REPO_ROOT, text=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env=env | {"RANK": str(rank), "LOCAL_RANK": str(rank)})
+             for rank in (0, 1)]
+    results = {}
+    for rank, proc in enumerate(ranks):
+        try:
+            out, err = proc.communicate(timeout=300)
+        finally:
+            for each in ranks:
+                if each.poll() is None and proc.returncode is None:
+                    each.kill()
+        assert proc.returncode == 0, f"rank {rank} exited {proc.returncode}:\n{err[-4000:]}"
+        line = next(line for line in out.splitlines() if line.startswith("RESULT "))
+        results[rank] = json.loads(line.removeprefix("RESULT "))
+    return results
+
+
+def test_the_ranks_store_listens_on_loopback_alone_and_values_cross_as_json() -> None:
+    results = results_of_two_ranks()
+    assert results[0]["listening"] == ["0100007F"]  # 127.0.0.1 alone: not [::] (torch's server), not 0.0.0.0
+    for rank in (0, 1):
+        got = results[rank]
+        assert got["world_size"] == 2
+        assert [each["rank"] for each in got["gathered"]] == [0, 1]
+        assert got["gathered"][1]["pair"] == ["tag", 1]  # a tuple arrives as a list
+        assert got["gathered"][1]["text"] == "é" and got["gathered"][0]["text"] == ""
+        assert got["gathered"][0]["nan"] != got["gathered"][0]["nan"]  # NaN passes (json.loads("NaN"))
+        assert got["broadcast"] == ["from rank 1", {"k": [1, 2.5]}]
+        assert got["empty"] == ["", "0001"]
+        assert got["floats_exact"] is True
+        assert "not JSON serializable" in got["refused"]
+        assert got["after_refusal"] == [0, 1]
+
+
+def test_which_addresses_count_as_one_machine() -> None:
+    """A loopback address or `localhost` is this machine for every rank; a name is not (some /etc/hosts files map
+    a machine's own name to 127.0.1.1, which the other nodes resolve to its cluster address)."""
+    assert loopback_everywhere("127.0.0.1") and loopback_everywhere("::1") and loopback_everywhere("localhost")
+    assert not loopback_everywhere("node1") and not loopback_everywhere("10.0.0.5")
+    settings = RankStoreSettings("node1", 1, 0, 16, 8, timeout=None, agent_store=False)  # type: ignore[arg-type]
+    assert not settings.one_machine
+    assert RankStoreSettings("127.0.0.1", 1, 0, 16, None, None, False).one_machine  # type: ignore[arg-type]
+
+
+def test_an_address_of_another_machine_is_not_bound_and_a_taken_port_is_named() -> None:
+    assert bind_here("192.0.2.1", free_port()) is None  # TEST-NET-1: never an address of this machine
+    with bind_here("127.0.0.1", 0) as held:
+        assert held is not None
+        with pytest.raises(Exception, match=r"cannot listen at 127.0.0.1:\d+ .*EADDRINUSE"):
+            bind_here("127.0.0.1", held.getsockname()[1])

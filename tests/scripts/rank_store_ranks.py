@@ -1,0 +1,68 @@
+"""Started twice (ranks 0 and 1) by tests/distributed/test_rank_store.py, with the variables our elastic agent
+gives its ranks (one machine: MASTER_ADDR 127.0.0.1, a store of the ranks' own): the process group the driver
+joins (init_distributed, over gloo), then the JSON collectives over it.
+
+    python rank_store_ranks.py
+
+Prints one line `RESULT {json}`: where the ranks' store listens (rank 0, read from /proc/net/tcp and tcp6 while the
+group is up) and what each collective delivered.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import torch.distributed as dist
+
+from pretrain.distributed.json_collectives import (
+    all_gather_bytes,
+    all_gather_float32,
+    all_gather_json,
+    broadcast_json,
+)
+from pretrain.distributed.process_group import init_distributed
+from tests.support.launching import leave_without_teardown
+
+
+def listening(port: int) -> list[str]:
+    """The local addresses (hex, as /proc/net/tcp and tcp6 write them) of the sockets listening on `port`."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table, encoding="ascii") as rows:
+            for row in list(rows)[1:]:
+                fields = row.split()
+                address, hex_port = fields[1].rsplit(":", 1)
+                if int(hex_port, 16) == port and fields[3] == "0A":  # 0A: LISTEN
+                    found.append(address)
+    return found
+
+
+def main() -> None:
+    info = init_distributed()
+    rank = info.rank
+    result: dict[str, object] = {"rank": rank, "world_size": info.world_size}
+    if rank == 0:
+        result["listening"] = listening(int(os.environ["MASTER_PORT"]))
+    dist.barrier()  # rank 1 still in the group while rank 0 reads the tables
+    result["gathered"] = all_gather_json({"rank": rank, "pair": ("tag", rank), "nan": math.nan, "text": "é" * rank})
+    result["broadcast"] = broadcast_json(["from rank 1", {"k": [1, 2.5]}] if rank == 1 else None, src=1)
+    result["empty"] = [part.hex() for part in all_gather_bytes(b"" if rank == 0 else b"\x00\x01")]
+    floats = all_gather_float32(np.arange(rank + 2, dtype=np.float32) / 3)
+    result["floats_exact"] = all(np.array_equal(got, np.arange(r + 2, dtype=np.float32) / 3)
+                                 for r, got in enumerate(floats))
+    try:
+        all_gather_json({"a set": {1}})  # refused on the sender, before any collective
+        result["refused"] = None
+    except TypeError as err:
+        result["refused"] = str(err)
+    result["after_refusal"] = all_gather_json(rank)  # the ranks are still in step
+    print("RESULT " + json.dumps(result), flush=True)
+    dist.barrier()
+    leave_without_teardown()
+
+
+if __name__ == "__main__":
+    main()
