@@ -46,7 +46,7 @@ def run_pipeline(data: Path, work: Path, workers: int, wiki: bool) -> tuple[floa
         out=str(work / "out"), wiki_dumps=(str(data / WIKI_DUMP),) if wiki else (),
         books=(str(utf8_books(data / "books" / "nltk_gutenberg", work / "books")),),
         vocab=str(data / "vocab" / "bert-base-uncased-vocab.txt"), seq_lens=(128, 512),
-        num_shards=8, workers=workers, docs_per_chunk=16,
+        num_shards=8, workers=workers, docs_per_chunk=16, keep_work=True,  # raw_tokenization reads work/text
     )
     started = time.perf_counter()
     manifest = run_build(cfg)

@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workers", type=int, default=default_workers(), help="worker processes")
     run.add_argument("--num-nodes", type=int, default=1, help="machines sharing the work (then run merge)")
     run.add_argument("--node-rank", type=int, default=0, help="this machine's index, 0..num-nodes-1")
+    run.add_argument("--keep-work", action="store_true",
+                     help="keep OUT/work/ (cleaned text, tokens, instances, markers: 2-3x the output) once the manifest "
+                          "is written; by default the build removes the files it wrote there")
     run.add_argument("--slurm", action="store_true",
                      help="submit the build as SLURM job arrays (one element per task, then the merge) and return")
     run.add_argument("--print-sbatch", action="store_true",
@@ -92,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     merge = commands.add_parser("merge", help="after a multi-node build: instances, shards and the manifest")
     merge.add_argument("--out", required=True, metavar="DIR")
     merge.add_argument("--workers", type=int, default=default_workers())
+    merge.add_argument("--keep-work", action="store_true",
+                       help="keep OUT/work/ (cleaned text, tokens, instances, markers: 2-3x the output) once the manifest "
+                          "is written; by default the build removes the files it wrote there")
 
     task = commands.add_parser("task", help="one task of a started build (what a SLURM array element runs)")
     task.add_argument("stage", choices=("corpus", "instances"))
@@ -142,7 +148,7 @@ def config_from_args(args: argparse.Namespace) -> BuildConfig:
         num_shards=args.num_shards, num_val_shards=args.num_val_shards, seed=args.seed,
         min_doc_chars=args.min_doc_chars, docs_per_chunk=args.docs_per_chunk,
         input_shard_mb=args.input_shard_mb, nsp_scope=args.nsp_scope,
-        workers=args.workers, num_nodes=args.num_nodes, node_rank=args.node_rank,
+        workers=args.workers, num_nodes=args.num_nodes, node_rank=args.node_rank, keep_work=args.keep_work,
     )
 
 
@@ -171,7 +177,7 @@ def main(argv: list[str] | None = None, configure_threads: bool = False) -> int:
         elif args.command == "task":
             run_task(Path(args.out), args.stage, args.index, args.workers)
         elif args.command == "merge":
-            run_merge(Path(args.out), args.workers)
+            run_merge(Path(args.out), args.workers, args.keep_work)
         else:
             print(inspect_text(Path(args.out), args.num_examples, args.seed))
     except (ConfigError, SourceError, VocabError, ShardFormatError, BuildError) as err:

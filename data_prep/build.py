@@ -70,11 +70,17 @@ from data_prep.work_layout import (
     marker_path,
     plan_path,
     shard_file,
+    work_files,
+    work_folders,
 )
 
 
 class BuildError(ValueError):
     """The build cannot go on (bad input, foreign output folder, too little data); names the cause."""
+
+
+class FolderComplete(Exception):
+    """`merge` or `task` on a finished folder: nothing to do (its work/ files may be gone)."""
 
 
 def check_inputs(cfg: BuildConfig, remove_temp: bool = True) -> InputPlan:
@@ -221,7 +227,22 @@ def merge(cfg: BuildConfig, plan: InputPlan, workers: Workers) -> dict[str, Any]
     atomic_write_json(out / MANIFEST_NAME, manifest)
     fsync_folder(out)
     remove_stale_temp_files(out)  # every task is done: a temp file left now belongs to a killed one
+    if not cfg.keep_work:
+        remove_work(out, plan.num_shards, cfg.seq_lens)
     return manifest
+
+
+def remove_work(out: Path, num_shards: int, seq_lens: tuple[int, ...]) -> None:
+    """The intermediate files of a finished build (2-3x the output's size): only the names work_layout gives,
+    so a file someone else put in work/ stays, and with it its folder. The manifest is written: a relaunch
+    reports the folder complete without them."""
+    for path in work_files(out, num_shards, seq_lens):
+        path.unlink(missing_ok=True)
+    for folder in work_folders(out, seq_lens):
+        try:
+            folder.rmdir()
+        except OSError:  # absent, or holds what the build did not write (work/slurm/, a user's file)
+            pass
 
 
 def report_self_draws(pools: dict[str, Any]) -> None:
@@ -333,13 +354,21 @@ def run_build(cfg: BuildConfig) -> dict[str, Any] | None:
 def recorded_config(out: Path, command: str, **runtime: Any) -> BuildConfig:
     """The config a folder was started with (for `merge` and `task`, which take no input flags)."""
     recorded = out / CONFIG_NAME
+    if (out / MANIFEST_NAME).is_file() and recorded.is_file():  # finished (its work/ may be removed)
+        raise FolderComplete(f"{out}: already complete; nothing to do")
     if not recorded.is_file() or not plan_path(out).is_file():
         raise BuildError(f"{command} --out {out}: no {CONFIG_NAME} and work/plan.json; run `build` first")
     return BuildConfig.from_identity(json.loads(recorded.read_text(encoding="utf-8")), out=str(out), **runtime)
 
 
-def run_merge(out: Path, workers: int) -> dict[str, Any]:
-    cfg = recorded_config(out, "merge", workers=workers)
+def run_merge(out: Path, workers: int, keep_work: bool = False) -> dict[str, Any]:
+    try:
+        cfg = recorded_config(out, "merge", workers=workers, keep_work=keep_work)
+    except FolderComplete as done:
+        print(done)
+        manifest = json.loads((out / MANIFEST_NAME).read_text(encoding="utf-8"))
+        print_summary(manifest)
+        return manifest
     try:
         plan = ensure_plan(cfg)  # the inputs are still those the nodes read
     except PlanError as err:
@@ -355,7 +384,11 @@ def run_merge(out: Path, workers: int) -> dict[str, Any]:
 def run_task(out: Path, stage: str, index: int, workers: int) -> None:
     """One task of a SLURM array element: `corpus` (clean + tokenize input shard `index`) or `instances`
     (task `index` of instance_tasks). Done already: nothing to do (a requeued element)."""
-    cfg = recorded_config(out, "task", workers=workers)
+    try:
+        cfg = recorded_config(out, "task", workers=workers)
+    except FolderComplete as done:
+        print(done)
+        return
     plan = load_plan(out)
     if stage == "corpus":
         if not 0 <= index < plan.num_shards:

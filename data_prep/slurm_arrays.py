@@ -75,7 +75,8 @@ def plan_jobs(cfg: BuildConfig, num_shards: int) -> list[Job]:
     todo = [i for i, t in enumerate(tasks) if not instance_task_done(out, t.seq_len, t.shard)]
     jobs += arrays("instances", todo, f"{python} task instances --out {target} --index $INDEX --workers 1", 1,
                    tuple(job.name for job in jobs))
-    jobs.append(Job("merge", f"{python} merge --out {target} --workers {cfg.workers}", cfg.workers,
+    keep = " --keep-work" if cfg.keep_work else ""
+    jobs.append(Job("merge", f"{python} merge --out {target} --workers {cfg.workers}{keep}", cfg.workers,
                     after=tuple(job.name for job in jobs)))
     return jobs
 

@@ -91,3 +91,28 @@ def chunk_layout_files(out: Path) -> list[Path]:
     work = work_dir(out)
     found = [*work.glob("text/part-*.arrow"), *work.glob("tokens/part-*.arrow"), *work.glob("instances/seq*/part-*")]
     return sorted(found)[:3]
+
+
+def stage_names(seq_lens: tuple[int, ...] | list[int]) -> list[str]:
+    """Every marker stage of a build with these lengths."""
+    return [CLEAN_STAGE, TOKENS_STAGE, *(f(s) for s in seq_lens for f in (instances_stage, scatter_stage))]
+
+
+def work_files(out: Path, num_shards: int, seq_lens: tuple[int, ...] | list[int]) -> list[Path]:
+    """Every file a build writes under work/ but work/slurm/ (its scripts and logs, kept), in the order a
+    finished build removes them: the markers first (no marker outlives what it vouches for), then the data,
+    the plan last. Only these names: a file someone else put in work/ is never among them."""
+    splits = ("train", "val")
+    markers = [marker_path(out, stage, s) for stage in stage_names(seq_lens) for s in range(num_shards)]
+    data = [path for s in range(num_shards) for path in (text_path(out, s), tokens_path(out, s))]
+    data += [f(out, seq_len, s, split) for seq_len in seq_lens for s in range(num_shards) for split in splits
+             for f in (instances_path, scattered_path)]
+    orders = [shard_order_path(out, seq_len, split) for seq_len in seq_lens for split in splits]
+    return [*markers, *data, *orders, plan_path(out)]
+
+
+def work_folders(out: Path, seq_lens: tuple[int, ...] | list[int]) -> list[Path]:
+    """The folders `work_files` lie in, deepest first, work/ last: removed when left empty."""
+    work = work_dir(out)
+    per_length = [work / kind / f"seq{s}" for s in seq_lens for kind in ("instances", "buckets")]
+    return [*per_length, *(work / name for name in ("instances", "buckets", "text", "tokens", "done", "shards")), work]

@@ -118,7 +118,7 @@ def test_built_instances_land_in_exactly_one_shard_with_small_buckets(tmp_path: 
     the same rows as the build's own shards (one bucket), in another order."""
     corpus = write_inputs(tmp_path / "inputs")
     out = tmp_path / "out"
-    flags = ["--workers", "1", "--seq-lens", "48", "--num-shards", "2", "--docs-per-chunk", "16"]
+    flags = ["--workers", "1", "--seq-lens", "48", "--num-shards", "2", "--docs-per-chunk", "16", "--keep-work"]
     assert build(corpus, out, *flags) == 0
     num_shards = len(list((out / "work" / "instances" / "seq48").glob("shard-*-train.arrow")))  # input shards
     built = pa.concat_tables([read_table(out / "seq48" / f"train-{k:05d}.arrow") for k in range(2)])

@@ -108,7 +108,8 @@ def test_resume_after_sigkill_gives_identical_output(tmp_path) -> None:
         dumps += ["--wiki-dump", str(tmp_path / f"dump{index}.xml")]
     write_vocab(tmp_path / "vocab.txt")
     flags = [*dumps, "--vocab", str(tmp_path / "vocab.txt"), "--input-shard-mb", "0.0001",
-             "--seq-lens", "64", "--num-shards", "2", "--docs-per-chunk", "10", "--workers", "1", "--seed", "3"]
+             "--seq-lens", "64", "--num-shards", "2", "--docs-per-chunk", "10", "--workers", "1", "--seed", "3",
+             "--keep-work"]  # the relaunch's reuse of finished files is checked after it
     command = [sys.executable, "-m", "data_prep", "build", *flags]
     out = tmp_path / "killed"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}

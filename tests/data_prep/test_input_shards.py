@@ -61,7 +61,8 @@ def write_corpus(root: Path, documents: int = 40) -> list[str]:
     # Each file one input shard: a budget above every file (so none is cut) and below any two together.
     budget = max((root / f"part{g}.txt").stat().st_size for g in range(GROUPS)) * 1.2 / (1 << 20)
     return [*flags, "--vocab", str(root / "vocab.txt"), "--input-shard-mb", f"{budget:.6f}", "--seq-lens", ",".join(SEQ_LENS),
-            "--num-shards", "3", "--val-fraction", "0.1", "--docs-per-chunk", "8", "--seed", "5"]
+            "--num-shards", "3", "--val-fraction", "0.1", "--docs-per-chunk", "8", "--seed", "5",
+            "--keep-work"]  # the tests read work/; test_every_executor_gives_the_same_bytes builds without it
 
 
 def seed_folder(out: Path, identity: Path) -> None:
@@ -130,7 +131,9 @@ def test_scattered_buckets_give_the_bucketed_order(corpus) -> None:
 
 @pytest.mark.parametrize("executor", ["3 workers", "2 nodes x 2 workers", "dead node finished by merge"])
 def test_every_executor_gives_the_same_bytes(executor: str, corpus, tmp_path: Path) -> None:
+    """Without --keep-work (unlike the reference): the same bytes, and work/ removed once the manifest is written."""
     flags, reference = corpus
+    flags = [f for f in flags if f != "--keep-work"]
     out = tmp_path / "out"
     seed_folder(out, reference / "build_config.json")
     if executor == "3 workers":
@@ -148,6 +151,7 @@ def test_every_executor_gives_the_same_bytes(executor: str, corpus, tmp_path: Pa
     assert shard_digests(out) == shard_digests(reference)
     assert tree_digest(out) == tree_digest(reference)
     assert not list(out.rglob("*.tmp"))
+    assert not (out / "work").exists()
 
 
 def shard_of_tokens(ids: list[int]) -> set[int]:
@@ -197,7 +201,7 @@ def test_each_input_file_is_read_by_one_task(corpus, tmp_path: Path, monkeypatch
     out = tmp_path / "out"
     assert main(["build", *flags, "--out", str(out), "--workers", "1", "--num-nodes", "2", "--node-rank", "0"]) == 0
     assert opened == ["part0.txt", "part2.txt"]
-    assert main(["merge", "--out", str(out), "--workers", "1"]) == 0
+    assert main(["merge", "--out", str(out), "--workers", "1", "--keep-work"]) == 0
     assert opened == ["part0.txt", "part2.txt", "part1.txt"]
     clean = [json.loads((out / "work" / "done" / f"clean-{s:05d}.json").read_text()) for s in range(GROUPS)]
     assert [[Path(f).name for f in c["input_files"]] for c in clean] == [["part0.txt"], ["part1.txt"], ["part2.txt"]]

@@ -41,7 +41,7 @@ def write_corpus(root: Path) -> list[str]:
     budget = max((root / f"doc{d}.txt").stat().st_size for d in range(DOCUMENTS)) * 1.2 / (1 << 20)
     # A tiny --val-fraction: no draw falls below it, so exactly one document is held out (the smallest draw).
     return [*flags, "--vocab", str(root / "vocab.txt"), "--input-shard-mb", f"{budget:.6f}", "--seq-lens", "32",
-            "--num-shards", "2", "--val-fraction", "0.0001", "--docs-per-chunk", "4", "--seed", "5", "--dupe-factor", "10"]
+            "--num-shards", "2", "--val-fraction", "0.0001", "--docs-per-chunk", "4", "--seed", "5", "--dupe-factor", "10", "--keep-work"]
 
 
 def documents_of(ids: list[int]) -> set[int]:

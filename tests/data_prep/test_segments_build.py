@@ -47,7 +47,7 @@ def test_packed_shards_equal_the_restated_rule_chunk_by_chunk(segments: str, cor
     """The stage packs the documents of each (chunk, split) in corpus order, afresh at every chunk."""
     out = tmp_path / "out"
     assert build(corpus, out, "--segments", segments, "--seq-lens", "64", "--val-fraction", "0.2",
-                 "--num-shards", "2", "--docs-per-chunk", "8", "--workers", "1") == 0
+                 "--num-shards", "2", "--docs-per-chunk", "8", "--workers", "1", "--keep-work") == 0
     vocab = load_vocab(out / "vocab.txt")
     special = vocab.special_ids
     assert (special["[CLS]"], special["[SEP]"]) == (2, 3)  # the ids restated_packing writes

@@ -29,7 +29,7 @@ def test_real_dump_and_books_to_128_and_512_shards(shared_data, tmp_path) -> Non
     code = main([
         "build", "--wiki-dump", str(shared_data / WIKI_DUMP), "--wiki-dump", str(shared_data / TABLE_DUMP),
         "--books", str(books), "--vocab", str(shared_data / "vocab" / "bert-base-uncased-vocab.txt"),
-        "--seq-lens", "128,512", "--num-shards", "4", "--val-fraction", "0.02", "--workers", "2",
+        "--seq-lens", "128,512", "--num-shards", "4", "--val-fraction", "0.02", "--workers", "2", "--keep-work",
         "--out", str(out), "--seed", "1",
     ])
     assert code == 0
