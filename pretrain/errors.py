@@ -7,6 +7,8 @@ point prints it in one line with its kind's prefix and exits 2, without a traceb
     DataError     "data error: "     the data does not fit the run (shards, vocab, initial weights' vocab)
     ResumeError   "resume error: "   the checkpoint folder cannot be resumed (nothing intact, an older format,
                                      a conversion that failed): a damaged checkpoint is no config error
+    UnsafeCheckpointError "checkpoint error: "  a checkpoint file that needs a type outside the allowlist
+                                     (pretrain/checkpointing/safe_load.py): refused, never unpickled
     FinetuneFormatError  "error: "   a fine-tune's input file, model folder or flag (SquadFormatError and
                                      GlueFormatError are its kinds; pretrain/finetune/common.py prints it)
 

@@ -36,7 +36,7 @@ from pretrain.model.presets import PRESETS, unknown_preset
 
 KIB = 1024
 MODULE_OVERHEAD = 16 * KIB  # torch.save's structure, buffers, DeepSpeed's bookkeeping in the model states
-RANK_OVERHEAD = 24 * KIB  # RNG pickle (~12 KiB), optimizer file structure, layout record base
+RANK_OVERHEAD = 24 * KIB  # RNG file (~17 KiB of tensors and plain values), optimizer file structure, layout record base
 PER_TENSOR_PER_RANK = 160  # layout record and slice mappings: bytes per parameter tensor on every rank
 ZERO3_PLACEHOLDERS = 32 * KIB  # ZeRO-3's per-rank model states (no weights, names and empty tensors)
 TAG_OVERHEAD = 32 * KIB  # trainer state, run config, MANIFEST.json
