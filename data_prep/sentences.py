@@ -17,7 +17,9 @@ _ABBREVIATIONS = frozenset(
     aug sep sept oct nov dec ca c b d op ch chap sec art u.s u.k u.n a.d b.c p.m a.m ph.d""".split()
 )
 # Candidate boundary: terminal punctuation, optional closers, whitespace, then a sentence opener.
-_BOUNDARY = re.compile(r"([.!?]+[\"'\u201d\u2019)\]]*)\s+(?=[\"'\u201c\u2018(\[]?[A-Z0-9\u00c0-\u024f])")
+# Tried only where a run of terminal punctuation starts, each run once (a match can only be the whole run, its
+# closers and its whitespace): tried at every dot, a run of 40,000 dots took 35 s.
+_BOUNDARY = re.compile(r"(?<![.!?])([.!?]++[\"'\u201d\u2019)\]]*+)\s++(?=[\"'\u201c\u2018(\[]?[A-Z0-9\u00c0-\u024f])")
 _LAST_WORD = re.compile(r"([\w.]+)$")
 
 
