@@ -9,7 +9,9 @@ relaunch removes.
 
 from __future__ import annotations
 
+import errno
 import os
+import resource
 import tempfile
 from pathlib import Path
 
@@ -58,14 +60,29 @@ class AtomicBatchWriter:
                 os.unlink(self._tmp)
 
 
+def _unreadable(path: Path, err: Exception) -> ShardFormatError:
+    """The error for a file that could not be opened or read: a full open-file table is named as such (with the
+    limit and what to do), not taken for a bad file."""
+    if getattr(err, "errno", None) == errno.EMFILE or "Too many open files" in str(err):
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return ShardFormatError(
+            f"{path}: cannot open: this process has reached its open-file limit (RLIMIT_NOFILE {soft}, hard "
+            f"{hard}); each mapped token file holds one (--nsp-scope corpus maps up to that limit less 64): "
+            "raise it (`ulimit -n`) or use fewer, larger input shards")
+    return ShardFormatError(f"{path}: not a readable Arrow IPC file: {err}")
+
+
 def batch_row_counts(path: Path) -> list[int]:
     """Rows of each record batch, from the batch headers; the file is unmapped on return."""
-    source = pa.memory_map(str(path), "r")
+    try:
+        source = pa.memory_map(str(path), "r")
+    except OSError as err:
+        raise _unreadable(path, err) from err
     try:
         reader = ipc.open_file(source)
         return [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
     except (OSError, pa.ArrowInvalid) as err:
-        raise ShardFormatError(f"{path}: not a readable Arrow IPC file: {err}") from err
+        raise _unreadable(path, err) from err
     finally:
         source.close()
 
@@ -75,4 +92,4 @@ def read_batches(path: Path) -> ipc.RecordBatchFileReader:
     try:
         return ipc.open_file(pa.memory_map(str(path), "r"))
     except (OSError, pa.ArrowInvalid) as err:
-        raise ShardFormatError(f"{path}: not a readable Arrow IPC file: {err}") from err
+        raise _unreadable(path, err) from err

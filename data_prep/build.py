@@ -60,6 +60,7 @@ from data_prep.sources import SOURCES
 from data_prep.task_markers import drop_broken_markers
 from data_prep.tokenizer_files import write_tokenizer_files
 from data_prep.vocab import Vocab, load_vocab
+from data_prep.work_cleanup import remove_stale_temp_files, remove_work, report_self_draws
 from data_prep.work_layout import (
     CLEAN_STAGE,
     CONFIG_NAME,
@@ -70,8 +71,6 @@ from data_prep.work_layout import (
     marker_path,
     plan_path,
     shard_file,
-    work_files,
-    work_folders,
 )
 
 
@@ -140,13 +139,6 @@ def claim_output_folder(cfg: BuildConfig, remove_temp: bool = True) -> None:
     if cfg.num_nodes == 1 and out.is_dir() and any(out.iterdir()):
         raise BuildError(f"--out {out}: not empty and not made by `data_prep build`; use an empty or new folder")
     atomic_write_json(recorded, identity)
-
-
-def remove_stale_temp_files(out: Path) -> None:
-    """Temp files a killed run left behind (atomic writes rename them when complete). Not done
-    by nodes of a multi-node build: another node may be writing its own temp files right now."""
-    for path in out.rglob(".*.tmp"):
-        path.unlink(missing_ok=True)
 
 
 def prepare_corpus(cfg: BuildConfig, plan: InputPlan, shards: list[int], workers: Workers) -> None:
@@ -230,28 +222,6 @@ def merge(cfg: BuildConfig, plan: InputPlan, workers: Workers) -> dict[str, Any]
     if not cfg.keep_work:
         remove_work(out, plan.num_shards, cfg.seq_lens)
     return manifest
-
-
-def remove_work(out: Path, num_shards: int, seq_lens: tuple[int, ...]) -> None:
-    """The intermediate files of a finished build (2-3x the output's size): only the names work_layout gives,
-    so a file someone else put in work/ stays, and with it its folder. The manifest is written: a relaunch
-    reports the folder complete without them."""
-    for path in work_files(out, num_shards, seq_lens):
-        path.unlink(missing_ok=True)
-    for folder in work_folders(out, seq_lens):
-        try:
-            folder.rmdir()
-        except OSError:  # absent, or holds what the build did not write (work/slurm/, a user's file)
-            pass
-
-
-def report_self_draws(pools: dict[str, Any]) -> None:
-    """Say so when a negative's B had to come from A's own document (a split of one document)."""
-    for seq_len, by_split in pools["self_draws"].items():
-        for split, count in by_split.items():
-            if count:
-                print(f"nsp: {count} random-next segment(s) of {split} at length {seq_len} come from A's own "
-                      f"document: the {split} split has one document", flush=True)
 
 
 def instance_tasks(cfg: BuildConfig, num_shards: int) -> list[InstanceTask]:

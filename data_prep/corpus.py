@@ -10,6 +10,7 @@ memory-mapped, by every sequence length.
 
 from __future__ import annotations
 
+import resource
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -86,6 +87,18 @@ def nested_list_arrays(column: pa.ListArray) -> tuple[np.ndarray, np.ndarray, np
 
 
 MAX_MAPPED_FILES = 1024  # token files one process keeps mapped at a time (Linux allows 65,530 maps in all)
+# Open files left to everything else in the process (its libraries, pipes, the files it writes) when the mapped
+# token files are capped below the open-file limit: each mapped file holds one descriptor.
+FILES_KEPT_FREE = 64
+
+
+def mapped_file_cap(wanted: int = MAX_MAPPED_FILES) -> int:
+    """`wanted`, lowered to stay FILES_KEPT_FREE below this process's open-file limit (RLIMIT_NOFILE's soft
+    value; commonly 1,024, which 1,024 mapped files would reach with the process's other files)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, min(wanted, soft - FILES_KEPT_FREE))
 
 
 class TokenCorpus:
@@ -97,12 +110,13 @@ class TokenCorpus:
     segments from every document, so it reads every file, and one mapping per file would reach Linux's
     default limit of 65,530 maps (`vm.max_map_count`). So at most `max_mapped` files stay mapped, the least
     recently read unmapped first (a mapping lives on while a document read from it does). What is read is
-    the same bytes either way, so no instance changes.
+    the same bytes either way, so no instance changes. Each mapped file also holds an open descriptor, so the
+    bound is lowered below the open-file limit too (`mapped_file_cap`).
     """
 
     def __init__(self, paths: list[Path], first_document: int = 0, max_mapped: int = MAX_MAPPED_FILES) -> None:
         self._paths = paths
-        self._max_mapped = max(1, max_mapped)
+        self._max_mapped = mapped_file_cap(max(1, max_mapped))
         self._mapped: OrderedDict[int, dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]] = OrderedDict()
         self._readers: dict[int, Any] = {}
         self._parts: list[tuple[int, int]] = []  # part -> (file, batch)
