@@ -68,6 +68,7 @@ from pretrain.config.load import load_config
 from pretrain.config.sections import RunConfig
 from pretrain.data.batches import DataConfigError
 from pretrain.distributed.info import DistInfo, Launch
+from pretrain.distributed.json_collectives import broadcast_json
 from pretrain.distributed.lifetime import release_run_folder
 from pretrain.distributed.process_group import init_distributed
 from pretrain.distributed.step_watch import StepWatch, tell_run_ended
@@ -166,7 +167,7 @@ def load_initial_weights(
         except (ConfigError, FileNotFoundError, ValueError) as err:
             error[0] = str(err)
     if dist_info.world_size > 1 and dist.is_initialized():
-        dist.broadcast_object_list(error, src=src, group=group)
+        error[0] = broadcast_json(error[0], src=src, group=group)  # as JSON: never unpickled
     if error[0] is not None:
         raise ConfigError(error[0])
     if dist_info.world_size > 1 and dist.is_initialized():

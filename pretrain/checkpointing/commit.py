@@ -45,6 +45,7 @@ from pretrain.checkpointing.footprint import CheckpointShape, checkpoint_bytes, 
 from pretrain.checkpointing.layout import LATEST, PRUNED_PREFIX
 from pretrain.checkpointing.manifest import manifest_bytes
 from pretrain.checkpointing.safe_load import load_data
+from pretrain.distributed.json_collectives import all_gather_json
 from pretrain.errors import EXPORT_ERROR_PREFIX, SAVE_ERROR_PREFIX, UserError
 
 __all__ = ["ExportError", "SaveAttempt", "SaveError", "agree_on_failures", "deepspeed_load", "deepspeed_save", "publish",
@@ -205,8 +206,7 @@ def agree_on_failures(failure: str | None) -> list[str]:
     """Collective over the world: every rank's failure (None: all its writes went through), the failed ones."""
     gathered: list[Any] = [failure]
     if dist.is_initialized() and dist.get_world_size() > 1:
-        gathered = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, failure)
+        gathered = all_gather_json(failure)  # as JSON: a peer's bytes are never unpickled
     return [f for f in gathered if f]
 
 

@@ -36,6 +36,7 @@ import torch
 from data_prep.atomic_io import atomic_write_json, atomic_write_stream
 from pretrain.checkpointing.layout import CONSOLIDATED, RUN_CONFIG, TRAINER_STATE
 from pretrain.checkpointing.safe_load import UnsafeCheckpointError, load_data
+from pretrain.distributed.json_collectives import broadcast_json
 from pretrain.errors import ConfigError, ResumeError
 from pretrain.optim.zero_layout import FlatPartition, flat_views
 
@@ -314,6 +315,6 @@ def prepare_resume(root: Path, tag: str, ds_configs: dict[str, dict[str, Any]], 
         except (ElasticError, UnsafeCheckpointError, OSError, KeyError) as err:
             error[0] = f"checkpoint.dir: cannot resume {root / tag} on {world_size} ranks: {err}"
     if world_size > 1 and dist.is_initialized():
-        dist.broadcast_object_list(error, src=src, group=group)
+        error[0] = broadcast_json(error[0], src=src, group=group)  # as JSON: never unpickled
     if error[0] is not None:
         raise ResumeError(error[0])

@@ -49,6 +49,7 @@ from pretrain.checkpointing.layout import (
     TAG_PATTERN,
     tag_order,
 )
+from pretrain.distributed.json_collectives import all_gather_json
 from pretrain.errors import ResumeError
 
 __all__ = ["MANIFEST", "PointerError", "damage", "file_owner", "gather_entries", "manifest_bytes", "read_latest",
@@ -178,8 +179,7 @@ def gather_entries(folder: Path, rank: int, failure: str | None) -> Gathered:
     seconds = time.perf_counter() - began
     gathered: list[Any] = [(str(folder), mine, failure)]
     if dist.is_initialized() and dist.get_world_size() > 1:
-        gathered = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, (str(folder), mine, failure))
+        gathered = all_gather_json(gathered[0])  # as JSON (lists for tuples): a peer's bytes are never unpickled
     files: dict[str, dict[str, Any]] = {}
     for where, entries, _ in gathered:
         if where == str(folder):
@@ -302,10 +302,9 @@ def resolve_resume_tag(root: Path, rank: int, label: str = "checkpoint.dir") -> 
             if vote == ("broken", ""):
                 reasons = "; ".join(f"{t}: {verdicts[t]}" for t in candidates if verdicts.get(t))
                 vote = ("broken", f"{label}: no intact checkpoint to resume from in {root} ({reasons})")
-        votes = [vote]
+        votes: list[Any] = [vote]
         if dist.is_initialized() and dist.get_world_size() > 1:
-            votes = [None] * dist.get_world_size()
-            dist.all_gather_object(votes, vote)
+            votes = all_gather_json(vote)  # [kind, why] lists, read as the pairs
         votes = [v for v in votes if v[0] != "abstain"]
         broken = [why for kind, why in votes if kind == "broken"]
         if broken:

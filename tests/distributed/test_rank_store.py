@@ -4,7 +4,8 @@ Two real rank processes with the variables our elastic agent gives a one-machine
 127.0.0.1, a store of their own: TORCHELASTIC_USE_AGENT_STORE=False), joined by the driver's init_distributed over
 gloo (tests/scripts/rank_store_ranks.py). torch's own server, asked for 127.0.0.1, listens on every interface
 (`[::]`, IPv4 included); ours is bound to 127.0.0.1 (pretrain/distributed/rank_store.py). Over the same group:
-pretrain/distributed/json_collectives.py, which replaced torch's pickling `*_object` collectives.
+pretrain/distributed/json_collectives.py, which replaced torch's pickling `*_object` collectives, and SQuAD's
+logits gathered through it (pretrain/finetune/squad/inference.py gather_rows).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from pretrain.distributed.rank_store import RankStoreSettings, bind_here, loopback_everywhere
@@ -58,6 +60,9 @@ def test_the_ranks_store_listens_on_loopback_alone_and_values_cross_as_json() ->
         assert got["floats_exact"] is True
         assert "not JSON serializable" in got["refused"]
         assert got["after_refusal"] == [0, 1]
+        want = [[10 * r + i, [float(np.float32(r + i / 7))] * (i + 1),
+                 (-np.arange(i + 1, dtype=np.float32) / 3).tolist()] for r in (0, 1) for i in range(r + 1)]
+        assert got["squad_rows"] == want  # SQuAD's logits gathered bit for bit, window lengths kept
 
 
 def test_which_addresses_count_as_one_machine() -> None:

@@ -24,6 +24,7 @@ from pretrain.distributed.json_collectives import (
     broadcast_json,
 )
 from pretrain.distributed.process_group import init_distributed
+from pretrain.finetune.squad.inference import gather_rows
 from tests.support.launching import leave_without_teardown
 
 
@@ -53,6 +54,9 @@ def main() -> None:
     floats = all_gather_float32(np.arange(rank + 2, dtype=np.float32) / 3)
     result["floats_exact"] = all(np.array_equal(got, np.arange(r + 2, dtype=np.float32) / 3)
                                  for r, got in enumerate(floats))
+    rows = [(10 * rank + i, np.full(i + 1, rank + i / 7, np.float32), -np.arange(i + 1, dtype=np.float32) / 3)
+            for i in range(rank + 1)]  # rank 0: one window, rank 1: two, of differing lengths
+    result["squad_rows"] = [[index, start.tolist(), end.tolist()] for index, start, end in gather_rows(rows)]
     try:
         all_gather_json({"a set": {1}})  # refused on the sender, before any collective
         result["refused"] = None

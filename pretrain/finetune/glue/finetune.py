@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from data_prep.atomic_io import atomic_write_json
 from pretrain.config.deepspeed import precision_of
+from pretrain.distributed.json_collectives import all_gather_json
 from pretrain.errors import ConfigError, FinetuneFormatError
 from pretrain.finetune.common import (
     check_model_dir,
@@ -164,8 +165,7 @@ def predict(forward: Any, encoded: Encoded, job: Job) -> list[float] | None:
         values = logits[:, 0] if job.task.is_regression else logits.argmax(dim=-1).float()
         rows += list(zip(chosen, values.cpu().tolist()[:real], strict=True))
     if info.world_size > 1:
-        gathered: list[Any] = [None] * info.world_size
-        dist.all_gather_object(gathered, rows)
+        gathered = all_gather_json(rows)  # [index, value] lists, as JSON: a peer's bytes are never unpickled
         if info.rank != 0:
             return None
         rows = [row for part in gathered for row in part]

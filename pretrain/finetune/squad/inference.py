@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from pretrain.distributed.json_collectives import all_gather_float32, all_gather_json
 from pretrain.finetune.squad.features import Features, pad_batch
 
 Rows = list[tuple[int, np.ndarray, np.ndarray]]  # (window index, start logits, end logits)
@@ -36,6 +37,20 @@ def check_exactly_once(indices: list[int], num_windows: int) -> None:
             f"evaluation gathered {len(indices)} windows for {num_windows}: missing {missing[:10].tolist()}, "
             f"repeated {repeated[:10].tolist()}"
         )
+
+
+def gather_rows(rows: Rows) -> Rows:
+    """Every rank's rows in rank order, on every rank: each row's window index and length as JSON, the logits as
+    raw float32 (bit for bit), never a pickle a peer could have written (pretrain/distributed/json_collectives.py)."""
+    shapes = all_gather_json([[index, len(start)] for index, start, _ in rows])
+    flat = np.concatenate([part for _, start, end in rows for part in (start, end)]) if rows else np.zeros(0)
+    gathered: Rows = []
+    for part_shapes, values in zip(shapes, all_gather_float32(flat), strict=True):
+        at = 0
+        for index, length in part_shapes:
+            gathered.append((index, values[at : at + length], values[at + length : at + 2 * length]))
+            at += 2 * length
+    return gathered
 
 
 @torch.no_grad()
@@ -72,11 +87,9 @@ def gather_logits(
     rounds = math.ceil(math.ceil(len(features) / world_size) / batch_size)
     rows = local_logits(forward, features, block, rounds, batch_size, pad_id, device)
     if distributed and world_size > 1:
-        gathered: list[Rows | None] = [None] * world_size
-        dist.all_gather_object(gathered, rows)
+        rows = gather_rows(rows)
         if rank != 0:
             return None
-        rows = [row for part in gathered for row in (part or [])]
     check_exactly_once([index for index, _, _ in rows], len(features))
     rows.sort(key=lambda row: row[0])
     return [start for _, start, _ in rows], [end for _, _, end in rows]
