@@ -22,15 +22,14 @@ from data_prep.byte_ranges import BLANK_LINE, LINE, LongLine, file_lines, range_
 from data_prep.clean import is_disambiguation, is_redirect
 from data_prep.config import DEFAULT_LIMITS, DocumentLimits
 
-# re-exported: callers know these from here
-from data_prep.documents import (  # noqa: F401  # noqa: F401
+# RawDocument, the layouts and to_sentences are known from here too (tests, tools): re-exported
+from data_prep.documents import (  # noqa: F401
     LINES,
     PARAGRAPH_LINES,
     SKIPPED,
     WIKITEXT,
     WRAPPED,
     RawDocument,
-    document_sentences,
     skip_or_raise,
     skipped,
     to_sentences,
