@@ -70,15 +70,19 @@ def mtbf_seconds(devices: int, gpu_hours_per_failure: float = GPU_HOURS_PER_FAIL
     return 3600.0 * gpu_hours_per_failure / max(devices, 1)
 
 
-def interval_advice(save_seconds: float, devices: int, mtbf_hours: float | None = None) -> str:
-    """One line: the Young/Daly interval for this save cost and job size, and the share of time it leaves lost."""
+def interval_advice(save_seconds: float, devices: int, mtbf_hours: float | None = None,
+                    recovery_seconds: float = 0.0) -> str:
+    """One line: the Young/Daly interval for this save cost and job size, and the share of time it leaves lost; with
+    `recovery_seconds` (R: a failure's downtime, its detection included, as a run measured it) that loss holds R per
+    failure too (R does not move the interval: it is paid whatever the interval)."""
     mtbf = 3600.0 * mtbf_hours if mtbf_hours else mtbf_seconds(devices)
     interval = young_daly_seconds(save_seconds, mtbf)
-    # expected loss per interval: one save, plus half an interval redone per failure (first order)
-    lost = save_seconds / interval + interval / (2 * mtbf)
+    # expected loss per interval: one save, plus per failure half an interval redone and the recovery (first order)
+    lost = save_seconds / interval + (interval / 2 + recovery_seconds) / mtbf
     rate = "" if mtbf_hours else f", one per {GPU_HOURS_PER_FAILURE:,.0f} GPU-hours on {devices} devices"
+    recovery = f" and a recovery of {recovery_seconds:.3g} s each" if recovery_seconds > 0 else ""
     return (f"save every {interval / 60:.3g} min (checkpoint.every_minutes; Young/Daly for a {save_seconds:.3g} s save "
-            f"and a failure every {hours(mtbf)} h{rate}: {lost:.2%} of the time lost)")
+            f"and a failure every {hours(mtbf)} h{rate}{recovery}: {lost:.2%} of the time lost)")
 
 
 def advised_interval(run_dir: Path, checkpoint_bytes: int, devices: int) -> str:

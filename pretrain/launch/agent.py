@@ -220,7 +220,8 @@ class HealingAgent(LocalElasticAgent):
             watch = self.watch
             return RankFailure(rank, self.node.host, exitcode, watch.step_of(pid), self.logs.path(attempt, rank),
                                watch.hung.get(pid), pid in self.stopped_for_lost_node, nccl_trace(rank),
-                               pid in watch.stacks, noticed, pid in self.ended_by_agent)
+                               pid in watch.stacks, noticed, pid in self.ended_by_agent,
+                               watch.limits.of(watch.startup.get(pid, True))[0])
 
         failed = [failure(rank, found.pid, found.exitcode, found.timestamp) for rank, found in result.failures.items()]
         # A rank named by the timers (a frozen peer) may not be reaped yet: a failure too.

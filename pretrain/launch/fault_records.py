@@ -39,6 +39,9 @@ class FaultRecord:
     order: int  # how telling (failure_order): VICTIM_ORDER and above, a rank that died of another's failure
     line: str  # the terminal line, without "launch.sh: "
     failed_at: float | None = None  # when the rank failed, as near as its agent could tell (RankFailure.failed_at)
+    # how long the failure went unseen before its agent acted: a hang's limit that ran out (the rank's last progress
+    # was that long before its timer fired); 0 for a death, seen within the agent's 0.2 s poll
+    detection_s: float = 0.0
 
     @property
     def victim(self) -> bool:

@@ -97,6 +97,7 @@ class RankFailure:
     stacks: bool = False  # asked for its stacks (they are in its log) before it was killed
     noticed: float | None = None  # when torch saw it end (ProcessFailure.timestamp: whole seconds)
     by_agent: bool = False  # its agent killed it: another rank of its group had failed (a victim)
+    hang_s: float | None = None  # with `hang`: the limit that ran out (its last progress was that long before)
 
     @property
     def failed_at(self) -> float:
@@ -276,7 +277,8 @@ def judge(failure: RankFailure, restarts_done: int, context: FaultContext, histo
     failed_at = failure.failed_at
     fields = dict(job=context.job, host=failure.host, restart=restarts_done, kind=failure.kind, rank=failure.rank,
                  cause=failure.cause, step=failure.step, detail=detail, checkpoint=checkpoint,
-                 order=failure_order(failure), failed_at=failed_at if math.isfinite(failed_at) else None)
+                 order=failure_order(failure), failed_at=failed_at if math.isfinite(failed_at) else None,
+                 detection_s=(failure.hang_s or 0.0) if failure.hang else 0.0)
     log = failure.files()
     ended = failure.ended_run
     if ended is not None:  # its run was over: a hang or a crash on its way out is no fault, and not kept as one

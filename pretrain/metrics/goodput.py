@@ -26,8 +26,12 @@ The definitions (tests/metrics/test_goodput.py works them through by hand):
                   (validation included, checkpoint writes not).
     goodput       productive / wall.
     fault         the records of one launch and restart: one fault however many nodes wrote a record of it.
-    downtime      from a fault (its earliest record) to the end of the first step of the process that
-                  recovered from it. Faults before that step (a restart that died starting) make one outage.
+    downtime      from a fault to the end of the first step of the process that recovered from it, as a
+                  stopwatch sees it: from the failed process's last progress, its record's time less the time
+                  the failure went unseen (detection: for a hang, the limit that ran out), so a hang's outage
+                  holds run.hang_timeout_minutes. Faults before that step (a restart that died starting) make
+                  one outage.
+    detection     the part of the downtime before the agents acted: the hang limits that ran out.
     steps redone  the steps a process had done past the checkpoint that a later process resumed from: told by
                   the step the failed rank held (its record), else by what the clock logged past it.
 
@@ -83,6 +87,12 @@ class Fault:
     checkpoint: str | None  # the checkpoint the restart resumes from (None: the start)
     kind: str
     line: str
+    detection_s: float = 0.0  # how long it went unseen before that (a hang: its limit; FaultRecord.detection_s)
+
+    @property
+    def began(self) -> float:
+        """The failed process's last progress: where a stopwatch starts the outage."""
+        return self.time - self.detection_s
 
     @property
     def steps_past_checkpoint(self) -> int:
@@ -108,6 +118,11 @@ class Outage:
     @property
     def seconds(self) -> float:
         return max(0.0, self.end - self.start) if self.end is not None else 0.0
+
+    @property
+    def detection_s(self) -> float:
+        """Its part before the agents acted (the first fault's; a later one's lies inside the outage already)."""
+        return min(self.faults[0].detection_s, self.seconds) if self.end is not None else 0.0
 
 
 @dataclass(frozen=True)
@@ -146,6 +161,16 @@ class Accounting:
     @property
     def downtime_s(self) -> float:
         return sum(outage.seconds for outage in self.outages)
+
+    @property
+    def detection_s(self) -> float:
+        return sum(outage.detection_s for outage in self.outages)
+
+    @property
+    def recovery_s(self) -> float | None:
+        """R, the mean outage of the faults the run recovered from (detection included); None: none recovered."""
+        recovered = [outage.seconds for outage in self.outages if outage.end is not None]
+        return sum(recovered) / len(recovered) if recovered else None
 
     @property
     def redone_steps(self) -> int:
@@ -188,8 +213,14 @@ def faults_of(records: Iterable[Any]) -> list[Fault]:
         telling = min(group, key=lambda r: (r.get("order", math.inf), r.get("failed_at") or float(r["time"])))
         faults.append(Fault(job, restart, min(float(r["time"]) for r in group),
                             all(bool(r.get("restarts")) for r in group), telling.get("step"),
-                            telling.get("checkpoint"), str(telling.get("kind", "")), str(telling.get("line", ""))))
+                            telling.get("checkpoint"), str(telling.get("kind", "")), str(telling.get("line", "")),
+                            max(_seconds(r.get("detection_s")) for r in group)))
     return sorted(faults, key=lambda fault: fault.time)
+
+
+def _seconds(value: Any) -> float:
+    """A record's non-negative seconds; 0 for a record from before the field, or a value that is none."""
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) and value > 0 else 0.0
 
 
 def steady_step_seconds(span: Span) -> float:
@@ -275,12 +306,12 @@ def _outages(spans: Sequence[Span], faults: Sequence[Fault], costs: Sequence[Pro
     for fault in faults:
         end, process = _recovery(fault, spans, faults, costs)
         last = outages[-1] if outages else None
-        if last is not None and last.end is not None and fault.time <= last.end:
+        if last is not None and last.end is not None and fault.began <= last.end:
             later = end is not None and end > last.end
             outages[-1] = Outage((*last.faults, fault), last.start, end if later else last.end,
                                  process if later else last.process)
         else:
-            outages.append(Outage((fault,), fault.time, end, process))
+            outages.append(Outage((fault,), fault.began, end, process))
     return outages
 
 

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pretrain.checkpointing.cadence import interval_advice, measured_save_seconds
 from pretrain.metrics.clock import STARTUP_MARKS, ProcessSpan, span_of
 from pretrain.metrics.goodput import Accounting, account, read_faults
 from pretrain.metrics.quality import DEFAULT_QUALITY_TARGETS
@@ -138,7 +139,9 @@ def summary_lines(facts: RunFacts) -> list[str]:
         lines.append(f"| cost | {_num(device_hours * facts.price, 2)} USD at {facts.price:g} USD per device-hour |")
     spans = process_spans(facts.processes)
     if any(span.steps for span in spans):
-        lines.append(f"| goodput | {goodput_text(run_accounting(facts))} |")
+        costs = run_accounting(facts)
+        lines.append(f"| goodput | {goodput_text(costs)} |")
+        lines += downtime_lines(costs, facts)
     compiled = [r for r in facts.training if "compile/seconds" in r]
     if compiled:  # cumulative per process: the last process's counts (model.compile, pretrain/model/compiled.py)
         c = compiled[-1]
@@ -173,11 +176,26 @@ def goodput_text(costs: Accounting) -> str:
     text = (f"{costs.goodput:.1%} (productive step time over wall time: {_num(costs.productive_s, 1)} s of "
             f"{_num(costs.wall_s, 1)} s; start-up {_num(costs.startup_s, 1)} s, step 1 of each process included; "
             f"{len(costs.faults)} fault(s) in the fault records, downtime {_num(costs.downtime_s, 1)} s from the "
-            f"faults to the next first steps; {costs.redone_steps} step(s) redone)")
+            f"failed processes' last progress to the next first steps; {costs.redone_steps} step(s) redone)")
     if ended:
         text += (f"; {len(ended)} fault(s) ended a launch: the time until the run was launched again is not "
                  "counted")
     return text
+
+
+def downtime_lines(costs: Accounting, facts: RunFacts) -> list[str]:
+    """Detection as its own line (the part of the downtime before the agents acted: the hang limits that ran out),
+    and the checkpoint interval advised with the run's own recovery time R per failure."""
+    if not costs.outages:
+        return []
+    lines = [f"| detection | {_num(costs.detection_s, 1)} s of the downtime went by before a failure was seen (the "
+             "hang limits that ran out: run.hang_timeout_minutes, run.startup_timeout_minutes) |"]
+    save, recovery = measured_save_seconds(facts.run_dir), costs.recovery_s
+    devices = max((int(p.get("ranks", 0)) for p in facts.processes), default=0)
+    if save and recovery is not None and devices:
+        lines.append(f"| checkpoint interval | {interval_advice(save, devices, recovery_seconds=recovery)} (R: this "
+                     "run's mean downtime per fault) |")
+    return lines
 
 
 def run_accounting(facts: RunFacts) -> Accounting:
