@@ -20,9 +20,9 @@ from data_prep.__main__ import main
 from data_prep.clean import _EMPTY_PARENS, _SPACE_BEFORE_PUNCT, CostlyPage, wikitext_to_paragraphs
 from data_prep.config import DocumentLimits
 from data_prep.corpus_index import DOCUMENTS_SKIPPED
+from data_prep.documents import RawDocument, document_sentences
 from data_prep.sentences import _ABBREVIATIONS, split_sentences
 from data_prep.source_files import DocumentTooLarge
-from data_prep.sources import RawDocument, document_sentences
 from data_prep.time_limit import time_limit
 from data_prep.wikitext_scan import strip_leftover_refs, strip_refs_and_comments, unwrap_leftover_links
 from tests.support.data_prep_fixtures import write_vocab, write_wiki_dump
