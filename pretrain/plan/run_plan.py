@@ -35,6 +35,7 @@ from pretrain.config.deepspeed import phase_ds_config, precision_of
 from pretrain.config.sections import RunConfig
 from pretrain.data.batches import DataConfigError, PhaseData, StreamSettings, phase_data
 from pretrain.distributed.info import DistInfo, Launch
+from pretrain.distributed.json_collectives import all_gather_json, broadcast_json
 from pretrain.distributed.lifetime import RunFolderBusyError, hold_run_folder
 from pretrain.engine import check_ds_config
 from pretrain.errors import ConfigError
@@ -249,7 +250,7 @@ def plan_on_rank0(config: RunConfig, dist_info: DistInfo, share: JobShare | None
         except (ConfigError, DataConfigError, ShardFormatError, RunFolderBusyError) as err:
             error[0] = str(err)  # as `./launch.sh pretrain`'s launch-time check words it: each names its key
     if dist.is_initialized() and dist_info.world_size > 1:
-        dist.broadcast_object_list(error, src=0)
+        error[0] = broadcast_json(error[0], src=0)  # as JSON: a peer's bytes are never unpickled
     if error[0] is not None:
         raise ConfigError(error[0])
     # rank 0 keeps the plan it checked; the others plan once the verdict is in (no hashing: rank 0 did it)
@@ -260,16 +261,19 @@ def head_dim(model_config: BertConfig) -> int:
     return model_config.hidden_size // model_config.num_attention_heads
 
 
-Verdict = tuple[str, tuple[bool, ...], SelfTestResult | None]  # host, planned unpadded per phase, its self-test
+# host, planned unpadded per phase, its kernel self-test, its compiled layer's self-test
+Verdict = tuple[str, tuple[bool, ...], SelfTestResult | None, SelfTestResult | None]
 
 
 def gather(verdict: Verdict) -> list[Verdict]:
-    """Every rank's verdict, on every rank (one object all-gather at start-up)."""
+    """Every rank's verdict, on every rank (one all-gather at start-up, as JSON: a test's result travels as its
+    fields, never as a pickle a peer could have written)."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return [verdict]
-    verdicts: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(verdicts, verdict)
-    return verdicts
+    host, planned, result, compiled = verdict
+    sent = [host, list(planned), *(None if r is None else dataclasses.asdict(r) for r in (result, compiled))]
+    return [(host, tuple(planned), *(None if r is None else SelfTestResult(**r) for r in results))
+            for host, planned, *results in all_gather_json(sent)]
 
 
 def settle_attention(plan: RunPlan, dist_info: DistInfo, test: SelfTest = kernel_self_test,

@@ -5,7 +5,8 @@ Two real rank processes with the variables our elastic agent gives a one-machine
 gloo (tests/scripts/rank_store_ranks.py). torch's own server, asked for 127.0.0.1, listens on every interface
 (`[::]`, IPv4 included); ours is bound to 127.0.0.1 (pretrain/distributed/rank_store.py). Over the same group:
 pretrain/distributed/json_collectives.py, which replaced torch's pickling `*_object` collectives, and SQuAD's
-logits gathered through it (pretrain/finetune/squad/inference.py gather_rows).
+logits and the plan's self-test verdicts gathered through it (pretrain/finetune/squad/inference.py gather_rows,
+pretrain/plan/run_plan.py gather).
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import asdict
 
 import numpy as np
 import pytest
 
 from pretrain.distributed.rank_store import RankStoreSettings, bind_here, loopback_everywhere
+from pretrain.plan.self_test import SelfTestResult
 from tests.support.launching import deepspeed_cpu_env, free_port
 from tests.support.paths import REPO_ROOT
 
@@ -62,6 +65,9 @@ def test_the_ranks_store_listens_on_loopback_alone_and_values_cross_as_json() ->
         assert got["after_refusal"] == [0, 1]
         want = [[10 * r + i, [float(np.float32(r + i / 7))] * (i + 1),
                  (-np.arange(i + 1, dtype=np.float32) / 3).tolist()] for r in (0, 1) for i in range(r + 1)]
+        sent = repr(asdict(SelfTestResult(False, "cpu fp32", 2e-3, 1e-5, kernel_part="dq")))  # NaN fields too
+        assert got["verdicts"] == [["host0", [True, True], None, None],
+                                   ["host1", [True, False], ["SelfTestResult", sent], None]]
         assert got["squad_rows"] == want  # SQuAD's logits gathered bit for bit, window lengths kept
 
 

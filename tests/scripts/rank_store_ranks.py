@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import asdict
 
 import numpy as np
 import torch.distributed as dist
@@ -25,6 +26,8 @@ from pretrain.distributed.json_collectives import (
 )
 from pretrain.distributed.process_group import init_distributed
 from pretrain.finetune.squad.inference import gather_rows
+from pretrain.plan.run_plan import gather
+from pretrain.plan.self_test import SelfTestResult
 from tests.support.launching import leave_without_teardown
 
 
@@ -57,6 +60,10 @@ def main() -> None:
     rows = [(10 * rank + i, np.full(i + 1, rank + i / 7, np.float32), -np.arange(i + 1, dtype=np.float32) / 3)
             for i in range(rank + 1)]  # rank 0: one window, rank 1: two, of differing lengths
     result["squad_rows"] = [[index, start.tolist(), end.tolist()] for index, start, end in gather_rows(rows)]
+    tested = SelfTestResult(False, "cpu fp32", 2e-3, 1e-5, kernel_part="dq") if rank == 1 else None
+    verdicts = gather((f"host{rank}", (True, rank == 0), tested, None))  # the plan's self-test verdicts
+    result["verdicts"] = [[host, list(planned), None if test is None else [type(test).__name__, repr(asdict(test))],
+                           compiled] for host, planned, test, compiled in verdicts]
     try:
         all_gather_json({"a set": {1}})  # refused on the sender, before any collective
         result["refused"] = None
