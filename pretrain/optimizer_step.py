@@ -86,6 +86,7 @@ class OptimizerStep:
         micro-batch's work is queued, one micro-batch of the next step is read.
         """
         phase_index = PHASE_NAMES.index(self.state.phase)
+        scheduled = self._scheduled_values()  # what the phase's schedules give this step (its batches were masked so)
         batches = self.feed.step_batches(self.state.data_position, self.accumulation)
         self.state.data_position += self.global_batch
         mlm_scale = self._step_mlm_scale(batches)  # before the first backward (module docstring)
@@ -110,9 +111,14 @@ class OptimizerStep:
             self.feed.read_ahead(next_count)
         totals = sums.reduce(bool(self.stop.signal_name), self.cadence.time_due(time.monotonic()),
                              self.replica_group, self.dist_info.world_size)
-        return self._result(totals, lr)
+        return self._result(totals, lr, scheduled)
 
-    def _result(self, totals: StepTotals, lr: float) -> StepResult:
+    def _scheduled_values(self) -> dict[str, float]:
+        """Each schedule's value at the start of this step (schedule/<name>): a function of the phase's progress."""
+        schedules = self.settings.schedules
+        return {} if schedules is None else schedules.values(schedules.clock.at_step(self.state.step))
+
+    def _result(self, totals: StepTotals, lr: float, scheduled: dict[str, float]) -> StepResult:
         """The step's numbers from its one all-reduce, after the ranks (and a plug-in's models) agree on stopping,
         saving and a NaN abort."""
         nonfinite = totals["nonfinite"]
@@ -141,6 +147,7 @@ class OptimizerStep:
         divisor = self.accumulation * self.dist_info.world_size
         values.update({key: total / divisor for key, total in totals.extras.items()})
         values["lr"] = lr
+        values.update(scheduled)
         values["perf/data_wait_s"] = self.feed.wait_s
         return StepResult(applied=applied, nonfinite=nonfinite > 0, values=values, counts=totals.counts(),
                           stop_requested=agreed.stop, save_due=agreed.save_due, abort_elsewhere=abort_elsewhere)

@@ -24,6 +24,7 @@ from pretrain.metrics.monitor import StepMonitor
 from pretrain.metrics.writer import MetricsWriter
 from pretrain.model.compiled import CompileLedger
 from pretrain.plugin import TrainingPlugin
+from pretrain.schedules.phase import PhaseSchedules
 
 if TYPE_CHECKING:  # a type only: importing the checkpoint module would load DeepSpeed
     from pretrain.checkpointing.checkpoint import CheckpointManager
@@ -52,6 +53,7 @@ class TrainerSettings:
     progress_bar: bool = False  # logging.progress_bar: rank 0's bar with ETA
     nsp: bool = True  # the shards' objective: MLM + NSP (sentence pairs), else MLM alone (no NSP numbers logged)
     monitors: tuple[StepMonitor, ...] = ()  # what a step logs beyond losses and rates (pretrain/metrics/monitors.py)
+    schedules: PhaseSchedules | None = None  # the phase's clock and its schedules besides the lr (pretrain/schedules/)
 
 
 class NonFiniteLossError(RuntimeError):

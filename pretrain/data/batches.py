@@ -18,7 +18,9 @@ run resumes on any number of ranks at the same sample; the trainer state names t
 Masking. Unmasked (dynamic) shards are masked in collate, each instance with its own generator
 `default_rng([seed, phase, epoch, instance])`: a mask depends on which instance it is and in which
 epoch and phase, never on the rank, the world size or the micro-batch it lands in; no generator
-state to checkpoint. Validation instances use a fixed salt instead of the seed and epoch 0.
+state to checkpoint. Validation instances use a fixed salt instead of the seed and epoch 0. The rate of a
+training micro-batch is the phase's masking schedule at the step its first sample belongs to
+(pretrain/schedules/: a function of the step alone, so the same on any number of ranks and after a resume).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from pretrain.data.shard_checks import SPECIAL_TOKENS, PhaseShards, check_phase_
 from pretrain.data.unpadded import unpad_masked_instances
 from pretrain.errors import ConfigError, DataError
 from pretrain.model.bert import IGNORE_INDEX
+from pretrain.schedules.phase import PhaseSchedules
 
 VAL_SEED_SALT = 0x5EED_7A1  # validation masks: fixed, independent of the training seed's epochs
 UNCHECKED = "; data.verify_checksums=true names its shard and row before training"
@@ -169,9 +172,12 @@ class Collator:
         self.packing = packing
         self.unpadded = unpadded  # flat real tokens (pretrain/data/unpadded.py); beats packing
 
-    def masked_instances(self, rows: list[dict[str, Any]], rng: Generators) -> list[dict[str, Any]]:
-        """(ids with masks applied, a_len, masked positions, original ids there, nsp label) per instance."""
+    def masked_instances(self, rows: list[dict[str, Any]], rng: Generators,
+                         mask_prob: float | None = None) -> list[dict[str, Any]]:
+        """(ids with masks applied, a_len, masked positions, original ids there, nsp label) per instance; dynamic
+        shards are masked at `mask_prob` (None: the phase's rate, data.mask_prob)."""
         seq_len, predictions = self.data.seq_len, self.data.max_predictions
+        rate = self.data.mask_prob if mask_prob is None else mask_prob
         out = []
         for index, row in enumerate(rows):
             ids = row["input_ids"]
@@ -187,9 +193,7 @@ class Collator:
             else:
                 assert rng is not None, "dynamic masking needs a generator"
                 own = rng[index] if isinstance(rng, list | tuple) else rng
-                ids, pos, lab = mask_instance(
-                    ids, self.data.vocab, self.data.mask_prob, predictions, self.data.whole_word, own
-                )
+                ids, pos, lab = mask_instance(ids, self.data.vocab, rate, predictions, self.data.whole_word, own)
             out.append({"ids": ids, "a_len": row["a_len"], "positions": pos, "labels": lab,
                         "nsp": row["next_sentence_label"]})
         return out
@@ -203,8 +207,9 @@ class Collator:
             raise DataConfigError(f"{what} {bad} is outside the vocab (ids 0 to {size - 1}) in "
                                   f"{self.data.manifest.root}{UNCHECKED}")
 
-    def __call__(self, rows: list[dict[str, Any]], rng: Generators) -> dict[str, torch.Tensor]:
-        instances = self.masked_instances(rows, rng)
+    def __call__(self, rows: list[dict[str, Any]], rng: Generators,
+                 mask_prob: float | None = None) -> dict[str, torch.Tensor]:
+        instances = self.masked_instances(rows, rng, mask_prob)
         seq_len, predictions = self.data.seq_len, self.data.max_predictions
         if self.unpadded:
             return unpad_masked_instances(instances, seq_len, predictions, self.data.vocab.pad_id)
@@ -247,13 +252,15 @@ def pad_masked_instances(instances: list[dict[str, Any]], seq_len: int, max_pred
 class StreamSettings:
     """How a phase's instances become this rank's micro-batches, besides the data and the job's shape: built by
     the run plan (pretrain/plan/run_plan.py) from run.seed, phaseN.packing, data.part / data.num_parts and the
-    attention path (unpadded: the flat layout of pretrain/data/unpadded.py)."""
+    attention path (unpadded: the flat layout of pretrain/data/unpadded.py), and the phase's schedules (the
+    masking rate of each step; None: the phase's one rate)."""
 
     seed: int
     packing: bool = False
     part: int = 0
     num_parts: int = 1
     unpadded: bool = False
+    schedules: PhaseSchedules | None = None
 
     def batches(self, data: PhaseData, split: str, rank: int, world_size: int, micro_batch: int) -> RankBatches:
         """This rank's stream of `split` ("train": shuffled, this run's part; "val": in order, every instance).
@@ -262,7 +269,8 @@ class StreamSettings:
         evaluated its 30 % runs), so val/mlm_acc compares across recipes and with the quality marks."""
         if split == "train":
             return RankBatches(data, split, self.seed, rank, world_size, micro_batch, packing=self.packing,
-                               part=self.part, num_parts=self.num_parts, unpadded=self.unpadded)
+                               part=self.part, num_parts=self.num_parts, unpadded=self.unpadded,
+                               schedules=self.schedules)
         if not data.manifest.static_masking:  # held-out numbers at BERT's rate, whatever the training rate
             data = dataclasses.replace(data, mask_prob=BERT_MASK_PROB)
         return RankBatches(data, split, self.seed, rank, world_size, micro_batch, shuffle=False,
@@ -277,9 +285,10 @@ class RankBatches(Dataset):
     def __init__(
         self, data: PhaseData, split: str, seed: int, rank: int, world_size: int, micro_batch: int,
         shuffle: bool = True, packing: bool = False, part: int = 0, num_parts: int = 1, phase_index: int = 0,
-        unpadded: bool = False, order: str = FEISTEL_ORDER,
+        unpadded: bool = False, order: str = FEISTEL_ORDER, schedules: PhaseSchedules | None = None,
     ) -> None:
         self.data = data
+        self.schedules = schedules  # the masking rate per step (None: data.mask_prob throughout)
         self.reader = ShardReader(data.manifest, data.seq_len, split)
         self.collate = Collator(data, packing=packing, unpadded=unpadded)  # layouts differ, never the instances
         self.seed, self.rank, self.world_size, self.micro_batch = seed, rank, world_size, micro_batch
@@ -324,16 +333,18 @@ class RankBatches(Dataset):
         epochs, instances = self.order.samples(first, count)
         return list(zip(epochs.tolist(), instances.tolist(), strict=True))
 
-    def collate_instances(self, picked: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
-        """Read and collate (epoch, instance) pairs, each masked by its own generator."""
+    def collate_instances(self, picked: list[tuple[int, int]], mask_prob: float | None = None) -> dict[str, torch.Tensor]:
+        """Read and collate (epoch, instance) pairs, each masked by its own generator at `mask_prob` (None: the
+        phase's rate)."""
         salt = self.seed if self.shuffle else VAL_SEED_SALT
         rows = [self.reader[instance] for _, instance in picked]
         rngs = [np.random.default_rng([salt, self.phase_index, epoch, instance]) for epoch, instance in picked]
-        return self.collate(rows, rngs)
+        return self.collate(rows, rngs, mask_prob)
 
     def __getitem__(self, k: int) -> dict[str, torch.Tensor]:
-        chunk = int(k) * self.world_size + self.rank
-        return self.collate_instances(self.stream_instances(chunk * self.micro_batch, self.micro_batch))
+        first = (int(k) * self.world_size + self.rank) * self.micro_batch  # the micro-batch's first stream sample
+        rate = None if self.schedules is None else self.schedules.mask_rate_at_sample(first)
+        return self.collate_instances(self.stream_instances(first, self.micro_batch), rate)
 
 
 class ValidationBatches:

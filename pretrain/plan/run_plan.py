@@ -27,6 +27,7 @@ import torch.distributed as dist
 from transformers import BertConfig
 
 from data_prep.atomic_io import atomic_write_json, sha256_file
+from data_prep.config import max_predictions_for
 from data_prep.shards import ShardFormatError
 from pretrain.checkpointing.cadence import CadenceSettings
 from pretrain.checkpointing.ownership import CheckpointClaim, claim_checkpoint_dir
@@ -49,10 +50,14 @@ from pretrain.model.presets import flop_parameter_counts
 from pretrain.phase_state import TrainerSettings
 from pretrain.plan.compiled_check import compiled_self_test
 from pretrain.plan.contained import SelfTest, contained
+from pretrain.plan.run_shape import RunShape, run_shape
 from pretrain.plan.self_test import SelfTestResult, kernel_self_test
 from pretrain.plan.shard_plan import check_run_shards, model_overrides
 from pretrain.run_folder import shards_verified_path
 from pretrain.schedule import Schedule, build_schedule, schedule_line
+from pretrain.schedules.masking import build_mask_schedule
+from pretrain.schedules.phase import PhaseSchedules
+from pretrain.schedules.progress import PhaseClock
 
 if TYPE_CHECKING:
     from pretrain.plugin import JobShare
@@ -150,12 +155,15 @@ def plan_run(config: RunConfig, dist_info: DistInfo, verify_checksums: bool, fac
             "lowercase": bool(first.manifest.data["vocab"].get("lowercase", True)),
             "ds_configs": {name: phase.ds_config for name, phase in phases.items()},
             "world_size": dist_info.world_size,
-            "max_predictions": {name: d.max_predictions for name, d in data.items()},
+            "max_predictions": {name: phase.data.max_predictions for name, phase in phases.items()},
             "mask_probability": {name: d.mask_prob for name, d in data.items()},
             "objective": OBJECTIVES[first.trains_nsp],
             "segments": first.manifest.segments,
             # each phase's lr schedule in words, as the report's and the model card's recipe tables print it
             "schedules": {name: schedule_line(config.phase(name), config.phase(name).steps) for name in phases},
+            # each phase's other schedules in words (the masking rate's; none for static shards)
+            "phase_schedules": {name: phase.stream.schedules.describe() for name, phase in phases.items()
+                                if phase.stream.schedules is not None},
         },
     }
     return RunPlan(job=job, phases=phases, resolved=resolved)
@@ -167,6 +175,10 @@ def phase_plan(config: RunConfig, name: str, model_config: BertConfig, ds: dict[
     phase, precision = config.phase(name), precision_of(ds)
     encoder, head = flop_parameter_counts(model_config.to_dict())
     attention = attention_plan(config, name, ds, facts, head_dim(model_config))  # ConfigError: what cannot run
+    schedules = phase_schedules(config, name, data, ds["train_batch_size"])
+    if schedules.masking is not None and phase.max_predictions is None:  # slots for the schedule's highest rate
+        highest = max_predictions_for(phase.seq_len, max(schedules.masking.start, schedules.masking.end))
+        data = dataclasses.replace(data, max_predictions=max(data.max_predictions, highest))
     return PhasePlan(
         name=name, model_config=model_config, ds_config=ds, precision=precision,
         schedule=build_schedule(phase, phase.steps, f"{name}."), data=data,
@@ -178,10 +190,10 @@ def phase_plan(config: RunConfig, name: str, model_config: BertConfig, ds: dict[
             max_consecutive_nonfinite=config.failures.max_consecutive_nonfinite,
             stop_after_steps=config.run.stop_after_steps,
             step_offset=config.phase1.steps if name == "phase2" else 0, progress_bar=config.logging.progress_bar,
-            nsp=data.trains_nsp, monitors=step_monitors(phase.seq_len),
+            nsp=data.trains_nsp, monitors=step_monitors(phase.seq_len), schedules=schedules,
         ),
         stream=StreamSettings(seed=config.run.seed, packing=phase.packing, part=config.data.part,
-                              num_parts=config.data.num_parts, unpadded=attention.unpadded),
+                              num_parts=config.data.num_parts, unpadded=attention.unpadded, schedules=schedules),
         throughput=ThroughputSettings(
             encoder_params=encoder, head_params=head, layers=model_config.num_hidden_layers,
             hidden=model_config.hidden_size, seq_len=phase.seq_len, predictions=data.max_predictions,
@@ -189,6 +201,15 @@ def phase_plan(config: RunConfig, name: str, model_config: BertConfig, ds: dict[
         attention=attention, seed=config.run.seed,
         activation_checkpointing=config.model.activation_checkpointing, init_from=phase.init_from,
     )
+
+
+def phase_schedules(config: RunConfig, name: str, data: PhaseData, global_batch: int) -> PhaseSchedules:
+    """Phase `name`'s clock and its schedules besides the lr (pretrain/schedules/): the masking rate of dynamic
+    shards from the phase's rate; static shards keep their masks (and refuse a moving rate, one ConfigError)."""
+    phase = config.phase(name)
+    static = data.manifest.static_masking
+    masking = build_mask_schedule(phase, data.mask_prob, static, f"{name}.")
+    return PhaseSchedules(PhaseClock(phase.steps, global_batch, phase.seq_len), None if static else masking)
 
 
 def job_config(config: RunConfig, share: JobShare | None) -> RunConfig:
@@ -261,6 +282,16 @@ def head_dim(model_config: BertConfig) -> int:
     return model_config.hidden_size // model_config.num_attention_heads
 
 
+def tested_shape(phases: list[PhasePlan]) -> RunShape:
+    """The run's shapes the self-tests check (pretrain/plan/run_shape.py): the model, and the micro-batch of the
+    phase with the most instances per micro-batch (the most segments: 65 at seq 128 x 64)."""
+    def micro_batch(phase: PhasePlan) -> int:  # resolved in every run's ds_config; absent in the tests' stubs
+        return int(phase.ds_config.get("train_micro_batch_size_per_gpu", 1))
+
+    phase = max(phases, key=micro_batch)
+    return run_shape(phase.model_config, phase.trainer.seq_len, micro_batch(phase))
+
+
 # host, planned unpadded per phase, its kernel self-test, its compiled layer's self-test
 Verdict = tuple[str, tuple[bool, ...], SelfTestResult | None, SelfTestResult | None]
 
@@ -294,12 +325,12 @@ def settle_attention(plan: RunPlan, dist_info: DistInfo, test: SelfTest = kernel
     if unpadded and dist_info.local_rank == 0:
         # on a GPU each test runs in a child process: a device fault cannot poison this rank's context
         result = contained(test)(dist_info.device, unpadded[0].precision, head_dim(unpadded[0].model_config),
-                                 max(p.trainer.seq_len for p in unpadded))
+                                 max(p.trainer.seq_len for p in unpadded), tested_shape(unpadded))
         compiling = [p for p in unpadded if p.attention.compile]
         if compiling and result.passed:
-            compiled = contained(compiled_test)(dist_info.device, compiling[0].precision,
-                                                head_dim(compiling[0].model_config),
-                                                max(p.trainer.seq_len for p in compiling))
+            compiled = contained(compiled_test, "compiled layer")(
+                dist_info.device, compiling[0].precision, head_dim(compiling[0].model_config),
+                max(p.trainer.seq_len for p in compiling), tested_shape(compiling))
     verdicts = gather((socket.gethostname(), planned, result, compiled))
     tests = [(f"{host} (rank {rank})", r) for rank, (host, _, r, _) in enumerate(verdicts) if r is not None]
     failed = next((f"{node}: {r.numbers()}" for node, r in tests if not r.passed), None)

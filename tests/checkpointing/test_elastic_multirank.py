@@ -50,6 +50,9 @@ def write_config(work: Path, shards: Path, name: str, kind: str, codistill: bool
     config["logging"] = {"progress_bar": False, "val_every_steps": EVERY, "val_instances": 16, "peak_tflops": 1.0}
     # global batch 16 with the accumulation derived for each world size; the micro batch per launch (entry)
     config["phase1"].update(batch_size=16, gradient_accumulation_steps=None)
+    # a masking rate that moves every step (0.30 -> 0.15): the resumes below land in its middle, on other worlds
+    config["data"]["mask_probability"] = 0.3
+    config["phase1"].update(masking_schedule="linear", mask_rate_end=0.15)
     ds: dict[str, Any] = {"zero_optimization": {"stage": stage}}
     if bf16:
         config["run"]["precision"] = "bf16"
@@ -188,7 +191,8 @@ def test_every_run_ends_as_planned(runs: Path) -> None:
 
 def test_losses_do_not_depend_on_the_world_size_or_the_split(runs: Path) -> None:
     """1, 2 and 4 ranks, micro x accumulation 4x4, 8x1, 2x2 of the same global batch: the same instances,
-    masks and (token-normalised) losses at every step, and the same validation numbers."""
+    masks (at the linear masking schedule's rate of each step) and (token-normalised) losses at every step, and
+    the same validation numbers."""
     runs_by_world = {w: records(runs / f"inv{w}") for w in (1, 2, 4)}
     for world, accumulation in ((1, 4), (2, 1), (4, 2)):
         resolved = json.loads((runs / f"inv{world}" / "config.resolved.json").read_text())["resolved"]
@@ -206,6 +210,8 @@ def test_losses_do_not_depend_on_the_world_size_or_the_split(runs: Path) -> None
         for step in range(1, STEPS + 1):
             assert runs_by_world[world][step]["acc/nsp"] == reference[step]["acc/nsp"]
             assert runs_by_world[world][step]["lr"] == reference[step]["lr"]
+            assert runs_by_world[world][step]["schedule/mask_rate"] == reference[step]["schedule/mask_rate"]
+    assert [reference[s]["schedule/mask_rate"] for s in (1, STEPS)] == pytest.approx([0.3, 0.15])
     print("max |difference| vs 2 ranks over 24 steps:", {f"{w} ranks {k}": f"{v:.2e}" for (w, k), v in gaps.items()})
     assert all(v <= LOSS_TOLERANCE for v in gaps.values()), gaps
     assert reference[STEPS]["loss/mlm"] < reference[1]["loss/mlm"] - 0.05  # it trained: the check is not vacuous
@@ -257,6 +263,8 @@ def test_losses_after_an_elastic_resume_continue_the_uninterrupted_run(runs: Pat
         resumed = records(runs / name)
         assert sorted(resumed) == list(range(first, STEPS + 1)), name
         gaps[name] = loss_gap(resumed, reference, range(first, STEPS + 1), "loss/total")
+        # resumed mid-schedule on another world size: each step masked at the uninterrupted run's rate
+        assert all(resumed[s]["schedule/mask_rate"] == reference[s]["schedule/mask_rate"] for s in resumed), name
     print("max |loss/total difference| after the resume vs the uninterrupted 2-rank run:",
           {k: f"{v:.2e}" for k, v in gaps.items()})
     assert all(v <= LOSS_TOLERANCE for v in gaps.values()), gaps

@@ -121,6 +121,7 @@ def conditions_of(trainer: Any, written: dict[str, float]) -> dict[str, bool]:
         "every step, known peak": trainer.throughput.settings.peak_tflops is not None,
         "every step, CUDA": cuda, "every step, CPU": not cuda,
         "every step, compiled": False,  # --model.compile=false
+        "every step, dynamic shards": not trainer.train_batches.data.manifest.static_masking,
         "validation": True, "quality mark": written["val/mlm_acc"] >= MARK, "checkpoint": True,
         "codistillation": False,
     }

@@ -21,7 +21,8 @@ PACKAGES = ("pretrain", "data_prep")
 # modules every floor may use: they import nothing of the project but each other (plugin.py: the registry
 # and types, from these)
 GROUND = ("pretrain.errors", "pretrain.distributed.info", "pretrain.checkpointing.layout", "pretrain.run_folder",
-          "pretrain.config.plugins", "pretrain.config.sections", "pretrain.schedule")
+          "pretrain.config.plugins", "pretrain.config.sections", "pretrain.schedule", "pretrain.schedules.masking",
+          "pretrain.schedules.progress")
 
 
 def module_name(path: Path) -> str:

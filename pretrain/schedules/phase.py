@@ -1,0 +1,39 @@
+"""What the plan hands a phase of its schedules: the clock (progress.py) and the schedules read off it.
+
+The data stream asks `mask_rate_at_sample` for each micro-batch it collates (inside DataLoader workers: a frozen,
+picklable value, no state); the trainer asks `values` once per step and logs them under schedule/<name>
+(TensorBoard and metrics.jsonl), so what a step was trained with is on record next to its loss. The lr is not
+here: DeepSpeed's LambdaLR steps it (pretrain/schedule.py) and the trainer logs it as `lr`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pretrain.schedules.masking import MaskSchedule
+from pretrain.schedules.progress import PhaseClock, Progress
+
+__all__ = ["PhaseSchedules"]
+
+
+@dataclass(frozen=True)
+class PhaseSchedules:
+    """A phase's clock and its schedules besides the lr. `masking` None: the shards hold static masks."""
+
+    clock: PhaseClock
+    masking: MaskSchedule | None = None
+
+    def values(self, progress: Progress) -> dict[str, float]:
+        """Each schedule's value at `progress`, by its logged tag."""
+        out: dict[str, float] = {}
+        if self.masking is not None:
+            out["schedule/mask_rate"] = self.masking.rate(progress)
+        return out
+
+    def mask_rate_at_sample(self, sample: int) -> float | None:
+        """The masking rate of the step that holds stream sample `sample` (None: the shards' static masks)."""
+        return None if self.masking is None else self.masking.rate(self.clock.at_sample(sample))
+
+    def describe(self) -> dict[str, str]:
+        """Each schedule in words, as config.resolved.json records it."""
+        return {} if self.masking is None else {"masking": self.masking.describe()}
