@@ -76,13 +76,13 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import SignalException
-from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousError
 
 from pretrain.config.cli import parse_args
 from pretrain.config.load import load_config
 from pretrain.config.plugins import plugin_spec
 from pretrain.config.sections import RunConfig
 from pretrain.errors import UserError
+from pretrain.launch.agent_end import run, say
 from pretrain.launch.faults import (
     RECORD_PREFIX,
     AgentEnd,
@@ -103,17 +103,12 @@ from pretrain.launch.survivors import NodeSettings, NodeUnhealthy, end_ranks
 from pretrain.plugin import JobShare
 from pretrain.run_folder import faults_dir, launch_logs_dir
 
-PREFIX = "launch.sh"
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 PIPE_READ_S = 0.3  # the timer server reads the ranks' pipe every 0.1 s (pretrain/launch/hang_watch.py)
 # torch's own count of restarts (WorkerSpec.max_restarts): never what stops the job. The budget is ours,
 # run.max_restarts faults since the last checkpoint (pretrain/launch/faults.py judge); a final verdict sets
 # _remaining_restarts to 0. torch's count still numbers the attempts (attempt-K folders, TORCHELASTIC_RESTART_COUNT).
 TORCH_ATTEMPTS = 1_000_000
-
-
-def say(line: str) -> None:
-    print(f"{PREFIX}: {line}", file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -322,38 +317,6 @@ def build_agent(args: argparse.Namespace, module_args: list[str]) -> HealingAgen
     settings = NodeSettings(host, high, bool(args.rdzv_endpoint),
                             int(float(os.environ.get("BERT_DS_KILL_GRACE_SECONDS", "30"))), config.run.survivor_stacks)
     return HealingAgent(spec, RankLogs(launch_dir), judging, watch, settings)
-
-
-def run(agent: HealingAgent) -> int:
-    """The agent's run, its rendezvous closed whatever the end (no other node waits in it), and its status."""
-    resume = agent.judging.context.resume_command
-    try:
-        result = agent.run()
-    except SignalException as stopped:  # between two attempts, or while a fault was handled: no rank to checkpoint
-        agent.stop_signal = agent.stop_signal or stopped.sigval
-        say(f"stopped by {signal.Signals(agent.stop_signal).name} {stopped.args[0]}; the same command resumes from "
-            f"the newest checkpoint: {resume}")
-        return agent.exit_status
-    except NodeUnhealthy as unhealthy:
-        agent.last_word = f"{unhealthy.line} with: {resume}"
-        say(agent.last_word)
-        return 1
-    except RendezvousClosedError:  # another node's final verdict ended the job; that node told it
-        return 1
-    except RendezvousError as err:
-        say(f"error: host {agent.node.host}: the rendezvous failed ({type(err).__name__}: {err}); resume with: "
-            f"{agent.judging.context.resume_command}")
-        return 1
-    finally:
-        try:
-            agent.get_worker_group().spec.rdzv_handler.shutdown()
-        except Exception:  # noqa: BLE001 - a store already gone has nothing left to close
-            pass
-        agent.watch.stop()
-    if result.is_failed() and agent.stop_signal is not None and agent.record is None:
-        say(f"stopped by {signal.Signals(agent.stop_signal).name} while a fault was handled; the same command "
-            f"resumes from the newest checkpoint: {resume}")
-    return 0 if not result.is_failed() else agent.exit_status
 
 
 def main(argv: list[str] | None = None) -> int:

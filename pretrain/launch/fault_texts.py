@@ -58,6 +58,9 @@ VICTIM_TEXTS = (
 )
 # What says a rank's own device failed (a CUDA error of its own, reported by NCCL's watchdog thread as it aborts
 # the process): a SIGABRT with these words, and no victim's, is the culprit's.
+# A full file system or a spent quota (ENOSPC 28, EDQUOT 122 on Linux), in Python's words or Rust's (safetensors):
+# the one failure that a restart cannot mend and freeing space does.
+_SPACE = re.compile(r"\[Errno (?:28|122)\]|\(os error (?:28|122)\)|No space left on device|Disk quota exceeded")
 OWN_DEVICE_TEXTS = ("CUDA error:", "ncclUnhandledCudaError", "unhandled cuda error")
 
 
@@ -92,6 +95,11 @@ def last_report(lines: list[str]) -> tuple[str | None, list[str]]:
         return None, []
     found = next((i for i in range(len(lines) - 1, -1, -1) if _EXCEPTION.match(lines[i].strip())), None)
     return (lines[found].strip()[:200], lines[found:]) if found is not None else (None, [])
+
+
+def out_of_space(text: str | None) -> bool:
+    """Whether a rank's error line says its file system is full or its quota spent."""
+    return bool(text and _SPACE.search(text))
 
 
 def exception_line(log: Path) -> str | None:

@@ -70,6 +70,7 @@ from pretrain.launch.fault_records import (  # noqa: F401 - AgentEnd, RECORD_PRE
 from pretrain.launch.fault_texts import (
     exception_line,
     log_lines,
+    out_of_space,
     own_device_error,
     victim_log,
 )
@@ -293,6 +294,10 @@ def judge(failure: RankFailure, restarts_done: int, context: FaultContext, histo
                     f"{': ' + found if found else ''}; {log}")
             status = failure.exit_status
         return _keep(history, FaultRecord(time.time(), **fields, restarts=False, exit_status=status, line=line))
+    if out_of_space(detail) and fields["order"] < VICTIM_ORDER:  # a restart meets the same full disk: no restart
+        line = (f"error: {failure.line()}: its file system is full or its quota spent ({detail}); free space there, "
+                f"then resume with: {context.resume_command}; {log}")
+        return _keep(history, FaultRecord(time.time(), **fields, restarts=False, exit_status=1, line=line))
     culprit = attempt_culprit(history.previous_attempt(context.job, restarts_done))
     probe = FaultRecord(time.time(), **fields, restarts=True, exit_status=0, line="")
     spent = history.spent_since(context.job, checkpoint, restarts_done)

@@ -54,8 +54,10 @@ from typing import IO, Protocol
 from pretrain.distributed.cluster import ClusterError, allocation_hosts, pdsh_quote, read_hostfile
 from pretrain.launch.fault_records import AgentEnd, FaultLines, FaultRecord
 from pretrain.launch.node_env import read_env_file
+from pretrain.launch.processes import wait_bounded
 from pretrain.launch.rendezvous import answers, is_this_machine, listen, parse_endpoint
 from pretrain.launch.rendezvous_key import handed_to
+from pretrain.launch.store_reach import before_start
 from pretrain.launch.transports import Pdsh, SessionEnd, Srun
 
 PREFIX = "launch.sh"
@@ -64,6 +66,7 @@ LOST_STATUS = 128  # an agent ends by itself with 0-4 (pretrain/launch/agent.py)
 # whole step) it reaches the ranks too, which must not end on it.
 NODE_LOST_SIGNAL = signal.SIGURG
 _RANGE = re.compile(r"([0-9]+)(?::([0-9]+))?", re.ASCII)
+AGENTS_ENDED_GRACE_S = 60.0  # how long the transport may outlive the last agent's end (its sessions closing)
 DROP_AFTER = 2  # with --nodes MIN:MAX: start-up failures of a node's own rank, no progress between, that drop it
 
 
@@ -170,11 +173,7 @@ class NodeJob:
 
     def failed_to_start(self, record: FaultRecord, first: Callable[[], None] = lambda: None
                         ) -> tuple[int, list[str]] | None:
-        """A node that ends by itself with a non-zero status while no node has reached a final verdict (its agent could not
-start: a missing mount, venv or checkout) is a node fault as well, its last line quoted: under --nodes MIN:MAX the
-job carries on without it, otherwise the others are stopped at once instead of waiting in the rendezvous.
-
-A node whose own rank fails during start-up at DROP_AFTER starts with no newer checkpoint between (a GPU
+        """A node whose own rank fails during start-up at DROP_AFTER starts with no newer checkpoint between (a GPU
         that fails at every start: Xid, ECC, memory still held) would spend every restart on the same fault. With
         --nodes MIN:MAX and MIN nodes left without it, it is dropped: one line, its agent killed (its ranks die with
         it), the survivors told as for a lost node. Only the node's own failure counts (a victim's record is its
@@ -270,20 +269,11 @@ def watch_store(store: subprocess.Popen[bytes], nodes: subprocess.Popen[str], jo
 
 
 def check_before_start(job: NodeJob, serving: bool) -> None:
-    """What can be said before any agent starts: the first node reaches the store (ClusterError if not), and, with
-    --nodes MIN:MAX, when this machine is both a node and the store's host, that it is the one node the job cannot
-    lose."""
-    host, port = parse_endpoint(job.rendezvous)
-    problem = job.transport.store_problem(job.hosts[0], (host, port))
-    if problem:
-        raise ClusterError(f"node {job.hosts[0]} cannot reach the rendezvous store at {job.rendezvous} ({problem}): "
-                           "a firewall between the nodes and this machine, or a name they resolve elsewhere? "
-                           "--rdzv-endpoint HOST:PORT names an address they reach")
-    here = [node for node in job.hosts if is_this_machine(node)]
-    if serving and here and job.min_nodes < len(job.hosts):
-        say(f"warning: this machine ({here[0]}) is a node of the job and serves its rendezvous store: losing it ends "
-            "the job, --nodes MIN:MAX or not. Launch from a machine outside the hostfile (under tmux or nohup), or "
-            "serve the store there (python -m pretrain.launch.store --host HOST --port P), pass --rdzv-endpoint HOST:P")
+    """What can be said before any agent starts (store_reach.before_start: the nodes that reach the store, this
+    machine serving it as a node); the job's hosts become those that reach it. ClusterError when too few do."""
+    job.hosts, warnings = before_start(job.hosts, job.min_nodes, job.rendezvous, job.transport.store_problem, serving)
+    for line in warnings:
+        say(line)
 
 
 def run(job: NodeJob) -> int:
@@ -319,7 +309,13 @@ def run_agents(job: NodeJob, store: subprocess.Popen[bytes] | None) -> int:
         threads.append(threading.Thread(target=watch_store, args=(store, proc, job), daemon=True))
     for thread in threads:
         thread.start()
-    status = proc.wait()
+    # every node's agent has said it ended: pdsh ends with their sessions, unless a rank left behind (in D state)
+    # holds its channel open; then it is ended after AGENTS_ENDED_GRACE_S, the status being the agents' own
+    status = wait_bounded(proc, lambda: set(job.hosts) <= set(job.agents_ended) | set(job.lost), AGENTS_ENDED_GRACE_S)
+    if status is None:
+        say(f"warning: every node's agent has ended, but the sessions to the nodes (pdsh, srun) were still open "
+            f"{AGENTS_ENDED_GRACE_S:g} s later (a rank left behind holds its channel): ended them")
+        status = max(job.agents_ended.values(), default=1)
     for thread in threads[:2]:
         thread.join(timeout=5)
     if store is not None:

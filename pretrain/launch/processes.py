@@ -8,8 +8,10 @@ reused), and waiting until killed ones are gone.
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -51,6 +53,23 @@ def wait_until_gone(pids: list[int], limit_s: float) -> list[int]:
         if left:
             time.sleep(0.05)
     return left
+
+
+def wait_bounded(proc: subprocess.Popen[str], done: Callable[[], bool], grace_s: float) -> int | None:
+    """`proc`'s status once it ends; but once `done()` holds it gets `grace_s` more, then is killed (SIGKILL) and
+    None returned: a process that only waits on others' channels (pdsh on its ssh sessions) ends with them."""
+    deadline = None
+    while True:
+        try:
+            return proc.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            pass
+        if deadline is None and done():
+            deadline = time.monotonic() + grace_s
+        if deadline is not None and time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            return None
 
 
 def catches(pid: int, signum: int) -> bool:

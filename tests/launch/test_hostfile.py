@@ -386,7 +386,20 @@ def test_before_any_agent_starts_a_node_reaches_the_store_and_this_machine_is_na
     finally:
         served.close()
     nobody = free_port()
-    with pytest.raises(ClusterError, match=rf"node localhost cannot reach the rendezvous store at 127\.0\.0\.1:{nobody} "
-                                           r"\(.*Connection refused.*\): a firewall"):
+    with pytest.raises(ClusterError, match=rf"1 of 1 node\(s\) cannot reach the rendezvous store at 127\.0\.0\.1:"
+                                           rf"{nobody}: localhost \(.*Connection refused.*\); 0 can, the job needs 1"):
         check_before_start(NodeJob(["localhost"], 1, transport, [], [], "again", f"127.0.0.1:{nobody}"), serving=False)
+    # a node that is down (its name resolves nowhere: pdsh's ssh fails) no longer refuses a --nodes 1:2 launch: it
+    # starts on the node that reaches the store, the other named; every node is asked, not the first alone
+    served = listen(free_port())
+    try:
+        job = NodeJob(["down.invalid", "localhost"], 1, transport, [], [], "again",
+                      f"127.0.0.1:{served.getsockname()[1]}")
+        check_before_start(job, serving=False)
+    finally:
+        served.close()
+    assert job.hosts == ["localhost"]
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("launch.sh: warning: node(s) left out, they cannot reach the rendezvous store at ")
+    assert "down.invalid (" in line and "starting on the 1 that can (--nodes 1:2)" in line
 
