@@ -50,16 +50,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import re
 import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_prep.atomic_io import atomic_write_bytes
 from pretrain.distributed.step_watch import RUN_ENDED_PREFIX
 from pretrain.errors import ERROR_PREFIXES, NONFINITE_EXIT, SAVE_FAILED_EXIT, USER_ERROR_EXIT
+from pretrain.launch.fault_history import FaultHistory
 from pretrain.launch.fault_records import (  # noqa: F401 - AgentEnd, RECORD_PREFIX: importers read them here too
     RECORD_PREFIX,
     VICTIM_ORDER,
@@ -202,48 +200,6 @@ def latest_checkpoint(checkpoint_dir: Path) -> str | None:
         return (checkpoint_dir / "latest").read_text(encoding="utf-8").strip() or None
     except OSError:
         return None
-
-
-@dataclass
-class FaultHistory:
-    """RUN/logs/faults/: every record of every launch, attempt and node, one file each."""
-
-    folder: Path
-
-    def records(self) -> list[FaultRecord]:
-        found = []
-        for path in sorted(self.folder.glob("*.json")):
-            try:
-                found.append(FaultRecord.from_json(path.read_text(encoding="utf-8")))
-            except (OSError, ValueError, TypeError):
-                continue  # a record being replaced, or not ours
-        return sorted(found, key=lambda record: record.time)
-
-    def add(self, record: FaultRecord) -> None:
-        """Write `record` atomically (a reader never sees half of it; a failed write leaves no temp file). A run
-        folder that cannot take it (a full disk) costs the record, not the job: the line is printed all the same."""
-        name = f"{time.time_ns()}-{re.sub(r'[^A-Za-z0-9_.-]', '_', record.host)}-{os.getpid()}.json"
-        try:
-            atomic_write_bytes(self.folder / name, record.to_json().encode("utf-8"))
-        except OSError:
-            pass
-
-    def previous_attempt(self, job: str, restart: int) -> list[FaultRecord]:
-        """The records of the attempt judged last before (job, restart), on any node: the one before in this launch,
-        else the last of an earlier launch."""
-        earlier = [r for r in self.records() if (r.job, r.restart) != (job, restart)]
-        if not earlier:
-            return []
-        last = earlier[-1]
-        return [r for r in earlier if (r.job, r.restart) == (last.job, last.restart)]
-
-    def spent_since(self, job: str, checkpoint: str | None, restart: int) -> int:
-        """The restarts this launch spent on faults since `checkpoint` was committed: its attempts before `restart`
-        whose fault restarted from that same checkpoint (None: from the start). One per attempt, however many nodes
-        wrote a record of it. Progress (a newer checkpoint) starts the count again: run.max_restarts bounds the
-        faults between two checkpoints, not over the job's life."""
-        return len({r.restart for r in self.records()
-                    if r.job == job and r.restart < restart and r.checkpoint == checkpoint})
 
 
 @dataclass(frozen=True)
