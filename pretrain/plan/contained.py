@@ -20,11 +20,14 @@ from typing import Any
 import torch
 
 from pretrain.distributed.lifetime import die_with_parent
+from pretrain.plan.run_shape import RunShape
 from pretrain.plan.self_test import SelfTestResult
 
-SelfTest = Callable[[torch.device, str, int, int], SelfTestResult]  # device, precision, head size, seq_len
+# device, precision, head size, seq_len, and the run's shapes (None: the test's own)
+SelfTest = Callable[[torch.device, str, int, int, RunShape | None], SelfTestResult]
 
 CHILD_LIMIT_S = 600.0  # a child with no verdict by then is killed: its test failed (the rank's start-up timer is longer)
+EXIT_WAIT_S = 30.0  # how long a child may take to end after its verdict, or after SIGKILL
 
 
 def _child(conn: Connection, test: Callable[..., SelfTestResult], args: tuple[Any, ...]) -> None:
@@ -47,24 +50,35 @@ def in_child(test: Callable[..., SelfTestResult], *args: Any, where: str = "",
             try:
                 return receive.recv()
             except EOFError:
-                child.join(timeout=30.0)
+                child.join(timeout=EXIT_WAIT_S)
         if child.is_alive():
-            child.kill()
-            child.join()
+            stop(child)
             return SelfTestResult(False, where, failure=f"no verdict in {limit_s:g} s: its process was killed")
         return SelfTestResult(False, where, failure=f"its process {ended(child.exitcode)} (a device fault, kept out "
                                                     "of the rank's own context)")
     finally:
         receive.close()
-        child.join(timeout=30.0)
+        child.join(timeout=EXIT_WAIT_S)
+        if child.is_alive():  # a verdict given, then stuck (in the driver's teardown): not left holding the device
+            stop(child)
 
 
-def contained(test: SelfTest) -> SelfTest:
-    """`test` as the plan runs it: in a child process on a CUDA device (module docstring), in this one elsewhere."""
-    def run(device: torch.device, precision: str, head_dim: int, seq_len: int) -> SelfTestResult:
+def stop(child: multiprocessing.process.BaseProcess) -> None:
+    """SIGKILL, then a bounded wait: a child stuck in the driver (uninterruptible) may outlive even SIGKILL for a
+    while, and the rank must not wait on it past its own start-up timer (the kernel reaps it when it ends)."""
+    child.kill()
+    child.join(timeout=EXIT_WAIT_S)
+
+
+def contained(test: SelfTest, what: str = "") -> SelfTest:
+    """`test` as the plan runs it: in a child process on a CUDA device (module docstring), in this one elsewhere.
+    `what`: the test's name in a dead child's verdict (e.g. "compiled layer")."""
+    def run(device: torch.device, precision: str, head_dim: int, seq_len: int,
+            shape: RunShape | None = None) -> SelfTestResult:
         if device.type != "cuda":
-            return test(device, precision, head_dim, seq_len)
-        return in_child(test, device, precision, head_dim, seq_len, where=f"{device} {precision}")
+            return test(device, precision, head_dim, seq_len, shape)
+        where = f"{device} {precision}{f' {what}' if what else ''}"
+        return in_child(test, device, precision, head_dim, seq_len, shape, where=where)
 
     return run
 

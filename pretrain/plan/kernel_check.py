@@ -10,7 +10,10 @@ flowing into the output) are drawn once, rounded to the run's dtype, and handed
 
 forward and backward (output, dq, dk, dv), on the real tokens of micro-batches that hold the edge cases (many
 segments with a full row and a bucket tail; one segment filling the row, so the tail segment is empty; two
-segments filling the bucket exactly; one short segment), at the run's seq_len (128 and 512 in the recipes).
+segments filling the bucket exactly; one short segment), at the run's seq_len (128 and 512 in the recipes), with
+HEADS heads, and on one micro-batch as the run has it (pretrain/plan/run_shape.py): the run's head count (16 in
+bert-large) and its micro-batch of instances (65 segments at seq 128 x 64), so a kernel wrong only past 8 segments
+or 2 heads fails here, in the contained test, not in the rank at step 1.
 
 The limit, from the dtype's rounding alone. A correct kernel rounds its result to the dtype once (unit roundoff
 u = eps / 2: the element's relative error is uniform-ish in [-u, u], so the norm-wise relative error of one
@@ -44,6 +47,7 @@ import torch
 
 from pretrain.data.unpadded import bucketed
 from pretrain.model.varlen_attention import VarlenKernel, reference_varlen_attention
+from pretrain.plan.run_shape import RunShape
 
 LIMIT_EPS = 0.8  # the limit in units of the dtype's machine epsilon (module docstring)
 FP32_FLOOR = 1e-5  # another fp32 kernel may sum in another order
@@ -98,11 +102,11 @@ def forward_backward(kernel: VarlenKernel, inputs: list[torch.Tensor], case: Ker
 
 
 def case_inputs(case: KernelCase, head_dim: int, dtype: torch.dtype, device: torch.device,
-                seed: int) -> list[torch.Tensor]:
+                seed: int, heads: int = HEADS) -> list[torch.Tensor]:
     """q, k, v and the output's gradient, standard normal, rounded to `dtype` (the same values for both sides)."""
     tokens = int(case.cu_seqlens[-1])
     generator = torch.Generator().manual_seed(seed)
-    drawn = [torch.randn(tokens, HEADS, head_dim, generator=generator) for _ in range(4)]
+    drawn = [torch.randn(tokens, heads, head_dim, generator=generator) for _ in range(4)]
     drawn[3][case.real:] = 0
     return [x.to(dtype).float().to(device) for x in drawn]
 
@@ -113,15 +117,19 @@ def relative(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 def kernel_error(device: torch.device, dtype: torch.dtype, head_dim: int, batches: list[list[int]],
-                 kernel: VarlenKernel) -> dict[str, float]:
+                 kernel: VarlenKernel, run: RunShape | None = None) -> dict[str, float]:
     """{"output" | "dq" | "dk" | "dv": the worst relative error over `batches`} of `kernel` in `dtype` against the
     fp32 reference on the same rounded inputs. `batches`: instance lengths of each micro-batch at seq_len
-    max(lengths) (self_test.edge_case_lengths)."""
+    max(lengths) (self_test.edge_case_lengths), HEADS heads each; `run`: one more case, the run's micro-batch of
+    instances with the run's head count (a kernel path taken only past some segment or head count is seen)."""
     seq_len = max(max(lengths) for lengths in batches)
+    cases = [(lengths, HEADS) for lengths in batches]
+    if run is not None:
+        cases.append((list(run.lengths), run.heads))
     worst = dict.fromkeys(PARTS, 0.0)
-    for seed, lengths in enumerate(batches):
+    for seed, (lengths, heads) in enumerate(cases):
         case = kernel_case(lengths, seq_len)
-        inputs = case_inputs(case, head_dim, dtype, device, seed)
+        inputs = case_inputs(case, head_dim, dtype, device, seed, heads)
         with exact_fp32():
             want = forward_backward(reference_varlen_attention, inputs, case, torch.float32)
         got = forward_backward(kernel, inputs, case, dtype)

@@ -44,6 +44,7 @@ from pretrain.model.bert import SparseBertForPreTraining, bert_config, build_mod
 from pretrain.model.unpadded import LAYER_FORWARD_ATTRIBUTE, LayerForward, unpadded_layer
 from pretrain.model.varlen_attention import VarlenKernel, varlen_attention
 from pretrain.plan.kernel_check import dropout_problem, kernel_error, kernel_limit
+from pretrain.plan.run_shape import RunShape
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SLACK = 4.0  # the unpadded error may be this many times the padded path's own error in the dtype
@@ -68,15 +69,36 @@ class SelfTestResult:
     kernel_limit: float = math.nan
     kernel_part: str = ""  # which: output | dq | dk | dv
     problem: str | None = None  # a failed check with no error raised: the dropout smoke check, a compile fallback
+    output_name: str = "logits"  # what logits_error measures (the compiled-layer check: the layer's output)
+    subject: str = "the unpadded path"  # what ran the test's code (the compiled-layer check: the compiled layer)
 
     def numbers(self) -> str:
-        if self.failure is not None:
-            return f"{self.where}: the unpadded path raised {self.failure}"
+        """The verdict's line: where, then why it failed (first, when it did), then the numbers. The kernel stage's
+        figures carry three digits: its bf16 limit is 6.25e-3, which one digit would print as a passing-looking
+        6.3e-03 beside an error of 6.3e-03 that failed."""
+        if self.failure is not None:  # an error, or how the test's child process ended (contained.py)
+            if self.failure.startswith("its process"):
+                return f"{self.where}: the test's {self.failure.removeprefix('its ')}"
+            if self.failure.startswith("no verdict"):
+                return f"{self.where}: the test gave {self.failure}"
+            return f"{self.where}: {self.subject} raised {self.failure}"
         kernel = ("" if math.isnan(self.kernel_error) else
-                  f"kernel error {self.kernel_error:.1e} ({self.kernel_part}; limit {self.kernel_limit:.1e}), ")
-        return (f"{self.where}: {kernel}logits error {self.logits_error:.1e} (limit {self.logits_limit:.1e}), "
-                f"gradients {self.grads_error:.1e} (limit {self.grads_limit:.1e}), {self.seconds:.1f} s"
-                + (f"; {self.problem}" if self.problem else ""))
+                  f"kernel error {self.kernel_error:.2e} ({self.kernel_part}; limit {self.kernel_limit:.2e}), ")
+        why = self.reason()
+        return (f"{self.where}: {f'{why}; ' if why else ''}{kernel}{self.output_name} error {self.logits_error:.1e} "
+                f"(limit {self.logits_limit:.1e}), gradients {self.grads_error:.1e} (limit {self.grads_limit:.1e}), "
+                f"{self.seconds:.1f} s")
+
+    def reason(self) -> str | None:
+        """Why the verdict failed, in words: each figure over its limit (the kernel stage's first), then the check
+        that failed with no figure (dropout, a fallback); None when nothing failed."""
+        figures = (("kernel error", self.kernel_error, self.kernel_limit),
+                   (f"{self.output_name} error", self.logits_error, self.logits_limit),
+                   ("gradients error", self.grads_error, self.grads_limit))
+        reasons = [f"{name} {error:.2e} is over its limit {limit:.2e}" for name, error, limit in figures
+                   if not math.isnan(limit) and over(error, limit) > 1]
+        reasons += [self.problem] if self.problem is not None else []
+        return "; ".join(reasons) or None
 
 
 def edge_case_lengths(seq_len: int) -> list[list[int]]:
@@ -159,15 +181,17 @@ def compare(device: torch.device, precision: str, head_dim: int, seq_len: int,
 
 
 def kernel_self_test(device: torch.device, precision: str, head_dim: int, seq_len: int = 128,
-                     kernel: VarlenKernel = varlen_attention) -> SelfTestResult:
+                     shape: RunShape | None = None, kernel: VarlenKernel = varlen_attention) -> SelfTestResult:
     """The test of the module docstring on `device` in `precision` (bf16 | fp16 | fp32); never raises for the
-    kernel's sake: an error is a failed verdict. The global RNG is left as it was."""
+    kernel's sake: an error is a failed verdict. `shape`: the run's (pretrain/plan/run_shape.py), for the kernel
+    stage's case at the run's heads and micro-batch (None: the edge cases alone). The global RNG is left as it
+    was."""
     where = f"{device} {precision}"
     started = time.perf_counter()
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         try:
-            parts = kernel_error(device, DTYPES[precision], head_dim, edge_case_lengths(seq_len), kernel)
+            parts = kernel_error(device, DTYPES[precision], head_dim, edge_case_lengths(seq_len), kernel, shape)
             dropout = dropout_problem(device, DTYPES[precision], head_dim, edge_case_lengths(seq_len)[0], kernel)
             worst = compare(device, precision, head_dim, seq_len, functools.partial(unpadded_layer, kernel=kernel))
         except Exception as error:  # noqa: BLE001 - a kernel this device cannot run, a wrong shape: a failed verdict

@@ -30,15 +30,17 @@ def test_the_compiled_layer_self_test_passes_and_catches_wrong_code_and_a_fallba
     torch._dynamo.reset()
     state = torch.random.get_rng_state()
     result = compiled_self_test(CPU, "fp32", 32, 64, backend="eager")
-    assert result.passed and result.numbers().startswith("cpu fp32 compiled: logits error "), result.numbers()
+    assert result.passed and result.numbers().startswith(
+        "cpu fp32 compiled layer (hidden 64, 2 heads, dropout 0.1/0.1, 6 instances): output error "), result.numbers()
     assert torch.equal(torch.random.get_rng_state(), state)
     wrong = compiled_self_test(CPU, "fp32", 32, 64, backend=ten_percent_off)
     assert not wrong.passed and wrong.logits_error > 10 * wrong.logits_limit, wrong.numbers()
+    assert "instances): output error 1.00e-01 is over its limit 1.00e-05; gradients error 1." in wrong.numbers()
     failed = compiled_self_test(CPU, "fp32", 32, 64, backend=no_compiler)
     assert not failed.passed and failed.problem is not None and failed.logits_error < failed.logits_limit  # eager
     assert failed.problem.startswith("the compiled layer fell back: BackendCompilerFailed: backend='no_compiler' "
                                      "raised: RuntimeError: planted"), failed.problem
-    assert f"s; {failed.problem}" in failed.numbers()
+    assert f"instances): {failed.problem}; output error " in failed.numbers()  # the reason first
 
 
 def test_the_plan_tests_the_compiled_layer_and_runs_it_eager_when_it_fails(capsys) -> None:
@@ -67,7 +69,7 @@ def test_the_plan_tests_the_compiled_layer_and_runs_it_eager_when_it_fails(capsy
     assert all(p.attention.unpadded and not p.attention.compile for p in settled.phases.values())
     record = settled.resolved["resolved"]["attention"]["phase2"]
     assert record["path"] == "unpadded" and record["compile"] is False
-    assert "layers eager: the compiled layer's self-test failed on " in record["why"] and "compiled: logits" in record["why"]
+    assert "layers eager: the compiled layer's self-test failed on " in record["why"] and "compiled layer (" in record["why"]
     with pytest.raises(ConfigError, match=r"^model.compile=true: the compiled layer's self-test failed on "):
         settle_attention(compiling(run_plan_stub("auto", compile_strict=True)), Place(), compiled_test=planted)
     capsys.readouterr()

@@ -23,7 +23,7 @@ def test_the_real_self_test_in_a_child_gives_its_verdict_whole() -> None:
 def test_a_child_that_dies_of_a_device_fault_is_a_failed_test_and_the_rank_goes_on() -> None:
     verdict = in_child(dies_of_a_device_fault, CPU, "bf16", 16, 32, where="cuda:0 bf16")
     assert not verdict.passed
-    assert verdict.numbers() == ("cuda:0 bf16: the unpadded path raised its process died of SIGABRT (a device fault, "
+    assert verdict.numbers() == ("cuda:0 bf16: the test's process died of SIGABRT (a device fault, "
                                  "kept out of the rank's own context)")
     assert kernel_self_test(CPU, "fp32", 16, 32).passed  # this process is whole
 
@@ -31,6 +31,7 @@ def test_a_child_that_dies_of_a_device_fault_is_a_failed_test_and_the_rank_goes_
 def test_a_child_with_no_verdict_in_time_is_killed_and_the_test_failed() -> None:
     verdict = in_child(never_answers, CPU, "bf16", 16, 32, where="cuda:0 bf16", limit_s=1.0)
     assert not verdict.passed and verdict.failure == "no verdict in 1 s: its process was killed"
+    assert verdict.numbers() == "cuda:0 bf16: the test gave no verdict in 1 s: its process was killed"
 
 
 def test_on_the_cpu_the_test_runs_in_this_process() -> None:

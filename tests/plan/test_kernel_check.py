@@ -63,7 +63,8 @@ def test_a_failed_kernel_stage_fails_the_self_test_and_says_so() -> None:
     failed = kernel_self_test(CPU, "bf16", 32, 64, kernel=one_percent_off)
     assert not failed.passed and failed.kernel_error > failed.kernel_limit
     assert failed.logits_error <= failed.logits_limit  # the whole-model stage alone would have passed it
-    assert failed.numbers().startswith("cpu bf16: kernel error 1.")  # 1.0-1.1e-02
+    assert failed.numbers().startswith("cpu bf16: kernel error 1.")  # 1.0-1.1e-02, over its limit 6.25e-03: first
+    assert " is over its limit 6.25e-03; kernel error 1." in failed.numbers()
 
 
 def ignoring_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
@@ -88,5 +89,5 @@ def test_the_dropout_smoke_check_passes_the_reference_and_catches_a_kernel_that_
             "attention dropout 0.1 moved the mean output by -")
     failed = kernel_self_test(CPU, "bf16", 32, 64, kernel=not_rescaling)
     assert not failed.passed and failed.kernel_error < failed.kernel_limit  # the numbers pass: the dropout fails
-    assert failed.numbers().startswith("cpu bf16: kernel error ")
-    assert "s; attention dropout 0.1 moved the mean output by -" in failed.numbers()
+    assert failed.numbers().startswith("cpu bf16: attention dropout 0.1 moved the mean output by -")  # reason first
+    assert "inverted dropout keeps it); kernel error " in failed.numbers()

@@ -12,6 +12,7 @@ import torch
 from pretrain.errors import ConfigError
 from pretrain.model.varlen_attention import reference_varlen_attention
 from pretrain.plan.run_plan import RunPlan, settle_attention
+from pretrain.plan.run_shape import RunShape
 from pretrain.plan.self_test import SelfTestResult, edge_case_lengths, kernel_self_test
 from tests.support.attention_plans import Place, across_segments, phase_stub, run_plan_stub
 
@@ -62,12 +63,14 @@ ME = Place()
 def test_auto_falls_back_to_padded_on_every_phase_with_the_numbers(capsys: pytest.CaptureFixture[str]) -> None:
     calls = []
 
-    def wrong_kernel_test(device: torch.device, precision: str, head_dim: int, seq_len: int) -> SelfTestResult:
-        calls.append((device, precision, head_dim, seq_len))
-        return kernel_self_test(device, precision, head_dim, seq_len, kernel=across_segments)
+    def wrong_kernel_test(device: torch.device, precision: str, head_dim: int, seq_len: int,
+                          shape: RunShape | None) -> SelfTestResult:
+        calls.append((device, precision, head_dim, seq_len, shape and (shape.heads, shape.hidden, len(shape.lengths))))
+        return kernel_self_test(device, precision, head_dim, seq_len, shape, kernel=across_segments)
 
     settled = settle_attention(run_plan_stub("auto"), ME, test=wrong_kernel_test)  # type: ignore[arg-type]
-    assert calls == [(CPU, "fp32", 32, 32)]  # once, at the run's head size and longest unpadded seq_len
+    # once, at the run's head size and longest unpadded seq_len, with the run's heads, width and micro-batch
+    assert calls == [(CPU, "fp32", 32, 32, (2, 64, 1))]
     (line,) = capsys.readouterr().out.splitlines()
     assert line.startswith("attention: padded (transformers' SDPA) for phase1, phase2: model.attention=auto: the "
                            "unpadded kernel's self-test failed on ") and ": cpu fp32: kernel error " in line
@@ -93,7 +96,7 @@ def test_a_passed_self_test_keeps_the_path_and_says_so(capsys: pytest.CaptureFix
     settled = settle_attention(run_plan_stub("auto"), ME)  # type: ignore[arg-type]
     (line,) = capsys.readouterr().out.splitlines()
     assert line.startswith("attention: unpadded (real tokens, varlen kernel) for phase1, phase2: model.attention=auto:")
-    assert "; self-test passed (1 node): cpu fp32: kernel error 0.0e+00 (output; limit 1.0e-05), logits error" in line
+    assert "; self-test passed (1 node): cpu fp32: kernel error 0.00e+00 (output; limit 1.00e-05), logits error" in line
     assert all(p.attention.unpadded and p.stream.unpadded for p in settled.phases.values())
     assert settled.resolved["resolved"]["attention"]["phase2"]["path"] == "unpadded"
     padded = {"phase1": phase_stub("phase1", "padded", unpadded=False)}
