@@ -5,7 +5,7 @@ A cut is always an exact document start, found at planning time by reading forwa
 (k * size / pieces) to the next document start: a line start for one-document-per-line files (`--jsonl`), the
 first non-blank line after a blank one for blank-line-separated documents (`--text`). So the ranges hold every
 document once and whole, and a range's reader is a plain seek and read. Planning reads about one document per
-cut; compressed files (.bz2) cannot be cut (no random access) and stay one unit.
+cut; compressed files (.bz2, .gz, .zst) cannot be cut (no random access) and stay one unit.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from data_prep.source_files import open_binary
+from data_prep.source_files import compressed, open_binary
 
 LINE, BLANK_LINE = "line", "blank-line"  # what separates documents in a file that can be cut
 _DISCARD_BYTES = 1 << 20  # how much of a line is held at a time where only its length matters
 
 
 def splittable(path: Path) -> bool:
-    return not path.name.endswith(".bz2")
+    return not compressed(path)
 
 
 def _next_line(handle: BinaryIO) -> tuple[int, bool] | None:
@@ -114,7 +114,7 @@ def lines_in_range(path: Path, start: int, end: int | None, limit: int | None = 
 
 def file_lines(path: Path, start: int = 0, end: int | None = None,
                limit: int | None = None) -> Iterator[bytes | LongLine]:
-    """The lines of a whole file (plain or .bz2), or of a byte range of a plain one; with `limit`, a line over
+    """The lines of a whole file (plain or compressed), or of a byte range of a plain one; with `limit`, a line over
     that many bytes (its newline included) is never held whole: it comes as LongLine."""
     if start == 0 and end is None:
         with open_binary(path) as handle:

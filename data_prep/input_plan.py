@@ -23,6 +23,7 @@ from pathlib import Path
 from data_prep.atomic_io import atomic_write_json
 from data_prep.byte_ranges import cut_points, splittable
 from data_prep.config import BuildConfig
+from data_prep.parquet_source import ROW_GROUPS, check_text_column, row_group_cuts
 from data_prep.source_files import list_text_files
 from data_prep.sources import FILE, FOLDER, NAME, SOURCES, RawDocument, ReadContext
 from data_prep.work_layout import plan_path
@@ -89,7 +90,8 @@ class InputPlan:
 def input_units(cfg: BuildConfig) -> list[InputUnit]:
     """Every input file in the build's read order (the order documents, and so chunks, follow); a plain file
     larger than an input shard, of a source whose documents can be told apart from their bytes, as byte ranges
-    of about an input shard each, cut at document starts (data_prep/byte_ranges.py)."""
+    of about an input shard each, cut at document starts (data_prep/byte_ranges.py) or, for parquet, at row-group
+    starts (data_prep/parquet_source.py)."""
     units: list[InputUnit] = []
     for row in SOURCES:
         for value in cfg.input_values(row.field):
@@ -103,6 +105,8 @@ def input_units(cfg: BuildConfig) -> list[InputUnit]:
             else:
                 files = [None]
             for path in files:
+                if row.cut_at == ROW_GROUPS and path is not None:  # the column exists: before any work
+                    check_text_column(path, cfg.input_option("parquet_text_field", "text"))
                 stat = path.stat() if path is not None else None
                 unit = InputUnit(row.field, str(root) if root is not None else value, str(path) if path else None,
                                  stat.st_size if stat else None, stat.st_mtime_ns if stat else None)
@@ -111,12 +115,16 @@ def input_units(cfg: BuildConfig) -> list[InputUnit]:
 
 
 def cut_unit(unit: InputUnit, cut_at: str | None, shard_bytes: int) -> list[InputUnit]:
-    """`unit` as byte ranges of about `shard_bytes` when it is a larger plain file that can be cut; else itself."""
+    """`unit` as byte ranges of about `shard_bytes` when it is a larger file that can be cut (plain, not compressed;
+    or parquet); else itself."""
     if cut_at is None or unit.file is None or unit.size is None or unit.size <= shard_bytes:
         return [unit]
-    if not splittable(Path(unit.file)):
+    if cut_at == ROW_GROUPS:
+        cuts = row_group_cuts(Path(unit.file), shard_bytes)
+    elif splittable(Path(unit.file)):
+        cuts = cut_points(Path(unit.file), unit.size, -(-unit.size // shard_bytes), cut_at)
+    else:
         return [unit]
-    cuts = cut_points(Path(unit.file), unit.size, -(-unit.size // shard_bytes), cut_at)
     bounds = [0, *cuts, None]
     return [replace(unit, start=bounds[k], end=bounds[k + 1]) for k in range(len(bounds) - 1)]
 

@@ -1,4 +1,5 @@
-"""Input files: opening (plain or bz2), the checks run before work starts, the folder listings.
+"""Input files: opening (plain, bz2, gzip or zstd, by suffix), the checks run before work starts, the folder
+listings, which name every file they leave out.
 
 Apart from the readers (data_prep/sources.py) so that those stay one screen per source; every message
 names the flag and the file, since it is the one line a user sees before hours of work would start.
@@ -7,9 +8,16 @@ names the flag and the file, since it is the one line a user sees before hours o
 from __future__ import annotations
 
 import bz2
+import gzip
+import io
 import os
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
+
+# A compressed file is read from its start only (no random access), so it is one input unit whatever its size.
+COMPRESSED_SUFFIXES = (".bz2", ".gz", ".zst")
 
 
 class SourceError(ValueError):
@@ -20,13 +28,58 @@ class DocumentTooLarge(SourceError):
     """One input document is over a cap of data_prep.config.DocumentLimits; names its file and the document."""
 
 
+def compressed(path: Path) -> bool:
+    return path.name.endswith(COMPRESSED_SUFFIXES)
+
+
+def with_compression(suffixes: tuple[str, ...]) -> tuple[str, ...]:
+    """Each plain suffix and its compressed forms: `.txt` -> `.txt`, `.txt.bz2`, `.txt.gz`, `.txt.zst`."""
+    return tuple(plain + packed for plain in suffixes for packed in ("", *COMPRESSED_SUFFIXES))
+
+
+class _ZstdFile(io.RawIOBase):
+    """A zstd file's decompressed bytes (every frame), its decoder's errors raised as OSError like gzip's and
+    bz2's, so that every reader's one `except (OSError, EOFError)` names a corrupt file of any kind."""
+
+    def __init__(self, path: Path) -> None:
+        try:
+            import zstandard  # imported here: only .zst inputs need it
+        except ImportError as err:
+            raise OSError("reading .zst files needs the zstandard package (pip install zstandard)") from err
+        self._error = zstandard.ZstdError
+        self._file = open(path, "rb")
+        self._reader = zstandard.ZstdDecompressor().stream_reader(self._file, read_across_frames=True)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def] # io's buffer protocol
+        try:
+            return self._reader.readinto(buffer)
+        except self._error as err:
+            raise OSError(f"zstd: {err}") from err
+
+    def close(self) -> None:
+        if not self.closed:
+            self._reader.close()
+            self._file.close()
+        super().close()
+
+
 def open_binary(path: Path) -> BinaryIO:
-    """bz2 by the file name's suffix: every source reads plain and compressed files alike."""
-    return bz2.open(path, "rb") if path.suffix == ".bz2" else open(path, "rb")
+    """Decompressed by the file name's suffix (.bz2, .gz, .zst): every source reads plain and compressed files
+    alike. Each decompresses only as far as the bytes asked for, so the readers' bounded reads bound it too."""
+    if path.suffix == ".bz2":
+        return bz2.open(path, "rb")
+    if path.suffix == ".gz":
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    if path.suffix == ".zst":
+        return io.BufferedReader(_ZstdFile(path))
+    return open(path, "rb")
 
 
 def check_readable_file(path: Path, flag: str) -> None:
-    """Exists, readable, decompresses (bz2), and its first MiB decodes as UTF-8."""
+    """Exists, readable, decompresses (by its suffix), and its first MiB decodes as UTF-8."""
     if not path.is_file():
         raise SourceError(f"{flag} {path}: no such file")
     if not os.access(path, os.R_OK):
@@ -52,26 +105,56 @@ def _decode(path: Path, data: bytes) -> str:
 
 
 def read_text(path: Path, max_bytes: int) -> str:
-    """The whole file, decoded; at most `max_bytes` are read (decompressed, for a .bz2: a 1 MiB file of one
-    repeated byte decompresses to about 800 GiB), more raises DocumentTooLarge."""
+    """The whole file, decoded; at most `max_bytes` are read (decompressed, for a compressed file: a 1 MiB .bz2 of
+    one repeated byte decompresses to about 800 GiB, a 1 MiB .gz to 1 GiB), more raises DocumentTooLarge."""
     try:
         with open_binary(path) as handle:
-            data = handle.read(max_bytes + 1)  # bz2 decompresses only as far as the bytes asked for
+            data = handle.read(max_bytes + 1)  # decompressed only as far as the bytes asked for
     except (OSError, EOFError) as err:
         raise SourceError(f"{path}: corrupt or unreadable ({err})") from err
     if len(data) > max_bytes:
-        raise DocumentTooLarge(f"{path}: over {max_bytes:,} bytes{' decompressed' if path.suffix == '.bz2' else ''}")
+        raise DocumentTooLarge(f"{path}: over {max_bytes:,} bytes{' decompressed' if compressed(path) else ''}")
     return _decode(path, data)
 
 
-def list_text_files(folder: Path, flag: str, suffixes: tuple[str, ...] | None) -> list[Path]:
-    """The files a folder source reads, in sorted order; `suffixes` None: every file (WikiExtractor
-    names its files wiki_00 ...)."""
+@dataclass(frozen=True)
+class FolderListing:
+    """A folder source's files: those it reads (sorted) and those it leaves out (other suffixes), by name.
+    Hidden files (names starting with '.', such as a sync tool's or Hadoop's `.crc` files) are not inputs."""
+
+    files: tuple[Path, ...]
+    others: tuple[Path, ...]
+
+
+def list_folder(folder: Path, flag: str, suffixes: tuple[str, ...] | None) -> FolderListing:
+    """The files a folder source reads, in sorted order, and the files it does not; `suffixes` None: every file
+    (WikiExtractor names its files wiki_00 ...). A folder with nothing to read is an error."""
     if not folder.is_dir():
         raise SourceError(f"{flag} {folder}: no such folder")
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
-    if suffixes is not None:
-        files = [p for p in files if p.name.endswith(suffixes)]
+    every = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+    files = [p for p in every if suffixes is None or p.name.endswith(suffixes)]
+    read = set(files)
     if not files:
-        raise SourceError(f"{flag} {folder}: no text files in it")
-    return files
+        raise SourceError(f"{flag} {folder}: no text files in it"
+                          + (f" (read: {', '.join(f'*{s}' for s in suffixes)})" if suffixes else ""))
+    return FolderListing(tuple(files), tuple(p for p in every if p not in read))
+
+
+def list_text_files(folder: Path, flag: str, suffixes: tuple[str, ...] | None) -> list[Path]:
+    """The files a folder source reads, in sorted order (those it leaves out: `check_folder`)."""
+    return list(list_folder(folder, flag, suffixes).files)
+
+
+def check_folder(folder: Path, flag: str, suffixes: tuple[str, ...] | None, skip_bad_files: bool) -> list[Path]:
+    """The folder's files; a file it would leave out (another suffix: a `.jsonl.gz` beside `.jsonl` files once
+    was, losing its documents without a word) stops the build naming every such file, or under --skip-bad-files
+    is named in one warning with their count."""
+    listing = list_folder(folder, flag, suffixes)
+    if listing.others:
+        names = ", ".join(str(p.relative_to(folder)) for p in listing.others)
+        expected = ", ".join(f"*{s}" for s in suffixes or ())
+        message = f"{flag} {folder}: {len(listing.others)} file(s) of no known kind (read: {expected}): {names}"
+        if not skip_bad_files:
+            raise SourceError(message + "; remove them, or pass --skip-bad-files to leave them out")
+        print(f"warning: skipped (--skip-bad-files): {message}", file=sys.stderr, flush=True)
+    return list(listing.files)

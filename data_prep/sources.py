@@ -11,7 +11,6 @@ config and its identity (data_prep/config.py), the input checks, the description
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -35,13 +34,17 @@ from data_prep.documents import (  # noqa: F401
     to_sentences,
 )
 from data_prep.hf_source import read_hf_dataset
+from data_prep.jsonl_source import JSONL_SUFFIXES, read_jsonl, read_jsonl_file
+from data_prep.parquet_source import PARQUET_SUFFIXES, ROW_GROUPS, check_parquet_file, read_parquet_file
 from data_prep.source_files import (
     DocumentTooLarge,
     SourceError,
+    check_folder,
     check_readable_file,
     list_text_files,
     open_binary,
     read_text,
+    with_compression,
 )
 from data_prep.wiki_xml import XMLError, dump_pages
 
@@ -51,8 +54,8 @@ def read_wiki_dump(path: Path, skip_bad_files: bool = False,
                    limits: DocumentLimits = DEFAULT_LIMITS) -> Iterator[RawDocument]:
     """Main-namespace articles of a pages-articles dump; redirects and disambiguation pages dropped.
 
-    Streamed page by page in bounded memory (data_prep/wiki_xml.py) on a 20 GB dump; bz2.open reads
-    multistream files (concatenated streams) transparently. A page over MediaWiki's own size limit is left
+    Streamed page by page in bounded memory (data_prep/wiki_xml.py) on a 20 GB dump; .bz2 (multistream files,
+    concatenated streams, too), .gz and .zst are decompressed as read. A page over MediaWiki's own size limit is left
     out and counted under --skip-bad-files, else stops the build naming it.
     """
     source = f"wiki:{path.name}"
@@ -86,7 +89,7 @@ _DOC_HEADER_CHARS = 1 << 16  # a <doc ...> line is a few hundred characters; lon
 
 def read_wikiextractor(folder: Path, skip_bad_files: bool = False,
                        limits: DocumentLimits = DEFAULT_LIMITS) -> Iterator[RawDocument]:
-    """`<doc id= url= title=>` ... `</doc>` files (plain or .bz2); the repeated title line is skipped."""
+    """`<doc id= url= title=>` ... `</doc>` files (plain or compressed); the repeated title line is skipped."""
     for path in list_text_files(folder, "--wikiextractor", None):
         yield from read_wikiextractor_file(path, folder, skip_bad_files, limits)
 
@@ -135,7 +138,7 @@ def strip_gutenberg(text: str) -> str:
     return text
 
 
-BOOK_SUFFIXES = (".txt", ".txt.bz2")
+BOOK_SUFFIXES = with_compression((".txt",))  # .txt, .txt.bz2, .txt.gz, .txt.zst
 
 
 def read_books(folder: Path, skip_bad_files: bool = False,
@@ -205,65 +208,6 @@ def read_sentence_lines(path: Path, start: int = 0, end: int | None = None, skip
         yield finish()
 
 
-# JSON lines
-JSONL_SUFFIXES = (".jsonl",)
-
-
-def read_jsonl(folder: Path, skip_bad_files: bool = False,
-               limits: DocumentLimits = DEFAULT_LIMITS) -> Iterator[RawDocument]:
-    """Every *.jsonl file under `folder` (sorted paths), one document per line: an object whose string
-    `text` field holds the document, one paragraph per line (as `--hf-dataset` rows, so the same rows
-    give the same shards either way); its `title` or `id` names it. Streamed, without `datasets`.
-
-    A bad line (not UTF-8, not JSON, no string `text`) stops the build naming the file and line; under
-    --skip-bad-files it is skipped, and each file's skipped lines are counted in one warning. A line over
-    `max_document_bytes` is never held whole: it stops the build, or is skipped and counted as a document.
-    """
-    for path in list_text_files(folder, "--jsonl", JSONL_SUFFIXES):
-        yield from read_jsonl_file(path, folder, skip_bad_files, limits=limits)
-
-
-def read_jsonl_file(path: Path, folder: Path, skip_bad_files: bool = False, start: int = 0,
-                    end: int | None = None, limits: DocumentLimits = DEFAULT_LIMITS) -> Iterator[RawDocument]:
-    """One JSON-lines file, or the lines that start in a byte range of it (cut at line starts)."""
-    source, name = f"jsonl:{path.relative_to(folder)}", range_name(path, start, end)
-    bad: list[str] = []
-    try:
-        for number, raw in enumerate(file_lines(path, start, end, limits.max_document_bytes), start=1):
-            if isinstance(raw, LongLine):
-                yield skipped(source, f"{name}#{number}", DocumentTooLarge(
-                    f"--jsonl {path}: line {number}{'' if start == 0 else f' from byte {start}'}: {raw.size:,} "
-                    f"bytes, over the {limits.max_document_bytes:,} a document may have"), skip_bad_files)
-                continue
-            if not raw.strip():
-                continue
-            try:
-                yield _jsonl_document(raw, source, f"{name}#{number}")
-            except SourceError as err:
-                if not skip_bad_files:
-                    raise SourceError(f"--jsonl {path}: line {number}{'' if start == 0 else f' from byte {start}'}: "
-                                      f"{err}") from err
-                bad.append(f"line {number}: {err}")
-    except (OSError, EOFError) as err:
-        skip_or_raise(SourceError(f"--jsonl {path}: corrupt or unreadable ({err})"), skip_bad_files)
-    if bad:
-        skip_or_raise(SourceError(f"--jsonl {path}: {len(bad)} bad line(s) left out (first: {bad[0]})"), True)
-
-
-def _jsonl_document(raw: bytes, source: str, fallback_title: str) -> RawDocument:
-    try:
-        row = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as err:
-        raise SourceError(f"not UTF-8 (byte offset {err.start})") from err
-    except json.JSONDecodeError as err:
-        raise SourceError(f"not JSON ({err.msg}, column {err.colno})") from err
-    text = row.get("text") if isinstance(row, dict) else None
-    if not isinstance(text, str):
-        raise SourceError('not an object with a string "text" field')
-    title = row.get("title") or row.get("id") or fallback_title
-    return RawDocument(source, str(title), text.replace("\r\n", "\n"), PARAGRAPH_LINES)
-
-
 # the table of sources
 FILE, FOLDER, NAME = "file", "folder", "name"  # what a source's value is: its check, and whether it is a path
 
@@ -315,6 +259,7 @@ class Source:
     suffixes: tuple[str, ...] | None = None  # FOLDER: the file names read; None: every file
     options: tuple[Option, ...] = ()
     skips_bad_files: bool = False  # honours --skip-bad-files
+    check_file: Callable[[Path, str], None] = check_readable_file  # (file, flag): SourceError naming the file
 
     @property
     def dest(self) -> str:
@@ -326,13 +271,14 @@ class Source:
         return values if self.kind == NAME else tuple(str(Path(v).resolve()) for v in values)
 
     def check(self, value: str, skip_bad_files: bool) -> None:
-        """Exists, readable, UTF-8 (the first MiB of each file): before hours of work, one line naming the file."""
+        """Exists, readable, UTF-8 (the first MiB of each file), no file of a folder left out unnamed: before hours
+        of work, one line naming the file."""
         if self.kind == FILE:
-            check_readable_file(Path(value), self.flag)
+            self.check_file(Path(value), self.flag)
         elif self.kind == FOLDER:
-            for path in list_text_files(Path(value), self.flag, self.suffixes):
+            for path in check_folder(Path(value), self.flag, self.suffixes, skip_bad_files and self.skips_bad_files):
                 try:
-                    check_readable_file(path, self.flag)
+                    self.check_file(path, self.flag)
                 except SourceError:
                     if not (skip_bad_files and self.skips_bad_files):
                         raise
@@ -343,7 +289,7 @@ class Source:
 # where you like, but never reorder or rename the first five: their folders would no longer match.
 SOURCES: tuple[Source, ...] = (
     Source("--wiki-dump", "wiki_dumps", "PATH",
-           "Wikipedia pages-articles XML dump, .xml or .xml.bz2 (multistream too); repeatable",
+           "Wikipedia pages-articles XML dump, .xml or .xml.bz2 (multistream too), .xml.gz, .xml.zst; repeatable",
            FILE, lambda value, context: read_wiki_dump(Path(value), context.skip_bad_files, context.limits)),
     Source("--wikiextractor", "wikiextractor", "DIR",
            "folder of WikiExtractor output (<doc id= url= title=> files); repeatable",
@@ -357,14 +303,15 @@ SOURCES: tuple[Source, ...] = (
            read_file=lambda path, folder, context: read_book_file(path, folder, context.skip_bad_files,
                                                                   context.limits),
            suffixes=BOOK_SUFFIXES, skips_bad_files=True),
-    Source("--text", "texts", "FILE", "one sentence per line, blank line between documents; repeatable",
+    Source("--text", "texts", "FILE", "one sentence per line, blank line between documents (plain, .bz2, .gz or "
+           ".zst); repeatable",
            FILE, lambda value, context: read_sentence_lines(Path(value), 0, None, context.skip_bad_files,
                                                             context.limits), cut_at=BLANK_LINE,
            read_range=lambda path, _root, context, start, end: read_sentence_lines(
                path, start, end, context.skip_bad_files, context.limits)),
     Source("--jsonl", "jsonl", "DIR",
-           'folder of JSON-lines files (*.jsonl, sorted): one {"text": ...} document per line, a paragraph '
-           "per line of text; repeatable",
+           'folder of JSON-lines files (*.jsonl, *.json, each also .gz, .bz2, .zst; sorted): one {"text": ...} '
+           "document per line, a paragraph per line of text; repeatable",
            FOLDER, lambda value, context: read_jsonl(Path(value), context.skip_bad_files, context.limits),
            read_file=lambda path, folder, context: read_jsonl_file(path, folder, context.skip_bad_files,
                                                                    limits=context.limits),
@@ -380,5 +327,20 @@ SOURCES: tuple[Source, ...] = (
                Option("--hf-rows-per-doc", "hf_rows_per_doc", 1,
                       "consecutive rows forming one document (bookcorpus has one sentence per row)",
                       type=int, valid=lambda rows: rows >= 1),
-           )),
+           )),    Source("--parquet", "parquet", "DIR",
+           "folder of parquet files (*.parquet, sorted; FineWeb style): one document per row of the "
+           "--parquet-text-field column, a paragraph per line; large files are cut at row groups; repeatable",
+           FOLDER, lambda value, context: (doc for path in list_text_files(Path(value), "--parquet", PARQUET_SUFFIXES)
+                                           for doc in _parquet(path, Path(value), context)),
+           read_file=lambda path, folder, context: _parquet(path, folder, context),
+           cut_at=ROW_GROUPS, read_range=lambda path, folder, context, start, end: _parquet(
+               path, folder, context, start, end),
+           suffixes=PARQUET_SUFFIXES, skips_bad_files=True, check_file=check_parquet_file,
+           options=(Option("--parquet-text-field", "parquet_text_field", "text", "column holding the text in --parquet"),)),
 )
+
+
+def _parquet(path: Path, folder: Path, context: ReadContext, start: int = 0, end: int | None = None
+             ) -> Iterator[RawDocument]:
+    return read_parquet_file(path, folder, context.options["parquet_text_field"], context.skip_bad_files, start,
+                             end, context.limits)

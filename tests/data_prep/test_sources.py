@@ -129,8 +129,10 @@ def test_jsonl_reads_sorted_files_one_document_per_line(tmp_path) -> None:
     assert [(d.source, d.title) for d in docs] == [("jsonl:b.jsonl", "Ada"), ("jsonl:b.jsonl", "7"),
                                                   ("jsonl:sub/a.jsonl", "a.jsonl#1")]
     assert docs[2].text == "Untitled.\nTwo lines." and {d.layout for d in docs} == {PARAGRAPH_LINES}
-    check_inputs(replace(cfg, out=str(tmp_path / "out")))  # files fine, the folder claimed
-    claim_output_folder(replace(cfg, out=str(tmp_path / "out")))  # and it resumes
+    with pytest.raises(SourceError, match=r"^--jsonl .*: 1 file\(s\) of no known kind .*: notes.txt; "):
+        check_inputs(replace(cfg, out=str(tmp_path / "out")))  # a file it would leave out is named, never passed over
+    check_inputs(replace(cfg, out=str(tmp_path / "out"), skip_bad_files=True))  # files fine, the folder claimed
+    claim_output_folder(replace(cfg, out=str(tmp_path / "out"), skip_bad_files=True))  # and it resumes
 
 
 @pytest.mark.parametrize(("line", "message"), [
