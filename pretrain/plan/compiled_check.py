@@ -41,7 +41,7 @@ from transformers.models.bert.modeling_bert import BertLayer
 from pretrain.model.bert import bert_config
 from pretrain.model.compiled import CompiledLayer, ignore
 from pretrain.model.unpadded import LayerForward, encoder_layer, unpadded_layer
-from pretrain.model.varlen_attention import VarlenKernel, varlen_attention
+from pretrain.model.varlen_attention import VarlenKernel, reference_varlen_attention, varlen_attention
 from pretrain.plan.kernel_check import exact_fp32, kernel_case
 from pretrain.plan.run_shape import RunShape
 from pretrain.plan.self_test import (
@@ -110,8 +110,12 @@ def dropout_problem(compiled: Outputs, eager: Outputs, plain: Outputs) -> str | 
 
 
 def check_layer(device: torch.device, precision: str, shape: RunShape, seq_len: int,
-                compiled: LayerForward, eager: LayerForward) -> tuple[dict[str, tuple[float, float]], str | None]:
-    """({"output" | "grads": (compiled error, limit)}, the dropout problem or None), per the module docstring."""
+                compiled: LayerForward) -> tuple[dict[str, tuple[float, float]], str | None]:
+    """({"output" | "grads": (compiled error, limit)}, the dropout problem or None), per the module docstring: the
+    reference is the eager layer with the reference kernel in fp32, the noise the eager layer with the device's
+    kernel (the kernel stage passed it) in the dtype."""
+    reference = functools.partial(unpadded_layer, kernel=reference_varlen_attention)
+    eager = unpadded_layer
     dtype = DTYPES[precision]
     cu_seqlens = kernel_case(list(shape.lengths), seq_len).cu_seqlens.to(device)
     generator = torch.Generator().manual_seed(0)
@@ -119,7 +123,7 @@ def check_layer(device: torch.device, precision: str, shape: RunShape, seq_len: 
     inputs = [torch.randn(1, tokens, shape.hidden, generator=generator).to(dtype).float().to(device) for _ in "xg"]
     plain = run_layer(shape, seq_len, dropout=False).to(device)
     with exact_fp32():
-        want = forward_backward(eager, plain, inputs, cu_seqlens, seq_len)
+        want = forward_backward(reference, plain, inputs, cu_seqlens, seq_len)
     plain.to(dtype)
     noise = forward_backward(eager, plain, inputs, cu_seqlens, seq_len)
     got = forward_backward(compiled, copy.deepcopy(plain), inputs, cu_seqlens, seq_len)
@@ -139,18 +143,18 @@ def compiled_self_test(device: torch.device, precision: str, head_dim: int, seq_
                        shape: RunShape | None = None, backend: Any = "inductor",
                        kernel: VarlenKernel = varlen_attention) -> SelfTestResult:
     """The compiled layer at `shape` (the run's; None: `default_shape`) on `device` in `precision` (module
-    docstring); never raises for the compiler's sake: a fallback or an error is a failed verdict. The global RNG is
-    left as it was."""
+    docstring); never raises for the compiler's sake: a fallback or an error is a failed verdict. `kernel`: the
+    kernel inside the compiled layer (the tests' seam for wrong code around it; the eager layers run the device's).
+    The global RNG is left as it was."""
     shape = shape or default_shape(head_dim, seq_len)
     where = f"{device} {precision} compiled layer ({shape.words()})"
     started = time.perf_counter()
-    eager = functools.partial(unpadded_layer, kernel=kernel)
-    layer = CompiledLayer(eager, strict=False, say=ignore, backend=backend)
+    layer = CompiledLayer(functools.partial(unpadded_layer, kernel=kernel), strict=False, say=ignore, backend=backend)
     compiled = functools.partial(encoder_layer, layer)  # as the encoder calls it: again, eager, after a fallback
     words = {"output_name": "output", "subject": "the compiled layer"}
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         try:
-            worst, dropout = check_layer(device, precision, shape, seq_len, compiled, eager)
+            worst, dropout = check_layer(device, precision, shape, seq_len, compiled)
         except Exception as error:  # noqa: BLE001 - code the compiler generated that this device cannot run
             first = (str(error).strip().splitlines() or [""])[0][:200]
             return SelfTestResult(False, where, seconds=time.perf_counter() - started,
