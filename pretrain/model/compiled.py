@@ -15,8 +15,9 @@ gradients for the copy only), because torch compiles the backward lazily, inside
 is. The line quotes the root of the error's chain (an inductor failure's own first line is only
 "backend='inductor' raised:"). Then:
 - `strict` (model.compile=true): a ConfigError, one line, exit 2 at the first step;
-- otherwise (model.compile=null): one line (rank 0), once per process, the layer runs eager for the rest of the
-  process (later phases too: never retried), `compile/fallback` is 1, and the ledger's `on_fallback` lets the
+- otherwise (model.compile=null): one line per process (every rank's, naming the rank and its host: a job whose
+  ranks run compiled and eager runs at the eager rank's pace, so no rank may fall back unseen), once; the layer
+  runs eager for the rest of the process (later phases too: never retried), `compile/fallback` is 1, and the ledger's `on_fallback` lets the
   driver record it (`amend_resolved`: config.resolved.json says compile false and why).
   The call that fell back, when it records gradients, raises LayerFellBack instead of running eager in place, and
   the encoder calls the layer again (pretrain/model/unpadded.py `encoder_layer`): under activation checkpointing
@@ -175,10 +176,11 @@ class CompiledLayer:
 
     def __init__(self, function: LayerForward = unpadded_layer, strict: bool = False,
                  say: Callable[[str], None] = print, backend: Any = "inductor",
-                 ledger: CompileLedger | None = None) -> None:
+                 ledger: CompileLedger | None = None, where: str = "") -> None:
         self.eager = function
         self.compiled = torch.compile(function, fullgraph=True, backend=backend)
         self.strict, self.say = strict, say
+        self.where = f" on {where}" if where else ""  # e.g. "rank 3 (node-b)": a fallback is per process
         self.ledger = ledger if ledger is not None else CompileLedger()
         self.ran: set[bool] = set()  # grad modes a call ran compiled in: later errors there are the run's own
 
@@ -249,13 +251,13 @@ class CompiledLayer:
         if self.strict:
             raise ConfigError(f"model.compile=true: the encoder layer {what} ({reason}); "
                               "model.compile=null runs it eager with a warning, false never compiles it") from error
-        self._fall_back(reason, f"compile: the encoder layer {what} ({reason}); it runs eager from here "
+        self._fall_back(reason, f"compile: the encoder layer{self.where} {what} ({reason}); it runs eager from here "
                         "(compile/fallback=1; model.compile=false skips compiling)")
 
     def _recompile_limit(self, new_graphs: int) -> None:
         limit = torch._dynamo.config.recompile_limit
         self.ledger.limit_hit = True
-        self._fall_back(f"recompile limit {limit}", f"compile: the encoder layer reached torch's recompile limit "
+        self._fall_back(f"recompile limit {limit}", f"compile: the encoder layer{self.where} reached torch's recompile limit "
                         f"({self.ledger.graphs + new_graphs} graphs, torch._dynamo.config.recompile_limit={limit}); "
                         'it runs eager from here (compile/recompile_limit=1; TORCH_LOGS="recompiles" names what '
                         "changed between calls)")
@@ -277,11 +279,12 @@ class CompiledLayer:
 
 
 def compile_layers(model: torch.nn.Module, strict: bool = False, say: Callable[[str], None] = print,
-                   ledger: CompileLedger | None = None) -> None:
+                   ledger: CompileLedger | None = None, where: str = "") -> None:
     """Give `model` (a SparseBertForPreTraining) a compiled layer function for its unpadded forward; `ledger`: the
-    process's (CompileLedger), so counts and a fallback carry over from earlier phases."""
+    process's (CompileLedger), so counts and a fallback carry over from earlier phases; `where`: this process in
+    the job, for its lines (e.g. "rank 3 (node-b)")."""
     check_layers_supported(model)  # type: ignore[arg-type]
-    setattr(model, LAYER_FORWARD_ATTRIBUTE, CompiledLayer(strict=strict, say=say, ledger=ledger))
+    setattr(model, LAYER_FORWARD_ATTRIBUTE, CompiledLayer(strict=strict, say=say, ledger=ledger, where=where))
 
 
 def compiled_layer(model: torch.nn.Module) -> CompiledLayer | None:
