@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from bench.gpu_check.budget import budget_arg, part_budgets
 from bench.gpu_check.estimate import Network
 from bench.gpu_check.plan import build_plan, row_names
 from bench.gpu_check.preflight import DEFAULT_JSONL, DEFAULT_RECIPE
@@ -73,6 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
     add("--fused-on-cpu", action="store_true", help="also time the compiled LAMB on CPU")
     add("--compiled-selftest", action="store_true", help="the compiled layer's self-test on every self-test "
         "shape's longest seq, also where a run would not compile (CPU: inductor takes tens of seconds on 2 cores)")
+    add("--selftest-precisions", type=lambda t: [p for p in t.split(",") if p], default=None,
+        help="the self-test table's precisions (default: those the recipes run on this device, e.g. bf16 alone on "
+        "an H100: an fp16 row costs a compile no recipe uses; bf16,fp16 runs both); CPU: fp32,bf16")
+    add("--contain-selftest", action="store_true", help="run the self-tests in a child process on CPU too (a CUDA "
+        "device always does: a fault there cannot reach the check's own CUDA context); the tests use it")
+    add("--part-budget", type=budget_arg, default={}, metavar="PART=S,...|none",
+        help="seconds per part (selftest, p1, p2, lamb, p1-timer-on, p1-big, p2-big, *: the other recipes' phases) "
+        "replacing the defaults for one H100/H200 (bench/gpu_check/budget.py); none: no part budgets; a part "
+        "over its budget is stopped and the check goes on (--smoke: none unless given)")
     add("--inductor-cxx", default=None, help="the C++ compiler torch.compile uses on CPU (inductor's cpp.cxx); "
         "a missing one makes the fused LAMB compile fail (the test does this)")
     add("--peak-tflops", type=float, default=None, help="per device; default: by GPU name")
@@ -102,6 +112,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for recipe in [args.recipe, *args.also_recipes, *args.estimate_recipes]:
         if not recipe.is_file():
             parser.error(f"{recipe}: no such run config")
+    precisions = {"fp32", "bf16", "fp16"}
+    if args.selftest_precisions is not None and not set(args.selftest_precisions) <= precisions:
+        parser.error(f"--selftest-precisions: expected some of bf16,fp16,fp32, got {','.join(args.selftest_precisions)}")
+    args.part_budget = part_budgets(args.part_budget, args.smoke)
     args.network = Network(args.gpus_per_node, args.intra_node_busbw, args.inter_node_busbw)
     if args.rows is not None:
         every = argparse.Namespace(**{**vars(args), "rows": None})  # the rows of a flash GPU and of an older one

@@ -50,6 +50,7 @@ class GroupSpec:
     tput_timer: bool
     rows: tuple[RowSpec, ...]
     attention_check: bool = False  # check the kernel and padded == unpadded on this engine (a recipe's phase)
+    part: str = ""  # its time budget's name (bench/gpu_check/budget.py): "p1", "p2-big", "bert_base:p1", ...
 
 
 def recipe_shape(recipe: Path, phase: str) -> tuple[str, int, int]:
@@ -111,7 +112,8 @@ def main_groups(args: argparse.Namespace, recipe: Path, prefix: str, full: bool,
                                 "varied", False, accumulation))
         rows.append(RowSpec(f"{prefix}{short}-opt", "one micro-batch per optimizer step: with the first row "
                             "it separates the optimizer boundary's time", profile, packing, 1, unpadded))
-        groups.append(GroupSpec(recipe, phase, preset, seq, micro, False, tuple(rows), attention_check=unpadded))
+        groups.append(GroupSpec(recipe, phase, preset, seq, micro, False, tuple(rows), attention_check=unpadded,
+                                part=f"{prefix}{short}"))
     return groups
 
 
@@ -122,7 +124,7 @@ def comparison_groups(args: argparse.Namespace, recipe: Path, facts: DeviceFacts
     unpadded = runs_unpadded(load_config(recipe), preset, facts)
     groups = [GroupSpec(recipe, "phase1", preset, seq, micro, True, (
         RowSpec("p1-timer-on", "p1 with DeepSpeed's throughput timer on (its default)", "padded", False,
-                args.accum1, unpadded),))]
+                args.accum1, unpadded),), part="p1-timer-on")]
     for phase, short, big, accumulation in (("phase1", "p1", args.big_phase1, args.accum1),
                                            ("phase2", "p2", args.big_phase2, args.accum2)):
         if big is None:
@@ -132,7 +134,7 @@ def comparison_groups(args: argparse.Namespace, recipe: Path, facts: DeviceFacts
         steps_of = max(2, accumulation * recipe_micro // max(big_micro, 1))  # the same sequences per step
         groups.append(GroupSpec(recipe, phase, preset, big_seq, big_micro, False, (
             RowSpec(f"{short}-big", f"micro-batch {big_micro} (the previous check's shape)", "padded", False,
-                    steps_of, unpadded),)))
+                    steps_of, unpadded),), part=f"{short}-big"))
     return groups
 
 
@@ -155,6 +157,11 @@ def build_plan(args: argparse.Namespace, facts: DeviceFacts = TARGET_GPU) -> lis
         if rows:
             kept.append(GroupSpec(**{**stage.__dict__, "rows": rows}))
     return kept
+
+
+def part_names(stages: list[GroupSpec | str]) -> list[str]:
+    """The parts the stages run, each with its own time budget (bench/gpu_check/budget.py)."""
+    return [stage if isinstance(stage, str) else stage.part for stage in stages]
 
 
 def row_names(stages: list[GroupSpec | str]) -> list[str]:

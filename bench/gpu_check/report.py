@@ -13,9 +13,19 @@ from pretrain.model.kernel_support import DeviceFacts
 
 TRAIN_HEADER = (
     "| row | model | seq | micro x A | data | timer | optimizer / LAMB step | step s | ms / micro | inst/s | "
-    "real tok/s | padding | inst/row | data wait ms | TFLOP/s | MFU | MFU real tokens | peak alloc / reserved GB | "
+    "real tok/s | padding | inst/row | data wait ms | device TFLOP/s | device MFU (padding incl.) | "
+    "model MFU (real tokens: a run's perf/mfu) | peak alloc / reserved GB | "
     "fits 80 GB | compile |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
+# What the training rows' throughput keys measure, saved in the file's "run" record so that a reader of the JSON
+# lines compares like with like: a run's perf/mfu is the model MFU, not the device MFU.
+COLUMNS = {
+    "device_tflops": "FLOP/s the device computed, padding included (a run's perf/device_tflops)",
+    "device_mfu": "device MFU: device_tflops / the GPU's dense peak (a run's perf/device_mfu); padded rows count "
+                  "their padding as work",
+    "model_mfu": "model MFU: the model's FLOPs on real tokens only / the GPU's dense peak (a run's perf/mfu, "
+                 "the number to compare with a training run's)",
+}
 LAMB_HEADER = ("| LAMB step | params (M) | step ms | floor ms (40 B/param) | x floor | first step s |\n"
                "|---|---|---|---|---|---|")
 
@@ -51,8 +61,8 @@ def train_markdown(r: dict[str, Any]) -> str:
     memory = f"{fmt(r['peak_alloc_gb'], '.1f')} / {fmt(r['peak_reserved_gb'], '.1f')}"
     return (f"{key} {r['wrapper']} / {r['lamb_step']} | {r['step_s']:.3f} | {r['micro_ms']:.1f} | "
             f"{r['inst_per_s']:.1f} | {r['real_tokens_per_s']:.0f} | {r.get('data/padding_fraction', 0.0):.1%} | "
-            f"{r.get('data/packing_factor', 1.0):.2f} | {fmt(r['data_wait_ms'], '.1f')} | {r['tflops']:.2f} | {fmt(r['mfu'], '.1%')} | "
-            f"{fmt(r.get('mfu_real'), '.1%')} | {memory} | "
+            f"{r.get('data/packing_factor', 1.0):.2f} | {fmt(r['data_wait_ms'], '.1f')} | {r['device_tflops']:.2f} | "
+            f"{fmt(r['device_mfu'], '.1%')} | {fmt(r.get('model_mfu'), '.1%')} | {memory} | "
             f"{yes_no(r['fits_80gb'])} | {compile_cell(r)} |")
 
 

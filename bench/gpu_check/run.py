@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import gc
 import json
 import os
@@ -64,10 +65,13 @@ from deepspeed.utils import logger as ds_logger  # noqa: E402
 
 from bench.gpu_check.args import parse_args  # noqa: E402
 from bench.gpu_check.attention import ATTENTION_HEADER, attention_markdown, attention_row  # noqa: E402
+from bench.gpu_check.budget import PartOverrun, alarm_deferred, budget_of, no_part, part_clock  # noqa: E402
 from bench.gpu_check.estimate import comparisons, estimate, estimate_markdown  # noqa: E402
 from bench.gpu_check.plan import LAMB_STAGE, SELFTEST_STAGE, GroupSpec, build_plan  # noqa: E402
 from bench.gpu_check.preflight import loaded_distributions  # noqa: E402
+from bench.gpu_check.recorder import Recorder, measure, one_line  # noqa: E402
 from bench.gpu_check.report import (  # noqa: E402
+    COLUMNS,
     LAMB_HEADER,
     TRAIN_HEADER,
     estimate_runs,
@@ -75,7 +79,14 @@ from bench.gpu_check.report import (  # noqa: E402
     train_markdown,
 )
 from bench.gpu_check.rows import lamb_floor_ms, lamb_row, lamb_shapes  # noqa: E402
-from bench.gpu_check.selftest import SELFTEST_HEADER, selftest_cases, selftest_markdown, selftest_row  # noqa: E402
+from bench.gpu_check.selftest import (  # noqa: E402
+    SELFTEST_HEADER,
+    SelfTests,
+    selftest_cases,
+    selftest_markdown,
+    selftest_precisions,
+    selftest_row,
+)
 from bench.gpu_check.shards import ShardCache  # noqa: E402
 from bench.gpu_check.train import build_group, group_key, train_row  # noqa: E402
 from pretrain.distributed.info import DistInfo  # noqa: E402
@@ -83,48 +94,8 @@ from pretrain.distributed.process_group import init_distributed  # noqa: E402
 from pretrain.model.compiled import CompileLedger  # noqa: E402
 from pretrain.model.kernel_support import read_device_facts  # noqa: E402
 from pretrain.plan.compiled_check import compiled_self_test  # noqa: E402
-from pretrain.plan.contained import SelfTest  # noqa: E402
-
-
-def one_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:240]
-
-
-class Recorder:
-    """Appends one JSON line per record (flushed and fsynced) before its markdown row is printed."""
-
-    def __init__(self, path: Path) -> None:
-        self.path, self.run = path, time.strftime("%Y-%m-%dT%H:%M:%S")
-        self.failed = self.rows = 0
-        self.records: list[dict[str, Any]] = []
-        path.parent.mkdir(parents=True, exist_ok=True)
-
-    def save(self, kind: str, record: dict[str, Any], markdown: str | None = None) -> None:
-        record = {"kind": kind, "run": self.run, **record}
-        with self.path.open("a", encoding="utf-8") as out:
-            out.write(json.dumps(record) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-        self.records.append(record)
-        if kind in ("train", "lamb", "attention", "selftest"):
-            self.rows += 1
-            # an attention check fails where no flash kernel ran on the GPU or the paths disagree; a self-test on FAIL
-            self.failed += record.get("status") == "failed" or False in (record.get("flash_ran"), record.get("agree")) \
-                or record.get("verdict") == "FAIL"
-        if markdown is not None:
-            print(markdown, flush=True)
-
-
-def measure(key: dict[str, Any], fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
-    """One measurement, DeepSpeed's prints sent to stderr; one that raises (out of memory, no compiler
-    for the fused step, an impossible shape, ...) is a "failed" row and the check goes on."""
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            return {**fn(*args), "status": "ok"}
-    except Exception as error:  # noqa: BLE001 - a failed row is a result
-        print(f"[gpu_check] {key} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
-        return {**key, "status": "failed", "reason": one_line(error)}
+from pretrain.plan.contained import CHILD_LIMIT_S, SelfTest  # noqa: E402
+from pretrain.plan.self_test import kernel_self_test  # noqa: E402
 
 
 def release(device: torch.device) -> None:
@@ -137,9 +108,12 @@ class Check:
     """The run: the plan's stages in order, each row saved as measured, the estimate at the end."""
 
     def __init__(self, args: argparse.Namespace, recorder: Recorder, dist_info: DistInfo,
-                 compiled_test: SelfTest = compiled_self_test) -> None:
+                 tests: SelfTests) -> None:
         self.args, self.recorder, self.dist_info = args, recorder, dist_info
-        self.compiled_test = compiled_test  # the compiled layer's self-test (the tests' seam: main's parameter)
+        self.tests = tests  # the self-tests and where they run (the tests' seam: main's parameters)
+        self.clock = no_part()  # the running part's (bench/gpu_check/budget.py)
+        # the running part's rows not saved yet: (kind, key, markdown); a stop saves them as "stopped"
+        self.pending: list[tuple[str, dict[str, Any], Callable[[dict[str, Any]], str]]] = []
         # one per recipe, as a run has one per process over its phases: phase 2's recompile shows in its rows
         self.ledgers: dict[Path, CompileLedger] = {}
         self.device = dist_info.device
@@ -158,13 +132,45 @@ class Check:
     def skipped(self, key: dict[str, Any], why: str) -> dict[str, Any]:
         return {**key, "status": "skipped", "reason": why}
 
+    def expect(self, kind: str, keys: list[dict[str, Any]], markdown: Callable[[dict[str, Any]], str]) -> None:
+        """The rows the running part will save, in order: a stop of the part saves those left as "stopped"."""
+        self.pending += [(kind, key, markdown) for key in keys]
+
+    def save(self, kind: str, row: dict[str, Any], markdown: str) -> None:
+        """A row of the running part, saved; no longer pending."""
+        self.pending = [entry for entry in self.pending if not (entry[0] == kind and entry[1].items() <= row.items())]
+        self.recorder.save(kind, row, markdown)
+
+    def part(self, name: str, body: Callable[[], None]) -> None:
+        """One part under its time budget: a stop (PartOverrun) saves its unsaved rows as "stopped" with the reason,
+        and the check goes on with the next part; the part's time and whether it overran are saved ("part")."""
+        budget = budget_of(name, self.args.part_budget)
+        self.pending = []
+        clock = None
+        try:
+            with part_clock(name, budget) as clock:
+                self.clock = clock
+                body()
+        except PartOverrun:
+            why = f"part {name} ran over its {budget:g} s time budget (--part-budget)"
+            print(f"[gpu_check] stopped: {why}", file=sys.stderr, flush=True)
+            for kind, key, markdown in self.pending:
+                row = {**key, "status": "stopped", "reason": why}
+                self.recorder.save(kind, row, markdown(row))
+            self.pending = []
+            release(self.device)
+        if clock is not None:
+            self.recorder.save("part", clock.record())
+        self.clock = no_part()
+
     def group(self, group: GroupSpec) -> None:
         self.header(TRAIN_HEADER)
         keys = [group_key(group, row) for row in group.rows]
+        self.expect("train", keys, train_markdown)
         if self.left() < self.args.reserve_s:
             for key in keys:
                 row = self.skipped(key, f"time budget ({self.left():.0f} s left)")
-                self.recorder.save("train", row, train_markdown(row))
+                self.save("train", row, train_markdown(row))
             return
         print(f"[gpu_check] {group.preset} {group.phase} seq {group.seq_len} micro {group.micro_batch}: "
               f"building the engine ...", file=sys.stderr, flush=True)
@@ -177,7 +183,7 @@ class Check:
             print(f"[gpu_check] {group.phase} engine failed:\n{traceback.format_exc()}", file=sys.stderr)
             for key in keys:
                 row = {**key, "status": "failed", "reason": one_line(error)}
-                self.recorder.save("train", row, train_markdown(row))
+                self.save("train", row, train_markdown(row))
             release(self.device)
             return
         try:
@@ -188,12 +194,13 @@ class Check:
                     print(f"[gpu_check] row {row_spec.name} ...", file=sys.stderr, flush=True)
                     row = measure(key, train_row, built, group, row_spec, self.args, self.shards, self.dist_info)
                 release(self.device)
-                self.recorder.save("train", row, train_markdown(row))
+                self.save("train", row, train_markdown(row))
             self.attention(group, built)
         finally:
-            built.engine.destroy()
-            del built
-            release(self.device)
+            with alarm_deferred():
+                built.engine.destroy()
+                del built
+                release(self.device)
 
     def attention(self, group: GroupSpec, built: Any) -> None:
         """Where the group runs unpadded: the kernel that runs and padded == unpadded (bench/gpu_check/attention.py)."""
@@ -209,21 +216,36 @@ class Check:
     def selftest(self) -> None:
         """The kernel self-test's verdict table, with the compiled layer's (bench/gpu_check/selftest.py)."""
         self.header(SELFTEST_HEADER)
-        for case in selftest_cases(self.args, self.facts):
+        _, skipped = selftest_precisions(self.args, self.facts)
+        cases = selftest_cases(self.args, self.facts)
+        keys = [{"name": f"selftest-{case.precision}-h{case.head}-s{case.seq}", "precision": case.precision}
+                for case in cases]
+        if skipped:  # counted in the file: what was not run, and how to run it
+            shapes = len({(case.head, case.seq) for case in cases})
+            why = (f"no recipe of this check runs {','.join(skipped)} on {self.facts.device_type} "
+                   f"(--selftest-precisions {','.join([*selftest_precisions(self.args, self.facts)[0], *skipped])} "
+                   "runs them)")
+            self.recorder.save("skipped", {"what": f"self-test rows in {','.join(skipped)}",
+                                           "count": shapes * len(skipped), "reason": why})
+            print(f"[gpu_check] not run: {shapes * len(skipped)} self-test rows: {why}", file=sys.stderr, flush=True)
+        self.expect("selftest", keys, selftest_markdown)
+        for case, key in zip(cases, keys, strict=True):
             if case.compiled_skip is None and self.left() < self.args.reserve_s:
                 case = dataclasses.replace(case, compiled_skip=f"skipped: time budget ({self.left():.0f} s left)")
-            key = {"name": f"selftest-{case.precision}-h{case.head}-s{case.seq}", "precision": case.precision}
-            row = measure(key, selftest_row, self.device, self.facts, case, self.compiled_test)
-            self.recorder.save("selftest", row, selftest_markdown(row))
+            row = measure(key, selftest_row, self.device, self.facts, case, self.tests,
+                          lambda: self.clock.child_limit_s(CHILD_LIMIT_S))
+            self.save("selftest", row, selftest_markdown(row))
 
     def lamb(self) -> None:
         args = self.args
         self.header(LAMB_HEADER)
         shapes = lamb_shapes(args.lamb_model, args.vocab)
         # None when the bandwidth measurement fails (the rows then have no "x floor")
+        keys = [{"model": args.lamb_model, "variant": variant} for variant in ("reference", "fused")]
+        self.expect("lamb", keys, lamb_markdown)
         floor_ms = measure({}, lambda: {"floor_ms": lamb_floor_ms(shapes, self.device)}).get("floor_ms")
-        for variant in ("reference", "fused"):
-            key = {"model": args.lamb_model, "variant": variant}
+        for key in keys:
+            variant = key["variant"]
             if variant == "fused" and self.device.type == "cpu" and not args.fused_on_cpu:
                 row = self.skipped(key, "CPU (--fused-on-cpu times it)")
             elif self.left() < args.reserve_s / 3:
@@ -231,7 +253,7 @@ class Check:
             else:
                 row = measure(key, lamb_row, args.lamb_model, shapes, variant, floor_ms, args.lamb_reps, self.device)
             release(self.device)
-            self.recorder.save("lamb", row, lamb_markdown(row))
+            self.save("lamb", row, lamb_markdown(row))
 
     def estimate(self, caveat: str = "") -> None:
         """The wall-clock estimate from every row saved so far (a pure function of them), saved and printed."""
@@ -254,12 +276,12 @@ class Check:
         stages = build_plan(self.args, self.facts)
         for stage in stages:
             if stage == SELFTEST_STAGE:
-                self.selftest()
+                self.part(SELFTEST_STAGE, self.selftest)
             elif stage == LAMB_STAGE:
-                self.lamb()
+                self.part(LAMB_STAGE, self.lamb)
             else:
                 assert isinstance(stage, GroupSpec)
-                self.group(stage)
+                self.part(stage.part, functools.partial(self.group, stage))
         if stages != [SELFTEST_STAGE]:  # `--rows selftest` alone: the verdict table, nothing to estimate from
             self.estimate()
 
@@ -294,8 +316,9 @@ def estimate_only(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None, compiled_test: SelfTest = compiled_self_test) -> int:
-    """The check; `compiled_test`: the compiled layer's self-test of the verdict table (the tests' seam)."""
+def main(argv: list[str] | None = None, compiled_test: SelfTest = compiled_self_test,
+         kernel_test: SelfTest = kernel_self_test) -> int:
+    """The check; `compiled_test`, `kernel_test`: the verdict table's self-tests (the tests' seams)."""
     started = time.monotonic()
     args = parse_args(argv)
     if args.estimate_only is not None:
@@ -308,7 +331,7 @@ def main(argv: list[str] | None = None, compiled_test: SelfTest = compiled_self_
     if dist_info.device.type != "cuda" and not args.smoke:
         print("gpu_check: no CUDA device; use --smoke for the CPU check", file=sys.stderr)
         return 2
-    check = Check(args, recorder, dist_info, compiled_test)
+    check = Check(args, recorder, dist_info, SelfTests(kernel_test, compiled_test, args.contain_selftest))
 
     def on_term(signum: int, _frame: object) -> None:  # `timeout` ends the check: keep what was measured
         sys.stdout = sys.__stdout__  # the signal may come while DeepSpeed's prints are sent to stderr
@@ -322,19 +345,24 @@ def main(argv: list[str] | None = None, compiled_test: SelfTest = compiled_self_
 
     signal.signal(signal.SIGTERM, on_term)
     recorder.save("run", {"device": device_name, "torch": torch.__version__, "cuda": torch.version.cuda,
+                          "columns": COLUMNS,
                           "args": {k: str(v) for k, v in vars(args).items()}})
     print(f"\n### {device_name}, torch {torch.__version__}, CUDA {torch.version.cuda}", flush=True)
     check.run()
     loaded = loaded_distributions()
     lazily = {name: version for name, version in loaded.items() if name not in imported}
     recorder.save("end", {"status": "done", "rows": recorder.rows, "failed": recorder.failed,
+                          "skipped": recorder.skipped, "stopped": recorder.stopped,
+                          "overran": [r["part"] for r in recorder.records if r["kind"] == "part" and r["overran"]],
+                          "not_run": sum(r["count"] for r in recorder.records if r["kind"] == "skipped"),
                           "seconds": time.monotonic() - started, "distributions": loaded,
                           "loaded_lazily": lazily})
     if own_work_dir:
         shutil.rmtree(args.work_dir, ignore_errors=True)
     print("gpu_check: wheels loaded during the run, after the imports: "
           + (" ".join(f"{n}=={v}" for n, v in lazily.items()) or "none"), file=sys.stderr)
-    print(f"\ngpu_check: {recorder.rows} rows ({recorder.failed} failed) in {time.monotonic() - started:.0f} s; "
+    print(f"\ngpu_check: {recorder.rows} rows ({recorder.failed} failed, {recorder.skipped} skipped, "
+          f"{recorder.stopped} stopped at their part's time budget) in {time.monotonic() - started:.0f} s; "
           f"saved to {args.jsonl}", file=sys.stderr, flush=True)
     return 1 if recorder.failed else 0
 

@@ -18,10 +18,18 @@ and, where the unpadded kernel can run, the self-tests a run does before trainin
   generated code cannot poison the check's own CUDA context). On CPU a run compiles nothing and inductor costs
   tens of seconds on 2 cores, so it is skipped unless `--compiled-selftest` asks.
 
-Cost on one H200 (estimated, not measured): the kernel rows, seconds in all; the compiled check, one child
-process (an interpreter and torch's import, ~5-10 s) and one inductor compile of the small 2-layer model,
-forward and backward (~15-30 s cold, less with TORCHINDUCTOR_CACHE_DIR warm) per precision: bf16 and fp16 at
-head 64, seq 512, ~40-80 s together.
+Both self-tests run contained on CUDA: each in its own child process (pretrain/plan/contained.py), waited for at
+most the self-test part's time left (bench/gpu_check/budget.py). The kernel test is the check's first flash call:
+in the check's own process, a sticky CUDA error there (an illegal memory access) would fail every row after it;
+in a child it is one FAIL row ("child process: its process died of SIGSEGV ...") and the check goes on.
+
+The precisions are those the recipes run on the device (`selftest_precisions`: bf16 alone on an H100 or H200, as
+every shipped recipe has run.precision=auto); fp16 there is skipped, counted in the file ("skipped" record), and
+`--selftest-precisions bf16,fp16` runs it.
+
+Cost on one H200 (estimated, not measured): per kernel row, a child process (an interpreter and torch's import,
+~5-10 s) and seconds of tests: two rows (head 64, seq 128 and 512, bf16); the compiled check, a child and one
+inductor compile (~15-30 s cold, less with TORCHINDUCTOR_CACHE_DIR warm): ~35-60 s in all, budget 90 s.
 
 A FAIL counts as a failed row (exit 1): of the kernel, `auto` would run padded there and an explicit
 `model.attention=unpadded` would be refused; of the compiled layer (wrong numbers, an error, or a fallback to
@@ -32,22 +40,26 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from bench.gpu_check.budget import alarm_deferred
 from bench.gpu_check.plan import shape_of
 from pretrain.config.attention import compile_enabled, zero_stage
-from pretrain.config.deepspeed import phase_ds_json
+from pretrain.config.deepspeed import effective_precision, phase_ds_json
 from pretrain.config.load import load_config
 from pretrain.model.kernel_support import DeviceFacts, unpadded_kernel, unpadded_problem
 from pretrain.model.presets import PRESETS
 from pretrain.plan.compiled_check import compiled_self_test
-from pretrain.plan.contained import SelfTest, contained
+from pretrain.plan.contained import CHILD_LIMIT_S, SelfTest, in_child
 from pretrain.plan.self_test import SelfTestResult, kernel_self_test, over
 
+CHILD_ENDED = re.compile(r"process (died of|exited with)|^no verdict in")  # contained.py's words for a child's end
 SELFTEST_HEADER = ("| self-test | device | precision | head | seq | kernel | kernel error (part; limit; margin) "
                    "| logits error (limit) | gradients error (limit) | compiled layer: logits, gradients error (limit) "
                    "| s | verdict |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -79,12 +91,48 @@ def compile_skip(args: argparse.Namespace, recipe: Path, phase: str, facts: Devi
     return f"skipped: {recipe.stem} {phase} compiles no layers (model.compile={setting}, ZeRO-{zero_stage(ds)})"
 
 
+@dataclass(frozen=True)
+class SelfTests:
+    """The two self-tests a row runs (the tests' seams: planted faults) and where: in a child process on CUDA (a
+    sticky CUDA error there ends the child, not the check's own context: the rows after it still run), and on
+    CPU too with `contain` (--contain-selftest: how the tests reach the child's paths without a GPU)."""
+
+    kernel: SelfTest = kernel_self_test
+    compiled: SelfTest = compiled_self_test
+    contain: bool = False
+
+    def run(self, test: SelfTest, device: torch.device, case: SelftestCase, limit_s: float) -> SelfTestResult:
+        """`test` at `case`, contained where the settings say: pretrain/plan/contained.py's child, waited for at
+        most `limit_s` (its part's time left), killed then; its end (a signal, a status) is then a failed verdict."""
+        if device.type != "cuda" and not self.contain:
+            return test(device, case.precision, case.head, case.seq)
+        with alarm_deferred():  # the child's own limit bounds it; a stop mid-wait would leave it running
+            return in_child(test, device, case.precision, case.head, case.seq, where=f"{device} {case.precision}",
+                            limit_s=limit_s)
+
+
+def selftest_precisions(args: argparse.Namespace, facts: DeviceFacts) -> tuple[list[str], list[str]]:
+    """(the precisions the table tests, those it skips). On CUDA: what the recipes run there (run.precision,
+    `auto` = bf16 where the GPU has it, else fp16), or --selftest-precisions; the device's other precision is
+    skipped (an fp16 row on an H100 costs a compiled check no shipped recipe uses). On CPU: fp32, the CPU's own,
+    and bf16, the GPU's (the smoke check's stand-in)."""
+    if facts.device_type != "cuda":
+        device = ["fp32", "bf16"]
+        chosen = args.selftest_precisions or device
+    else:
+        device = ["bf16", "fp16"] if facts.bf16 else ["fp16"]
+        recipes = [args.recipe, *args.also_recipes]
+        chosen = args.selftest_precisions or sorted(
+            {effective_precision(load_config(Path(recipe)).run.precision, "cuda", facts.bf16) for recipe in recipes},
+            key=lambda p: device.index(p) if p in device else len(device))
+    return list(chosen), [p for p in device if p not in chosen]
+
+
 def selftest_cases(args: argparse.Namespace, facts: DeviceFacts) -> list[SelftestCase]:
-    """Every row: the device's precisions x the recipes' (head size, seq_len); the compiled layer's check on the
-    longest seq per head size among the phases that compile (one compile per precision and head size)."""
-    precisions = ["fp32", "bf16"]
-    if facts.device_type == "cuda":
-        precisions = ["bf16", "fp16"] if facts.bf16 else ["fp16"]
+    """Every row: the precisions to test (`selftest_precisions`) x the recipes' (head size, seq_len); the compiled
+    layer's check on the longest seq per head size among the phases that compile (one compile per precision and
+    head size)."""
+    precisions, _ = selftest_precisions(args, facts)
     skips: dict[tuple[int, int], list[str | None]] = {}  # (head, seq) -> each phase's compile_skip
     for recipe in [args.recipe, *args.also_recipes]:
         for phase in ("phase1", "phase2"):
@@ -107,17 +155,17 @@ def selftest_cases(args: argparse.Namespace, facts: DeviceFacts) -> list[Selftes
     return sorted(cases, key=lambda case: precisions.index(case.precision))
 
 
-def selftest_row(device: torch.device, facts: DeviceFacts, case: SelftestCase,
-                 compiled_test: SelfTest = compiled_self_test) -> dict[str, Any]:
-    """The row's verdicts; `compiled_test`: the compiled layer's self-test (the tests pass a backend with no code
-    generation, or a planted wrong kernel)."""
+def selftest_row(device: torch.device, facts: DeviceFacts, case: SelftestCase, tests: SelfTests = SelfTests(),
+                 limit_s: Callable[[], float] = lambda: CHILD_LIMIT_S) -> dict[str, Any]:
+    """The row's verdicts; `tests`: the self-tests and where they run; `limit_s`: how long a child may take (the
+    row's part's time left, asked when each child starts)."""
     precision, head, seq = case.precision, case.head, case.seq
     row: dict[str, Any] = {"name": f"selftest-{precision}-h{head}-s{seq}", "device": str(device),
                            "precision": precision, "head_dim": head, "seq_len": seq, "kernel": unpadded_kernel(facts)}
     problem = unpadded_problem(facts, precision, head)
     if problem is not None:
         return {**row, "verdict": "padded", "reason": problem}
-    result = kernel_self_test(device, precision, head, seq)
+    result = tests.run(tests.kernel, device, case, limit_s())
     row.update({"kernel_passed": result.passed, "kernel_error": result.kernel_error,
                 "kernel_limit": result.kernel_limit, "kernel_margin": json_margin(result.kernel_error,
                                                                                   result.kernel_limit),
@@ -125,19 +173,19 @@ def selftest_row(device: torch.device, facts: DeviceFacts, case: SelftestCase,
                 "logits_limit": result.logits_limit, "grads_error": result.grads_error,
                 "grads_limit": result.grads_limit, "seconds": result.seconds, "failure": result.failure,
                 "problem": result.problem})
-    compiled = compiled_fields(device, case, result.passed, compiled_test)
+    compiled = compiled_fields(device, case, result.passed, tests, limit_s)
     passed = result.passed and compiled["compiled_verdict"] != "FAIL"
     return {**row, **compiled, "verdict": "PASS" if passed else "FAIL"}
 
 
-def compiled_fields(device: torch.device, case: SelftestCase, kernel_passed: bool,
-                    compiled_test: SelfTest) -> dict[str, Any]:
+def compiled_fields(device: torch.device, case: SelftestCase, kernel_passed: bool, tests: SelfTests,
+                    limit_s: Callable[[], float]) -> dict[str, Any]:
     """The compiled layer's verdict and numbers (`compiled_verdict` None: not run, `compiled_skip` says why)."""
     if case.compiled_skip is not None:
         return {"compiled_verdict": None, "compiled_skip": case.compiled_skip}
     if not kernel_passed:  # settle_attention tests the compiled layer only after the kernel passed
         return {"compiled_verdict": None, "compiled_skip": "not run: the kernel failed (a run compiles nothing then)"}
-    result: SelfTestResult = contained(compiled_test)(device, case.precision, case.head, case.seq)
+    result: SelfTestResult = tests.run(tests.compiled, device, case, limit_s())
     return {"compiled_verdict": "PASS" if result.passed else "FAIL", "compiled_skip": None,
             "compiled_logits_error": result.logits_error, "compiled_logits_limit": result.logits_limit,
             "compiled_grads_error": result.grads_error, "compiled_grads_limit": result.grads_limit,
@@ -162,6 +210,14 @@ def margin_words(value: float) -> str:
     return f"{value:.1f}x margin" if value < 10 else f"{value:.0f}x margin"
 
 
+def failure_words(failure: str) -> str:
+    """A failed test's one line: what it raised, or how its child process ended (contained.py words it for a
+    rank; here the context kept safe is the check's)."""
+    if CHILD_ENDED.search(failure):
+        return cell("child process: " + failure.replace("the rank's own context", "the check's own context"))
+    return f"raised: {cell(failure)}"
+
+
 def cell(text: str) -> str:
     """Free text (an error's line) inside a markdown cell."""
     return text.replace("|", "\\|")
@@ -171,7 +227,7 @@ def compiled_cell(r: dict[str, Any]) -> str:
     if r.get("compiled_verdict") is None:
         return cell(r.get("compiled_skip") or "")
     if r["compiled_failure"] is not None:
-        return f"FAIL: raised {cell(r['compiled_failure'])}"
+        return f"FAIL: {failure_words(r['compiled_failure'])}"
     if r["compiled_problem"]:
         return f"FAIL: {cell(r['compiled_problem'])}"
     tightest = min(margin(r["compiled_logits_error"], r["compiled_logits_limit"]),
@@ -202,8 +258,8 @@ def selftest_markdown(r: dict[str, Any]) -> str:
     if r["verdict"] == "padded":
         return f"{start} none: {r['reason']} | | | | | | padded (auto runs padded SDPA) |"
     if r["failure"] is not None:
-        return (f"{start} {r['kernel']} | raised: {cell(r['failure'])} | | | {compiled_cell(r)} | {r['seconds']:.1f} "
-                "| FAIL |")
+        return (f"{start} {r['kernel']} | {failure_words(r['failure'])} | | | {compiled_cell(r)} | "
+                f"{r['seconds']:.1f} | FAIL |")
     kernel = (f"{r['kernel_error']:.1e} ({r['kernel_part']}; {r['kernel_limit']:.1e}; "
               f"{margin_words(margin(r['kernel_error'], r['kernel_limit']))})")
     return (f"{start} {r['kernel']} | {kernel} | {r['logits_error']:.1e} ({r['logits_limit']:.1e}) | "

@@ -211,9 +211,10 @@ def train_row(built: GroupEngine, group: GroupSpec, row: RowSpec, args: argparse
             "steps": steps, "step_s": step_s, "step_s_min": min(times), "step_s_max": max(times),
             "micro_ms": step_s / trainer.accumulation * 1e3, "seq_time_ms": seconds / counts.instances * 1e3,
             "inst_per_s": rates["perf/instances_per_s"], "rows_per_step": counts.rows / steps,
-            "real_tokens_per_s": rates["perf/real_tokens_per_s"], "tflops": rates["perf/device_tflops"],
-            # tflops and mfu: the device's work, padding included; mfu_real: the model's, on real tokens
-            "mfu": rates.get("perf/device_mfu"), "mfu_real": rates.get("perf/mfu"),
+            "real_tokens_per_s": rates["perf/real_tokens_per_s"], "device_tflops": rates["perf/device_tflops"],
+            # device_*: the device's work, padding included (perf/device_mfu); model_mfu: the model's, on real tokens
+            # only: what a run logs as perf/mfu (the number to compare with a run's)
+            "device_mfu": rates.get("perf/device_mfu"), "model_mfu": rates.get("perf/mfu"),
             **counts.data_stats(group.seq_len), **memory(device),
             "data_wait_ms": data_wait_ms(results),
             "loss": results[-1].values["loss/total"], "build_s": built.build_s, "first_step_s": first_step_s,

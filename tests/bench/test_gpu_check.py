@@ -98,9 +98,16 @@ def test_gpu_check_smoke_runs_the_production_step_and_saves_every_row(
     printed = capsys.readouterr().out
     records = read_records(out)
     assert code == 0, printed[-3000:]
-    kinds = [r["kind"] for r in records]
+    kinds = [r["kind"] for r in records if r["kind"] != "part"]
     assert kinds == ["run", *["selftest"] * 4, *["train"] * 4, "attention", *["train"] * 4, "attention", "lamb",
                      "lamb", *["train"] * 3, "estimate", "end"]
+    # each part's time saved (budgets: none under --smoke), none stopped; nothing skipped that a recipe runs
+    parts = [r for r in records if r["kind"] == "part"]
+    assert [r["part"] for r in parts] == ["selftest", "p1", "p2", "lamb", "p1-timer-on", "p1-big", "p2-big"]
+    assert all(r["budget_s"] is None and not r["overran"] and r["seconds"] > 0 for r in parts), parts
+    assert (records[-1]["stopped"], records[-1]["overran"], records[-1]["not_run"]) == (0, [], 0)
+    # the file says what each throughput key measures: device MFU (padding included) is not a run's perf/mfu
+    assert set(records[0]["columns"]) == {"device_tflops", "device_mfu", "model_mfu"}
     # first, the kernel self-test's verdict table: the CPU's precisions x the recipe's head size and seq_lens
     selftests = [r for r in records if r["kind"] == "selftest"]
     assert [r["name"] for r in selftests] == ["selftest-fp32-h32-s32", "selftest-fp32-h32-s64", "selftest-bf16-h32-s32",
@@ -133,8 +140,9 @@ def test_gpu_check_smoke_runs_the_production_step_and_saves_every_row(
         if not r["packing"] and not r["unpadded"]:  # the trainer's own counts: A micro-batches of `micro` rows
             assert r["rows_per_step"] == r["micro_batch"] * r["accumulation"]
         if r["unpadded"]:  # the real tokens (rounded up to a bucket) in fewer device rows than instances
-            assert r["rows_per_step"] <= r["micro_batch"] * r["accumulation"] and r["mfu_real"] is None
+            assert r["rows_per_step"] <= r["micro_batch"] * r["accumulation"] and r["model_mfu"] is None
         assert r["inst_per_s"] == pytest.approx(r["micro_batch"] * r["accumulation"] / r["step_s"])
+        assert {"device_tflops", "device_mfu", "model_mfu"} <= set(r) and not {"mfu", "tflops"} & set(r)
     assert train["p1-padded"]["data/padding_fraction"] > 0 and train["p1-full"]["data/padding_fraction"] == 0
     assert train["p2"]["rows_per_step"] < train["p2-padded"]["rows_per_step"]  # the same instances, less padding
     for check in (r for r in records if r["kind"] == "attention"):  # CPU: the reference kernel, the same loss

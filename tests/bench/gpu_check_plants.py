@@ -1,0 +1,26 @@
+"""Planted self-tests for bench/gpu_check's contained runs and part budgets. Module-level, so that a spawned child
+process (pretrain/plan/contained.py) imports them by name; light imports, so that the child starts fast."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+
+from pretrain.plan.self_test import SelfTestResult
+
+
+def segfault(device: torch.device, precision: str, head_dim: int, seq_len: int) -> SelfTestResult:
+    """A kernel test whose process dies of SIGSEGV, as one does on a device fault (an illegal memory access in a
+    kernel, which leaves a CUDA context no later call can use)."""
+    os.kill(os.getpid(), signal.SIGSEGV)
+    time.sleep(60)  # never reached: the signal ends the process
+    return SelfTestResult(True, f"{device} {precision}")
+
+
+def hangs(device: torch.device, precision: str, head_dim: int, seq_len: int) -> SelfTestResult:
+    """A kernel test that does not end (a kernel spinning, a compile that never returns)."""
+    time.sleep(600)
+    return SelfTestResult(True, f"{device} {precision}")
