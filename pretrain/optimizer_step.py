@@ -34,6 +34,7 @@ from pretrain.metrics.monitor import StepMonitor
 from pretrain.model.bert import PretrainingOutput
 from pretrain.phase_state import NonFiniteLossError, PhaseState, TrainerSettings, step_seed
 from pretrain.plugin import ExtraLoss, StepAgreement, TrainingPlugin
+from pretrain.schedules.batch import BatchRamp
 from pretrain.step_feed import StepFeed
 from pretrain.step_stats import StepResult, StepSums, StepTotals, host_values_to_device, labelled_slots
 
@@ -54,9 +55,10 @@ class OptimizerStep:
     monitors: list[StepMonitor]
     loss_term: ExtraLoss | None
     replica_group: Any
-    accumulation: int  # micro-batches per rank in one optimizer step
-    global_batch: int  # samples of one optimizer step over all ranks
-    micro_batches_per_step: int  # micro-batches of one optimizer step over all ranks
+    accumulation: int  # micro-batches per rank in this optimizer step
+    global_batch: int  # samples of this optimizer step over all ranks
+    micro_batches_per_step: int  # micro-batches of this optimizer step over all ranks
+    ramp: BatchRamp | None  # the phase's batch warmup (pretrain/schedules/batch.py); None: one shape for every step
 
     def loss(
         self, output: PretrainingOutput, batch: dict[str, torch.Tensor], mlm_scale: torch.Tensor | None = None
@@ -87,15 +89,18 @@ class OptimizerStep:
         """
         phase_index = PHASE_NAMES.index(self.state.phase)
         scheduled = self._scheduled_values()  # what the phase's schedules give this step (its batches were masked so)
+        self.shape_step(self.state.step)
         batches = self.feed.step_batches(self.state.data_position, self.accumulation)
         self.state.data_position += self.global_batch
         mlm_scale = self._step_mlm_scale(batches)  # before the first backward (module docstring)
-        next_count = self.accumulation if self.state.step + 1 < self.settings.steps else 0
+        next_count = self.accumulation_at(self.state.step + 1) if self.state.step + 1 < self.settings.steps else 0
         sums = StepSums(self.dist_info.device)
         lr = 0.0
         for micro, host_batch in enumerate(batches):
             batch = model_inputs(host_batch, self.dist_info.device)
             torch.manual_seed(step_seed(self.settings.seed, phase_index, self.state.step, micro, self.dist_info.rank))
+            if self.ramp is not None:  # DeepSpeed's counter cannot tell the boundary once the accumulation changes
+                self.engine.set_gradient_accumulation_boundary(micro == self.accumulation - 1)
             output: PretrainingOutput = self.engine(**batch)
             loss, extra = self.loss(output, batch, mlm_scale)
             # A NaN/inf loss is still back-propagated: its non-finite gradients make DeepSpeed's overflow
@@ -112,6 +117,20 @@ class OptimizerStep:
         totals = sums.reduce(bool(self.stop.signal_name), self.cadence.time_due(time.monotonic()),
                              self.replica_group, self.dist_info.world_size)
         return self._result(totals, lr, scheduled)
+
+    def accumulation_at(self, step: int) -> int:
+        """Micro-batches per rank of `step` (the batch warmup's, else the engine's)."""
+        return self.accumulation if self.ramp is None else self.ramp.accumulation_at(step)
+
+    def shape_step(self, step: int) -> None:
+        """`step`'s accumulation and global batch under a batch warmup, told to DeepSpeed (which divides each
+        micro-batch's loss by its accumulation and counts the samples); nothing without one."""
+        if self.ramp is None or self.settings.schedules is None:
+            return
+        self.accumulation = self.ramp.accumulation_at(step)
+        self.global_batch = self.settings.schedules.clock.batch_at(step)
+        self.micro_batches_per_step = self.global_batch // self.engine.train_micro_batch_size_per_gpu()
+        self.engine.set_train_batch_size(self.global_batch)
 
     def _scheduled_values(self) -> dict[str, float]:
         """Each schedule's value at the start of this step (schedule/<name>): a function of the phase's progress."""

@@ -19,6 +19,7 @@ from typing import Any
 from pretrain.errors import ConfigError
 from pretrain.run_folder import CHECKPOINTS
 from pretrain.schedule import ScheduleSettings
+from pretrain.schedules.batch import BatchWarmupSettings
 from pretrain.schedules.masking import MaskingSettings
 
 __all__ = ["DOC", "PHASE_NAMES", "PLUGINS_FIELD", "RunConfig", "setting"]
@@ -190,7 +191,7 @@ class DataSection:
 
 
 @dataclass
-class PhaseSection(MaskingSettings, ScheduleSettings):
+class PhaseSection(BatchWarmupSettings, MaskingSettings, ScheduleSettings):
     """One pretraining phase (phase1: seq 128, phase2: seq 512): its data, what it tunes (steps, lr schedule,
     batch) and its DeepSpeed JSON of engine mechanics.
 
@@ -198,7 +199,7 @@ class PhaseSection(MaskingSettings, ScheduleSettings):
     the DeepSpeed JSON, which pretrain/config/deepspeed.py refuses when it sets them. The lr schedule's keys
     (lr_schedule, warmup_fraction, ...) are inherited from pretrain/schedule.py, where each schedule declares
     what it reads, so a new schedule adds its keys there; the masking-rate schedule's (masking_schedule,
-    mask_rate_end, ...) likewise from pretrain/schedules/masking.py.
+    mask_rate_end, ...) and the batch warmup's likewise from pretrain/schedules/.
     """
 
     seq_len: int = setting(128, "sequence length; the shards must have been built for it")

@@ -55,9 +55,10 @@ from pretrain.plan.self_test import SelfTestResult, kernel_self_test
 from pretrain.plan.shard_plan import check_run_shards, model_overrides
 from pretrain.run_folder import shards_verified_path
 from pretrain.schedule import Schedule, build_schedule, schedule_line
+from pretrain.schedules.batch import build_batch_ramp
+from pretrain.schedules.clock import PhaseClock
 from pretrain.schedules.masking import build_mask_schedule
 from pretrain.schedules.phase import PhaseSchedules
-from pretrain.schedules.progress import PhaseClock
 
 if TYPE_CHECKING:
     from pretrain.plugin import JobShare
@@ -175,7 +176,7 @@ def phase_plan(config: RunConfig, name: str, model_config: BertConfig, ds: dict[
     phase, precision = config.phase(name), precision_of(ds)
     encoder, head = flop_parameter_counts(model_config.to_dict())
     attention = attention_plan(config, name, ds, facts, head_dim(model_config))  # ConfigError: what cannot run
-    schedules = phase_schedules(config, name, data, ds["train_batch_size"])
+    schedules = phase_schedules(config, name, data, ds)
     if schedules.masking is not None and phase.max_predictions is None:  # slots for the schedule's highest rate
         highest = max_predictions_for(phase.seq_len, max(schedules.masking.start, schedules.masking.end))
         data = dataclasses.replace(data, max_predictions=max(data.max_predictions, highest))
@@ -203,13 +204,16 @@ def phase_plan(config: RunConfig, name: str, model_config: BertConfig, ds: dict[
     )
 
 
-def phase_schedules(config: RunConfig, name: str, data: PhaseData, global_batch: int) -> PhaseSchedules:
-    """Phase `name`'s clock and its schedules besides the lr (pretrain/schedules/): the masking rate of dynamic
-    shards from the phase's rate; static shards keep their masks (and refuse a moving rate, one ConfigError)."""
+def phase_schedules(config: RunConfig, name: str, data: PhaseData, ds: dict[str, Any]) -> PhaseSchedules:
+    """Phase `name`'s clock (its batch warmup included) and its schedules besides the lr (pretrain/schedules/): the
+    masking rate of dynamic shards from the phase's rate; static shards keep their masks (and refuse a moving rate,
+    one ConfigError)."""
     phase = config.phase(name)
     static = data.manifest.static_masking
     masking = build_mask_schedule(phase, data.mask_prob, static, f"{name}.")
-    return PhaseSchedules(PhaseClock(phase.steps, global_batch, phase.seq_len), None if static else masking)
+    ramp = build_batch_ramp(phase, ds["gradient_accumulation_steps"], f"{name}.")
+    clock = PhaseClock(phase.steps, ds["train_batch_size"], phase.seq_len, ramp)
+    return PhaseSchedules(clock, None if static else masking)
 
 
 def job_config(config: RunConfig, share: JobShare | None) -> RunConfig:

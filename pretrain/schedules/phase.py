@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pretrain.schedules.clock import PhaseClock
 from pretrain.schedules.masking import MaskSchedule
-from pretrain.schedules.progress import PhaseClock, Progress
+from pretrain.schedules.progress import Progress
 
 __all__ = ["PhaseSchedules"]
 
@@ -25,7 +26,7 @@ class PhaseSchedules:
 
     def values(self, progress: Progress) -> dict[str, float]:
         """Each schedule's value at `progress`, by its logged tag."""
-        out: dict[str, float] = {}
+        out: dict[str, float] = {"schedule/batch_size": float(self.clock.batch_at(progress.step))}
         if self.masking is not None:
             out["schedule/mask_rate"] = self.masking.rate(progress)
         return out
@@ -36,4 +37,7 @@ class PhaseSchedules:
 
     def describe(self) -> dict[str, str]:
         """Each schedule in words, as config.resolved.json records it."""
-        return {} if self.masking is None else {"masking": self.masking.describe()}
+        out = {} if self.masking is None else {"masking": self.masking.describe()}
+        if self.clock.ramp is not None:
+            out["batch_warmup"] = self.clock.ramp.describe()
+        return out

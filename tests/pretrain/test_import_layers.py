@@ -22,7 +22,7 @@ PACKAGES = ("pretrain", "data_prep")
 # and types, from these)
 GROUND = ("pretrain.errors", "pretrain.distributed.info", "pretrain.checkpointing.layout", "pretrain.run_folder",
           "pretrain.config.plugins", "pretrain.config.sections", "pretrain.schedule", "pretrain.schedules.masking",
-          "pretrain.schedules.progress")
+          "pretrain.schedules.progress", "pretrain.schedules.batch")
 
 
 def module_name(path: Path) -> str:

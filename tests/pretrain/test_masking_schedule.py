@@ -21,9 +21,9 @@ from pretrain.data.shard_checks import check_phase_shards
 from pretrain.data.unpadded import real_tokens
 from pretrain.errors import ConfigError
 from pretrain.model.bert import IGNORE_INDEX
+from pretrain.schedules.clock import PhaseClock
 from pretrain.schedules.masking import LinearRate, MaskingSettings, StepwiseRate, build_mask_schedule
 from pretrain.schedules.phase import PhaseSchedules
-from pretrain.schedules.progress import PhaseClock
 from tests.support.pretrain_fixtures import build_shards
 from tests.support.trainer_fixtures import build_trainer
 

@@ -1,0 +1,75 @@
+"""Batch-size warmup: the global batch of each optimizer step, growing from a share of the phase's batch to all of it.
+
+Small batches while the gradient noise is small, the full batch once it has grown (GPT-3's batch ramp; ModernBERT
+and Ettin warm the batch up over the first tokens). The ramp is counted in whole micro-batches per rank per step
+(the accumulation), so every step's batch divides over the ranks and the stream stays whole micro-batches; a step's
+batch is a function of the step alone (`accumulation_at`), so a resume on the same number of ranks recomputes the
+ramp exactly. The phase clock (progress.py) sums it into each step's first sample, which is where the trainer's data
+position, the masking rate and the samples a recipe counts all come from.
+
+The lr is not rescaled by the ramp: the lr schedule runs over optimizer steps as it does without a ramp (LAMB's
+per-layer trust ratio makes an update's size follow the weights', not the batch's; with AdamW, a ramp as short as
+the lr warmup keeps the early steps small). DeepSpeed fixes its accumulation when the engine is built; the trainer
+tells it each step's batch (`set_train_batch_size`, which also sets the divisor of the loss) and marks the boundary
+on each micro-batch (`set_gradient_accumulation_boundary`), because DeepSpeed's own counter,
+(micro steps + 1) % accumulation, is wrong as soon as the accumulation changes.
+
+A new kind of warmup is this file and its test (tests/pretrain/test_batch_warmup.py); the keys are declared in
+`BatchWarmupSettings`, which PhaseSection (pretrain/config/sections.py) inherits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pretrain.errors import ConfigError
+
+__all__ = ["BatchRamp", "BatchWarmupSettings", "build_batch_ramp"]
+
+
+def _key(default: Any, doc: str) -> Any:
+    """A key with its text, as pretrain/config/sections.py's `setting` declares one (see pretrain/schedule.py)."""
+    return field(default=default, metadata={"doc": doc})
+
+
+@dataclass
+class BatchWarmupSettings:
+    """A phase's batch-warmup keys (phaseN.<key>); PhaseSection inherits them."""
+
+    batch_warmup_steps: int = _key(
+        0, "batch warmup: over this many first steps the global batch grows linearly from batch_warmup_start x "
+           "batch_size to batch_size, in whole micro-batches per rank; logged as schedule/batch_size. The lr "
+           "schedule is not rescaled. 0: the full batch from the first step")
+    batch_warmup_start: float = _key(0.25, "the first step's share of the global batch under a batch warmup, in (0, 1]")
+
+
+@dataclass(frozen=True)
+class BatchRamp:
+    """accumulation_at(step) = the phase's accumulation x (start + (1 - start) x step / steps), rounded half up and at
+    least 1, during the first `steps` steps; the phase's accumulation afterwards."""
+
+    accumulation: int  # the phase's micro-batches per rank per step: the full batch
+    steps: int = 0
+    start: float = 0.25
+
+    def accumulation_at(self, step: int) -> int:
+        if step >= self.steps:
+            return self.accumulation
+        share = self.start + (1.0 - self.start) * step / self.steps
+        return max(1, min(self.accumulation, int(self.accumulation * share + 0.5)))
+
+    def describe(self) -> str:
+        return (f"{self.accumulation_at(0)} of {self.accumulation} micro-batches per rank at the first step, the full "
+                f"batch from step {self.steps:,}")
+
+
+def build_batch_ramp(settings: BatchWarmupSettings, accumulation: int, where: str = "") -> BatchRamp | None:
+    """The ramp `settings` ask for over a phase whose full batch is `accumulation` micro-batches per rank (None: no
+    ramp); one ConfigError naming the key (`where` in front: "phase1.") for a value out of range."""
+    steps, start = settings.batch_warmup_steps, settings.batch_warmup_start
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ConfigError(f"{where}batch_warmup_steps: must be an integer >= 0, got {steps!r}")
+    if isinstance(start, bool) or not isinstance(start, int | float) or not 0.0 < start <= 1.0:
+        raise ConfigError(f"{where}batch_warmup_start: must be in (0, 1], got {start!r}")
+    return BatchRamp(accumulation, steps, float(start)) if steps else None
