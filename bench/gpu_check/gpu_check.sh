@@ -7,9 +7,9 @@
 # wall-clock on 8 / 64 / 256 GPUs from those one-GPU rows (docs/performance.md).
 #
 #   bench/gpu_check/gpu_check.sh [--smoke] [--jsonl OUT.jsonl] [--rows p1,p2,...] [any bench/gpu_check/run.py flag]
-#   bench/gpu_check/gpu_check.sh --rows selftest     # first on a new cluster: the kernel self-test's verdict
-#                                                     # table (what model.attention=auto runs there, the kernel's
-#                                                     # margin under its limit, the compiled layer's check), ~1-2 min
+#   bench/gpu_check/gpu_check.sh --jsonl first_check.jsonl   # the first check on a new GPU: this, once, as it is
+#   bench/gpu_check/gpu_check.sh --rows selftest     # the kernel self-test's verdict table alone (~1 min); the full
+#                                                     # check prints the same table first, so not needed before it
 #
 # Runs on a bare machine with PyTorch and no network: it installs nothing. The preflight
 # (bench/gpu_check/preflight.py) imports what the check imports and prints every wheel that loaded
@@ -17,24 +17,28 @@
 # Each row is appended to OUT.jsonl (default ./gpu_check.jsonl) and printed the moment it is
 # measured, so a crash or the time limit keeps what was measured.
 #
-# Budget: a hard limit of 9.5 minutes on one H200, preflight included (SIGTERM at the limit saves
+# Budget: a hard limit of 9.5 minutes on one H100 or H200, preflight included (SIGTERM at the limit saves
 # the estimate from the rows so far and exits 124; SIGKILL 20 s later); rows that would start with
-# under 45 s left are skipped. Estimated on one H200 (not yet measured; BERT-Large at micro 64 x 128
-# is ~45 ms a micro-batch on an H100, est., 1 + 2 warm-up + 3 timed steps of 32 micro-batches per row):
+# under 45 s left are skipped. Each part has its own budget besides (bench/gpu_check/budget.py, --part-budget):
+# a part that overruns is stopped (SIGALRM), its rows saved as "stopped" with the reason, and the next part runs.
+# Estimated (not yet measured; BERT-Large at micro 64 x 128 is ~45 ms a micro-batch on an H100, est., 1 + 2
+# warm-up + 3 timed steps of 32 micro-batches per row), with each part's budget:
 #   preflight imports; check start-up (imports again, NCCL world of one)          ~ 30-50 s
-#   kernel self-test: bf16 and fp16 x head 64 x seq 128 and 512 (4 small models)  ~ 5-15 s
-#   compiled layer's self-test: bf16 and fp16 at head 64, seq 512: per precision a
-#     child process (~5-10 s) and one inductor compile of the small model (~15-30 s) ~ 40-80 s
-#   synthetic shards (4 length profiles, 2,048 instances each)                    ~ 5-10 s
-#   p1, p1-full, p1-opt: BERT-Large 128 x 64, one engine (~10-15 s to build);
-#     the first step compiles the fused LAMB kernels (~20-60 s)                   ~ 70-120 s
-#   p2, p2-varied, p2-packed, p2-opt: 512 x 16, one engine                        ~ 45-60 s
-#   LAMB over BERT-Large (335M fp32): copy bandwidth, reference, fused step       ~ 10-70 s
-#   p1-timer-on, p1-big (128 x 256), p2-big (512 x 64): one engine each           ~ 60-80 s
-#   bert_base:p1, :p1-opt, :p2, :p2-packed, :p2-opt (bert_base.json, 128 / 32)   ~ 35-50 s
-#   total                                                                         ~ 5-8.5 min
+#   selftest: the kernel self-test in bf16 (the recipes' precision; fp16 skipped,
+#     --selftest-precisions bf16,fp16 runs it) x head 64 x seq 128 and 512, each
+#     in a child process (~5-10 s), and the compiled layer's check at seq 512 in
+#     one more child with one inductor compile (~15-30 s)                         ~ 35-60 s   budget  90 s
+#   p1: p1, p1-padded, p1-full, p1-opt: BERT-Large 128 x 64, one engine (~10-15 s
+#     to build; the first step compiles the layer and the fused LAMB, ~20-60 s),
+#     synthetic shards (~5-10 s)                                                  ~ 70-120 s  budget 120 s
+#   p2: p2, p2-padded, p2-packed, p2-opt: 512 x 16, one engine                   ~ 45-60 s   budget  75 s
+#   lamb: LAMB over BERT-Large (335M fp32): copy bandwidth, reference, fused step ~ 10-60 s   budget  60 s
+#   p1-timer-on, p1-big (128 x 256), p2-big (512 x 64): one engine each           ~ 60-80 s   budget 30+35+35 s
+#   bert_base:p1, bert_base:p2 (bert_base.json, 128 / 32): one engine each        ~ 35-50 s   budget 30+30 s
+#   total                                                                         ~ 5-8.5 min (budgets: 9.2 min)
+# On a first run a part may be stopped, or the last rows (BERT-base) skipped: by design; the file says which.
 # --smoke runs every row on CPU with the tiny model at tiny shapes (the same engine and trainer,
-# one timed step per row), about a minute on 2 idle cores.
+# one timed step per row), about a minute on 2 idle cores; no part budgets unless --part-budget names some.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(dirname "$(dirname "$here")")"
@@ -88,7 +92,7 @@ fi
 "$python" "$here/preflight.py" "$@"  # exit 2 (set -e) when a wheel is missing, before any work
 if [[ $smoke == 0 ]]; then
   command -v nvidia-smi >/dev/null &&
-    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv || true
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit,compute_mode --format=csv || true
 fi
 left=$((limit - SECONDS))
 budget=()
