@@ -3,15 +3,17 @@ and why; the kernel's margin under its limit; the compiled layer's self-test whe
 production training step of the shipped recipe at its own micro-batches (with the compiled layer's graphs and
 recompiles), the LAMB step against its memory-traffic floor, peak memory, and from them an ESTIMATE of each
 shipped recipe's phase wall-clock on 8, 64 and 256 GPUs. Run through bench/gpu_check/gpu_check.sh
-(docs/performance.md); `--rows selftest` prints the verdict table alone, in a minute or two on a GPU (seconds on
-CPU): the first command on a new cluster.
+(docs/performance.md); `--rows selftest` prints the verdict table alone, in about a minute on a GPU (seconds on
+CPU). The check runs in parts (the self-test table, each engine's rows, the LAMB rows), each under its own time
+budget (bench/gpu_check/budget.py): a part that overruns is stopped, its rows saved as "stopped", and the next
+part runs.
 
     python -m bench.gpu_check [--smoke] [--recipe RUN.json] [--rows p1,p2,...] [--jsonl OUT.jsonl]
                               [--deadline T] [any flag below]
 
 Every row is saved and printed the moment it is measured: one JSON line appended (and fsynced) to
---jsonl (default ./gpu_check.jsonl; records "run", "selftest", "train", "lamb", "estimate", "end", all with the
-run's start time as "run"), then its markdown row on stdout (table headers first). A crash, a timeout
+--jsonl (default ./gpu_check.jsonl; records "run", "selftest", "train", "attention", "lamb", "part", "skipped",
+"estimate", "end", all with the run's start time as "run"), then its markdown row on stdout (table headers first). A crash, a timeout
 (SIGTERM: the estimate from the rows so far and an "end" record are saved, exit 124) or a failing row
 keeps every row measured before it; a row that raises is printed as "failed: <reason>" and the check
 goes on with the next one (exit 1 at the end).
