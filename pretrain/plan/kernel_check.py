@@ -26,7 +26,8 @@ has a relative error of 1e-2 = 1.28 eps in bf16, over the limit by 1.6x; 0.8 eps
 between that and what the reference kernel measures in bf16 at seq 512 on CPU (dk, dv 3.9e-3 = 0.5 eps, as
 estimated): docs/performance.md has the table. In fp32 the reference on CPU is the
 kernel itself, so the error is 0; the limit keeps a floor of FP32_FLOOR for another fp32 kernel's summation order.
-The fp32 reference runs with TF32 off: TF32 rounds matmul inputs to 10 bits, a bf16-sized error of its own.
+The fp32 reference runs with TF32 off (`exact_fp32`, through torch's fp32_precision settings): TF32 rounds matmul
+inputs to 10 bits, a bf16-sized error of its own.
 
 Attention dropout (BERT's 0.1) has no reference: flash draws its own random mask. `dropout_problem` is a smoke
 check of the kernel at DROPOUT on the first micro-batch: the output and the gradients are finite, dropout changes
@@ -81,13 +82,20 @@ def kernel_case(lengths: list[int], seq_len: int) -> KernelCase:
 
 @contextlib.contextmanager
 def exact_fp32() -> Iterator[None]:
-    """fp32 matmuls in full fp32 (TF32 off) while the reference runs; the run's setting restored after."""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    """fp32 matmuls in full fp32 (TF32 off) while the reference runs; the run's setting restored after.
+
+    Through torch's fp32_precision settings ("ieee": no TF32), not the legacy allow_tf32 flags: a process that set
+    TF32 the new way (`torch.backends.fp32_precision = "tf32"`, what transformers' enable_tf32 does on torch >= 2.9)
+    makes torch 2.13 raise on any read of a legacy flag ("mix of the legacy and new APIs"), which failed the self-test
+    in such a process (and in its spawned child, which re-imports the user's script). The new settings take the
+    legacy ones into account when unset ("none"), and restoring "none" leaves a legacy-flag process as it was."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = matmul.fp32_precision, cudnn.fp32_precision
+    matmul.fp32_precision = cudnn.fp32_precision = "ieee"
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+        matmul.fp32_precision, cudnn.fp32_precision = saved
 
 
 def forward_backward(kernel: VarlenKernel, inputs: list[torch.Tensor], case: KernelCase,
