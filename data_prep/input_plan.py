@@ -22,6 +22,7 @@ from pathlib import Path
 
 from data_prep.atomic_io import atomic_write_json
 from data_prep.byte_ranges import cut_points, splittable
+from data_prep.bz2_streams import BZ2_STREAMS, stream_cuts
 from data_prep.config import BuildConfig
 from data_prep.parquet_source import ROW_GROUPS, check_text_column, row_group_cuts
 from data_prep.source_files import list_text_files
@@ -116,13 +117,18 @@ def input_units(cfg: BuildConfig) -> list[InputUnit]:
 
 def cut_unit(unit: InputUnit, cut_at: str | None, shard_bytes: int) -> list[InputUnit]:
     """`unit` as byte ranges of about `shard_bytes` when it is a larger file that can be cut (plain, not compressed;
-    or parquet); else itself."""
+    parquet; a multistream .bz2 dump); else itself."""
     if cut_at is None or unit.file is None or unit.size is None or unit.size <= shard_bytes:
         return [unit]
+    pieces = -(-unit.size // shard_bytes)
     if cut_at == ROW_GROUPS:
         cuts = row_group_cuts(Path(unit.file), shard_bytes)
+    elif cut_at == BZ2_STREAMS:  # a multistream dump; a plain .xml one stays whole
+        if not unit.file.endswith(".bz2"):
+            return [unit]
+        cuts = stream_cuts(Path(unit.file), unit.size, pieces)
     elif splittable(Path(unit.file)):
-        cuts = cut_points(Path(unit.file), unit.size, -(-unit.size // shard_bytes), cut_at)
+        cuts = cut_points(Path(unit.file), unit.size, pieces, cut_at)
     else:
         return [unit]
     bounds = [0, *cuts, None]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from data_prep.byte_ranges import BLANK_LINE, LINE, LongLine, file_lines, range_name
+from data_prep.bz2_streams import BZ2_STREAMS, open_stream_range
 from data_prep.clean import is_disambiguation, is_redirect
 from data_prep.config import DEFAULT_LIMITS, DocumentLimits
 
@@ -50,17 +51,18 @@ from data_prep.wiki_xml import XMLError, dump_pages
 
 # Wikipedia XML dump
 
-def read_wiki_dump(path: Path, skip_bad_files: bool = False,
-                   limits: DocumentLimits = DEFAULT_LIMITS) -> Iterator[RawDocument]:
+def read_wiki_dump(path: Path, skip_bad_files: bool = False, limits: DocumentLimits = DEFAULT_LIMITS,
+                   start: int = 0, end: int | None = None) -> Iterator[RawDocument]:
     """Main-namespace articles of a pages-articles dump; redirects and disambiguation pages dropped.
 
     Streamed page by page in bounded memory (data_prep/wiki_xml.py) on a 20 GB dump; .bz2 (multistream files,
-    concatenated streams, too), .gz and .zst are decompressed as read. A page over MediaWiki's own size limit is left
+    concatenated streams, too), .gz and .zst are decompressed as read; with a byte range (a multistream dump cut
+    at stream starts, data_prep/bz2_streams.py), only the pages of the streams in it. A page over MediaWiki's own size limit is left
     out and counted under --skip-bad-files, else stops the build naming it.
     """
     source = f"wiki:{path.name}"
     try:
-        with open_binary(path) as handle:
+        with open_binary(path) if start == 0 and end is None else open_stream_range(path, start, end) as handle:
             for page in dump_pages(handle, limits.max_wikitext_chars):
                 if page.ns != "0" or page.redirect:
                     continue
@@ -290,7 +292,9 @@ class Source:
 SOURCES: tuple[Source, ...] = (
     Source("--wiki-dump", "wiki_dumps", "PATH",
            "Wikipedia pages-articles XML dump, .xml or .xml.bz2 (multistream too), .xml.gz, .xml.zst; repeatable",
-           FILE, lambda value, context: read_wiki_dump(Path(value), context.skip_bad_files, context.limits)),
+           FILE, lambda value, context: read_wiki_dump(Path(value), context.skip_bad_files, context.limits),
+           cut_at=BZ2_STREAMS, read_range=lambda path, _root, context, start, end: read_wiki_dump(
+               path, context.skip_bad_files, context.limits, start, end)),
     Source("--wikiextractor", "wikiextractor", "DIR",
            "folder of WikiExtractor output (<doc id= url= title=> files); repeatable",
            FOLDER, lambda value, context: read_wikiextractor(Path(value), context.skip_bad_files, context.limits),
