@@ -55,15 +55,53 @@ class _ZstdFile(io.RawIOBase):
 
     def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def] # io's buffer protocol
         try:
-            return self._reader.readinto(buffer)
+            count = self._reader.readinto(buffer)
         except self._error as err:
             raise OSError(f"zstd: {err}") from err
+        if count == 0 and len(buffer):
+            _check_zstd_frames(self._file)  # the decoder ends a cut-off frame without a word
+        return count
 
     def close(self) -> None:
         if not self.closed:
             self._reader.close()
             self._file.close()
         super().close()
+
+
+_ZSTD_MAGIC = 0xFD2FB528
+
+
+def _check_zstd_frames(handle: BinaryIO) -> None:
+    """The file is whole zstd frames (RFC 8878), walked by their block headers without decompressing: a file cut
+    off mid-frame raises OSError. python-zstandard's reader returns a truncated file's bytes as if complete."""
+    size = os.fstat(handle.fileno()).st_size
+    position = 0
+    while position < size:
+        handle.seek(position)
+        head = handle.read(14)
+        magic = int.from_bytes(head[:4], "little")
+        if len(head) >= 8 and magic & 0xFFFFFFF0 == 0x184D2A50:  # a skippable frame: its size follows
+            position += 8 + int.from_bytes(head[4:8], "little")
+            continue
+        if len(head) < 5 or magic != _ZSTD_MAGIC:
+            raise OSError(f"zstd: no frame at byte {position:,} (cut off or not zstd)")
+        descriptor = head[4]
+        single = bool(descriptor & 0x20)
+        size_field = (1 if single else 0, 2, 4, 8)[descriptor >> 6]
+        position += 5 + (0 if single else 1) + (0, 1, 2, 4)[descriptor & 3] + size_field
+        last = False
+        while not last:
+            handle.seek(position)
+            block = handle.read(3)
+            if len(block) < 3:
+                raise OSError(f"zstd: cut off inside a frame (file ends at byte {size:,})")
+            header = int.from_bytes(block, "little")
+            last, kind, length = bool(header & 1), (header >> 1) & 3, header >> 3
+            position += 3 + (1 if kind == 1 else length)
+        position += 4 if descriptor & 0x04 else 0  # the content checksum
+    if position != size:
+        raise OSError(f"zstd: cut off inside a frame (file ends at byte {size:,})")
 
 
 def open_binary(path: Path) -> BinaryIO:

@@ -8,6 +8,7 @@ written as a JSON line (a paragraph per line) and a parquet row.
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import json
 import tracemalloc
@@ -22,7 +23,7 @@ from data_prep.__main__ import build_parser, config_from_args, main
 from data_prep.config import DocumentLimits
 from data_prep.input_plan import make_plan, read_shard
 from data_prep.parquet_source import read_parquet_file, row_group_starts
-from data_prep.source_files import DocumentTooLarge, read_text
+from data_prep.source_files import DocumentTooLarge, SourceError, read_text
 from data_prep.sources import SKIPPED, read_jsonl_file
 from tests.data_prep.test_input_shards import write_corpus
 from tests.support.data_prep_fixtures import tree_digest
@@ -178,3 +179,15 @@ def test_a_compression_bomb_is_decompressed_only_up_to_the_cap(tmp_path: Path, k
         tracemalloc.stop()
     assert [d.layout for d in docs][0] == SKIPPED and docs[1].text == "After."
     assert peak < 8 * MIB, f"peak {peak / MIB:.1f} MiB"
+
+
+@pytest.mark.parametrize("kind", ["gz", "zst", "bz2"])
+def test_a_file_cut_off_mid_stream_is_named_not_read_short(tmp_path: Path, kind: str) -> None:
+    """A compressed file cut off (a copy or download that stopped) stops the build naming it: python-zstandard's
+    reader ends a cut-off frame without a word, which lost the rest of the file's documents."""
+    data = jsonl_bytes([{"text": f"Document {k} says a few words."} for k in range(20_000)])
+    packed = {"gz": gzip.compress, "bz2": bz2.compress, "zst": zstandard.ZstdCompressor().compress}[kind](data)
+    path = tmp_path / f"cut.jsonl.{kind}"
+    path.write_bytes(packed[: len(packed) * 2 // 3])
+    with pytest.raises(SourceError, match=rf"^--jsonl .*cut.jsonl.{kind}: corrupt or unreadable"):
+        list(read_jsonl_file(path, tmp_path))
