@@ -170,9 +170,10 @@ class RngState:
 class CompiledLayer:
     """`unpadded_layer` compiled as one full graph, with its failures and recompiles made explicit (module docstring).
 
-    `say`: how a line reaches the console (rank 0 prints; other ranks pass a no-op). `backend`: inductor in a run;
-    tests pass "eager", "aot_eager" or a planted failing backend, where code generation is not under test.
-    `ledger`: the process's (CompileLedger); a fresh one by default."""
+    `say`: how a line reaches the console (every rank says its own fallback: pretrain/model/setup.py). `backend`:
+    inductor in a run; tests pass "eager", "aot_eager" or a planted failing backend, where code generation is not
+    under test. `ledger`: the process's (CompileLedger); a fresh one by default. `where`: this process in the job,
+    named in its lines (e.g. "rank 3 (node-b)")."""
 
     def __init__(self, function: LayerForward = unpadded_layer, strict: bool = False,
                  say: Callable[[str], None] = print, backend: Any = "inductor",

@@ -36,10 +36,11 @@ def _child(conn: Connection, test: Callable[..., SelfTestResult], args: tuple[An
     conn.close()
 
 
-def in_child(test: Callable[..., SelfTestResult], *args: Any, where: str = "",
-             limit_s: float = CHILD_LIMIT_S) -> SelfTestResult:
+def in_child(test: Callable[..., SelfTestResult], *args: Any, where: str = "", limit_s: float = CHILD_LIMIT_S,
+             exit_wait_s: float = EXIT_WAIT_S) -> SelfTestResult:
     """`test(*args)` in a spawned child process; its verdict, or a failed one that says how the child ended (a
-    signal, a status, no verdict within `limit_s`). `where` names the device and dtype in that verdict."""
+    signal, a status, no verdict within `limit_s`). `where` names the device and dtype in that verdict. The child
+    is gone when this returns, or was sent SIGKILL and waited for `exit_wait_s` (`stop`)."""
     context = multiprocessing.get_context("spawn")  # never fork a process that holds a CUDA context
     receive, send = context.Pipe(duplex=False)
     child = context.Process(target=_child, args=(send, test, args), daemon=True)
@@ -50,24 +51,24 @@ def in_child(test: Callable[..., SelfTestResult], *args: Any, where: str = "",
             try:
                 return receive.recv()
             except EOFError:
-                child.join(timeout=EXIT_WAIT_S)
+                child.join(timeout=exit_wait_s)
         if child.is_alive():
-            stop(child)
+            stop(child, exit_wait_s)
             return SelfTestResult(False, where, failure=f"no verdict in {limit_s:g} s: its process was killed")
         return SelfTestResult(False, where, failure=f"its process {ended(child.exitcode)} (a device fault, kept out "
                                                     "of the rank's own context)")
     finally:
         receive.close()
-        child.join(timeout=EXIT_WAIT_S)
+        child.join(timeout=exit_wait_s)
         if child.is_alive():  # a verdict given, then stuck (in the driver's teardown): not left holding the device
-            stop(child)
+            stop(child, exit_wait_s)
 
 
-def stop(child: multiprocessing.process.BaseProcess) -> None:
+def stop(child: multiprocessing.process.BaseProcess, wait_s: float) -> None:
     """SIGKILL, then a bounded wait: a child stuck in the driver (uninterruptible) may outlive even SIGKILL for a
     while, and the rank must not wait on it past its own start-up timer (the kernel reaps it when it ends)."""
     child.kill()
-    child.join(timeout=EXIT_WAIT_S)
+    child.join(timeout=wait_s)
 
 
 def contained(test: SelfTest, what: str = "") -> SelfTest:
