@@ -1,5 +1,7 @@
 """This process's process group: the rendezvous variables, the backend for the accelerator, the parent-death
-signal, and DeepSpeed's CPU shared-memory segments; then `DistInfo`, the value every other module reads.
+signal, and DeepSpeed's CPU shared-memory segments; then `DistInfo`, the value every other module reads. The
+group meets in a store whose server listens only where the ranks reach it (pretrain/distributed/rank_store.py),
+not on every interface as torch's `env://` server does.
 
 Out of pretrain/engine.py so that joining the job is not tied to building an engine: the driver joins first
 (pretrain/train.py), a plug-in builds its groups on top, and a fine-tune or a benchmark joins the same way.
