@@ -25,7 +25,7 @@ from data_prep.byte_ranges import cut_points, splittable
 from data_prep.bz2_streams import BZ2_STREAMS, stream_cuts
 from data_prep.config import BuildConfig
 from data_prep.parquet_source import ROW_GROUPS, check_text_column, row_group_cuts
-from data_prep.source_files import list_text_files
+from data_prep.source_files import SourceError, list_text_files
 from data_prep.sources import FILE, FOLDER, NAME, SOURCES, RawDocument, ReadContext
 from data_prep.work_layout import plan_path
 
@@ -106,13 +106,25 @@ def input_units(cfg: BuildConfig) -> list[InputUnit]:
             else:
                 files = [None]
             for path in files:
-                if row.cut_at == ROW_GROUPS and path is not None:  # the column exists: before any work
-                    check_text_column(path, cfg.input_option("parquet_text_field", "text"))
                 stat = path.stat() if path is not None else None
                 unit = InputUnit(row.field, str(root) if root is not None else value, str(path) if path else None,
                                  stat.st_size if stat else None, stat.st_mtime_ns if stat else None)
-                units += cut_unit(unit, row.cut_at, cfg.input_shard_bytes)
+                if row.cut_at == ROW_GROUPS and path is not None and not _parquet_usable(path, cfg):
+                    units.append(unit)  # left out by its reader, with a warning (--skip-bad-files)
+                else:
+                    units += cut_unit(unit, row.cut_at, cfg.input_shard_bytes)
     return units
+
+
+def _parquet_usable(path: Path, cfg: BuildConfig) -> bool:
+    """The file is parquet with the text column (checked before any work), or under --skip-bad-files False."""
+    try:
+        check_text_column(path, cfg.input_option("parquet_text_field", "text"))
+    except SourceError:
+        if not cfg.skip_bad_files:
+            raise
+        return False
+    return True
 
 
 def cut_unit(unit: InputUnit, cut_at: str | None, shard_bytes: int) -> list[InputUnit]:

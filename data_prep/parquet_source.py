@@ -124,6 +124,9 @@ def read_parquet_file(path: Path, folder: Path, text_field: str, skip_bad_files:
     except (OSError, pa.ArrowException) as err:
         skip_or_raise(SourceError(f"--parquet {path}{where}: corrupt or unreadable ({err})"), skip_bad_files)
         return
+    except SourceError as err:  # not parquet, or no such column: the file is left out under --skip-bad-files
+        skip_or_raise(err, skip_bad_files)
+        return
     if bad:
         skip_or_raise(SourceError(f"--parquet {path}{where}: {bad} row(s) with a null {text_field!r} left out"), True)
 

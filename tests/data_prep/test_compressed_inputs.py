@@ -122,13 +122,21 @@ def test_a_parquet_folder_builds_the_jsonl_shards_and_is_cut_at_row_groups(tmp_p
     assert ranged == whole == [row["text"] for row in rows]
 
 
-def test_a_missing_parquet_column_is_named_before_work(tmp_path: Path, capsys) -> None:
+def test_a_missing_column_or_broken_parquet_file_is_named_before_work_or_skipped(tmp_path: Path, capsys) -> None:
     _, vocab, rows = corpus(tmp_path / "in")
     (tmp_path / "p").mkdir()
     write_parquet(tmp_path / "p" / "rows.parquet", rows, rows_per_group=50)
     assert main(["build", "--parquet", str(tmp_path / "p"), "--vocab", str(vocab), "--out", str(tmp_path / "o"),
                  *BUILD]) == 2
     assert "rows.parquet: no column 'text' (columns: id, body)" in capsys.readouterr().err
+    (tmp_path / "p" / "broken.parquet").write_bytes(b"PAR1 not really")
+    args = ["build", "--parquet", str(tmp_path / "p"), "--parquet-text-field", "body", "--vocab", str(vocab), *BUILD]
+    assert main([*args, "--out", str(tmp_path / "o2")]) == 2
+    assert "broken.parquet: not a readable parquet file" in capsys.readouterr().err
+    assert main([*args, "--out", str(tmp_path / "o3"), "--skip-bad-files"]) == 0
+    assert "skipped (--skip-bad-files): --parquet" in capsys.readouterr().err
+    manifest = json.loads((tmp_path / "o3" / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["totals"]["input_documents"] == len(rows)
 
 
 def test_a_file_of_no_known_kind_or_unreadable_is_refused_by_name_or_skipped_and_counted(tmp_path: Path,
