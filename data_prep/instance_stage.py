@@ -3,9 +3,10 @@
 A shard's instances are a pure function of (seed, sequence length, the shard's chunks, the NSP pool): each
 chunk's rng is seeded from (seed, length, global chunk number) alone, so neither the worker count nor the
 node count changes a byte. Random "next" segments come from a document of the same split in the same input
-shard (`--nsp-scope shard`, the default, as google-research/bert's tool run once per input file), or in the
-whole corpus (`--nsp-scope corpus`). A corpus of one input shard is the same either way, and the same as
-every build before input shards.
+shard (`--nsp-scope shard`, the default, as google-research/bert's tool run once per input file; a group of
+shards around it where the shard holds too few documents of the split: data_prep/nsp_pool.py), or in the
+whole corpus (`--nsp-scope corpus`), never from A's own document while the split has another. A corpus of
+one input shard is the same either way, and the same as every build before input shards.
 
 `full-sentences` packs across documents, but only across the documents of one chunk and split: the packing
 starts afresh at every chunk, so the output stays independent of how the work is spread. The cost is one
