@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
             src.add_argument(option.flag, type=option.type, default=option.default, help=option.help)
     src.add_argument("--skip-bad-files", action="store_true",
                      help=f"skip (with a warning) {'/'.join(r.flag for r in SOURCES if r.skips_bad_files)} files "
-                          "that are not UTF-8 or unreadable (--jsonl: lines), and any source's documents over a "
+                          "that are not UTF-8 or unreadable (--jsonl: lines), files of a folder of no kind it reads "
+                          "(named), and any source's documents over a "
                           "cap per document (size, markup cost; counted in the manifest), instead of stopping")
     voc = build.add_argument_group("vocabulary (exactly one)")
     voc.add_argument("--vocab", metavar="FILE", help="WordPiece vocab.txt; casing follows the vocab")

@@ -103,7 +103,7 @@ class BuildConfig:
     # folder started before a source existed still resumes.
     inputs: tuple[tuple[str, tuple[str, ...]], ...] = ()
     input_options: tuple[tuple[str, Any], ...] = ()
-    skip_bad_files: bool = False  # files of a folder source that are not UTF-8: skip with a warning
+    skip_bad_files: bool = False  # unreadable files, and a folder's files of no kind it reads: skip, named
     vocab: str | None = None
     vocab_size: int | None = None
     lowercase: bool = True  # only for a trained vocab; a given vocab decides for itself
