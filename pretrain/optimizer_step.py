@@ -27,10 +27,11 @@ import torch.distributed as dist
 
 from pretrain.checkpointing.cadence import CheckpointCadence
 from pretrain.config.sections import PHASE_NAMES
+from pretrain.data.batches import RankBatches
 from pretrain.data.loader import model_inputs
 from pretrain.distributed.info import DistInfo
 from pretrain.distributed.stop_request import StopRequest
-from pretrain.metrics.monitor import StepMonitor
+from pretrain.metrics.monitor import StepContext, StepMonitor
 from pretrain.model.bert import PretrainingOutput
 from pretrain.phase_state import NonFiniteLossError, PhaseState, TrainerSettings, step_seed
 from pretrain.plugin import ExtraLoss, StepAgreement, TrainingPlugin
@@ -52,6 +53,7 @@ class OptimizerStep:
     plugin: TrainingPlugin
     cadence: CheckpointCadence
     feed: StepFeed
+    train_batches: RankBatches
     monitors: list[StepMonitor]
     loss_term: ExtraLoss | None
     replica_group: Any
@@ -94,7 +96,8 @@ class OptimizerStep:
         self.state.data_position += self.global_batch
         mlm_scale = self._step_mlm_scale(batches)  # before the first backward (module docstring)
         next_count = self.accumulation_at(self.state.step + 1) if self.state.step + 1 < self.settings.steps else 0
-        sums = StepSums(self.dist_info.device)
+        sums = StepSums(self.dist_info.device, tuple(name for m in self.monitors for name in m.counts))
+        context = self._step_context()
         lr = 0.0
         for micro, host_batch in enumerate(batches):
             batch = model_inputs(host_batch, self.dist_info.device)
@@ -113,6 +116,8 @@ class OptimizerStep:
                     monitor.before_step()
             self.engine.step()
             sums.add(output, batch, host_batch, loss, extra)
+            for monitor in self.monitors:
+                sums.count(monitor.count(host_batch, context))
             self.feed.read_ahead(next_count)
         totals = sums.reduce(bool(self.stop.signal_name), self.cadence.time_due(time.monotonic()),
                              self.replica_group, self.dist_info.world_size)
@@ -131,6 +136,12 @@ class OptimizerStep:
         self.global_batch = self.settings.schedules.clock.batch_at(step)
         self.micro_batches_per_step = self.global_batch // self.engine.train_micro_batch_size_per_gpu()
         self.engine.set_train_batch_size(self.global_batch)
+
+    def _step_context(self) -> StepContext:
+        """What the step monitors may know of this step (pretrain/metrics/monitor.py)."""
+        schedules = self.settings.schedules
+        progress = None if schedules is None else schedules.clock.at_step(self.state.step)
+        return StepContext(progress, self.train_batches.data.vocab)
 
     def _scheduled_values(self) -> dict[str, float]:
         """Each schedule's value at the start of this step (schedule/<name>): a function of the phase's progress."""
@@ -169,4 +180,5 @@ class OptimizerStep:
         values.update(scheduled)
         values["perf/data_wait_s"] = self.feed.wait_s
         return StepResult(applied=applied, nonfinite=nonfinite > 0, values=values, counts=totals.counts(),
-                          stop_requested=agreed.stop, save_due=agreed.save_due, abort_elsewhere=abort_elsewhere)
+                          stop_requested=agreed.stop, save_due=agreed.save_due, abort_elsewhere=abort_elsewhere,
+                          counted=totals.counted)

@@ -110,6 +110,7 @@ class StepTotals:
 
     sums: dict[str, float]
     extras: dict[str, float]
+    counted: dict[str, float] = field(default_factory=dict)  # the step monitors' host counts (StepSums.counted)
 
     def __getitem__(self, name: str) -> float:
         return self.sums[name]
@@ -127,13 +128,23 @@ class StepSums:
     """Accumulates the micro-batches of one step on this rank."""
 
     device: torch.device
+    counted_names: tuple[str, ...] = ()  # what the step monitors count on the host (every rank: the same names)
     on_device: torch.Tensor = field(init=False)
     on_host: dict[str, float] = field(init=False)
+    counted: dict[str, float] = field(init=False)
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.on_device = torch.zeros(len(DEVICE_SUMS), dtype=torch.float64, device=self.device)
         self.on_host = dict.fromkeys(HOST_COUNTS, 0.0)
+        self.counted = dict.fromkeys(self.counted_names, 0.0)
+
+    def count(self, numbers: dict[str, float]) -> None:
+        """A step monitor's host counts of one micro-batch (names it declared: they ride the step's one reduce)."""
+        for name, value in numbers.items():
+            if name not in self.counted:
+                raise KeyError(f"a step monitor counted {name!r} without declaring it (StepMonitor.counts)")
+            self.counted[name] += float(value)
 
     @torch.no_grad()
     def add(self, output: PretrainingOutput, batch: dict[str, torch.Tensor], host_batch: dict[str, torch.Tensor],
@@ -160,14 +171,17 @@ class StepSums:
         """Sum over the ranks of `group` (one all-reduce) and read on the host (the step's one sync)."""
         self.on_host["stop"] = float(stop)
         self.on_host["save_due"] = float(save_due)
-        host = host_values_to_device([self.on_host[name] for name in HOST_COUNTS], self.device)
+        host = host_values_to_device([self.on_host[name] for name in HOST_COUNTS]
+                                     + [self.counted[name] for name in self.counted_names], self.device)
         packed = torch.cat([self.on_device, host, *(value.reshape(1) for value in self.extras.values())])
         if dist.is_initialized() and world_size > 1:
             dist.all_reduce(packed, group=group)
         reduced = packed.tolist()
         names = DEVICE_SUMS + HOST_COUNTS
+        counted_end = len(names) + len(self.counted_names)
         return StepTotals(sums=dict(zip(names, reduced, strict=False)),
-                          extras=dict(zip(self.extras, reduced[len(names):], strict=True)))
+                          extras=dict(zip(self.extras, reduced[counted_end:], strict=True)),
+                          counted=dict(zip(self.counted_names, reduced[len(names):counted_end], strict=True)))
 
 
 @dataclass
@@ -179,3 +193,4 @@ class StepResult:
     stop_requested: bool = False  # some rank received a stop signal before this step's all-reduce
     save_due: bool = False  # some rank's clock says checkpoint.every_minutes have passed (agreed over the job)
     abort_elsewhere: str | None = None  # why another part of the job aborts at this step (plugin.agree_on_step)
+    counted: dict[str, float] = field(default_factory=dict)  # the step monitors' host counts over the model's ranks

@@ -64,6 +64,7 @@ class Vocab:
     sep_id: int
     mask_id: int
     pad_id: int
+    unk_id: int | None  # None: a vocab without [UNK] (data_prep's always has one)
     is_continuation: np.ndarray  # bool[size]: WordPiece "##" pieces, for whole-word masking
     replacements: np.ndarray  # the ids a random replacement may take (data_prep.instances.replacement_ids)
 
@@ -78,7 +79,7 @@ class Vocab:
         special = SpecialIds(index["[CLS]"], index["[SEP]"], index["[MASK]"], index["[PAD]"],
                              index.get("[UNK]", index["[PAD]"]))
         return cls(size=len(tokens), sha256=sha256_file(path), cls_id=special.cls, sep_id=special.sep,
-                   mask_id=special.mask, pad_id=special.pad,
+                   mask_id=special.mask, pad_id=special.pad, unk_id=index.get("[UNK]"),
                    is_continuation=np.array([t.startswith("##") for t in tokens], dtype=bool),
                    replacements=replacement_ids(len(tokens), special))
 

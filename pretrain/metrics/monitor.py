@@ -9,6 +9,7 @@ OptimizerMonitor among them, are the model):
 
     monitor.attach(engine)          once per trainer, on the trainer's own copy (`attach_all`)
     per optimizer step:
+        per micro-batch: monitor.count(host_batch, step)   numbers counted on the host copy of the batch
         backward of the last micro-batch
         monitor.before_step()       the step's averaged gradients, not yet clipped (ZeRO-0 has them here only)
         engine.step()               a monitor's hook may read what only the step sees (ZeRO partitions)
@@ -16,7 +17,14 @@ OptimizerMonitor among them, are the model):
         monitor.values(result)      scalars by tag; monitor.histograms(): tensors by tag
     monitor.close()                 hooks removed (attach calls it first: one hook per monitor, ever)
 
-What each call may cost: `before_step` and a hook queue device work only (no host read, no collective), so a
+A monitor sees the step through `StepContext`: how far the phase is (`Progress`, pretrain/schedules/), the
+vocabulary, and in `count` each micro-batch as collated on the host. What it counts there (names declared in
+`counts`) is summed where pretrain/step_stats.py sums the step's own counts and rides the step's one all-reduce,
+so no monitor runs a collective of its own for data numbers; `values` reads the sums over every rank in
+`result.counted`.
+
+What each call may cost: `count` reads host tensors only (no device work at all); `before_step` and a hook queue
+device work only (no host read, no collective), so a
 step that is not logged pays no sync for them. `values` runs for a logged step only, on every rank (rank 0
 writes; a collective there is met by every rank), after the step's host read: reading a device number then
 waits for nothing the step queued.
@@ -37,15 +45,31 @@ from typing import Any, Protocol
 
 import torch
 
+from pretrain.data.batches import Vocab
+from pretrain.schedules.progress import Progress
 from pretrain.step_stats import StepResult
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a monitor may know of the step besides its batches: how far the phase is and the vocabulary."""
+
+    progress: Progress | None  # None: a trainer built without the plan's schedules (a bench)
+    vocab: Vocab
 
 
 class StepMonitor(Protocol):
     """What the trainer calls on each monitor (module docstring); every method but `values` has a default, so a
     monitor subclasses this and writes only what it needs."""
 
+    counts: tuple[str, ...] = ()  # the names `count` returns (every rank the same: they share the step's reduce)
+
     def attach(self, engine: Any) -> None:
         """Bind to the phase's engine (the model is `engine.module`); called once per trainer."""
+
+    def count(self, host_batch: dict[str, torch.Tensor], step: StepContext) -> dict[str, float]:
+        """Numbers of one micro-batch counted on its host copy (no device work), by names of `counts`."""
+        return {}
 
     def before_step(self) -> None:
         """At the accumulation boundary, before `engine.step()`: device work only."""

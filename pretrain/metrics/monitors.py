@@ -15,9 +15,11 @@ from pretrain.metrics.grad_norm import GradNorm
 from pretrain.metrics.memory import MemoryStats
 from pretrain.metrics.monitor import StepMonitor
 from pretrain.metrics.optimizer_report import OptimizerReport
+from pretrain.metrics.unk_share import UnkShare
 
 
 def step_monitors(seq_len: int) -> tuple[StepMonitor, ...]:
     """The monitors of a phase whose rows hold `seq_len` tokens. Each logs nothing where it does not apply
     (compile counters when eager, trust ratios without ExactLamb), so the list is the same for every phase."""
-    return (GradNorm(), GroupGradNorms(), OptimizerReport(), MemoryStats(), DataStats(seq_len), CompileCounters())
+    return (GradNorm(), GroupGradNorms(), OptimizerReport(), MemoryStats(), DataStats(seq_len), UnkShare(),
+            CompileCounters())
