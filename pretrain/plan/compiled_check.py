@@ -19,7 +19,8 @@ path's error through a model) passed a layer 2 % off.
 Dropout, the run's rates (no reference: inductor draws its own masks, so no element can be compared): the compiled
 layer's outputs and gradients are finite, and their distance from the same layer without dropout (its dropout
 noise) is within DROPOUT_NOISE of the eager layer's, drawn the same way: a compiled graph that drops nothing, drops
-at another rate or forgets the 1/(1-p) rescale moves that distance (a rate twice too high by 40 %, none to 0).
+at another rate or forgets the 1/(1-p) rescale moves that distance (measured: none of the hidden dropout 0.6x,
+twice its rate 1.25-1.3x). It runs when the accuracy check passed (a layer already wrong fails on that).
 
 A layer that falls back instead of compiling fails with the fallback's reason (the run would fall back the same
 way, with the same line); an error fails with its own. Cost: two compiles of one layer (with and without dropout)
@@ -131,8 +132,8 @@ def check_layer(device: torch.device, precision: str, shape: RunShape, seq_len: 
     for index, name in enumerate(("output", "grads")):
         limit = LAYER_SLACK * relative(noise[index], want[index]) + LAYER_FLOOR[precision]
         worst[name] = (relative(got[index], want[index]), limit)
-    if not (shape.attention_dropout or shape.hidden_dropout):
-        return worst, None
+    if not (shape.attention_dropout or shape.hidden_dropout) or any(over(*pair) > 1 for pair in worst.values()):
+        return worst, None  # no dropout; or a layer already wrong without it (its dropout noise says nothing more)
     dropped = run_layer(shape, seq_len, dropout=True).to(device, dtype)
     eager_dropped = forward_backward(eager, dropped, inputs, cu_seqlens, seq_len, seed=1)
     compiled_dropped = forward_backward(compiled, copy.deepcopy(dropped), inputs, cu_seqlens, seq_len, seed=1)

@@ -109,12 +109,9 @@ def test_the_verdict_table_prints_the_margins_and_a_wrong_compiled_layer_fails_t
     assert (fp32["compiled_verdict"], fp32["verdict"]) == ("PASS", "PASS")
     assert fp32["compiled_logits_error"] <= fp32["compiled_logits_limit"]
     assert fp32["compiled_grads_error"] <= fp32["compiled_grads_limit"]
-    margin = min(fp32["compiled_logits_limit"] / max(fp32["compiled_logits_error"], 1e-30),
-                 fp32["compiled_grads_limit"] / fp32["compiled_grads_error"])
+    # the compiled layer's check runs one layer against the eager one: on CPU in fp32 the same code, no error at all
     assert cells[fp32["name"]][9].strip() == (
-        f"{fp32['compiled_logits_error']:.1e} ({fp32['compiled_logits_limit']:.1e}), "
-        f"{fp32['compiled_grads_error']:.1e} ({fp32['compiled_grads_limit']:.1e}); {margin:.0f}x margin; "
-        f"{fp32['compiled_seconds']:.1f} s: PASS")
+        f"0.0e+00 (1.0e-05), 0.0e+00 (1.0e-05); exact; {fp32['compiled_seconds']:.1f} s: PASS")
     assert cells[fp32["name"]][11].strip() == "PASS (auto runs unpadded; the compiled layer passed)"
     # bf16: the kernel's error against its limit and how far below it; the planted compiled layer far over its own
     assert bf16["kernel_margin"] == pytest.approx(bf16["kernel_limit"] / bf16["kernel_error"])
