@@ -3,9 +3,10 @@
 A run that ended (every rank's outcome: 0, or the fault's status), a stop (between two attempts, or while a fault
 was handled: 0, 130 for Ctrl-C, with the command that resumes from the newest checkpoint, `latest`), another node's
 final verdict (its rendezvous closed: 1, that node told it), a rendezvous that failed, a rank that SIGKILL cannot end
-(survivors.NodeUnhealthy: the host to drain), or a full disk or spent quota met at a restart (the attempt's log
-folder could not be made: the free-space line, never a traceback). The rendezvous is closed whatever the end, so no
-other node waits in it.
+(survivors.NodeUnhealthy: the host to drain; under nodes.py the rendezvous is left open, so under --nodes MIN:MAX
+the others carry on without it as without a lost node), or a full disk or spent quota met at a restart (the
+attempt's log folder could not be made: the free-space line, never a traceback). The rendezvous is closed otherwise,
+whatever the end, so no other node waits in it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def say(line: str) -> None:
 def run(agent: Any) -> int:
     """The agent's run, its rendezvous closed whatever the end (no other node waits in it), and its status."""
     resume = agent.judging.context.resume_command
+    close = True  # the rendezvous: closed, but by a node that leaves it to the others (nodes.py decides)
     try:
         result = agent.run()
     except SignalException as stopped:  # between two attempts, or while a fault was handled: no rank to checkpoint
@@ -38,9 +40,10 @@ def run(agent: Any) -> int:
         say(f"stopped by {signal.Signals(agent.stop_signal).name} {stopped.args[0]}; the same command resumes from "
             f"the newest checkpoint: {resume}")
         return agent.exit_status
-    except NodeUnhealthy as unhealthy:
-        agent.last_word = f"{unhealthy.line} with: {resume}"
+    except NodeUnhealthy as unhealthy:  # under nodes.py its AgentEnd goes on: the job carries on without this node
+        agent.last_word = f"{unhealthy.line} with: {resume}"  # under --nodes MIN:MAX, else it stops the others
         say(agent.last_word)
+        close = not agent.node.under_nodes
         return 1
     except OSError as err:
         if err.errno not in SPACE_ERRNOS:
@@ -57,7 +60,8 @@ def run(agent: Any) -> int:
         return 1
     finally:
         try:
-            agent.get_worker_group().spec.rdzv_handler.shutdown()
+            if close:
+                agent.get_worker_group().spec.rdzv_handler.shutdown()
         except Exception:  # noqa: BLE001 - a store already gone has nothing left to close
             pass
         agent.watch.stop()

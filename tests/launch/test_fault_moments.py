@@ -190,3 +190,29 @@ def test_a_stop_at_any_moment_of_a_faults_handling_ends_like_a_stop_between_atte
     stopped = [line for line in err.splitlines() if "stopped by SIGTERM" in line]
     assert len(stopped) == 1 and "resumes from the newest checkpoint: ./launch.sh pretrain" in stopped[0], err
     assert (folder / "checkpoints" / "latest").read_text() == "phase1-step0000010\n"
+
+
+class WithAStuckRank(HealingAgent):
+    """pid 1 among its ranks: a rank in uninterruptible sleep, which SIGKILL does not end (see above)."""
+
+    def pids(self) -> dict[int, int]:
+        return {**super().pids(), 7: 1}
+
+
+def test_a_node_whose_rank_sigkill_cannot_end_leaves_the_job_with_one_line_and_its_rendezvous_open(
+        agent_env: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Under nodes.py: rank 1 fails, its survivors are ended, one of them stays. The agent ends 1 with the line
+    naming the host to drain (its last word for nodes.py, which carries on without the node under --nodes MIN:MAX),
+    without closing the rendezvous the other nodes restart in (closing it would end them all)."""
+    folder = agent_env
+    os.environ["FAIL_RANK"] = "1"
+    agent = make_agent(folder, WithAStuckRank, host="gpu-n7", under_nodes=True, stacks=False, stuck_s=0.5)
+    closed: list[bool] = []
+    agent.get_worker_group().spec.rdzv_handler.shutdown = lambda: closed.append(True) or True  # type: ignore
+    assert agent_module.run(agent) == 1
+    err = capfd.readouterr().err
+    assert agent.last_word.startswith("error: host gpu-n7: rank pid 1 still there 0.5 s after SIGKILL"), err
+    assert "drain host gpu-n7" in agent.last_word and agent.last_word.endswith(
+        "resume with: ./launch.sh pretrain --config run.json")
+    assert f"launch.sh: {agent.last_word}" in err.splitlines()
+    assert not closed and not list(folder.glob("ready-*-1")), "the rendezvous was closed, or the node restarted"
