@@ -211,7 +211,8 @@ def phase_schedules(config: RunConfig, name: str, data: PhaseData, ds: dict[str,
     phase = config.phase(name)
     static = data.manifest.static_masking
     masking = build_mask_schedule(phase, data.mask_prob, static, f"{name}.")
-    ramp = build_batch_ramp(phase, ds["gradient_accumulation_steps"], f"{name}.")
+    micro_tokens = ds["train_batch_size"] // ds["gradient_accumulation_steps"] * phase.seq_len  # all ranks
+    ramp = build_batch_ramp(phase, ds["gradient_accumulation_steps"], f"{name}.", micro_tokens)
     clock = PhaseClock(phase.steps, ds["train_batch_size"], phase.seq_len, ramp)
     return PhaseSchedules(clock, None if static else masking)
 

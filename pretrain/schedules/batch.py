@@ -25,7 +25,7 @@ from typing import Any
 
 from pretrain.errors import ConfigError
 
-__all__ = ["BatchRamp", "BatchWarmupSettings", "build_batch_ramp"]
+__all__ = ["BatchRamp", "BatchWarmupSettings", "build_batch_ramp", "steps_for_tokens"]
 
 
 def _key(default: Any, doc: str) -> Any:
@@ -42,6 +42,10 @@ class BatchWarmupSettings:
            "batch_size to batch_size, in whole micro-batches per rank; logged as schedule/batch_size. The lr "
            "schedule is not rescaled. 0: the full batch from the first step")
     batch_warmup_start: float = _key(0.25, "the first step's share of the global batch under a batch warmup, in (0, 1]")
+    batch_warmup_tokens: int = _key(
+        0, "batch warmup counted in tokens (sequence positions, samples x seq_len) instead of steps: the ramp "
+           "covers the fewest first steps whose batches hold at least this many tokens (ModernBERT and Ettin "
+           "count theirs so); set it or batch_warmup_steps, not both")
 
 
 @dataclass(frozen=True)
@@ -64,12 +68,39 @@ class BatchRamp:
                 f"batch from step {self.steps:,}")
 
 
-def build_batch_ramp(settings: BatchWarmupSettings, accumulation: int, where: str = "") -> BatchRamp | None:
-    """The ramp `settings` ask for over a phase whose full batch is `accumulation` micro-batches per rank (None: no
-    ramp); one ConfigError naming the key (`where` in front: "phase1.") for a value out of range."""
-    steps, start = settings.batch_warmup_steps, settings.batch_warmup_start
+def _ramp_tokens(ramp: BatchRamp, micro_tokens: int) -> int:
+    """Tokens the ramp's steps hold: `micro_tokens` per micro-batch of every rank (micro x world x seq_len)."""
+    return sum(ramp.accumulation_at(step) for step in range(ramp.steps)) * micro_tokens
+
+
+def steps_for_tokens(tokens: int, accumulation: int, start: float, micro_tokens: int) -> int:
+    """The fewest ramp steps whose batches hold at least `tokens` (the ramp's shape depends on its length, so the
+    length is searched from the estimate at the ramp's mean share, (1 + start) / 2)."""
+    full_step = accumulation * micro_tokens
+    steps = max(1, int(tokens / (full_step * (1.0 + start) / 2.0)))
+    while steps > 1 and _ramp_tokens(BatchRamp(accumulation, steps - 1, start), micro_tokens) >= tokens:
+        steps -= 1
+    while _ramp_tokens(BatchRamp(accumulation, steps, start), micro_tokens) < tokens:
+        steps += 1
+    return steps
+
+
+def build_batch_ramp(settings: BatchWarmupSettings, accumulation: int, where: str = "",
+                     micro_tokens: int = 0) -> BatchRamp | None:
+    """The ramp `settings` ask for over a phase whose full batch is `accumulation` micro-batches per rank, each of
+    `micro_tokens` tokens over all ranks (None: no ramp); one ConfigError naming the key (`where` in front:
+    "phase1.") for a value out of range."""
+    steps, start, tokens = settings.batch_warmup_steps, settings.batch_warmup_start, settings.batch_warmup_tokens
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise ConfigError(f"{where}batch_warmup_steps: must be an integer >= 0, got {steps!r}")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise ConfigError(f"{where}batch_warmup_tokens: must be an integer >= 0, got {tokens!r}")
+    if steps and tokens:
+        raise ConfigError(f"{where}batch_warmup_tokens: set it or batch_warmup_steps ({steps}), not both")
     if isinstance(start, bool) or not isinstance(start, int | float) or not 0.0 < start <= 1.0:
         raise ConfigError(f"{where}batch_warmup_start: must be in (0, 1], got {start!r}")
+    if tokens:
+        if micro_tokens <= 0:
+            raise ConfigError(f"{where}batch_warmup_tokens: the phase's batch holds no tokens to count")
+        steps = steps_for_tokens(tokens, accumulation, float(start), micro_tokens)
     return BatchRamp(accumulation, steps, float(start)) if steps else None

@@ -134,9 +134,30 @@ def test_a_resume_in_the_middle_of_the_ramp_continues_exactly(tmp_path: Path) ->
     assert got == expected[2:]
 
 
+def test_a_ramp_in_tokens_covers_the_fewest_steps_that_hold_them_and_another_world_is_refused(tmp_path: Path) -> None:
+    """batch_warmup_tokens=1,600 at seq 32 (50 sequences; micro-batches of 4): the plan's clock takes the fewest
+    ramp steps whose batches hold 1,600 tokens (a ramp one step shorter, reshaped, holds fewer). A trainer whose
+    data position is not where this world's ramp puts its step (a checkpoint of another number of ranks) is
+    refused in one line before any step."""
+    shards = build_shards(tmp_path / "shards")
+    tokens = [*RAMP[:1], *RAMP[3:], "--phase1.batch_warmup_tokens=1600"]
+    trainer = trainer_for(tmp_path / "a", shards, tokens)
+    clock = trainer.settings.schedules.clock
+    ramp_steps = clock.ramp.steps
+    assert clock.samples_before(ramp_steps) * 32 >= 1600  # the ramp's steps hold the tokens asked for ...
+    shorter = build_batch_ramp(BatchWarmupSettings(ramp_steps - 1, 0.25), 4)
+    assert sum(4 * shorter.accumulation_at(s) for s in range(ramp_steps - 1)) * 32 < 1600  # ... one step fewer not
+    trainer.state.step, trainer.state.data_position = 1, 8  # step 1 starts at sample 4 on this world
+    with pytest.raises(ConfigError, match=r"^phase1\.batch_warmup_steps: the checkpoint is at sample 8 of phase1, but "
+                                          r"this world size's batch warmup puts step 1 at 4: resume .* on the number"):
+        trainer._check_ramp_position()
+
+
 def test_bad_ramp_keys_are_refused_in_one_line() -> None:
     with pytest.raises(ConfigError, match=r"^phase1\.batch_warmup_steps: must be an integer >= 0, got -1$"):
         build_batch_ramp(BatchWarmupSettings(-1), 4, "phase1.")
     with pytest.raises(ConfigError, match=r"^phase2\.batch_warmup_start: must be in \(0, 1\], got 0.0$"):
         build_batch_ramp(BatchWarmupSettings(3, 0.0), 4, "phase2.")
+    with pytest.raises(ConfigError, match=r"^phase1\.batch_warmup_tokens: set it or batch_warmup_steps \(3\), not both$"):
+        build_batch_ramp(BatchWarmupSettings(3, 0.25, 1000), 4, "phase1.", 128)
     assert build_batch_ramp(BatchWarmupSettings(), 4) is None
