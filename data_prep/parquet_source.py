@@ -107,6 +107,8 @@ def read_parquet_file(path: Path, folder: Path, text_field: str, skip_bad_files:
         for batch in handle.iter_batches(batch_size=_ROWS_PER_BATCH, row_groups=groups, columns=columns):
             sizes = pc.binary_length(batch.column(text_field).cast(pa.large_binary())).to_pylist()
             titles = _titles(batch)
+            cap = limits.max_document_bytes  # a batch within the cap is copied at once, else row by row
+            texts = batch.column(text_field).to_pylist() if all(n is not None and n <= cap for n in sizes) else None
             for k, size in enumerate(sizes):
                 title = titles[k] if titles and titles[k] else f"{name}#{row + k}"
                 if size is None:
@@ -118,7 +120,7 @@ def read_parquet_file(path: Path, folder: Path, text_field: str, skip_bad_files:
                         f"--parquet {path}: row {row + k}: {size:,} bytes, over the {limits.max_document_bytes:,} "
                         "a document may have"), skip_bad_files)
                 else:
-                    text = batch.column(text_field)[k].as_py()
+                    text = texts[k] if texts is not None else batch.column(text_field)[k].as_py()
                     yield RawDocument(source, title, text.replace("\r\n", "\n"), PARAGRAPH_LINES)
             row += batch.num_rows
     except (OSError, pa.ArrowException) as err:

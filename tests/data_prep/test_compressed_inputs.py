@@ -199,3 +199,14 @@ def test_a_file_cut_off_mid_stream_is_named_not_read_short(tmp_path: Path, kind:
     path.write_bytes(packed[: len(packed) * 2 // 3])
     with pytest.raises(SourceError, match=rf"^--jsonl .*cut.jsonl.{kind}: corrupt or unreadable"):
         list(read_jsonl_file(path, tmp_path))
+
+
+def test_a_parquet_row_over_the_cap_is_left_out_in_its_place_or_named(tmp_path: Path) -> None:
+    small = DocumentLimits(max_document_bytes=MIB, max_wikitext_chars=MIB)
+    rows = [{"title": "a", "text": "First."}, {"title": "huge", "text": "x" * (2 * MIB)}, {"title": "c", "text": "Last."}]
+    write_parquet(tmp_path / "rows.parquet", rows, rows_per_group=2)
+    docs = list(read_parquet_file(tmp_path / "rows.parquet", tmp_path, "body", True, limits=small))
+    assert [(d.title, d.layout, d.text) for d in docs] == [("a", "paragraph_lines", "First."), ("huge", SKIPPED, ""),
+                                                          ("c", "paragraph_lines", "Last.")]
+    with pytest.raises(DocumentTooLarge, match=r"--parquet .*rows.parquet: row 1: 2,097,152 bytes, over the 1,048,576"):
+        list(read_parquet_file(tmp_path / "rows.parquet", tmp_path, "body", False, limits=small))
