@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--fused-on-cpu", action="store_true", help="also time the compiled LAMB on CPU")
     add("--compiled-selftest", action="store_true", help="the compiled layer's self-test on every self-test "
         "shape's longest seq, also where a run would not compile (CPU: inductor takes tens of seconds on 2 cores)")
+    add("--comparisons", action="store_true", help="also the rows no recipe runs: p1-timer-on (DeepSpeed's throughput "
+        "timer on), p1-big and p2-big (micro-batches 256 / 64); --rows naming one runs it too")
     add("--selftest-precisions", type=lambda t: [p for p in t.split(",") if p], default=None,
         help="the self-test table's precisions (default: those the recipes run on this device, e.g. bf16 alone on "
         "an H100: an fp16 row costs a compile no recipe uses; bf16,fp16 runs both); CPU: fp32,bf16")
@@ -118,7 +120,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.part_budget = part_budgets(args.part_budget, args.smoke)
     args.network = Network(args.gpus_per_node, args.intra_node_busbw, args.inter_node_busbw)
     if args.rows is not None:
-        every = argparse.Namespace(**{**vars(args), "rows": None})  # the rows of a flash GPU and of an older one
+        every = argparse.Namespace(**{**vars(args), "rows": None, "comparisons": True})  # a flash GPU's, an older one's
         known = set(row_names(build_plan(every))) | set(row_names(build_plan(every, OLDER_GPU)))
         unknown = sorted(args.rows - known)
         if unknown:

@@ -8,8 +8,9 @@ accumulation leaves aligned.
 
 Most important first, so that a time limit takes the least useful rows: the kernel self-test's verdict table
 (seconds), the recipe's phase 1 and phase 2 as a run has them on this device (`model.attention=auto`: unpadded
-where its kernel runs, pretrain/model/kernel_support.py), then the LAMB step, then the comparisons (throughput timer on, the previous check's
-micro-batches 256 / 64), then the other recipes' models (BERT-base).
+where its kernel runs, pretrain/model/kernel_support.py), then the LAMB step, then, with --comparisons, the rows no
+recipe runs (throughput timer on, the previous check's micro-batches 256 / 64), then the other recipes' models
+(BERT-base).
 """
 
 from __future__ import annotations
@@ -138,11 +139,25 @@ def comparison_groups(args: argparse.Namespace, recipe: Path, facts: DeviceFacts
     return groups
 
 
+def comparisons_wanted(args: argparse.Namespace, comparisons: list[GroupSpec]) -> bool:
+    """The comparison rows run with --comparisons, or where --rows names one: no recipe runs them (DeepSpeed's
+    throughput timer is off in the shipped JSON; the recipes' micro-batches are 64 / 16 and 128 / 32), so the
+    first check on a GPU spends its 10 minutes on what the recipes run."""
+    return args.comparisons or (args.rows is not None and bool(args.rows & set(row_names(list(comparisons)))))
+
+
+def skipped_comparisons(args: argparse.Namespace, facts: DeviceFacts = TARGET_GPU) -> list[str]:
+    """The comparison rows this run leaves out (the check counts them in its file; none when --rows picks rows)."""
+    comparisons = comparison_groups(args, args.recipe, facts)
+    return [] if args.rows is not None or comparisons_wanted(args, comparisons) else row_names(list(comparisons))
+
+
 def build_plan(args: argparse.Namespace, facts: DeviceFacts = TARGET_GPU) -> list[GroupSpec | str]:
     """The self-test, the groups and the LAMB stage in the order they run on a device with `facts`, keeping only the
-    rows --rows names (all by default)."""
+    rows --rows names (all by default; the comparison rows with --comparisons, `comparisons_wanted`)."""
+    comparisons = comparison_groups(args, args.recipe, facts)
     stages: list[GroupSpec | str] = [SELFTEST_STAGE, *main_groups(args, args.recipe, "", True, facts), LAMB_STAGE,
-                                     *comparison_groups(args, args.recipe, facts)]
+                                     *(comparisons if comparisons_wanted(args, comparisons) else [])]
     for other in args.also_recipes:
         stages += main_groups(args, other, f"{other.stem}:", False, facts)
     if args.rows is None:

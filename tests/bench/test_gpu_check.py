@@ -92,7 +92,7 @@ def test_gpu_check_smoke_runs_the_production_step_and_saves_every_row(
     previous = signal.getsignal(signal.SIGTERM)
     out = tmp_path / "rows.jsonl"
     try:
-        code = gpu_check.main(["--smoke", "--jsonl", str(out), "--work-dir", str(tmp_path / "work")])
+        code = gpu_check.main(["--smoke", "--comparisons", "--jsonl", str(out), "--work-dir", str(tmp_path / "work")])
     finally:
         signal.signal(signal.SIGTERM, previous)
     printed = capsys.readouterr().out

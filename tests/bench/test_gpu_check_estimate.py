@@ -114,7 +114,13 @@ def test_comparisons_are_ratios_of_rows_present() -> None:
 
 
 def test_rows_run_at_the_recipes_micro_batches_most_important_first() -> None:
-    stages = build_plan(parse_args([]))
+    # the rows no recipe runs (timer on, micro-batches 256 / 64) only with --comparisons or named in --rows
+    plain = build_plan(parse_args([]))
+    assert not {"p1-timer-on", "p1-big", "p2-big"} & set(row_names(plain))
+    assert row_names(build_plan(parse_args(["--rows", "p1-big,p1"]))) == ["p1", "p1-big"]
+    stages = build_plan(parse_args(["--comparisons"]))
+    assert [s for s in stages if s not in plain] == [s for s in stages if getattr(s, "part", "").endswith(
+        ("-timer-on", "-big"))]
     groups = [s for s in stages if s not in (LAMB_STAGE, SELFTEST_STAGE)]
     shapes = [(g.rows[0].name, g.preset, g.seq_len, g.micro_batch, g.tput_timer) for g in groups]
     assert shapes == [("p1", "bert-large", 128, 64, False), ("p2", "bert-large", 512, 16, False),

@@ -18,7 +18,7 @@ import pytest
 
 from bench.gpu_check.args import OLDER_GPU, parse_args
 from bench.gpu_check.budget import CHILD_MARGIN_S, LIMIT_S, PartClock, budget_of, fits_limit
-from bench.gpu_check.plan import TARGET_GPU, build_plan, part_names
+from bench.gpu_check.plan import TARGET_GPU, build_plan, part_names, skipped_comparisons
 from bench.gpu_check.selftest import selftest_precisions
 from pretrain.model.kernel_support import DeviceFacts
 from tests.bench import gpu_check_plants
@@ -107,8 +107,11 @@ def test_the_default_budgets_fit_gpu_check_sh_limit_on_the_gpus_it_is_for() -> N
     args = parse_args([])
     for facts in (TARGET_GPU, OLDER_GPU):
         parts = part_names(build_plan(args, facts))
-        assert parts[:4] == ["selftest", "p1", "p2", "lamb"] and len(parts) == len(set(parts))
+        assert parts == ["selftest", "p1", "p2", "lamb", "bert_base:p1", "bert_base:p2"]
         assert fits_limit(parts, args.part_budget) <= LIMIT_S, parts
+    # the rows no recipe runs are left out, counted (bench/gpu_check/run.py saves a "skipped" record)
+    assert skipped_comparisons(args) == ["p1-timer-on", "p1-big", "p2-big"]
+    assert skipped_comparisons(parse_args(["--comparisons"])) == skipped_comparisons(parse_args(["--rows", "p1"])) == []
 
 
 def test_the_self_test_runs_the_precisions_the_recipes_run_there() -> None:
