@@ -33,9 +33,10 @@
 #     synthetic shards (~5-10 s)                                                  ~ 70-120 s  budget 120 s
 #   p2: p2, p2-padded, p2-packed, p2-opt: 512 x 16, one engine                   ~ 45-60 s   budget  75 s
 #   lamb: LAMB over BERT-Large (335M fp32): copy bandwidth, reference, fused step ~ 10-60 s   budget  60 s
-#   p1-timer-on, p1-big (128 x 256), p2-big (512 x 64): one engine each           ~ 60-80 s   budget 30+35+35 s
 #   bert_base:p1, bert_base:p2 (bert_base.json, 128 / 32): one engine each        ~ 35-50 s   budget 30+30 s
-#   total                                                                         ~ 5-8.5 min (budgets: 9.2 min)
+#   total                                                                         ~ 4-7 min (budgets: 7.6 min)
+#   with --comparisons (rows no recipe runs): p1-timer-on, p1-big (128 x 256),
+#     p2-big (512 x 64), one engine each, before BERT-base                        ~ 60-80 s   budget 30+35+35 s
 # On a first run a part may be stopped, or the last rows (BERT-base) skipped: by design; the file says which.
 # --smoke runs every row on CPU with the tiny model at tiny shapes (the same engine and trainer,
 # one timed step per row), about a minute on 2 idle cores; no part budgets unless --part-budget names some.
