@@ -13,6 +13,10 @@ before the first backward (all micro-batches of the step are read first, pretrai
 loss stays a mean per micro-batch: every micro-batch holds the same number of instances, so the mean of the
 means is the mean over the global batch.
 
+The step's shape: the phase's accumulation, or under a batch warmup (pretrain/schedules/batch.py) the ramp's for
+this step, told to DeepSpeed before the step with the boundary marked on its last micro-batch. Step monitors count
+each micro-batch on the host (`StepMonitor.count`); their counts ride the step's one all-reduce.
+
 `OptimizerStep` is the step half of the phase trainer (pretrain/trainer.py `PhaseTrainer`, the loop half,
 derives from it and sets the attributes declared below); the loop calls `train_step` once per step.
 """
@@ -82,7 +86,8 @@ class OptimizerStep:
         return self.micro_batches_per_step / labelled[0].clamp_min(1)
 
     def train_step(self) -> StepResult:
-        """Accumulate `gradient_accumulation_steps` micro-batches, then one optimizer step.
+        """Accumulate this step's micro-batches (the phase's accumulation, or the batch warmup's for this step,
+        `shape_step`), then one optimizer step.
 
         Statistics stay on the device until one all-reduce at the end (a single host sync per step,
         pretrain/step_stats.py), which also carries this rank's stop request so the ranks agree on stopping

@@ -161,7 +161,10 @@ def plan_run(config: RunConfig, dist_info: DistInfo, verify_checksums: bool, fac
             "objective": OBJECTIVES[first.trains_nsp],
             "segments": first.manifest.segments,
             # each phase's lr schedule in words, as the report's and the model card's recipe tables print it
-            "schedules": {name: schedule_line(config.phase(name), config.phase(name).steps) for name in phases},
+            # (with what else moves over the phase: a masking-rate schedule, a batch warmup)
+            "schedules": {name: schedule_line(config.phase(name), config.phase(name).steps)
+                          + (phase.stream.schedules.line_tail() if phase.stream.schedules else "")
+                          for name, phase in phases.items()},
             # each phase's other schedules in words (the masking rate's; none for static shards)
             "phase_schedules": {name: phase.stream.schedules.describe() for name, phase in phases.items()
                                 if phase.stream.schedules is not None},
@@ -364,10 +367,11 @@ def settle_attention(plan: RunPlan, dist_info: DistInfo, test: SelfTest = kernel
 
 
 def eager_layers(attention: AttentionPlan, why: str) -> AttentionPlan:
-    """The unpadded path with eager layers for `why`; model.compile=true is refused, in one line."""
+    """The unpadded path with eager layers for `why`; model.compile=true is refused, in one line. The reason comes
+    first in the line, before the path's own (a passed kernel test's numbers)."""
     if attention.compile_strict:
         raise ConfigError(f"model.compile=true: {why}; model.compile=null runs the layers eager with a warning")
-    return dataclasses.replace(attention, compile=False, why=f"{attention.why}; layers eager: {why}")
+    return dataclasses.replace(attention, compile=False, why=f"layers eager: {why}; {attention.why}")
 
 
 def fall_back(attention: AttentionPlan, why: str) -> AttentionPlan:

@@ -35,6 +35,16 @@ class PhaseSchedules:
         """The masking rate of the step that holds stream sample `sample` (None: the shards' static masks)."""
         return None if self.masking is None else self.masking.rate(self.clock.at_sample(sample))
 
+    def line_tail(self) -> str:
+        """What the phase schedules besides the lr, for the end of its recorded schedule line (the report's and the
+        model card's recipe tables print that line): nothing for a constant rate and a fixed batch."""
+        tail = ""
+        if self.masking is not None and self.masking.start != self.masking.end:
+            tail += f"; masking rate {self.masking.describe()}"
+        if self.clock.ramp is not None:
+            tail += f"; batch warmup: {self.clock.ramp.describe()}"
+        return tail
+
     def describe(self) -> dict[str, str]:
         """Each schedule in words, as config.resolved.json records it."""
         out = {} if self.masking is None else {"masking": self.masking.describe()}

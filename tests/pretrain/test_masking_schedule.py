@@ -77,6 +77,11 @@ def test_the_rate_the_model_saw_follows_the_schedule_and_is_logged_every_step(tm
         assert values["schedule/mask_rate"] == pytest.approx(scheduled, abs=1e-12), step
         assert masked_share(seen) == pytest.approx(scheduled, abs=0.01), (step, masked_share(seen), scheduled)
     assert scheduled == pytest.approx(0.15)
+    # named where the report's and the model card's recipe tables read a phase's schedules
+    recorded = trainer.resolved_config["resolved"]["schedules"]["phase1"]
+    assert recorded.endswith("; masking rate linear from 0.3 at the first step to 0.15 at the last"), recorded
+    assert trainer.resolved_config["resolved"]["phase_schedules"]["phase1"] == {
+        "masking": "linear from 0.3 at the first step to 0.15 at the last"}
     assert trainer.settings.schedules is not None and trainer.train_batches.schedules is trainer.settings.schedules
 
 
