@@ -23,6 +23,7 @@ Standard library and torch only; nothing here reads the run config.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
 import socket
@@ -87,7 +88,7 @@ def bind_here(host: str, port: int) -> socket.socket | None:
             sock.bind(address)
         except OSError as err:
             sock.close()
-            if err.errno == 98:  # EADDRINUSE: this machine's address, somebody else's port
+            if err.errno == errno.EADDRINUSE:  # this machine's address, somebody else's port
                 raise DistNetworkError(f"the ranks' store cannot listen at {host}:{port} ({address[0]}): "
                                        f"EADDRINUSE, address already in use") from err
             continue  # EADDRNOTAVAIL: not an address of this machine
@@ -109,12 +110,11 @@ def rank_store(settings: RankStoreSettings) -> Store | None:
         return TCPStore(settings.host, settings.port, world_size=settings.world_size, is_master=False,
                         timeout=settings.timeout)
     sock = bind_here(settings.host, settings.port)
+    why = f"MASTER_ADDR {settings.host} names no address of this machine"
     if sock is not None and ipaddress.ip_address(sock.getsockname()[0]).is_loopback and not settings.one_machine:
         sock.close()
         sock = None
         why = f"MASTER_ADDR {settings.host} is a loopback address on this machine, and ranks run on other machines"
-    else:
-        why = f"MASTER_ADDR {settings.host} names no address of this machine"
     if sock is None:
         _say(f"warning: {why}: the ranks' store listens on every interface (torch's own server); give the address "
              f"the other machines reach this one at")
