@@ -69,7 +69,8 @@ def test_the_plan_tests_the_compiled_layer_and_runs_it_eager_when_it_fails(capsy
     assert all(p.attention.unpadded and not p.attention.compile for p in settled.phases.values())
     record = settled.resolved["resolved"]["attention"]["phase2"]
     assert record["path"] == "unpadded" and record["compile"] is False
-    assert "layers eager: the compiled layer's self-test failed on " in record["why"] and "compiled layer (" in record["why"]
+    assert record["why"].startswith("layers eager: the compiled layer's self-test failed on ")  # the reason first
+    assert "compiled layer (" in record["why"] and "; model.attention=" in record["why"]
     with pytest.raises(ConfigError, match=r"^model.compile=true: the compiled layer's self-test failed on "):
         settle_attention(compiling(run_plan_stub("auto", compile_strict=True)), Place(), compiled_test=planted)
     capsys.readouterr()
