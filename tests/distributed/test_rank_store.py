@@ -6,7 +6,7 @@ gloo (tests/scripts/rank_store_ranks.py). torch's own server, asked for 127.0.0.
 (`[::]`, IPv4 included); ours is bound to 127.0.0.1 (pretrain/distributed/rank_store.py). Over the same group:
 pretrain/distributed/json_collectives.py, which replaced torch's pickling `*_object` collectives, and SQuAD's
 logits and the plan's self-test verdicts gathered through it (pretrain/finetune/squad/inference.py gather_rows,
-pretrain/plan/run_plan.py gather).
+pretrain/plan/run_plan.py gather), a save's failures and the resume votes (pretrain/checkpointing/).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,11 +28,14 @@ from tests.support.paths import REPO_ROOT
 SCRIPT = REPO_ROOT / "tests" / "scripts" / "rank_store_ranks.py"
 
 
-def results_of_two_ranks() -> dict[int, dict]:
+def results_of_two_ranks(work: Path) -> dict[int, dict]:
+    (work / "fresh").mkdir()
+    (work / "refused").mkdir()
+    (work / "refused" / "latest").write_text("../elsewhere")
     port = free_port()
     env = deepspeed_cpu_env() | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
                                  "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_USE_AGENT_STORE": "False"}
-    ranks = [subprocess.Popen([sys.executable, "-u", str(SCRIPT)], cwd=REPO_ROOT, text=True, stdout=subprocess.PIPE,
+    ranks = [subprocess.Popen([sys.executable, "-u", str(SCRIPT), str(work)], cwd=REPO_ROOT, text=True, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, env=env | {"RANK": str(rank), "LOCAL_RANK": str(rank)})
              for rank in (0, 1)]
     results = {}
@@ -48,8 +52,8 @@ def results_of_two_ranks() -> dict[int, dict]:
     return results
 
 
-def test_the_ranks_store_listens_on_loopback_alone_and_values_cross_as_json() -> None:
-    results = results_of_two_ranks()
+def test_the_ranks_store_listens_on_loopback_alone_and_values_cross_as_json(tmp_path: Path) -> None:
+    results = results_of_two_ranks(tmp_path)
     assert results[0]["listening"] == ["0100007F"]  # 127.0.0.1 alone: not [::] (torch's server), not 0.0.0.0
     for rank in (0, 1):
         got = results[rank]
@@ -68,7 +72,10 @@ def test_the_ranks_store_listens_on_loopback_alone_and_values_cross_as_json() ->
         sent = repr(asdict(SelfTestResult(False, "cpu fp32", 2e-3, 1e-5, kernel_part="dq")))  # NaN fields too
         assert got["verdicts"] == [["host0", [True, True], None, None],
                                    ["host1", [True, False], ["SelfTestResult", sent], None]]
-        assert got["squad_rows"] == want  # SQuAD's logits gathered bit for bit, window lengths kept
+        assert got["squad_rows"] == want
+        assert got["failures"] == ["rank 1: disk full"]  # a save's failures, world-wide
+        assert got["fresh"] is None  # resume votes: ["fresh", ""] and ["abstain", ""], read as the pairs
+        assert "latest" in got["refused_resume"] and "elsewhere" in got["refused_resume"]  # SQuAD's logits gathered bit for bit, window lengths kept
 
 
 def test_which_addresses_count_as_one_machine() -> None:

@@ -2,7 +2,7 @@
 gives its ranks (one machine: MASTER_ADDR 127.0.0.1, a store of the ranks' own): the process group the driver
 joins (init_distributed, over gloo), then the JSON collectives over it.
 
-    python rank_store_ranks.py
+    python rank_store_ranks.py WORK    (WORK/fresh: no checkpoint; WORK/refused: a `latest` naming ../elsewhere)
 
 Prints one line `RESULT {json}`: where the ranks' store listens (rank 0, read from /proc/net/tcp and tcp6 while the
 group is up) and what each collective delivered.
@@ -13,11 +13,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 import torch.distributed as dist
 
+from pretrain.checkpointing.commit import agree_on_failures
+from pretrain.checkpointing.manifest import resolve_resume_tag
 from pretrain.distributed.json_collectives import (
     all_gather_bytes,
     all_gather_float32,
@@ -25,6 +29,7 @@ from pretrain.distributed.json_collectives import (
     broadcast_json,
 )
 from pretrain.distributed.process_group import init_distributed
+from pretrain.errors import ResumeError
 from pretrain.finetune.squad.inference import gather_rows
 from pretrain.plan.run_plan import gather
 from pretrain.plan.self_test import SelfTestResult
@@ -64,6 +69,14 @@ def main() -> None:
     verdicts = gather((f"host{rank}", (True, rank == 0), tested, None))  # the plan's self-test verdicts
     result["verdicts"] = [[host, list(planned), None if test is None else [type(test).__name__, repr(asdict(test))],
                            compiled] for host, planned, test, compiled in verdicts]
+    work = Path(sys.argv[1])
+    result["failures"] = agree_on_failures("rank 1: disk full" if rank == 1 else None)  # a save's verdict
+    result["fresh"] = resolve_resume_tag(work / "fresh", rank)  # the resume votes: rank 0 "fresh", rank 1 abstains
+    try:
+        resolve_resume_tag(work / "refused", rank)
+        result["refused_resume"] = None
+    except ResumeError as err:  # rank 0's "broken" vote, on every rank
+        result["refused_resume"] = str(err)
     try:
         all_gather_json({"a set": {1}})  # refused on the sender, before any collective
         result["refused"] = None
