@@ -80,7 +80,7 @@ def test_a_compiled_graph_whose_dropout_drops_nothing_or_twice_the_rate_fails() 
 
 def test_the_run_shape_is_the_phase_models_and_its_micro_batch() -> None:
     config = no_dropout_model(128, hidden_size=96, num_attention_heads=3, intermediate_size=200).config
-    shape = run_shape(config, 128, 64)
+    shape = run_shape(config, [(512, 16), (128, 64)])  # the phase with the most instances per micro-batch
     assert (shape.heads, shape.hidden, shape.intermediate, shape.head_dim) == (3, 96, 200, 32)
     assert shape.attention_dropout == shape.hidden_dropout == 0.0
     assert len(shape.lengths) == 64 and max(shape.lengths) == 128 and min(shape.lengths) >= 32
