@@ -11,17 +11,23 @@ pretrain/plan/run_plan.py gather), a save's failures and the resume votes (pretr
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import socket
 import subprocess
 import sys
+import threading
 from dataclasses import asdict
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import pytest
+from torch.distributed import TCPStore
 
-from pretrain.distributed.rank_store import RankStoreSettings, bind_here, loopback_everywhere
+from pretrain.distributed.rank_store import RankStoreSettings, bind_here, loopback_everywhere, rank_store
 from pretrain.plan.self_test import SelfTestResult
+from tests.scripts.rank_store_ranks import listening
 from tests.support.launching import deepspeed_cpu_env, free_port
 from tests.support.paths import REPO_ROOT
 
@@ -94,3 +100,32 @@ def test_an_address_of_another_machine_is_not_bound_and_a_taken_port_is_named() 
         assert held is not None
         with pytest.raises(Exception, match=r"cannot listen at 127.0.0.1:\d+ .*EADDRINUSE"):
             bind_here("127.0.0.1", held.getsockname()[1])
+
+
+def test_a_name_that_is_loopback_here_in_a_world_of_several_machines_keeps_torchs_server_with_one_line(
+        capfd: pytest.CaptureFixture) -> None:
+    """Some /etc/hosts files map the machine's own name to a loopback address (127.0.1.1), while the other nodes
+    resolve it to its cluster address: bound to loopback, they could not reach the store. Rank 0 of a world on two
+    machines keeps torch's server (every interface) and says so; a client of the store still meets it."""
+    host = socket.gethostname()
+    try:
+        here = ipaddress.ip_address(socket.gethostbyname(host))
+    except OSError:
+        pytest.skip(f"this machine's name {host} does not resolve")
+    if not here.is_loopback:
+        pytest.skip(f"this machine's name {host} resolves to {here}, not to a loopback address")
+    port, timeout = free_port(), timedelta(seconds=60)
+    clients: list[TCPStore] = []
+    peer = threading.Thread(target=lambda: clients.append(TCPStore(host, port, 2, is_master=False, timeout=timeout)))
+    peer.start()
+    store = rank_store(RankStoreSettings(host, port, rank=0, world_size=2, local_world_size=1, timeout=timeout,
+                                         agent_store=False))
+    peer.join()
+    assert store is not None
+    store.set("met", "yes")
+    assert clients[0].get("met") == b"yes"
+    assert listening(port) == ["0" * 32]  # [::]: every interface, IPv4 included
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("process_group:")]
+    assert lines == [f"process_group: warning: MASTER_ADDR {host} is a loopback address on this machine, and ranks "
+                     "run on other machines: the ranks' store listens on every interface (torch's own server); give "
+                     "the address the other machines reach this one at"]
