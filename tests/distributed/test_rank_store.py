@@ -58,6 +58,7 @@ def results_of_two_ranks(work: Path) -> dict[int, dict]:
     return results
 
 
+@pytest.mark.multirank
 def test_the_ranks_store_listens_on_loopback_alone_and_values_cross_as_json(tmp_path: Path) -> None:
     results = results_of_two_ranks(tmp_path)
     assert results[0]["listening"] == ["0100007F"]  # 127.0.0.1 alone: not [::] (torch's server), not 0.0.0.0
