@@ -42,7 +42,7 @@ import argparse
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +53,12 @@ from bench.gpu_check.plan import shape_of
 from pretrain.config.attention import compile_enabled, zero_stage
 from pretrain.config.deepspeed import effective_precision, phase_ds_json
 from pretrain.config.load import load_config
+from pretrain.model.bert import bert_config
 from pretrain.model.kernel_support import DeviceFacts, unpadded_kernel, unpadded_problem
 from pretrain.model.presets import PRESETS
 from pretrain.plan.compiled_check import compiled_self_test
 from pretrain.plan.contained import CHILD_LIMIT_S, SelfTest, in_child
+from pretrain.plan.run_shape import RunShape, micro_batch_lengths
 from pretrain.plan.self_test import SelfTestResult, kernel_self_test, over
 
 CHILD_ENDED = re.compile(r"process (died of|exited with)|^no verdict in")  # contained.py's words for a child's end
@@ -73,6 +75,8 @@ class SelftestCase:
     head: int
     seq: int
     compiled_skip: str | None = None
+    # the run's shapes the tests check (pretrain/plan/run_shape.py; None: the tests' own), `case_shape`
+    shape: RunShape | None = field(default=None, compare=False)
 
 
 def compile_skip(args: argparse.Namespace, recipe: Path, phase: str, facts: DeviceFacts) -> str | None:
@@ -105,10 +109,10 @@ class SelfTests:
         """`test` at `case`, contained where the settings say: pretrain/plan/contained.py's child, waited for at
         most `limit_s` (its part's time left), killed then; its end (a signal, a status) is then a failed verdict."""
         if device.type != "cuda" and not self.contain:
-            return test(device, case.precision, case.head, case.seq)
+            return test(device, case.precision, case.head, case.seq, case.shape)
         with alarm_deferred():  # the child's own limit bounds it; a stop mid-wait would leave it running
-            return in_child(test, device, case.precision, case.head, case.seq, where=f"{device} {case.precision}",
-                            limit_s=limit_s)
+            return in_child(test, device, case.precision, case.head, case.seq, case.shape,
+                            where=f"{device} {case.precision}", limit_s=limit_s)
 
 
 def selftest_precisions(args: argparse.Namespace, facts: DeviceFacts) -> tuple[list[str], list[str]]:
@@ -151,8 +155,33 @@ def selftest_cases(args: argparse.Namespace, facts: DeviceFacts) -> list[Selftes
             skip = f"at seq {compiled_at[head]} (one compile per precision)"
         else:
             skip = next(reason for reason in reasons if reason is not None)
-        cases += [SelftestCase(precision, head, seq, skip) for precision in precisions]
+        shape = case_shape(args, head)
+        cases += [SelftestCase(precision, head, seq, skip, shape) for precision in precisions]
     return sorted(cases, key=lambda case: precisions.index(case.precision))
+
+
+def case_shape(args: argparse.Namespace, head: int) -> RunShape | None:
+    """The shapes a run tests at (pretrain/plan/run_plan.py `tested_shape`: its model, and the micro-batch of its
+    phase with the most instances), of the first recipe with this head size (--recipe first: BERT-Large, 16 heads,
+    64 instances at seq 128 by default), so that the table checks the kernel and the compiled layer as that run
+    will; None where no recipe has the head size."""
+    for recipe in [Path(args.recipe), *map(Path, args.also_recipes)]:
+        phases = [shape_of(args, recipe, phase) for phase in ("phase1", "phase2")]
+        ours = [(micro, seq, preset) for preset, seq, micro in phases if head_of(preset) == head]
+        if ours:
+            micro, seq, preset = max(ours)
+            overrides = {key: value for key, value in load_config(recipe).model.overrides.items()
+                         if key not in ("vocab_size", "max_position_embeddings")}
+            model = bert_config(preset, args.vocab, **overrides)
+            return RunShape(heads=model.num_attention_heads, hidden=model.hidden_size,
+                            intermediate=model.intermediate_size,
+                            attention_dropout=float(model.attention_probs_dropout_prob),
+                            hidden_dropout=float(model.hidden_dropout_prob), lengths=micro_batch_lengths(seq, micro))
+    return None
+
+
+def head_of(preset: str) -> int:
+    return PRESETS[preset]["hidden_size"] // PRESETS[preset]["num_attention_heads"]
 
 
 def selftest_row(device: torch.device, facts: DeviceFacts, case: SelftestCase, tests: SelfTests = SelfTests(),

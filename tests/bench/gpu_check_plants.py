@@ -9,20 +9,23 @@ import time
 
 import torch
 
+from pretrain.plan.run_shape import RunShape
 from pretrain.plan.self_test import SelfTestResult, kernel_self_test
 
 
-def segfault_in_bf16(device: torch.device, precision: str, head_dim: int, seq_len: int) -> SelfTestResult:
+def segfault_in_bf16(device: torch.device, precision: str, head_dim: int, seq_len: int,
+                     shape: RunShape | None = None) -> SelfTestResult:
     """In bf16, a kernel test whose process dies of SIGSEGV, as one does on a device fault (an illegal memory access
     in a kernel, which leaves a CUDA context no later call can use); in another precision the real test."""
     if precision != "bf16":
-        return kernel_self_test(device, precision, head_dim, seq_len)
+        return kernel_self_test(device, precision, head_dim, seq_len, shape)
     os.kill(os.getpid(), signal.SIGSEGV)
     time.sleep(60)  # never reached: the signal ends the process
     return SelfTestResult(True, f"{device} {precision}")
 
 
-def hangs(device: torch.device, precision: str, head_dim: int, seq_len: int) -> SelfTestResult:
+def hangs(device: torch.device, precision: str, head_dim: int, seq_len: int,
+          shape: RunShape | None = None) -> SelfTestResult:
     """A kernel test that does not end (a kernel spinning, a compile that never returns)."""
     time.sleep(600)
     return SelfTestResult(True, f"{device} {precision}")

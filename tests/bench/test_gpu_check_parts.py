@@ -19,7 +19,7 @@ import pytest
 from bench.gpu_check.args import OLDER_GPU, parse_args
 from bench.gpu_check.budget import CHILD_MARGIN_S, LIMIT_S, PartClock, budget_of, fits_limit
 from bench.gpu_check.plan import TARGET_GPU, build_plan, part_names, skipped_comparisons
-from bench.gpu_check.selftest import selftest_precisions
+from bench.gpu_check.selftest import selftest_cases, selftest_precisions
 from pretrain.model.kernel_support import DeviceFacts
 from tests.bench import gpu_check_plants
 from tests.support.pretrain_fixtures import REPO_ROOT
@@ -123,6 +123,17 @@ def test_the_self_test_runs_the_precisions_the_recipes_run_there() -> None:
     assert selftest_precisions(parse_args(["--smoke"]), DeviceFacts("cpu")) == (["fp32", "bf16"], [])
     with pytest.raises(SystemExit):
         parse_args(["--selftest-precisions", "fp8"])
+
+
+def test_the_self_tests_run_at_the_shapes_the_recipes_run_will_test() -> None:
+    # as pretrain/plan/run_plan.py's tested_shape: the recipe's model and its phase with the most instances (the
+    # most segments), here BERT-Large's 16 heads at 64 x 128, not the tests' own 2 heads and 7 segments
+    cases = selftest_cases(parse_args([]), TARGET_GPU)
+    assert [(case.precision, case.head, case.seq) for case in cases] == [("bf16", 64, 128), ("bf16", 64, 512)]
+    for case in cases:
+        assert case.shape is not None and (case.shape.heads, case.shape.hidden) == (16, 1024)
+        assert len(case.shape.lengths) == 64 and max(case.shape.lengths) <= 128
+        assert case.shape.attention_dropout == 0.1
 
 
 def test_the_file_and_the_table_name_device_mfu_and_model_mfu_apart() -> None:

@@ -77,11 +77,13 @@ def test_the_compiled_check_runs_where_the_recipe_compiles_once_per_precision_at
     assert [case.compiled_skip for case in cases] == why  # bf16 alone
 
 
-def wrong_in_bf16(device: torch.device, precision: str, head_dim: int, seq_len: int) -> Any:
-    """The compiled layer's self-test with no code generation; in bf16 its layer is given a kernel that ignores the
-    segment bounds (what wrong generated code around the kernel would do), in fp32 the device's own."""
+def wrong_in_bf16(device: torch.device, precision: str, head_dim: int, seq_len: int, shape: Any = None) -> Any:
+    """The compiled layer's self-test with no code generation, at the run's shape the check passes; in bf16 its
+    layer is given a kernel that ignores the segment bounds (what wrong generated code around the kernel would do),
+    in fp32 the device's own."""
+    assert shape is not None and shape.heads == 2 and len(shape.lengths) == 4  # the tiny recipe's, micro 4
     kernel = across_segments if precision == "bf16" else varlen_attention
-    return compiled_self_test(device, precision, head_dim, seq_len, backend="aot_eager", kernel=kernel)
+    return compiled_self_test(device, precision, head_dim, seq_len, shape, backend="aot_eager", kernel=kernel)
 
 
 def test_the_verdict_table_prints_the_margins_and_a_wrong_compiled_layer_fails_the_check(
