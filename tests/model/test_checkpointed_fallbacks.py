@@ -30,6 +30,13 @@ class OutOfResources(Exception):
     """Shaped like Triton's launch error (triton.runtime.errors.OutOfResources)."""
 
 
+@pytest.fixture(autouse=True)
+def fresh_code_cache() -> Any:
+    """Each test leaves torch's code cache as it found it (empty): later tests count the layer's graphs from 0."""
+    yield
+    torch._dynamo.reset()
+
+
 def planted_backend(what: str) -> Any:
     """Eager code through AOT autograd, failing as `what` says: bw / fw (that graph does not compile), bwrun / fwrun
     (that graph's code raises when it first runs)."""

@@ -23,6 +23,13 @@ from tests.support.model_fixtures import both_layouts, no_dropout_model
 CPU_FP32 = {"bf16": {"enabled": False}, "fp16": {"enabled": False}, "zero_optimization": {"stage": 2}}
 
 
+@pytest.fixture(autouse=True)
+def fresh_code_cache() -> Any:
+    """Each test leaves torch's code cache as it found it (empty): later tests count the layer's graphs from 0."""
+    yield
+    torch._dynamo.reset()
+
+
 def no_compiler(gm: torch.fx.GraphModule, _inputs: list[Any]) -> Any:
     raise RuntimeError("planted: Cannot find a working triton installation")
 
