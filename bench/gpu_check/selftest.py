@@ -23,6 +23,9 @@ most the self-test part's time left (bench/gpu_check/budget.py). The kernel test
 in the check's own process, a sticky CUDA error there (an illegal memory access) would fail every row after it;
 in a child it is one FAIL row ("child process: its process died of SIGSEGV ...") and the check goes on.
 
+Both run at the shapes a run tests (`case_shape`: the first recipe with the row's head size, its model and its
+phase with the most instances per micro-batch), as `settle_attention` passes them.
+
 The precisions are those the recipes run on the device (`selftest_precisions`: bf16 alone on an H100 or H200, as
 every shipped recipe has run.precision=auto); fp16 there is skipped, counted in the file ("skipped" record), and
 `--selftest-precisions bf16,fp16` runs it.
