@@ -27,14 +27,14 @@
 #   selftest: the kernel self-test in bf16 (the recipes' precision; fp16 skipped,
 #     --selftest-precisions bf16,fp16 runs it) x head 64 x seq 128 and 512, each
 #     in a child process (~5-10 s), and the compiled layer's check at seq 512 in
-#     one more child with one inductor compile (~15-30 s)                         ~ 35-60 s   budget  90 s
+#     one more child with one inductor compile of the run's layer (~20-40 s)      ~ 40-75 s   budget 120 s
 #   p1: p1, p1-padded, p1-full, p1-opt: BERT-Large 128 x 64, one engine (~10-15 s
 #     to build; the first step compiles the layer and the fused LAMB, ~20-60 s),
 #     synthetic shards (~5-10 s)                                                  ~ 70-120 s  budget 120 s
 #   p2: p2, p2-padded, p2-packed, p2-opt: 512 x 16, one engine                   ~ 45-60 s   budget  75 s
 #   lamb: LAMB over BERT-Large (335M fp32): copy bandwidth, reference, fused step ~ 10-60 s   budget  60 s
 #   bert_base:p1, bert_base:p2 (bert_base.json, 128 / 32): one engine each        ~ 35-50 s   budget 30+30 s
-#   total                                                                         ~ 4-7 min (budgets: 7.6 min)
+#   total                                                                         ~ 4-7 min (budgets: 8.1 min)
 #   with --comparisons (rows no recipe runs): p1-timer-on, p1-big (128 x 256),
 #     p2-big (512 x 64), one engine each, before BERT-base                        ~ 60-80 s   budget 30+35+35 s
 # On a first run a part may be stopped, or the last rows (BERT-base) skipped: by design; the file says which.

@@ -32,7 +32,8 @@ every shipped recipe has run.precision=auto); fp16 there is skipped, counted in 
 
 Cost on one H200 (estimated, not measured): per kernel row, a child process (an interpreter and torch's import,
 ~5-10 s) and seconds of tests: two rows (head 64, seq 128 and 512, bf16); the compiled check, a child and one
-inductor compile (~15-30 s cold, less with TORCHINDUCTOR_CACHE_DIR warm): ~35-60 s in all, budget 90 s.
+inductor compile of the run's layer (~20-40 s cold, less with TORCHINDUCTOR_CACHE_DIR warm): ~40-75 s in all,
+budget 120 s (a child still running at the part's end is killed: "no verdict in N s", a FAIL row).
 
 A FAIL counts as a failed row (exit 1): of the kernel, `auto` would run padded there and an explicit
 `model.attention=unpadded` would be refused; of the compiled layer (wrong numbers, an error, or a fallback to
