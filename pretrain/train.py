@@ -40,7 +40,7 @@ import functools
 import gc
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,16 +59,20 @@ from pretrain.checkpointing.checkpoint import (
 )
 from pretrain.checkpointing.commit import ExportError, agree_on_failures, first_line, out_of_space
 from pretrain.checkpointing.elastic import prepare_resume
-from pretrain.checkpointing.export import load_weights
 from pretrain.checkpointing.export_tokenizer import TokenizerExportError
 from pretrain.checkpointing.manifest import resolve_resume_tag
-from pretrain.checkpointing.weights_source import VocabIdentity, check_checkpoint_vocab, initial_weights
+from pretrain.checkpointing.weights_source import (
+    VocabIdentity,
+    WeightReader,
+    check_checkpoint_vocab,
+    initial_weights,
+    load_initial_weights,
+)
 from pretrain.config.cli import parse_args
 from pretrain.config.load import load_config
 from pretrain.config.sections import RunConfig
 from pretrain.data.batches import DataConfigError
 from pretrain.distributed.info import DistInfo, Launch
-from pretrain.distributed.json_collectives import broadcast_json
 from pretrain.distributed.lifetime import release_run_folder
 from pretrain.distributed.process_group import init_distributed
 from pretrain.distributed.step_watch import StepWatch, tell_run_ended
@@ -87,7 +91,6 @@ from pretrain.run_folder import EXPORT_INFO, RESOLVED_CONFIG, TENSORBOARD, expor
 from pretrain.trainer import NonFiniteLossError, PhaseState, PhaseTrainer, TrainerJob
 
 __all__ = ["PhaseStart", "build_phase", "main", "run_phase", "train"]
-WeightReader = Callable[[], dict[str, torch.Tensor]]  # reads a phase's initial fp32 weights from disk
 
 
 @dataclass
@@ -110,7 +113,7 @@ def build_phase(plan: PhasePlan, job: TrainerJob, start: PhaseStart) -> PhaseTra
     if start.init_weights is not None:
         load_initial_weights(model, start.init_weights, f"{plan.name} initial weights", dist_info, plugin.first_rank,
                              plugin.replica_group)
-    prepare_model_path(model, plan.attention, announce=dist_info.rank == 0, ledger=job.compile_ledger)  # refuses what cannot run; compiles
+    prepare_model_path(model, plan.attention, ledger=job.compile_ledger)  # refuses what cannot run; compiles
     engine = build_engine(model, plan.ds_config, lr_schedule=plan.schedule, mpu=plugin.mpu)
     job.metrics.mark("engine_built")
     state = PhaseState(phase=plan.name, samples_seen=start.samples_seen)
@@ -148,33 +151,6 @@ def run_phase(plan: PhasePlan, job: TrainerJob, start: PhaseStart) -> tuple[str,
         if progress is not None:
             progress.close()
     return outcome, trainer
-
-
-def load_initial_weights(
-    model: torch.nn.Module, read: WeightReader, source: str, dist_info: DistInfo, src: int, group: Any
-) -> None:
-    """The model's first rank reads (and consolidates) the weights once; the other ranks receive them.
-
-    Every rank reading a phase-1 checkpoint itself would make N ranks each read every rank's partition
-    (an I/O storm of N x checkpoint size on a shared file system at 256 ranks). A read error is
-    shared first, so all ranks fail together with the same message. `src` is the global rank of this
-    model's first rank, `group` its process group (None: the world).
-    """
-    error: list[str | None] = [None]
-    if dist_info.rank == 0:
-        try:
-            load_weights(model, read(), source)
-        except (ConfigError, FileNotFoundError, ValueError) as err:
-            error[0] = str(err)
-    if dist_info.world_size > 1 and dist.is_initialized():
-        error[0] = broadcast_json(error[0], src=src, group=group)  # as JSON: never unpickled
-    if error[0] is not None:
-        raise ConfigError(error[0])
-    if dist_info.world_size > 1 and dist.is_initialized():
-        model.to(dist_info.device)  # NCCL broadcasts device tensors; the engine would move it there anyway
-        with torch.no_grad():
-            for tensor in [*model.parameters(), *model.buffers()]:
-                dist.broadcast(tensor.data, src=src, group=group)
 
 
 def export_phase(plugin: TrainingPlugin, phase: str, source: Path, out: Path, rank: int,

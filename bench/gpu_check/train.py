@@ -97,7 +97,7 @@ def build_group(group: GroupSpec, args: argparse.Namespace, shards: ShardCache, 
     started = time.perf_counter()
     model = build_model(phase.model_config, phase.activation_checkpointing)
     # as pretrain.train.build_phase: refuses what the unpadded kernel cannot run, compiles where the plan says
-    prepare_model_path(model, phase.attention, announce=dist_info.rank == 0, ledger=ledger)
+    prepare_model_path(model, phase.attention, ledger=ledger)
     counts = count_parameters(model)
     engine = build_engine(model, phase.ds_config, lr_schedule=phase.schedule)
     sync(dist_info.device)

@@ -5,22 +5,27 @@ this toolkit (`init_from`). Token id 2,345 means a word only through the vocab t
 read with shards of another vocab train on noise, and nothing fails. So each source's vocab sha256 (the run config a
 checkpoint carries, an export's export_info.json) is compared with the shards' before any weight is read, and a
 difference is refused in one line that names both vocabs. The weights themselves are read as data: a checkpoint's
-files with `weights_only=True` and one allowlist (safe_load.py), an export's safetensors only.
+files with `weights_only=True` and one allowlist (safe_load.py), an export's safetensors only; by a model's
+first rank alone, which hands them to the others (load_initial_weights).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from transformers import BertConfig
 
 from pretrain.checkpointing.checkpoint import consolidated_state_dict, read_run_config, split_checkpoint_path
-from pretrain.checkpointing.export import folder_class
+from pretrain.checkpointing.export import folder_class, load_weights
 from pretrain.checkpointing.safe_load import UnsafeCheckpointError
+from pretrain.distributed.info import DistInfo
+from pretrain.distributed.json_collectives import broadcast_json
 from pretrain.errors import ConfigError
 from pretrain.run_folder import EXPORT_INFO
 
@@ -74,3 +79,33 @@ def initial_weights(path: str, shards: VocabIdentity, key: str) -> dict[str, tor
         return consolidated_state_dict(root, tag)  # every file read as data (safe_load.py)
     except UnsafeCheckpointError as err:
         raise ConfigError(f"{key}: {err}") from None
+
+
+WeightReader = Callable[[], dict[str, torch.Tensor]]  # reads a phase's initial fp32 weights from disk
+
+
+def load_initial_weights(
+    model: torch.nn.Module, read: WeightReader, source: str, dist_info: DistInfo, src: int, group: Any
+) -> None:
+    """The model's first rank reads (and consolidates) the weights once; the other ranks receive them.
+
+    Every rank reading a phase-1 checkpoint itself would make N ranks each read every rank's partition
+    (an I/O storm of N x checkpoint size on a shared file system at 256 ranks). A read error is
+    shared first, so all ranks fail together with the same message. `src` is the global rank of this
+    model's first rank, `group` its process group (None: the world).
+    """
+    error: list[str | None] = [None]
+    if dist_info.rank == 0:
+        try:
+            load_weights(model, read(), source)
+        except (ConfigError, FileNotFoundError, ValueError) as err:
+            error[0] = str(err)
+    if dist_info.world_size > 1 and dist.is_initialized():
+        error[0] = broadcast_json(error[0], src=src, group=group)  # as JSON: never unpickled
+    if error[0] is not None:
+        raise ConfigError(error[0])
+    if dist_info.world_size > 1 and dist.is_initialized():
+        model.to(dist_info.device)  # NCCL broadcasts device tensors; the engine would move it there anyway
+        with torch.no_grad():
+            for tensor in [*model.parameters(), *model.buffers()]:
+                dist.broadcast(tensor.data, src=src, group=group)

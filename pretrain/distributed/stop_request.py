@@ -75,7 +75,7 @@ class StopRequest:
     def ignore_until_installed() -> None:
         """The stop signals ignored (kept so across exec) until a StopRequest is installed: for a process that execs
         the rank (pretrain/launch/pin.py). A stop sent meanwhile is not lost under the agent: it passes a stop on only
-        once the rank's handler is there (pretrain/launch/processes.send_when_caught)."""
+        once the rank's handler is there (send_when_caught in pretrain/launch/processes.py)."""
         for signum in STOP_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
 

@@ -36,13 +36,12 @@ def say_now(line: str) -> None:
     print(line, flush=True)
 
 
-def prepare_model_path(model: SparseBertForPreTraining, attention: AttentionPlan, announce: bool = True,
+def prepare_model_path(model: SparseBertForPreTraining, attention: AttentionPlan,
                        ledger: CompileLedger | None = None) -> None:
     """Refuse an attention path this model cannot run (one line), else compile the layers if the plan says so.
     A compile fallback is this process's own (one rank may fall back where the others compile), so every rank says
-    its own, naming itself (`this_process`); `announce` (rank 0) no longer silences the others' (a silent rank
-    would pace the job at eager speed unseen). `ledger`: the process's (None: this phase's own, counted from 0)."""
-    del announce  # every rank says its own fallback (above)
+    its own, naming itself (`this_process`): a silent rank would pace the job at eager speed unseen. `ledger`: the
+    process's (None: this phase's own, counted from 0)."""
     if not attention.unpadded:
         return
     try:

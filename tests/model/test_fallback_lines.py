@@ -42,7 +42,7 @@ def test_a_rank_other_than_0_says_its_fallback_naming_itself(data: PhaseData, mo
     model = no_dropout_model(data.vocab.size)
     plan = attention_plan(config, "phase1", CPU_FP32, DeviceFacts("cpu"), 32)
     assert plan.unpadded and not plan.compile_strict
-    prepare_model_path(model, dataclasses.replace(plan, compile=True), announce=False)  # as CUDA plans it
+    prepare_model_path(model, dataclasses.replace(plan, compile=True))  # as CUDA plans it
     layer = compiled_layer(model)
     assert layer is not None and layer.say is say_now and layer.where == f" on rank 3 ({socket.gethostname()})"
     # the same layer, with a backend that cannot compile (inductor would compile here, for tens of seconds)

@@ -2,7 +2,7 @@
 
     python initial_weights_ranks.py WORK
 
-`pretrain.train.load_initial_weights` with a reader that logs which rank called it: only rank 0 may
+`pretrain.checkpointing.weights_source.load_initial_weights` with a reader that logs which rank called it: only rank 0 may
 read (rank 1 receives the weights by broadcast), and every rank must end with rank 0's weights.
 Then a reader that fails on rank 0: every rank must raise the same ConfigError (none may hang).
 """
@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from pretrain.checkpointing.weights_source import load_initial_weights
 from pretrain.distributed.process_group import init_distributed
 from pretrain.errors import ConfigError
 from pretrain.model.bert import bert_config, build_model
-from pretrain.train import load_initial_weights
 from tests.support.launching import leave_without_teardown
 
 
