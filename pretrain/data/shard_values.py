@@ -1,6 +1,6 @@
 """Does a shard hold what its schema promises? Its bytes (sha256, as the manifest lists it) and its values: every
 token id below the vocab size, every instance within the sequence length, every static masked position inside
-its own instance and every label id below the vocab size.
+its own instance, every label id below the vocab size and every next-sentence label one the format defines.
 
 Why values too: a shard whose checksum was recorded after a bad write (a hand-made or converted shard, a build
 with another vocab) passes the byte check, and then an id >= the vocab size crashes the forward pass at whichever
@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 HASH_CHUNK = 1 << 20
+NSP_LABELS = (0, 1, -1)  # is next, random next, none (packed modes): the values data_prep/shards.py defines
 
 
 class ShardValueError(ValueError):
@@ -98,7 +99,7 @@ def _batch_problem(batch: pa.RecordBatch, limits: ValueLimits) -> tuple[int, str
     if batch.num_rows and pc.max(lengths).as_py() > limits.seq_len:
         row = _first_true(pc.greater(lengths, limits.seq_len))
         return row, f"an instance of {lengths[row].as_py()} tokens, more than the sequence length {limits.seq_len}"
-    found = _id_problem(ids, "token id", limits.vocab_size)
+    found = _id_problem(ids, "token id", limits.vocab_size) or _label_problem(batch.column("next_sentence_label"))
     if found is not None or "masked_positions" not in batch.schema.names:
         return found
     positions, labels = batch.column("masked_positions"), batch.column("masked_label_ids")
@@ -140,6 +141,16 @@ def _id_problem(column: pa.Array, what: str, vocab_size: int) -> tuple[int, str]
     at = _first_true(pc.or_(pc.greater_equal(flat, vocab_size), pc.less(flat, 0)))
     row = pc.list_parent_indices(column)[at].as_py()
     return row, f"{what} {flat[at].as_py()} outside the vocab (ids 0 to {vocab_size - 1})"
+
+
+def _label_problem(labels: pa.Array) -> tuple[int, str] | None:
+    """The first next-sentence label the format does not define (data_prep/shards.py: 0, 1, or -1 for none): on a GPU
+    another value is a device-side assert in the NSP loss at whichever step draws it, after every restart."""
+    bad = pc.invert(pc.is_in(labels, value_set=pa.array(NSP_LABELS, type=labels.type)))
+    if not pc.any(bad).as_py():
+        return None
+    row = _first_true(bad)
+    return row, f"next_sentence_label {labels[row].as_py()} (the format's are {', '.join(map(str, NSP_LABELS))})"
 
 
 def _first_true(mask: pa.Array) -> int:

@@ -102,6 +102,19 @@ def test_a_static_position_beyond_its_instance_is_refused_by_the_plan(built: Pat
     plan_run(config, ONE, verify_checksums=False)  # unchecked: the collate's own guard is the last line
 
 
+def test_a_next_sentence_label_the_format_lacks_is_refused_by_the_plan(built: Path, tmp_path: Path) -> None:
+    """Label 7 would fail the NSP loss at whichever step draws it (a device-side assert on a GPU, every restart)."""
+    def label_seven(labels: list[int], lengths: list[int]) -> None:
+        labels[6] = 7
+
+    shards = tampered(built, tmp_path / "shards", "next_sentence_label", label_seven)
+    config = load_config(str(tiny_run_config(tmp_path / "run.json", shards, tmp_path / "run")))
+    with pytest.raises(ValueError) as err:
+        plan_run(config, ONE, verify_checksums=True)
+    assert str(err.value) == (f"data.shards: {shards / SHARD}: row 6: next_sentence_label 7 (the format's are 0, 1, "
+                              "-1); rebuild the shards (python -m data_prep build)")
+
+
 @pytest.mark.parametrize("layout", ["padded", "packing", "unpadded"])
 def test_unchecked_shards_never_label_another_instances_token(built: Path, tmp_path: Path, layout: str) -> None:
     """data.verify_checksums=false skips the check: the collate refuses the row itself, in every layout."""

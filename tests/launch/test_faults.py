@@ -226,16 +226,16 @@ def test_with_restarts_off_one_line_names_the_rank_and_the_resume_command(work: 
     assert same_weights(run_dir, reference)
 
 
-def out_of_vocabulary_shards(folder: Path) -> Path:
-    """Shards whose every token id is beyond the vocab, their checksums unchecked: the model's embedding fails
-    on the first step, every time (a data bug no restart can heal)."""
+def undefined_label_shards(folder: Path) -> Path:
+    """Shards whose every next-sentence label is 7 (the format's are 0, 1 and -1), their values unchecked
+    (data.verify_checksums=false): the NSP loss fails on the first step, every time (a data bug no restart can
+    heal; an id outside the vocab no longer is one, the collate refuses it in one line)."""
     build_shards(folder, seq_lens=(32,), train=64, val=8)
     for shard in folder.rglob("train-*.arrow"):
         with ipc.open_file(shard) as reader:
             table = reader.read_all()
-        ids = table.column("input_ids")
-        bad = pa.array([[65000] * len(row) for row in ids.to_pylist()], type=ids.type)
-        table = table.set_column(table.schema.get_field_index("input_ids"), table.schema.field("input_ids"), bad)
+        field = table.schema.get_field_index("next_sentence_label")
+        table = table.set_column(field, table.schema.field(field), pa.array([7] * table.num_rows, type=pa.int8()))
         with ipc.new_file(shard, table.schema) as writer:
             writer.write_table(table)
     return folder
@@ -245,7 +245,7 @@ def test_a_failure_at_the_same_step_again_stops_the_restarts(work: Path, tmp_pat
     """Every attempt fails at step 1 with no checkpoint in between: one restart, then one error line (a bug,
     not a fault), exit status 1, nothing left running; the traceback only in the rank's log."""
     run_dir, log = tmp_path / "run", tmp_path / "launch.log"
-    shards = out_of_vocabulary_shards(tmp_path / "shards")
+    shards = undefined_label_shards(tmp_path / "shards")
     status = run_to_end(command(work, run_dir, f"--data.shards={shards}", "--data.verify_checksums=false"), log)
     text = log.read_text()
     assert status == 1, text[-4000:]
