@@ -53,5 +53,5 @@ def test_a_stopped_and_resumed_run_keeps_its_clock_and_exports_a_card(tmp_path: 
     processes = report.split("## Processes: stops and resumes")[1].split("##")[0]
     assert "| 2 |" in processes and "| resume |" in processes, "the resume is listed (a stop, not a fault)"
     assert "| goodput | " in report and "step 1 of each process included; 0 fault(s) in the fault records, downtime " \
-        "0.0 s from the faults to the next first steps; 0 step(s) redone) |" in report
+        "0.0 s from the failed processes' last progress to the next first steps; 0 step(s) redone) |" in report
     assert (run_dir / "report.png").is_file()
