@@ -37,6 +37,8 @@ def no_compiler(gm: torch.fx.GraphModule, _inputs: list[Any]) -> Any:
 def test_a_rank_other_than_0_says_its_fallback_naming_itself(data: PhaseData, monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("RANK", "3")  # no process group here: the rank from the environment, as torchrun sets it
+    # (an earlier test of the same pytest process may have left a one-rank group up, whose rank 0 would answer)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
     config = RunConfig()
     config.model.compile = None  # the default: fall back with a line
     model = no_dropout_model(data.vocab.size)
