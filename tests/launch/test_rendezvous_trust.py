@@ -30,6 +30,7 @@ from pretrain.launch.rendezvous_key import RendezvousKeyError
 from pretrain.launch.signed_rendezvous import KEY_PREFIX, Meeting, SignedBackend, meeting_for, signed_handler
 from pretrain.launch.transports import Pdsh
 from tests.support.launching import free_port
+from tests.support.listening import listening
 from tests.support.rendezvous_intruder import Planted
 
 
@@ -93,19 +94,6 @@ def test_an_older_signed_state_written_again_is_refused_by_an_agent_that_saw_a_n
     rewritten = second.set_state(b"round 3", token)  # so the next write replaces it
     assert rewritten is not None and rewritten[2] and first.get_state() is not None and first.refused == 0
     assert served.get_run_id() == "bert-replay"  # the server lived to here
-
-
-def listening(port: int) -> list[str]:
-    """The local addresses (hex, as /proc/net/tcp and tcp6 write them) of the sockets listening on `port`."""
-    found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table, encoding="ascii") as rows:
-            for row in list(rows)[1:]:
-                fields = row.split()
-                address, hex_port = fields[1].rsplit(":", 1)
-                if int(hex_port, 16) == port and fields[3] == "0A":  # 0A: LISTEN
-                    found.append(address)
-    return found
 
 
 def test_the_store_of_one_machine_listens_on_loopback_alone() -> None:
