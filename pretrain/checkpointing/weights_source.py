@@ -94,16 +94,16 @@ def load_initial_weights(
     shared first, so all ranks fail together with the same message. `src` is the global rank of this
     model's first rank, `group` its process group (None: the world).
     """
-    error: list[str | None] = [None]
+    error: str | None = None
     if dist_info.rank == 0:
         try:
             load_weights(model, read(), source)
         except (ConfigError, FileNotFoundError, ValueError) as err:
-            error[0] = str(err)
+            error = str(err)
     if dist_info.world_size > 1 and dist.is_initialized():
-        error[0] = broadcast_json(error[0], src=src, group=group)  # as JSON: never unpickled
-    if error[0] is not None:
-        raise ConfigError(error[0])
+        error = broadcast_json(error, src=src, group=group)  # as JSON: never unpickled
+    if error is not None:
+        raise ConfigError(error)
     if dist_info.world_size > 1 and dist.is_initialized():
         model.to(dist_info.device)  # NCCL broadcasts device tensors; the engine would move it there anyway
         with torch.no_grad():
