@@ -35,7 +35,7 @@ from pretrain.data.batches import RankBatches
 from pretrain.data.loader import model_inputs
 from pretrain.distributed.info import DistInfo
 from pretrain.distributed.stop_request import StopRequest
-from pretrain.metrics.monitor import StepContext, StepMonitor
+from pretrain.metrics.monitor_contract import StepContext, StepMonitor
 from pretrain.model.bert import PretrainingOutput
 from pretrain.phase_state import NonFiniteLossError, PhaseState, TrainerSettings, step_seed
 from pretrain.plugin import ExtraLoss, StepAgreement, TrainingPlugin
@@ -143,7 +143,7 @@ class OptimizerStep:
         self.engine.set_train_batch_size(self.global_batch)
 
     def _step_context(self) -> StepContext:
-        """What the step monitors may know of this step (pretrain/metrics/monitor.py)."""
+        """What the step monitors may know of this step (pretrain/metrics/monitor_contract.py)."""
         schedules = self.settings.schedules
         progress = None if schedules is None else schedules.clock.at_step(self.state.step)
         return StepContext(progress, self.train_batches.data.vocab)

@@ -20,7 +20,7 @@ from pretrain.data.order import FEISTEL_ORDER, LEGACY_ORDER
 from pretrain.distributed.info import DistInfo
 from pretrain.distributed.step_watch import StepWatch
 from pretrain.distributed.stop_request import StopRequest
-from pretrain.metrics.monitor import StepMonitor
+from pretrain.metrics.monitor_contract import StepMonitor
 from pretrain.metrics.writer import MetricsWriter
 from pretrain.model.compiled import CompileLedger
 from pretrain.plugin import TrainingPlugin
@@ -52,7 +52,7 @@ class TrainerSettings:
     step_offset: int = 0  # global step of the phase's step 0 on the TensorBoard axis (phase 2: phase 1's steps)
     progress_bar: bool = False  # logging.progress_bar: rank 0's bar with ETA
     nsp: bool = True  # the shards' objective: MLM + NSP (sentence pairs), else MLM alone (no NSP numbers logged)
-    monitors: tuple[StepMonitor, ...] = ()  # what a step logs beyond losses and rates (pretrain/metrics/monitors.py)
+    monitors: tuple[StepMonitor, ...] = ()  # what a step logs beyond losses and rates (pretrain/metrics/monitor_registry.py)
     schedules: PhaseSchedules | None = None  # the phase's clock and its schedules besides the lr (pretrain/schedules/)
 
 

@@ -10,7 +10,7 @@ The trainer owns no framework coupling: it calls the engine object (`engine(**ba
 needs is in `PhaseState` (+ what DeepSpeed saves: weights, optimizer, lr-scheduler position).
 
 Extension points: the job's `TrainingPlugin`, whose hooks pretrain/plugin.py writes out as the loop they
-sit in, and the step monitors of its settings (what a step logs beyond losses and rates, pretrain/metrics/monitor.py).
+sit in, and the step monitors of its settings (what a step logs beyond losses and rates, pretrain/metrics/monitor_contract.py).
 The trainer knows no plug-in or monitor by name and never sees the run config: it reads its `TrainerSettings`,
 which the run plan (pretrain/plan/run_plan.py) builds per phase.
 """
@@ -29,7 +29,7 @@ from pretrain.config.sections import PHASE_NAMES
 from pretrain.data.batches import RankBatches, ValidationBatches
 from pretrain.data.loader import model_inputs
 from pretrain.errors import ConfigError
-from pretrain.metrics.monitor import attach_all
+from pretrain.metrics.monitor_contract import attach_all
 from pretrain.metrics.throughput import Throughput
 from pretrain.model.bert import PretrainingOutput
 from pretrain.optimizer_step import OptimizerStep

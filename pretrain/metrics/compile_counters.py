@@ -1,4 +1,4 @@
-"""The compiled encoder layer's counters, a step monitor (pretrain/metrics/monitor.py).
+"""The compiled encoder layer's counters, a step monitor (pretrain/metrics/monitor_contract.py).
 
 Why logged every step: a recompile or a fallback to eager is a silent slowdown, visible only as a counter that
 moves. The counters are the process's (pretrain/model/compiled.py `CompileLedger`): cumulative, host numbers.
@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from pretrain.metrics.monitor import StepMonitor
+from pretrain.metrics.monitor_contract import StepMonitor
 from pretrain.model.compiled import compile_metrics
 from pretrain.step_stats import StepResult
 

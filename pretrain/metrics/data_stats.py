@@ -1,4 +1,4 @@
-"""What the step's rows held, a step monitor (pretrain/metrics/monitor.py): how well packing fills them.
+"""What the step's rows held, a step monitor (pretrain/metrics/monitor_contract.py): how well packing fills them.
 
 From the step's counts, summed over the ranks by its one all-reduce (pretrain/step_stats.py `StepCounts`):
 host arithmetic only. Packing and the unpadded path exist to cut padding; these two numbers say whether they do.
@@ -6,7 +6,7 @@ host arithmetic only. Packing and the unpadded path exist to cut padding; these 
 
 from __future__ import annotations
 
-from pretrain.metrics.monitor import StepMonitor
+from pretrain.metrics.monitor_contract import StepMonitor
 from pretrain.step_stats import StepResult
 
 

@@ -1,5 +1,5 @@
 """The gradient norm of each layer group before clipping, at every ZeRO stage: a step monitor
-(pretrain/metrics/monitor.py). Which layers' gradients grow or vanish, where the global grad_norm says only
+(pretrain/metrics/monitor_contract.py). Which layers' gradients grow or vanish, where the global grad_norm says only
 that something did.
 
 Where the gradients are. Without an optimizer wrapper (ZeRO-0 in fp32) they are the model's own, averaged over
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from pretrain.metrics.monitor import StepMonitor
+from pretrain.metrics.monitor_contract import StepMonitor
 from pretrain.optim.unwrap import client_optimizer
 from pretrain.optim.zero_layout import FlatPartition, FlatView, UnboundZeroLayoutError, flat_views
 from pretrain.step_stats import StepResult

@@ -1,4 +1,4 @@
-"""The global gradient norm before clipping, at every ZeRO stage: a step monitor (pretrain/metrics/monitor.py).
+"""The global gradient norm before clipping, at every ZeRO stage: a step monitor (pretrain/metrics/monitor_contract.py).
 
 Two paths, one tag. DeepSpeed's optimizer wrappers (ZeRO-1/2/3, BF16_Optimizer, fp16) compute the norm in
 their step, over every rank's partition, and report it (`engine.get_global_grad_norm()`). Without a wrapper
@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from pretrain.metrics.monitor import StepMonitor
+from pretrain.metrics.monitor_contract import StepMonitor
 from pretrain.optim.unwrap import client_optimizer
 from pretrain.step_stats import StepResult
 

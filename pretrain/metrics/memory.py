@@ -1,4 +1,4 @@
-"""Peak memory of this rank's process, a step monitor (pretrain/metrics/monitor.py).
+"""Peak memory of this rank's process, a step monitor (pretrain/metrics/monitor_contract.py).
 
 The peaks, not the current use: what a run needs is the high-water mark its batch and sequence length reach,
 which tells how much headroom a larger micro-batch has. Host-side counters only: no device work, no sync.
@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from pretrain.metrics.monitor import StepMonitor
+from pretrain.metrics.monitor_contract import StepMonitor
 from pretrain.step_stats import StepResult
 
 

@@ -1,5 +1,5 @@
 """The client optimizer's own numbers after each step (ExactLamb's trust ratios), a step monitor
-(pretrain/metrics/monitor.py).
+(pretrain/metrics/monitor_contract.py).
 
 An optimizer that has numbers of its own says so with a `step_metrics()` method (pretrain/optim/unwrap.py
 `ReportsMetrics`); this monitor asks once, at attach, and the trainer never asks which optimizer it runs.
@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from pretrain.metrics.monitor import StepMonitor
+from pretrain.metrics.monitor_contract import StepMonitor
 from pretrain.optim.unwrap import OptimizerMetrics, ReportsMetrics, client_optimizer
 from pretrain.step_stats import StepResult
 

@@ -2,7 +2,7 @@
 
 A WordPiece vocab built on another corpus (or a wrong lowercasing) maps whole words to [UNK]; the model then
 learns to predict [UNK] and the loss looks fine. The share is counted on the host copy of every micro-batch (no
-device work) and summed over the ranks in the step's one all-reduce (`counts`, pretrain/metrics/monitor.py).
+device work) and summed over the ranks in the step's one all-reduce (`counts`, pretrain/metrics/monitor_contract.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pretrain.metrics.monitor import StepContext, StepMonitor
+from pretrain.metrics.monitor_contract import StepContext, StepMonitor
 from pretrain.step_stats import StepResult
 
 UNK, REAL = "unk_share/unk", "unk_share/real"

@@ -40,7 +40,7 @@ from pretrain.distributed.json_collectives import all_gather_json, broadcast_jso
 from pretrain.distributed.lifetime import RunFolderBusyError, hold_run_folder
 from pretrain.engine import check_ds_config
 from pretrain.errors import ConfigError
-from pretrain.metrics.monitors import step_monitors
+from pretrain.metrics.monitor_registry import step_monitors
 from pretrain.metrics.quality import QualitySettings
 from pretrain.metrics.throughput import ThroughputSettings, peak_tflops
 from pretrain.model.attention_plan import AttentionPlan

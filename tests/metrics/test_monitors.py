@@ -1,4 +1,4 @@
-"""Step monitors (pretrain/metrics/monitors.py): each lists its tags in its docstring, and those are the tags it
+"""Step monitors (pretrain/metrics/monitor_registry.py): each lists its tags in its docstring, and those are the tags it
 logs, here on one rank (a real step of the tiny run), on two in tests/pretrain/test_multirank.py; what a step
 costs with them; and the docstring grammar itself. The per-group gradient norms against whole gradients at every
 ZeRO stage: tests/pretrain/test_trainer.py (one rank) and tests/optim/test_lamb_zero.py (two ranks).
@@ -12,8 +12,8 @@ import pytest
 
 from pretrain.metrics.compile_counters import CompileCounters
 from pretrain.metrics.grad_groups import layer_group
-from pretrain.metrics.monitor import StepMonitor, TagDoc, documented_tags
-from pretrain.metrics.monitors import step_monitors
+from pretrain.metrics.monitor_contract import StepMonitor, TagDoc, documented_tags
+from pretrain.metrics.monitor_registry import step_monitors
 from pretrain.model.compiled import compile_layers
 from tests.pretrain.test_model_syncs import HostReads
 from tests.support.trainer_fixtures import build_trainer

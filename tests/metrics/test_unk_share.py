@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pretrain.data.batches import Collator, RankBatches, open_phase_data
-from pretrain.metrics.monitor import StepContext
+from pretrain.metrics.monitor_contract import StepContext
 from pretrain.metrics.unk_share import REAL, UNK, UnkShare
 from pretrain.step_stats import StepResult
 from tests.support.pretrain_fixtures import build_shards

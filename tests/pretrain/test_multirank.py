@@ -166,8 +166,8 @@ def test_step_monitors_log_their_documented_tags_and_the_group_norms_add_up(runs
     """Every step row of the 2-rank run (ZeRO-2, ExactLamb, eager on CPU) holds the tags the step monitors list for
     such a run and no other of their families (tests/metrics/test_monitors.py: the same on one rank); the
     per-group gradient norms, each rank's half of every partition all-reduced, add up to DeepSpeed's grad_norm."""
-    from pretrain.metrics.monitor import documented_tags
-    from pretrain.metrics.monitors import step_monitors
+    from pretrain.metrics.monitor_contract import documented_tags
+    from pretrain.metrics.monitor_registry import step_monitors
     from tests.metrics.test_monitors import tag_mismatches
 
     docs = [doc for monitor in step_monitors(seq_len=32) for doc in documented_tags(monitor)

@@ -1,5 +1,5 @@
-"""Every step monitor a phase runs: the one place a monitor is registered (pretrain/metrics/monitor.py says what
-a monitor is). The run plan calls `step_monitors` for each phase and hands the tuple to the trainer in its
+"""Every step monitor a phase runs: the one place a monitor is registered (what a monitor is:
+pretrain/metrics/monitor_contract.py). The run plan calls `step_monitors` for each phase and hands the tuple to the trainer in its
 TrainerSettings; the trainer calls each in this order and merges their tags into the step's row.
 
 A new per-step number: its monitor in a file of its own beside these, with its tags in its docstring, one line
@@ -13,7 +13,7 @@ from pretrain.metrics.data_stats import DataStats
 from pretrain.metrics.grad_groups import GroupGradNorms
 from pretrain.metrics.grad_norm import GradNorm
 from pretrain.metrics.memory import MemoryStats
-from pretrain.metrics.monitor import StepMonitor
+from pretrain.metrics.monitor_contract import StepMonitor
 from pretrain.metrics.optimizer_report import OptimizerReport
 from pretrain.metrics.unk_share import UnkShare
 
