@@ -29,6 +29,10 @@ from collections.abc import Callable
 USER_ERROR_EXIT = 2  # a config, data or resume error (UserError): one line with its kind's prefix
 NONFINITE_EXIT = 3  # too many NaN/inf steps in a row (a checkpoint was written first)
 SAVE_FAILED_EXIT = 4  # a phase-end or stop checkpoint (or an export) could not be written; its line is out
+# Besides: a persistently slow rank with run.evict_slow and a spare node (pretrain/metrics/slow_ranks.py): every rank
+# exits SLOW_EVICT_EXIT after a checkpoint, the slow one's log has EVICT_PREFIX + its host; restarted without it.
+SLOW_EVICT_EXIT = 5
+EVICT_PREFIX = "evicting host "
 
 
 class UserError(ValueError):
