@@ -1,6 +1,6 @@
-"""``python -m pretrain.finetune.glue {evaluate,finetune} ...`` (declared in pretrain/finetune/commands.py)."""
+"""``python -m pretrain.finetune.glue {evaluate,finetune} ...`` (declared in pretrain/finetune/glue/command.py)."""
 
-from pretrain.finetune.commands import GLUE
+from pretrain.finetune.glue.command import GLUE
 
 main = GLUE.main
 

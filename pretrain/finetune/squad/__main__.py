@@ -1,6 +1,6 @@
-"""``python -m pretrain.finetune.squad {evaluate,finetune} ...`` (declared in pretrain/finetune/commands.py)."""
+"""``python -m pretrain.finetune.squad {evaluate,finetune} ...`` (declared in pretrain/finetune/squad/command.py)."""
 
-from pretrain.finetune.commands import SQUAD
+from pretrain.finetune.squad.command import SQUAD
 
 main = SQUAD.main
 

@@ -129,7 +129,7 @@ def test_a_deepspeed_json_that_sets_the_lr_is_refused_naming_the_flag(tiny_expor
 
 
 def test_help_and_evaluate_import_nothing_heavy() -> None:
-    probe = ("import sys; from pretrain.finetune.commands import GLUE; GLUE.parser(); import pretrain.finetune.glue.metric;"
+    probe = ("import sys; from pretrain.finetune.glue.command import GLUE; GLUE.parser(); import pretrain.finetune.glue.metric;"
              "print(sorted(m for m in ('torch', 'numpy', 'transformers', 'deepspeed', 'datasets', 'pyarrow')"
              " if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, env=child_env(), capture_output=True,

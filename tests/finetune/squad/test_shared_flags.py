@@ -7,9 +7,10 @@ import dataclasses
 
 import pytest
 
-from pretrain.finetune.commands import GLUE, SQUAD
 from pretrain.finetune.common import EngineFlags
+from pretrain.finetune.glue.command import GLUE
 from pretrain.finetune.glue.finetune_args import GlueConfig
+from pretrain.finetune.squad.command import SQUAD
 from pretrain.finetune.squad.finetune_args import FinetuneConfig
 
 SHARED = [spec.name for spec in dataclasses.fields(EngineFlags)]
