@@ -27,11 +27,12 @@ REPORT_PNG = "report.png"
 SHARDS_VERIFIED = "shards_verified.json"  # inside LOGS: the launch that hashed every shard last (pretrain/plan/run_plan.py)
 LOGS = "logs"  # LOGS/<launch time>[-node]/attempt-K/rank-R.log and agent.log (pretrain/launch/agent.py)
 FAULTS = "faults"  # inside LOGS: one JSON record per fault the agents judged, every node's (pretrain/launch/faults.py)
+EXCLUDED_HOSTS = "excluded_hosts.json"  # inside LOGS: hosts a SLURM job dropped, left out when it is requeued
 
 # What docs/pretraining.md lists, as paths inside the run folder (a folder ends with "/").
 LISTED = (RESOLVED_CONFIG, CLOCK_FILE, JOB_LOCK, f"{CHECKPOINTS}/", f"{EXPORT}/", f"{EXPORT}/<phase>/{EXPORT_INFO}",
           f"{TENSORBOARD}/", f"{TENSORBOARD}/{METRICS_FILE}", f"{EXCHANGE}/", REPORT_MD, REPORT_PNG, f"{LOGS}/",
-          f"{LOGS}/{FAULTS}/", f"{LOGS}/{SHARDS_VERIFIED}")
+          f"{LOGS}/{FAULTS}/", f"{LOGS}/{SHARDS_VERIFIED}", f"{LOGS}/{EXCLUDED_HOSTS}")
 
 
 def metrics_path(run_dir: Path) -> Path:
@@ -55,3 +56,8 @@ def faults_dir(run_dir: Path) -> Path:
     """The fault records of every launch, attempt and node: the nodes share the run folder, so they judge "the same
     failure again" together, and a report reads what the faults cost from here."""
     return Path(run_dir) / LOGS / FAULTS
+
+
+def excluded_hosts_path(run_dir: Path) -> Path:
+    """The hosts a SLURM job dropped (pretrain/launch/excluded_hosts.py): its requeue starts no agent there."""
+    return Path(run_dir) / LOGS / EXCLUDED_HOSTS

@@ -101,6 +101,15 @@ class RunSection:
         "node slow to start (a cold shared file system) that misses it joins later, at the cost of a restart of the "
         "running nodes (not charged to run.max_restarts)",
     )
+    host_fault_limit: int = setting(
+        3,
+        "with --nodes MIN:MAX and a node to spare: a host whose own ranks (not a victim's, that lost its peer) fail this "
+        "many times within run.host_fault_hours, progress or not, leaves the job with one line, and the others "
+        "restart without it (a flaky link or GPU that would cost a recovery every hour); 0: never (docs/faults.md)",
+    )
+    host_fault_hours: float = setting(
+        6.0, "the window of run.host_fault_limit, in hours",
+    )
     hang_timeout_minutes: float = setting(
         10.0,
         "a rank that makes no progress for this long is named and the job is restarted: timed from one optimizer "

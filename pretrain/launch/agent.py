@@ -83,6 +83,7 @@ from pretrain.config.plugins import plugin_spec
 from pretrain.config.sections import RunConfig
 from pretrain.errors import UserError
 from pretrain.launch.agent_end import run, say
+from pretrain.launch.bad_nodes import NODES_SPARE_ENV, HostFaults, Room
 from pretrain.launch.faults import (
     RECORD_PREFIX,
     AgentEnd,
@@ -149,6 +150,7 @@ class HealingAgent(LocalElasticAgent):
         self.stopped_for_lost_node: set[int] = set()
         self.ended_by_agent: set[int] = set()  # pids killed here because another rank of their group failed
         self.last_word = ""  # the line this node ends the job with, for nodes.py (a stuck rank: survivors.py)
+        self.leaves = ""  # why this node leaves the job for good, for nodes.py (a SLURM requeue leaves it out)
 
     # ------------------------------------------------------------------ what torch calls
     def _monitor_workers(self, worker_group: Any) -> RunResult:
@@ -181,6 +183,11 @@ class HealingAgent(LocalElasticAgent):
         """Global rank -> pid of the running group (Worker.id is the pid under a local agent)."""
         return {worker.global_rank: worker.id for worker in self.get_worker_group().workers
                 if isinstance(worker.id, int)}
+
+    @property
+    def leaving(self) -> bool:
+        """This node leaves the job (its last verdict dropped it): its rendezvous stays open to the others."""
+        return self.record is not None and self.record.drop
 
     @property
     def exit_status(self) -> int:
@@ -233,15 +240,16 @@ class HealingAgent(LocalElasticAgent):
         if failures:
             first = primary_failure(failures)
             world = group.workers[0].world_size if group.workers else 1
-            self.record = judge(first, restarts_done, self.judging.context_for(first.rank, world),
-                                self.judging.history)
+            room = Room(group.group_world_size or 1, self.node.min_nodes, self.node.max_nodes)
+            context = dataclasses.replace(self.judging.context_for(first.rank, world), room=room)
+            self.record = judge(first, restarts_done, context, self.judging.history)
         else:  # torch's own verdict: a rank stuck in uninterruptible sleep (D state); it restarts nothing
             self.record = judge_stuck(self.node.host, restarts_done, self.judging.context, self.judging.history)
         if self.node.under_nodes:
             print(f"{RECORD_PREFIX}{self.record.to_json()}", file=sys.stderr, flush=True)
         else:
             say(self.record.line)
-        if not self.record.restarts:
+        if not self.record.restarts or self.record.drop:  # a drop: this node leaves, the others restart
             self._remaining_restarts = 0
 
     def _end_survivors_of_a_fault(self) -> None:
@@ -283,6 +291,22 @@ class HealingAgent(LocalElasticAgent):
         self.nodes_lost += 1
 
 
+def telling_spare_nodes(handler: Any, low: int, high: int) -> Any:
+    """`handler`, whose every round also tells the ranks it starts how many nodes the job may lose now
+    (NODES_SPARE_ENV: the round's nodes less --nodes MIN, 0 without MIN:MAX), for a rank that would evict its slow
+    host (pretrain/metrics/slow_ranks.py): torch starts the ranks after the round, with this process's environment."""
+    meet = handler.next_rendezvous
+
+    def next_rendezvous() -> Any:
+        info = meet()
+        os.environ[NODES_SPARE_ENV] = str(Room(int(info.world_size), low, high).spare)
+        return info
+
+    os.environ[NODES_SPARE_ENV] = "0"
+    handler.next_rendezvous = next_rendezvous
+    return handler
+
+
 def build_agent(args: argparse.Namespace, module_args: list[str]) -> HealingAgent:
     config = load_config(*parse_args(module_args))  # the ranks read it again; a UserError here is one line
     node = os.environ.get("SLURMD_NODENAME", "") if args.slurm else args.node  # a name only on 2+ nodes
@@ -307,14 +331,15 @@ def build_agent(args: argparse.Namespace, module_args: list[str]) -> HealingAgen
     rank = ("-u", "-m", "pretrain.train", *module_args)
     spec = WorkerSpec(role="rank", local_world_size=args.nproc_per_node, entrypoint=sys.executable,
                       args=("-u", "-m", "pretrain.launch.pin", "--", *rank) if args.slurm else rank,
-                      rdzv_handler=signed_handler(parameters, meeting),
+                      rdzv_handler=telling_spare_nodes(signed_handler(parameters, meeting), low, high),
                       max_restarts=TORCH_ATTEMPTS, monitor_interval=0.2, local_addr=local_addr)
     logging.getLogger("torch.distributed.elastic").info("ranks run: %r", [sys.executable, *spec.args])
     run_dir = Path(config.run.dir)
-    context = FaultContext(job, config.run.max_restarts, run_dir, config.checkpoint_dir, args.resume_command)
+    context = FaultContext(job, config.run.max_restarts, run_dir, config.checkpoint_dir, args.resume_command,
+                           host_faults=HostFaults(config.run.host_fault_limit, config.run.host_fault_hours))
     judging = Judging(config, context, FaultHistory(faults_dir(run_dir)))
     host = node or socket.gethostname()
-    settings = NodeSettings(host, high, bool(args.rdzv_endpoint),
+    settings = NodeSettings(host, low, high, bool(args.rdzv_endpoint),
                             int(float(os.environ.get("BERT_DS_KILL_GRACE_SECONDS", "30"))), config.run.survivor_stacks)
     return HealingAgent(spec, RankLogs(launch_dir), judging, watch, settings)
 
@@ -351,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(NODE_LOST_SIGNAL, agent.node_lost)
     status = run(agent)
     if agent.node.under_nodes:  # nodes.py: this node ended by itself, whatever its transport says next
-        print(AgentEnd(agent.node.host, status, agent.last_word).to_line(), file=sys.stderr, flush=True)
+        print(AgentEnd(agent.node.host, status, agent.last_word, agent.leaves).to_line(), file=sys.stderr, flush=True)
     return status
 
 

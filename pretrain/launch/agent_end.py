@@ -4,7 +4,8 @@ A run that ended (every rank's outcome: 0, or the fault's status), a stop (betwe
 was handled: 0, 130 for Ctrl-C, with the command that resumes from the newest checkpoint, `latest`), another node's
 final verdict (its rendezvous closed: 1, that node told it), a rendezvous that failed, a rank that SIGKILL cannot end
 (survivors.NodeUnhealthy: the host to drain; under nodes.py the rendezvous is left open, so under --nodes MIN:MAX
-the others carry on without it as without a lost node), or a full disk or spent quota met at a restart (the
+the others carry on without it as without a lost node), this node's own verdict that it leaves the job (a bad or slow
+host, pretrain/launch/bad_nodes.py: the rendezvous is left open too), or a full disk or spent quota met at a restart (the
 attempt's log folder could not be made: the free-space line, never a traceback). The rendezvous is closed otherwise,
 whatever the end, so no other node waits in it.
 """
@@ -35,6 +36,7 @@ def run(agent: Any) -> int:
     close = True  # the rendezvous: closed, but by a node that leaves it to the others (nodes.py decides)
     try:
         result = agent.run()
+        close = not agent.leaving  # a node dropped by its own verdict: the others go on in the rendezvous
     except SignalException as stopped:  # between two attempts, or while a fault was handled: no rank to checkpoint
         agent.stop_signal = agent.stop_signal or stopped.sigval
         say(f"stopped by {signal.Signals(agent.stop_signal).name} {stopped.args[0]}; the same command resumes from "
@@ -42,6 +44,7 @@ def run(agent: Any) -> int:
         return agent.exit_status
     except NodeUnhealthy as unhealthy:  # under nodes.py its AgentEnd goes on: the job carries on without this node
         agent.last_word = f"{unhealthy.line} with: {resume}"  # under --nodes MIN:MAX, else it stops the others
+        agent.leaves = unhealthy.line  # for good: a SLURM requeue starts no agent there
         say(agent.last_word)
         close = not agent.node.under_nodes
         return 1

@@ -79,8 +79,17 @@ class FaultHistory:
         """The restarts this launch spent on faults since `checkpoint` was committed: its attempts before `restart`
         whose fault restarted from that same checkpoint (None: from the start). One per attempt, however many nodes
         wrote a record of it. Progress (a newer checkpoint) starts the count again: run.max_restarts bounds the
-        faults between two checkpoints, not over the job's life."""
-        return len({r.restart for r in self.records(job) if r.restart < restart and r.checkpoint == checkpoint})
+        faults between two checkpoints, not over the job's life. An attempt that ended with a host leaving the job
+        (a drop, a slow host's eviction) spends nothing: its cause left with the host."""
+        records = self.records(job)
+        free = {r.restart for r in records if r.drop or r.kind == "slow"}  # a host left: no fault of the run's own
+        return len({r.restart for r in records if r.restart < restart and r.checkpoint == checkpoint} - free)
+
+    def recent(self, job: str, host: str) -> list[FaultRecord]:
+        """`host`'s records of launch `job` and of the launch before it (a requeue's): what the per-host fault-rate
+        guard and the count of failed starts read (pretrain/launch/bad_nodes.py)."""
+        before = self._within(lambda: self._last_launch(job)) or []
+        return [r for r in [*before, *self.records(job)] if r.host == host]
 
     # ------------------------------------------------------------------ reading
     def _within(self, work: Callable[[], Any]) -> Any:

@@ -28,7 +28,7 @@ class FaultRecord:
     job: str  # the launch's rendezvous id: the nodes of one launch share it
     host: str
     restart: int  # restarts of this launch before it (0: its first attempt)
-    kind: str  # hang | signal | exit | node | config | nonfinite | save | stuck
+    kind: str  # hang | signal | exit | node | config | nonfinite | save | stuck | slow
     rank: int | None
     cause: str  # "died of SIGKILL", "made no progress in 10 min (...): killed"
     step: str | None  # the timer the rank held: "phase1 step 12", "start-up", ...
@@ -42,6 +42,9 @@ class FaultRecord:
     # how long the failure went unseen before its agent acted: a hang's limit that ran out (the rank's last progress
     # was that long before its timer fired); 0 for a death, seen within the agent's 0.2 s poll
     detection_s: float = 0.0
+    # the verdict that `host` leaves the job (a bad or slow node under --nodes MIN:MAX, pretrain/launch/bad_nodes.py):
+    # its agent ends without restarting, the others restart without it; such an attempt spends no restart
+    drop: bool = False
 
     @property
     def victim(self) -> bool:
@@ -98,6 +101,7 @@ class AgentEnd:
     host: str
     status: int
     line: str = ""  # its own error line when it ends before its ranks ran (a config it could not read)
+    leaves: str = ""  # why its node leaves the job for good (a rank SIGKILL cannot end): excluded on a requeue
 
     PREFIX = "launch.sh: agent end: "
 
@@ -118,7 +122,8 @@ class FaultLines:
     the rank that died: "died of SIGKILL"; on the others: "exited with status 1", their ranks having lost a peer) and
     sends its FaultRecord. The records of one attempt are held until every running node has sent its own, or
     `settle_s` passed, or until a later event (a later attempt's record, a lost node) must follow it; then one line is
-    shown: a final verdict's if any node reached one (it ends the job), else the most telling (FaultRecord.telling:
+    shown: a final verdict's if any node reached one (it ends the job), else a node's drop (its host leaves the job,
+    the others restart without it), else the most telling (FaultRecord.telling:
     its order, then the earliest failure, never the lower rank), with the node's name in front as pdsh put it. A
     victim's record (a rank that lost its peer) reaches no final verdict of its own but a spent budget, which every
     node reaches alike (pretrain/launch/faults.py), so the line names the culprit."""
@@ -156,8 +161,9 @@ class FaultLines:
             told = self.pending.pop(key, [])
             self.shown.add(key)
         final = [(node, record) for node, record in told if not record.restarts]
+        dropping = [(node, record) for node, record in told if record.drop]
         if told:
-            chosen = attempt_culprit([record for _, record in final or told])
+            chosen = attempt_culprit([record for _, record in final or dropping or told])
             node, record = next(pair for pair in told if pair[1] is chosen)
             self.out.write(f"{node}{PREFIX}: {record.line}\n")
             self.out.flush()

@@ -56,7 +56,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pretrain.distributed.step_watch import RUN_ENDED_PREFIX
-from pretrain.errors import ERROR_PREFIXES, NONFINITE_EXIT, SAVE_FAILED_EXIT, USER_ERROR_EXIT
+from pretrain.errors import (
+    ERROR_PREFIXES,
+    EVICT_PREFIX,
+    NONFINITE_EXIT,
+    SAVE_FAILED_EXIT,
+    SLOW_EVICT_EXIT,
+    USER_ERROR_EXIT,
+)
+from pretrain.launch.bad_nodes import HostFaults, Room, drop_reason, evicted_host
 from pretrain.launch.fault_history import FaultHistory
 from pretrain.launch.fault_records import (  # noqa: F401 - AgentEnd, RECORD_PREFIX: importers read them here too
     RECORD_PREFIX,
@@ -76,7 +84,7 @@ from pretrain.run_folder import CHECKPOINTS
 
 NOT_RESTARTED = {USER_ERROR_EXIT: "a config, data or resume error", NONFINITE_EXIT: "NaN/inf losses",
                  SAVE_FAILED_EXIT: "a checkpoint or export that could not be written"}
-KINDS = {USER_ERROR_EXIT: "config", NONFINITE_EXIT: "nonfinite", SAVE_FAILED_EXIT: "save"}
+KINDS = {USER_ERROR_EXIT: "config", NONFINITE_EXIT: "nonfinite", SAVE_FAILED_EXIT: "save", SLOW_EVICT_EXIT: "slow"}
 NODE_LOST = "stopped by its agent: a node of the job was lost"
 BY_AGENT = "killed by its agent: another rank of the job had failed"
 
@@ -169,8 +177,8 @@ def failure_order(failure: RankFailure) -> int:
         if -failure.exitcode == signal.SIGABRT and own_device_error(failure.log):
             return 2  # NCCL's watchdog aborted it for its own GPU's error: the culprit, as any other signal
         return 7 if -failure.exitcode == signal.SIGTERM else VICTIM_ORDER if -failure.exitcode in victims else 2
-    if failure.exitcode in NOT_RESTARTED:
-        return 3
+    if failure.exitcode in NOT_RESTARTED or (failure.exitcode == SLOW_EVICT_EXIT and evicted_host(failure.log)):
+        return 3  # a rank's own verdict (for an eviction: the rank that named the slow host)
     if failure.exitcode == 1 and not error_line(failure.log):  # the driver's own error line: never a victim's
         return VICTIM_ORDER if victim_log(failure.log) else 4
     return 4
@@ -212,6 +220,8 @@ class FaultContext:
     run_dir: Path
     checkpoint_dir: Path
     resume_command: str
+    room: Room = Room()  # the failed world's nodes and --nodes MIN:MAX: whether a bad host may leave (bad_nodes.py)
+    host_faults: HostFaults = HostFaults(limit=0)  # the per-host fault-rate guard (run.host_fault_limit, _hours)
 
     def checkpoint_name(self, tag: str) -> str:
         """A tag as the line names it: alone in the run's own checkpoint folder, else with its folder (a plug-in's
@@ -256,6 +266,14 @@ def judge(failure: RankFailure, restarts_done: int, context: FaultContext, histo
         return _keep(history, FaultRecord(time.time(), **fields, restarts=False, exit_status=1, line=line))
     culprit = attempt_culprit(history.previous_attempt(context.job, restarts_done))
     probe = FaultRecord(time.time(), **fields, restarts=True, exit_status=0, line="")
+    start = f"checkpoint {checkpoint}" if checkpoint else "the start (no checkpoint yet)"
+    if failure.exitcode == SLOW_EVICT_EXIT and not (failure.hang or failure.node_lost):
+        return _keep(history, judge_eviction(failure, probe, context, start))
+    why = drop_reason(probe, culprit, history.recent(context.job, failure.host), context.room, context.host_faults)
+    if why is not None:  # a bad host leaves the job; the others restart without it (no restart spent)
+        line = (f"fault: node {failure.host} dropped: {failure.line()}: {why}; {context.room.carrying_on()}, "
+                f"from {start}; {log}")
+        return _keep(history, dataclasses.replace(probe, drop=True, exit_status=1, line=line))
     spent = history.spent_since(context.job, checkpoint, restarts_done)
     # "the same failure again": the attempt before was decided by its culprit, the most telling record of every
     # node's (never this node's own record, which may be a victim's); a victim (a lost node, a peer gone, NCCL's
@@ -269,13 +287,28 @@ def judge(failure: RankFailure, restarts_done: int, context: FaultContext, histo
         why = (f"no restart left (run.max_restarts={context.max_restarts}){spent_line}; last checkpoint "
                f"{checkpoint or 'none'}")
     else:
-        start = f"checkpoint {checkpoint}" if checkpoint else "the start (no checkpoint yet)"
         budget = f"restart {spent + 1} of {context.max_restarts}"
         line = f"fault: {failure.line()}; restarting from {start} ({budget}); {log}"
         return _keep(history, dataclasses.replace(probe, line=line))
     # status 1, not the rank's: a status >= 128 from a node means the node was lost (pretrain/launch/nodes.py)
     line = f"error: {failure.line()}; {why}; {log}; resume with: {context.resume_command}"
     return _keep(history, dataclasses.replace(probe, restarts=False, exit_status=1, line=line))
+
+
+def judge_eviction(failure: RankFailure, probe: FaultRecord, context: FaultContext, start: str) -> FaultRecord:
+    """Every rank exited SLOW_EVICT_EXIT after a checkpoint: the ranks found a host persistently slow (its rank's log
+    names it). That host leaves the job when a node may (bad_nodes.Room); the others restart from that checkpoint.
+    A fault of its own kind: never "the same failure again", never a cost to run.max_restarts."""
+    host = evicted_host(failure.log)
+    why = f"persistently slow, evicted by the ranks (run.evict_slow: {EVICT_PREFIX}{host})"
+    if host == failure.host and context.room.spare > 0:
+        line = (f"fault: node {host} dropped: {failure.line()}: {why}; {context.room.carrying_on()}, from {start}; "
+                f"{failure.files()}")
+        return dataclasses.replace(probe, drop=True, exit_status=1, line=line)
+    told = f"the ranks evicted slow host {host}" if host else "the ranks evicted a slow host"
+    kept = "; no node to spare, it stays" if host == failure.host else ""
+    line = f"fault: {failure.line()} ({told}{kept}); restarting from {start} (no restart spent); {failure.files()}"
+    return dataclasses.replace(probe, line=line)
 
 
 def judge_stuck(host: str, restarts_done: int, context: FaultContext, history: FaultHistory) -> FaultRecord:

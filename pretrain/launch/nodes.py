@@ -23,9 +23,11 @@ A node that ends by itself with a non-zero status while no node has reached a fi
 start: a missing mount, venv or checkout) is a node fault as well, its last line quoted: under --nodes MIN:MAX the
 job carries on without it, otherwise the others are stopped at once instead of waiting in the rendezvous.
 
-A node whose own rank fails during start-up at DROP_AFTER starts in a row, with no newer checkpoint between (a GPU that
-fails at every start), is dropped under --nodes MIN:MAX with a hostfile (NodeJob.failed_to_start): one line, its agent
-killed, the survivors told as for a lost node.
+A bad or slow node leaves the job under --nodes MIN:MAX (pretrain/launch/bad_nodes.py: its agent judged it so, and
+its record says `drop`): its record's line is the one line, its agent ends without restarting (and is ended through
+the transport all the same: pkill over pdsh, or an overlapping srun step on that node), the survivors are told as for
+a lost node (NodeJob.node_dropped). Under SLURM the host is written to the run folder (excluded_hosts.py), and a
+requeue of the job starts no agent there (`srun --exclude`), one line naming it.
 
 The agents' fault records (pretrain/launch/fault_records.py FaultRecord, one JSON line each) become one line per fault:
 the most telling node's (FaultLines). The store's death ends the job with one line: the nodes could not meet again.
@@ -49,9 +51,11 @@ import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Protocol
 
-from pretrain.distributed.cluster import ClusterError, allocation_hosts, pdsh_quote, read_hostfile
+from pretrain.distributed.cluster import ClusterError, pdsh_quote, read_hostfile
+from pretrain.launch.excluded_hosts import exclude, excluded, run_dir_of, slurm_hosts
 from pretrain.launch.fault_records import AgentEnd, FaultLines, FaultRecord
 from pretrain.launch.node_env import read_env_file
 from pretrain.launch.processes import wait_bounded
@@ -67,7 +71,6 @@ LOST_STATUS = 128  # an agent ends by itself with 0-4 (pretrain/launch/agent.py)
 NODE_LOST_SIGNAL = signal.SIGURG
 _RANGE = re.compile(r"([0-9]+)(?::([0-9]+))?", re.ASCII)
 AGENTS_ENDED_GRACE_S = 60.0  # how long the transport may outlive the last agent's end (its sessions closing)
-DROP_AFTER = 2  # with --nodes MIN:MAX: start-up failures of a node's own rank, no progress between, that drop it
 
 
 class NodeRangeError(ClusterError):
@@ -123,9 +126,11 @@ class NodeJob:
     agents_ended: dict[str, int] = field(default_factory=dict)  # host -> the status its agent said it ends with
     stopping: bool = False  # a signal to pass on, or a lost node the job cannot do without
     failed: bool = False  # the latter
-    failed_starts: dict[str, tuple[str | None, int]] = field(default_factory=dict)  # host -> (checkpoint, count)
+    run_dir: Path | None = None  # where a SLURM job keeps the hosts it dropped (excluded_hosts.py)
+    slurm_job: str = ""  # the SLURM job id: its requeue leaves them out; empty with a hostfile
     verdict: bool = False  # a node's agent reached a final verdict: the others end because of it
     last_lines: dict[str, str] = field(default_factory=dict)  # host -> the last line it printed (pdsh names it)
+    leaving: dict[str, str] = field(default_factory=dict)  # host -> why its agent said its node leaves for good
 
     @property
     def nodes_left(self) -> int:
@@ -151,6 +156,8 @@ class NodeJob:
         status = self.ended[host] = self.agents_ended.get(host, end.status)
         if self.stopping or host in self.lost or self.verdict:
             return None
+        if self.leaving.get(host):  # for good (a rank SIGKILL cannot end): its requeue starts no agent there
+            exclude(self.run_dir, self.slurm_job, host, self.leaving[host])
         if end.status >= LOST_STATUS and host not in self.agents_ended:
             how = end.why or "the machine, its agent or its link died"
             why = f"node {host} lost (its session ended with status {end.status}: {how})"
@@ -171,31 +178,27 @@ class NodeJob:
             f"resume with: {self.resume_command}")
         return signal.SIGTERM, left
 
-    def failed_to_start(self, record: FaultRecord, first: Callable[[], None] = lambda: None
-                        ) -> tuple[int, list[str]] | None:
-        """A node whose own rank fails during start-up at DROP_AFTER starts with no newer checkpoint between (a GPU
-        that fails at every start: Xid, ECC, memory still held) would spend every restart on the same fault. With
-        --nodes MIN:MAX and MIN nodes left without it, it is dropped: one line, its agent killed (its ranks die with
-        it), the survivors told as for a lost node. Only the node's own failure counts (a victim's record is its
-        peer's doing); under SLURM no node is dropped (its task cannot be ended alone: transports.Srun.drop)."""
+    def node_dropped(self, record: FaultRecord, first: Callable[[], None] = lambda: None
+                     ) -> tuple[int, list[str]] | None:
+        """A node whose agent judged that it leaves the job (record.drop: a bad or slow host under --nodes MIN:MAX,
+        pretrain/launch/bad_nodes.py; its record's line says which and why). Its agent ends without restarting; it
+        is ended through the transport too (an agent stuck on its way out must not rejoin), it is lost to the job,
+        and the survivors are told as for a lost node. Under SLURM the host is excluded from the job's requeue.
+        Two nodes dropped at once with room for one: the second stops the job, one line naming it."""
         host = record.host
-        if record.victim or not record.restarts or host in self.lost or self.stopping:
-            return None
-        checkpoint, count = self.failed_starts.get(host, (record.checkpoint, 0))
-        starting = record.step is None or " step " not in record.step
-        count = count + 1 if starting and checkpoint == record.checkpoint else int(starting)
-        self.failed_starts[host] = (record.checkpoint, count)
-        left = [other for other in self.hosts if other not in self.lost and other != host]
-        if count < DROP_AFTER or len(left) < self.min_nodes or self.min_nodes == len(self.hosts):
-            return None
-        if not self.transport.drop(host):
+        if not record.drop or host in self.lost or self.stopping:
             return None
         self.lost.append(host)
+        threading.Thread(target=self.transport.drop, args=(host,), daemon=True).start()
+        exclude(self.run_dir, self.slurm_job, host, record.line)
         first()
-        say(f"fault: node {host} dropped: its rank failed during start-up at {count} starts in a row with no newer "
-            f"checkpoint (last: {record.cause} during {record.step or 'start-up'}); carrying on with {len(left)} "
-            f"node(s) (--nodes {self.min_nodes}:{len(self.hosts)})")
-        return NODE_LOST_SIGNAL, left
+        left = [other for other in self.hosts if other not in self.lost]
+        if len(left) >= self.min_nodes:
+            return NODE_LOST_SIGNAL, left
+        self.stopping = self.failed = True
+        say(f"error: node {host} left the job and {len(left)} node(s) are left, fewer than --nodes "
+            f"{self.min_nodes}:{len(self.hosts)} needs; stopping them; resume with: {self.resume_command}")
+        return signal.SIGTERM, left
 
     def store_ended(self, status: int) -> None:
         """The rendezvous store this process served is gone while the nodes run: they could not meet again."""
@@ -226,12 +229,14 @@ def relay(stream: IO[str], out: IO[str], job: NodeJob, faults: FaultLines) -> No
             job.agents_ended[agent.host] = agent.status
             if agent.line:
                 job.last_lines[agent.host] = agent.line
+            if agent.leaves:
+                job.leaving[agent.host] = agent.leaves
             continue
         record = FaultRecord.from_line(line)
         if record is not None:
             job.verdict = job.verdict or not record.restarts
             faults.offer(line)
-            act = job.failed_to_start(record, faults.show_all)
+            act = job.node_dropped(record, faults.show_all)
             if act:
                 job.signal_agents(*act)
         elif not job.transport.quiet(line):
@@ -329,20 +334,10 @@ def run_agents(job: NodeJob, store: subprocess.Popen[bytes] | None) -> int:
     return status
 
 
-def slurm_hosts(count: int) -> list[str]:
-    """The first `count` nodes of this SLURM allocation, as srun names them (scontrol expands the list)."""
-    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
-    if not nodelist:
-        raise ClusterError("--slurm: SLURM_JOB_NODELIST is unset (not inside an allocation)")
-    hosts = allocation_hosts(nodelist, scontrol=True)
-    if len(hosts) < count:
-        raise ClusterError(f"--nodes {count} but SLURM job {os.environ.get('SLURM_JOB_ID', '?')} has {len(hosts)}")
-    return hosts[:count]
-
-
 def build_job(args: argparse.Namespace, module_args: list[str]) -> NodeJob:
     """The hosts and the transport: the hostfile's through pdsh, or the allocation's through srun."""
     mark = f"bert-job-{uuid.uuid4().hex[:12]}"
+    run_dir, slurm_job = None, ""
     if args.hostfile:
         hosts = [host for host, _ in read_hostfile(args.hostfile)]
         low, high = node_range(args.nodes) or (len(hosts), len(hosts))
@@ -351,13 +346,19 @@ def build_job(args: argparse.Namespace, module_args: list[str]) -> NodeJob:
             module_args = [pdsh_quote(arg) for arg in module_args]
     else:
         low, high = node_range(args.nodes) or (1, 1)
-        hosts = slurm_hosts(high)
-        transport = Srun(mark, os.environ.get("SLURM_JOB_ID", ""), int(args.nproc_per_node),
-                         int(args.cpus_per_task) if args.cpus_per_task else None, args.gpus, low < high, args.python)
+        slurm_job, run_dir = os.environ.get("SLURM_JOB_ID", ""), run_dir_of(module_args)
+        left_out = excluded(run_dir, slurm_job)
+        hosts, note = slurm_hosts(high, low, left_out)
+        if note:
+            say(note)
+        transport = Srun(mark, slurm_job, int(args.nproc_per_node),
+                         int(args.cpus_per_task) if args.cpus_per_task else None, args.gpus, low < high, args.python,
+                         sorted(left_out))
     parse_endpoint(args.rdzv_endpoint)  # one line for a malformed value
     agent_args = ["--nproc-per-node", args.nproc_per_node, "--nnodes", f"{low}:{high}",
                   "--rdzv-endpoint", args.rdzv_endpoint]
-    return NodeJob(hosts[:high], low, transport, agent_args, module_args, args.resume_command, args.rdzv_endpoint)
+    return NodeJob(hosts[:high], low, transport, agent_args, module_args, args.resume_command, args.rdzv_endpoint,
+                   run_dir=run_dir, slurm_job=slurm_job)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -38,11 +38,12 @@ class NodeUnhealthy(Exception):
 
 @dataclass(frozen=True)
 class NodeSettings:
-    """This node's part: its name in the lines, the job's most nodes, whether nodes.py reads its records, torch's
+    """This node's part: its name in the lines, the job's --nodes MIN:MAX, whether nodes.py reads its records, torch's
     grace for a stop, and how its ranks are ended at a fault: asked for their stacks first (run.survivor_stacks), and
     after how long one still there after SIGKILL is a stuck rank."""
 
     host: str
+    min_nodes: int = 1
     max_nodes: int = 1
     under_nodes: bool = False
     shutdown_timeout: int = 30

@@ -44,6 +44,19 @@ SRUN_OOM = "Out Of Memory"
 _STEP_CANCELLED = re.compile(r"^slurmstepd\S*: error: \*\*\* STEP \S+ ON \S+ CANCELLED AT ")
 _SIGNAL_WORDS = {signal.strsignal(number): number for number in signal.Signals if signal.strsignal(number)}
 SSH_KEEP_ALIVE = "-o ServerAliveInterval=15 -o ServerAliveCountMax=4"
+DROP_WAIT_S = 60.0
+# Run on a node by Srun.drop: SIGKILL to this job's agent there (its argv holds the mark, its environment the node).
+_END_AGENT = """import os, signal
+node = ("SLURMD_NODENAME=" + os.environ.get("SLURMD_NODENAME", "?")).encode()
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        argv = open(f"/proc/{{pid}}/cmdline", "rb").read().split(b"\\0")
+        environ = open(f"/proc/{{pid}}/environ", "rb").read().split(b"\\0")
+    except OSError:
+        continue
+    if b"pretrain.launch.agent" in argv and b"{mark}" in argv and node in environ:
+        os.kill(int(pid), signal.SIGKILL)
+"""
 # What a task step must not inherit from a per-task batch request: one task per node has to see all its GPUs.
 _PER_TASK_REQUESTS = ("SLURM_GPUS_PER_TASK", "SLURM_TRES_PER_TASK", "SLURM_NTASKS_PER_GPU", "SLURM_GPU_BIND")
 
@@ -161,8 +174,10 @@ class Srun:
     """
 
     def __init__(self, mark: str, job_id: str, ranks_per_node: int, cpus_per_task: int | None = None,
-                 gpus: bool = False, may_lose_nodes: bool = False, python: str = sys.executable) -> None:
+                 gpus: bool = False, may_lose_nodes: bool = False, python: str = sys.executable,
+                 excluded: Sequence[str] = ()) -> None:
         self.mark, self.job_id, self.ranks, self.python = mark, job_id, ranks_per_node, python
+        self.excluded = list(excluded)  # hosts this job dropped before (a requeue): no agent there
         self.cpus_per_task, self.gpus, self.may_lose_nodes = cpus_per_task, gpus, may_lose_nodes
         self.step = ""
         self.signalled = False
@@ -180,6 +195,8 @@ class Srun:
             srun.append(f"--gpus-per-node={self.ranks}")
         if self.may_lose_nodes:
             srun.append("--no-kill")
+        if self.excluded:
+            srun.append(f"--exclude={','.join(self.excluded)}")
         return [*srun, self.python, "-u", "-m", "pretrain.launch.agent", *agent_args, "--job", self.mark,
                 "--slurm", "--resume-command", resume_command, "--", *module_args]
 
@@ -228,11 +245,20 @@ class Srun:
         del host, store
         return None
 
-    @staticmethod
-    def drop(host: str) -> bool:
-        """Not under SLURM: a step is signalled whole (scancel), so one node's task cannot be ended alone."""
-        del host
-        return False
+    def drop(self, host: str) -> bool:
+        """End `host`'s agent alone (its ranks die with it): scancel signals a step whole, so an overlapping step of
+        one task on that node (`srun --overlap -w HOST`) kills the processes there that are this job's agent on that
+        node (its mark on the command line, SLURMD_NODENAME=HOST in its environment: several slurmd may share one
+        machine). Bounded: a node that does not answer in DROP_WAIT_S is left to SLURM."""
+        code = _END_AGENT.format(mark=self.mark)
+        command = ["srun", "--overlap", f"--jobid={self.job_id}", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
+                   "--kill-on-bad-exit=0", "--export=ALL", self.python, "-c", code]
+        try:
+            subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env(),
+                           timeout=DROP_WAIT_S, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return True
 
     def _step_id(self, wait_s: float = 30.0) -> str:
         """JOB.STEP of the agents' step, found by its name (the mark); waits while srun is still starting it."""

@@ -21,7 +21,7 @@ from pretrain.launch.faults import AgentEnd, FaultRecord
 from pretrain.launch.nodes import NODE_LOST_SIGNAL, NodeJob, main, node_range, relay
 from pretrain.launch.pin import share
 from pretrain.launch.rendezvous import is_this_machine, listen, parse_endpoint, this_machine
-from pretrain.launch.transports import SSH_KEEP_ALIVE, Pdsh, SessionEnd, Srun
+from pretrain.launch.transports import _END_AGENT, SSH_KEEP_ALIVE, Pdsh, SessionEnd, Srun
 
 
 def test_nodes_is_a_count_or_a_range() -> None:
@@ -291,60 +291,6 @@ def test_after_our_own_signal_slurm_step_cancelled_lines_are_not_shown() -> None
     assert not srun.quiet("done: complete\n")
 
 
-class DroppingPdsh(Pdsh):
-    """Pdsh whose drop is noted instead of run over pdsh (the pattern it kills with is tested on real processes)."""
-
-    def __init__(self) -> None:
-        super().__init__("bert-job-1")
-        self.dropped: list[str] = []
-
-    def drop(self, host: str) -> bool:
-        self.dropped.append(host)
-        return True
-
-
-def start_up_record(host: str, restart: int, step: str | None = "start-up", checkpoint: str | None = "ckpt-10",
-                    order: int = 4) -> FaultRecord:
-    return FaultRecord(time.time(), "job", host, restart, "exit", 0, "exited with status 1", step, None, checkpoint,
-                       True, 0, order, f"fault: rank 0 (host {host}) exited with status 1 during {step}; ...")
-
-
-def test_a_node_whose_rank_fails_at_every_start_is_dropped_after_two_with_one_line(
-        capsys: pytest.CaptureFixture) -> None:
-    transport = DroppingPdsh()
-    nodes = NodeJob(["n1", "n2", "n3"], 2, transport, [], [])
-    assert nodes.failed_to_start(start_up_record("n2", 0)) is None
-    assert nodes.failed_to_start(start_up_record("n1", 1, order=5)) is None  # a victim: its peer's doing
-    told: list[str] = []
-    act = nodes.failed_to_start(start_up_record("n2", 1, step="phase1 set-up"), lambda: told.append("first"))
-    assert act == (NODE_LOST_SIGNAL, ["n1", "n3"]) and transport.dropped == ["n2"] and nodes.lost == ["n2"]
-    assert told == ["first"]  # the fault lines still held go out before it
-    (line,) = capsys.readouterr().err.splitlines()
-    assert line == ("launch.sh: fault: node n2 dropped: its rank failed during start-up at 2 starts in a row with no "
-                    "newer checkpoint (last: exited with status 1 during phase1 set-up); carrying on with 2 node(s) "
-                    "(--nodes 2:3)")
-    # its session's end is then no second line (it is lost already)
-    assert nodes.node_ended(SessionEnd("n2", 137)) is None and capsys.readouterr().err == ""
-
-
-def test_a_node_is_not_dropped_after_progress_below_min_nodes_or_without_min_max() -> None:
-    transport = DroppingPdsh()
-    progress = NodeJob(["n1", "n2"], 1, transport, [], [])
-    progress.failed_to_start(start_up_record("n2", 0, checkpoint="ckpt-10"))
-    assert progress.failed_to_start(start_up_record("n2", 1, checkpoint="ckpt-20")) is None  # a newer checkpoint
-    assert progress.failed_to_start(start_up_record("n2", 2, step="phase1 step 23", checkpoint="ckpt-20")) is None
-    assert progress.failed_to_start(start_up_record("n2", 3, checkpoint="ckpt-20")) is None  # a step in between
-    strict = NodeJob(["n1", "n2"], 2, transport, [], [])  # --nodes 2 (no MIN:MAX)
-    short = NodeJob(["n1", "n2", "n3"], 3, transport, [], [])
-    for nodes in (strict, short):
-        for restart in range(3):
-            assert nodes.failed_to_start(start_up_record("n2", restart)) is None
-    assert transport.dropped == []
-    slurm = NodeJob(["n1", "n2"], 1, Srun("bert-job-1", "7", 1), [], [])
-    for restart in range(3):  # a task of a step cannot be ended alone
-        assert slurm.failed_to_start(start_up_record("n2", restart)) is None and slurm.lost == []
-
-
 def test_the_drop_kills_that_nodes_agent_alone(tmp_path: Path) -> None:
     """The pattern Pdsh.drop hands pkill, tried with pgrep on two stand-in agents of one machine (hosts n1, n10)."""
     package = tmp_path / "pretrain" / "launch"
@@ -361,6 +307,30 @@ def test_the_drop_kills_that_nodes_agent_alone(tmp_path: Path) -> None:
         found = subprocess.run(["pgrep", "-f", Pdsh("bert-job-1").agent_pattern("n1")], capture_output=True,
                                text=True, check=False).stdout.split()
         assert found == [str(agents["n1"].pid)]
+    finally:
+        for agent in agents.values():
+            agent.kill()
+            agent.wait()
+
+
+def test_under_slurm_the_drop_kills_that_nodes_agent_alone(tmp_path: Path) -> None:
+    """What Srun.drop runs on the node (through an overlapping step), tried on two stand-in agents of one machine
+    that differ only in their SLURM node (two slurmd on one machine, as the local test cluster has)."""
+    package = tmp_path / "pretrain" / "launch"
+    package.mkdir(parents=True)
+    for init in (tmp_path / "pretrain" / "__init__.py", package / "__init__.py"):
+        init.write_text("")
+    (package / "agent.py").write_text("import sys, time\nprint('up', flush=True)\ntime.sleep(60)\n")
+    agents = {node: subprocess.Popen([sys.executable, "-u", "-m", "pretrain.launch.agent", "--job", "bert-job-1",
+                                      "--slurm", "--", "--config", "x"], cwd=tmp_path, stdout=subprocess.PIPE,
+                                     text=True, env={**os.environ, "SLURMD_NODENAME": node}) for node in ("vm-1", "vm-2")}
+    try:
+        for agent in agents.values():
+            assert agent.stdout is not None and agent.stdout.readline() == "up\n"
+        subprocess.run([sys.executable, "-c", _END_AGENT.format(mark="bert-job-1")], check=True,
+                       env={**os.environ, "SLURMD_NODENAME": "vm-2"})
+        assert agents["vm-2"].wait(timeout=10) == -signal.SIGKILL
+        assert agents["vm-1"].poll() is None
     finally:
         for agent in agents.values():
             agent.kill()
