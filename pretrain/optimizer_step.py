@@ -65,6 +65,7 @@ class OptimizerStep:
     global_batch: int  # samples of this optimizer step over all ranks
     micro_batches_per_step: int  # micro-batches of this optimizer step over all ranks
     ramp: BatchRamp | None  # the phase's batch warmup (pretrain/schedules/batch.py); None: one shape for every step
+    round_samples: int  # samples of one micro-batch on every rank: a warmup step's batch is whole rounds of it
 
     def loss(
         self, output: PretrainingOutput, batch: dict[str, torch.Tensor], mlm_scale: torch.Tensor | None = None
@@ -130,14 +131,16 @@ class OptimizerStep:
 
     def accumulation_at(self, step: int) -> int:
         """Micro-batches per rank of `step` (the batch warmup's, else the engine's)."""
-        return self.accumulation if self.ramp is None else self.ramp.accumulation_at(step)
+        if self.ramp is None or self.settings.schedules is None:
+            return self.accumulation
+        return self.settings.schedules.clock.rounds_at(step, self.round_samples)
 
     def shape_step(self, step: int) -> None:
         """`step`'s accumulation and global batch under a batch warmup, told to DeepSpeed (which divides each
         micro-batch's loss by its accumulation and counts the samples); nothing without one."""
         if self.ramp is None or self.settings.schedules is None:
             return
-        self.accumulation = self.ramp.accumulation_at(step)
+        self.accumulation = self.settings.schedules.clock.rounds_at(step, self.round_samples)
         self.global_batch = self.settings.schedules.clock.batch_at(step)
         self.micro_batches_per_step = self.global_batch // self.engine.train_micro_batch_size_per_gpu()
         self.engine.set_train_batch_size(self.global_batch)

@@ -9,7 +9,7 @@ test, a benchmark or a plug-in can make and read them without the loop's imports
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,16 +20,18 @@ from pretrain.data.order import FEISTEL_ORDER, LEGACY_ORDER
 from pretrain.distributed.info import DistInfo
 from pretrain.distributed.step_watch import StepWatch
 from pretrain.distributed.stop_request import StopRequest
+from pretrain.errors import ConfigError
 from pretrain.metrics.monitor_contract import StepMonitor
 from pretrain.metrics.writer import MetricsWriter
 from pretrain.model.compiled import CompileLedger
 from pretrain.plugin import TrainingPlugin
+from pretrain.schedules.batch import BatchRamp
 from pretrain.schedules.phase import PhaseSchedules
 
 if TYPE_CHECKING:  # a type only: importing the checkpoint module would load DeepSpeed
     from pretrain.checkpointing.checkpoint import CheckpointManager
 
-__all__ = ["NonFiniteLossError", "PhaseState", "TrainerJob", "TrainerSettings", "step_seed"]
+__all__ = ["NonFiniteLossError", "PhaseState", "TrainerJob", "TrainerSettings", "settle_batch_ramp", "step_seed"]
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,9 @@ class PhaseState:
     # the key were written when data_position counted this rank's micro-batches (resumable on that world only).
     data_order: int = 2
     data_permutation: str = FEISTEL_ORDER  # pretrain/data/order.py; states without it resume on numpy's (legacy)
+    # the batch warmup the phase started with (BatchRamp.record: its accumulation in that world's micro-batch
+    # rounds), kept on any number of ranks; None: no warmup, or a state written before phases recorded it
+    batch_ramp: dict[str, Any] | None = None
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,6 +85,33 @@ class PhaseState:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PhaseState:
         return cls(**{"data_order": 1, "data_permutation": LEGACY_ORDER, **data})
+
+
+def settle_batch_ramp(settings: TrainerSettings, state: PhaseState, round_samples: int) -> TrainerSettings:
+    """The settings a phase runs with on this world, whose micro-batch round (micro-batch x ranks) holds
+    `round_samples` samples: under a batch warmup, the ramp the phase started with (recorded in `state` here at
+    its start), so a resume on another number of ranks takes the same samples at every step; refused in one line
+    where the stream position is not that ramp's, or a step left cannot be split into this world's rounds
+    (pretrain/schedules/batch.py says why that cannot be made exact)."""
+    schedules = settings.schedules
+    if schedules is None or (schedules.clock.ramp is None and not state.batch_ramp):
+        return settings
+    ramp = BatchRamp(**state.batch_ramp) if state.batch_ramp else schedules.clock.ramp
+    state.batch_ramp = ramp.record()
+    clock = schedules.clock.with_ramp(ramp)
+    where, expected = f"{state.phase}.batch_warmup_steps", clock.samples_before(state.step)
+    if state.data_position != expected:
+        raise ConfigError(
+            f"{where}: the checkpoint is at sample {state.data_position:,} of {state.phase}, but the batch warmup "
+            f"puts step {state.step} at {expected:,} (a checkpoint written before phases recorded their warmup "
+            "resumes on the number of ranks that started it)")
+    misfit = clock.first_misfit(state.step, state.data_position, round_samples)
+    if misfit is not None:
+        raise ConfigError(
+            f"{where}: {misfit} under the warmup {state.phase} started with (rounds of "
+            f"{clock.global_batch // ramp.accumulation} samples), not whole micro-batch rounds of this world "
+            f"({round_samples} samples: micro-batch x ranks); resume on a number of ranks whose round divides it")
+    return replace(settings, schedules=replace(schedules, clock=clock))
 
 
 @dataclass

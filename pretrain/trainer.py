@@ -28,12 +28,17 @@ from pretrain.checkpointing.layout import make_tag
 from pretrain.config.sections import PHASE_NAMES
 from pretrain.data.batches import RankBatches, ValidationBatches
 from pretrain.data.loader import model_inputs
-from pretrain.errors import ConfigError
 from pretrain.metrics.monitor_contract import attach_all
 from pretrain.metrics.throughput import Throughput
 from pretrain.model.bert import PretrainingOutput
 from pretrain.optimizer_step import OptimizerStep
-from pretrain.phase_state import NonFiniteLossError, PhaseState, TrainerJob, TrainerSettings
+from pretrain.phase_state import (
+    NonFiniteLossError,
+    PhaseState,
+    TrainerJob,
+    TrainerSettings,
+    settle_batch_ramp,
+)
 from pretrain.step_feed import StepFeed
 from pretrain.step_stats import StepResult
 
@@ -75,8 +80,10 @@ class PhaseTrainer(OptimizerStep):
         self.accumulation = engine.gradient_accumulation_steps()
         self.global_batch = engine.train_batch_size()
         self.micro_batches_per_step = self.global_batch // engine.train_micro_batch_size_per_gpu()
+        self.round_samples = self.global_batch // self.accumulation  # one micro-batch on every rank
+        self.settings = settings = settle_batch_ramp(settings, state, self.round_samples)  # the warmup it started with
+        train_batches.schedules = settings.schedules  # the stream masks each step at the rate of that clock
         self.ramp = None if settings.schedules is None else settings.schedules.clock.ramp
-        self._check_ramp_position()
         self.shape_step(state.step)  # a batch warmup's shape of the step the phase (re)starts at
         train_batches.phase_index = PHASE_NAMES.index(state.phase)  # masks differ between phases
         train_batches.use_order(state.data_permutation)  # the order this phase's data position counts in
@@ -86,18 +93,6 @@ class PhaseTrainer(OptimizerStep):
         self.watch = job.watch  # the loop reads no job field
         self.cadence = CheckpointCadence(self.settings.checkpoint, started=time.monotonic())
         self.feed = StepFeed(train_batches, settings.num_workers)  # the step's micro-batches, read a step ahead
-
-    def _check_ramp_position(self) -> None:
-        """A batch warmup's steps are whole micro-batches of this world size: a resume whose data position is not
-        where this world's ramp puts the step (another number of ranks) is refused in one line."""
-        if self.ramp is None or self.settings.schedules is None:
-            return
-        expected = self.settings.schedules.clock.samples_before(self.state.step)
-        if self.state.data_position != expected:
-            raise ConfigError(
-                f"{self.state.phase}.batch_warmup_steps: the checkpoint is at sample {self.state.data_position:,} of "
-                f"{self.state.phase}, but this world size's batch warmup puts step {self.state.step} at {expected:,}: "
-                "resume a phase with a batch warmup on the number of ranks that started it")
 
     def state_dict(self) -> dict[str, Any]:
         return self.state.state_dict()

@@ -7,6 +7,14 @@ batch is a function of the step alone (`accumulation_at`), so a resume on the sa
 ramp exactly. The phase clock (progress.py) sums it into each step's first sample, which is where the trainer's data
 position, the masking rate and the samples a recipe counts all come from.
 
+On another number of ranks the ramp is the one the phase started with: its accumulation is counted in the starting
+world's micro-batch rounds (micro-batch x ranks), a world-size-free number of samples once multiplied out, so the
+phase's state records it (`record`, PhaseState.batch_ramp) and a resume keeps it. Each step then takes the same
+samples as before; the new world splits a step's batch into its own rounds, which is exact where every remaining
+ramp batch and the stream position divide into them, and refused in one line where one does not
+(pretrain/schedules/clock.py `first_misfit`): a rank cannot take part of a micro-batch, and the ranks of a step
+take the same number of micro-batches (each backward is a collective).
+
 The lr is not rescaled by the ramp: the lr schedule runs over optimizer steps as it does without a ramp (LAMB's
 per-layer trust ratio makes an update's size follow the weights', not the batch's; with AdamW, a ramp as short as
 the lr warmup keeps the early steps small). DeepSpeed fixes its accumulation when the engine is built; the trainer
@@ -62,6 +70,10 @@ class BatchRamp:
             return self.accumulation
         share = self.start + (1.0 - self.start) * step / self.steps
         return max(1, min(self.accumulation, int(self.accumulation * share + 0.5)))
+
+    def record(self) -> dict[str, Any]:
+        """The ramp as the phase's state keeps it (JSON): a resume on any number of ranks rebuilds this one."""
+        return {"accumulation": self.accumulation, "steps": self.steps, "start": self.start}
 
     def describe(self) -> str:
         return (f"{self.accumulation_at(0)} of {self.accumulation} micro-batches per rank at the first step, the full "

@@ -55,6 +55,25 @@ class PhaseClock:
                 return step
         return self.ramp.steps + (sample - start) // self.global_batch
 
+    def with_ramp(self, ramp: BatchRamp | None) -> PhaseClock:
+        """This clock under another ramp of the same full batch (the one a resumed phase started with)."""
+        return PhaseClock(self.phase_steps, self.global_batch, self.seq_len, ramp)
+
+    def rounds_at(self, step: int, round_samples: int) -> int:
+        """Micro-batches per rank of `step` in a world whose micro-batch round (micro-batch x ranks) holds
+        `round_samples` samples."""
+        return self.batch_at(step) // round_samples
+
+    def first_misfit(self, step: int, position: int, round_samples: int) -> str | None:
+        """Why the steps from `step` (its stream position `position`) cannot run in rounds of `round_samples`
+        samples, or None: the position and every ramp batch left must be whole rounds (the full batch is, as the
+        DeepSpeed dict of every world size checks)."""
+        if position % round_samples:
+            return f"step {step} starts at sample {position:,}"
+        last = step if self.ramp is None else max(step, self.ramp.steps)
+        bad = next((s for s in range(step, last) if self.batch_at(s) % round_samples), None)
+        return None if bad is None else f"step {bad} takes {self.batch_at(bad):,} samples"
+
     def at_step(self, step: int) -> Progress:
         samples = self.samples_before(step)
         return Progress(step=step, phase_steps=self.phase_steps, samples=samples, tokens=samples * self.seq_len)

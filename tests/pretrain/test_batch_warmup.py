@@ -18,8 +18,11 @@ from pretrain.distributed.process_group import init_distributed
 from pretrain.distributed.stop_request import StopRequest
 from pretrain.errors import ConfigError
 from pretrain.metrics.writer import MetricsWriter
+from pretrain.phase_state import PhaseState, TrainerSettings, settle_batch_ramp
 from pretrain.plan.run_plan import plan_run
-from pretrain.schedules.batch import BatchWarmupSettings, build_batch_ramp
+from pretrain.schedules.batch import BatchRamp, BatchWarmupSettings, build_batch_ramp
+from pretrain.schedules.clock import PhaseClock
+from pretrain.schedules.phase import PhaseSchedules
 from pretrain.train import PhaseStart, build_phase
 from pretrain.trainer import PhaseTrainer, TrainerJob
 from tests.support.pretrain_fixtures import build_shards, tiny_run_config
@@ -150,10 +153,72 @@ def test_a_ramp_in_tokens_covers_the_fewest_steps_that_hold_them_and_another_wor
     assert clock.samples_before(ramp_steps) * 32 >= 1600  # the ramp's steps hold the tokens asked for ...
     shorter = build_batch_ramp(BatchWarmupSettings(ramp_steps - 1, 0.25), 4)
     assert sum(4 * shorter.accumulation_at(s) for s in range(ramp_steps - 1)) * 32 < 1600  # ... one step fewer not
-    trainer.state.step, trainer.state.data_position = 1, 8  # step 1 starts at sample 4 on this world
+    trainer.state.step, trainer.state.data_position = 1, 8  # step 1 starts at sample 4 under this phase's ramp
     with pytest.raises(ConfigError, match=r"^phase1\.batch_warmup_steps: the checkpoint is at sample 8 of phase1, but "
-                                          r"this world size's batch warmup puts step 1 at 4: resume .* on the number"):
-        trainer._check_ramp_position()
+                                          r"the batch warmup puts step 1 at 4 \(a checkpoint written before"):
+        settle_batch_ramp(trainer.settings, trainer.state, trainer.round_samples)
+
+
+def test_a_resume_in_micro_batch_rounds_of_another_size_keeps_the_warmup_the_phase_started_with(tmp_path: Path) -> None:
+    """What another number of ranks changes for a warmup is the size of a micro-batch round (micro-batch x ranks),
+    in which the ramp counts. Here one rank resumes with micro-batches of 2 (rounds of 2 samples) a phase begun in
+    rounds of 4: over 4 ramp steps its own ramp would take 4, 8, 10, 14 samples (2, 4, 5, 7 rounds) where the phase
+    took 4, 8, 12, 12 (1, 2, 3, 3). It keeps the phase's ramp, recorded in the checkpoint: step 2 takes 12 samples
+    as 6 micro-batches, and steps 2-5 give the uninterrupted run's batches and, to float rounding, its losses."""
+    ramp4 = ["--phase1.gradient_accumulation_steps=4", "--phase1.batch_warmup_steps=4", *RAMP[2:]]
+    halves = ["--phase1.micro_batch_size=2", "--phase1.gradient_accumulation_steps=8"]
+    shards = build_shards(tmp_path / "shards")
+    reference = trainer_for(tmp_path / "ref", shards, ramp4)
+    expected = []
+    for _ in range(STEPS):
+        values = reference.train_step().values
+        expected.append((values["schedule/batch_size"], values["loss/mlm"]))
+        reference.state.step += 1
+    assert [batch for batch, _ in expected] == [4, 8, 12, 12, 16, 16]
+    own = PhaseClock(STEPS, 16, 32, build_batch_ramp(BatchWarmupSettings(4, 0.25), 8))
+    assert [own.batch_at(s) for s in range(4)] == [4, 8, 10, 14]  # what the new rounds' own ramp would take
+    first = trainer_for(tmp_path / "run", shards, ramp4)
+    for _ in range(2):
+        first.train_step()
+        first.state.step += 1
+    first.save()
+    resumed = trainer_for(tmp_path / "run", shards, [*ramp4, *halves], resume_tag="phase1-step0000002")
+    assert resumed.state.batch_ramp == {"accumulation": 4, "steps": 4, "start": 0.25}
+    assert (resumed.state.data_position, resumed.round_samples, resumed.accumulation) == (12, 2, 6)
+    got = []
+    for _ in range(STEPS - 2):
+        values = resumed.train_step().values
+        got.append((values["schedule/batch_size"], values["loss/mlm"]))
+        resumed.state.step += 1
+    assert [batch for batch, _ in got] == [batch for batch, _ in expected[2:]]
+    assert [loss for _, loss in got] == pytest.approx([loss for _, loss in expected[2:]], rel=1e-5)
+
+
+def test_a_warmup_step_that_does_not_split_into_this_worlds_rounds_is_refused_in_one_line() -> None:
+    """A phase begun on 2 ranks of micro-batch 4 (rounds of 8: its ramp takes 8, 16, 24, 24 samples, then 32)
+    resumes after step 2 on 1 rank (rounds of 4) with that ramp; on 4 ranks (rounds of 16) sample 24 is not where a
+    round starts (a rank cannot take part of a micro-batch, and every rank of a step takes as many as the others),
+    so it is refused before any step, and past the ramp too while the position is not whole rounds."""
+    started = BatchRamp(4, 4, 0.25)
+
+    def world(round_samples: int) -> TrainerSettings:
+        ramp = build_batch_ramp(BatchWarmupSettings(4, 0.25), 32 // round_samples)
+        return TrainerSettings("phase1", 8, 32, 0, schedules=PhaseSchedules(PhaseClock(8, 32, 32, ramp)))
+
+    one_rank = settle_batch_ramp(world(4), PhaseState("phase1", 2, 24, batch_ramp=started.record()), 4)
+    assert [one_rank.schedules.clock.batch_at(s) for s in range(6)] == [8, 16, 24, 24, 32, 32]
+    assert [one_rank.schedules.clock.rounds_at(s, 4) for s in range(6)] == [2, 4, 6, 6, 8, 8]
+    for step, position, why in ((2, 24, "step 2 starts at sample 24"), (4, 72, "step 4 starts at sample 72"),
+                                (1, 8, "step 1 starts at sample 8")):
+        with pytest.raises(ConfigError, match=rf"^phase1\.batch_warmup_steps: {why} under the warmup phase1 started "
+                                              r"with \(rounds of 8 samples\), not whole micro-batch rounds of this "
+                                              r"world \(16 samples: micro-batch x ranks\); resume on"):
+            settle_batch_ramp(world(16), PhaseState("phase1", step, position, batch_ramp=started.record()), 16)
+    odd = PhaseClock(8, 32, 32, BatchRamp(4, 4, 0.25))
+    assert odd.first_misfit(0, 0, 16) == "step 0 takes 8 samples"
+    fresh = PhaseState("phase1")
+    settle_batch_ramp(world(16), fresh, 16)  # a phase that starts here records its own ramp
+    assert fresh.batch_ramp == {"accumulation": 2, "steps": 4, "start": 0.25}
 
 
 def test_bad_ramp_keys_are_refused_in_one_line() -> None:
