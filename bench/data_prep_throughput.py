@@ -57,7 +57,7 @@ def raw_tokenization(out: Path, vocab_path: Path, repeats: int = 3) -> tuple[flo
     """Best-of-N seconds for encode_batch over every cleaned sentence the pipeline tokenized."""
     import pyarrow.ipc as ipc
 
-    from data_prep.vocab import load_vocab
+    from data_prep.shard_format.vocab import load_vocab
 
     sentences = []
     for part in sorted((out / "work" / "text").glob("shard-*.arrow")):

@@ -111,8 +111,8 @@ def add_ballast(shards: Path, gigabytes: float, seed: int = 1) -> None:
     import numpy as np
     import pyarrow as pa
 
-    from data_prep.atomic_io import atomic_write_json, sha256_file
-    from data_prep.shards import shard_schema, write_shard_table
+    from data_prep.shard_format.atomic_io import atomic_write_json, sha256_file
+    from data_prep.shard_format.shards import shard_schema, write_shard_table
 
     manifest = json.loads((shards / "manifest.json").read_text(encoding="utf-8"))
     split = manifest["seq_lens"][str(SEQ_LEN)]["train"]

@@ -4,7 +4,7 @@
 
 With SHARDS_DIR: every training shard of that folder at `--seq-len`. Without: one synthetic static-masked shard
 of `--instances` instances at seq 128 (random lengths 64..128, 15 % positions, a 30,522-token vocab), written by
-the shard writer in a temporary folder. Times the old check (sha256 of each file, data_prep.atomic_io.sha256_file)
+the shard writer in a temporary folder. Times the old check (sha256 of each file, data_prep.shard_format.atomic_io.sha256_file)
 against the new one (pretrain/data/shard_values.py check_shard: one memory-mapped read, hashed, then every id and
 masked position checked by pyarrow.compute), best of `--reps` with the files in the page cache, and prints both
 and their ratio. One process, CPU only.
@@ -24,8 +24,8 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data_prep.atomic_io import sha256_file  # noqa: E402
-from data_prep.shards import Manifest, ShardInfo, shard_schema, write_shard_table  # noqa: E402
+from data_prep.shard_format.atomic_io import sha256_file  # noqa: E402
+from data_prep.shard_format.shards import Manifest, ShardInfo, shard_schema, write_shard_table  # noqa: E402
 from pretrain.data.shard_values import ValueLimits, check_shard  # noqa: E402
 
 BERT_VOCAB = 30522

@@ -34,8 +34,8 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from data_prep.atomic_io import atomic_write_json, sha256_file  # noqa: E402
-from data_prep.shards import FORMAT_NAME, FORMAT_VERSION, write_shard  # noqa: E402
+from data_prep.shard_format.atomic_io import atomic_write_json, sha256_file  # noqa: E402
+from data_prep.shard_format.shards import FORMAT_NAME, FORMAT_VERSION, write_shard  # noqa: E402
 from pretrain.checkpointing.checkpoint import CheckpointManager  # noqa: E402
 from pretrain.config.load import load_config  # noqa: E402
 from pretrain.distributed.process_group import init_distributed  # noqa: E402

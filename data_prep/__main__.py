@@ -164,10 +164,10 @@ def main(argv: list[str] | None = None, configure_threads: bool = False) -> int:
     # Imported after parsing so that `--help` is instant.
     from data_prep.build import BuildError, run_build, run_merge, run_task
     from data_prep.report import inspect_text
-    from data_prep.shards import ShardFormatError
+    from data_prep.shard_format.shards import ShardFormatError
+    from data_prep.shard_format.vocab import VocabError
     from data_prep.slurm_arrays import submit_build
     from data_prep.source_files import SourceError
-    from data_prep.vocab import VocabError
 
     try:
         if args.command == "build" and args.slurm:

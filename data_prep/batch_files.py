@@ -3,7 +3,7 @@
 A task over an input shard writes one file per output (its cleaned text, its tokens, its instances at one
 length and split), a record batch per chunk of documents or per batch of instances, so that it holds one
 batch at a time and never the shard. The file appears by atomic rename once its last batch is written, as
-every file of the build does (data_prep/atomic_io.py): a killed task leaves only a temp file, which the
+every file of the build does (data_prep/shard_format/atomic_io.py): a killed task leaves only a temp file, which the
 relaunch removes.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from data_prep.shards import ShardFormatError
+from data_prep.shard_format.shards import ShardFormatError
 
 
 class AtomicBatchWriter:

@@ -26,8 +26,8 @@ import numpy as np
 import pyarrow as pa
 
 from data_prep.batch_files import AtomicBatchWriter, read_batches
+from data_prep.shard_format.shards import read_table
 from data_prep.shard_stage import bucket_ids, bucket_key, bucket_shuffle, part_starts, take_in_order
-from data_prep.shards import read_table
 from data_prep.task_markers import write_marker
 from data_prep.work_layout import instances_path, marker_path, scatter_stage, scattered_path
 

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from data_prep import __version__
-from data_prep.atomic_io import atomic_write_json, fsync_folder, sha256_file
 from data_prep.bucket_stage import (
     BucketedShardTask,
     ScatterTask,
@@ -44,6 +43,15 @@ from data_prep.instance_stage import (
 )
 from data_prep.parallel import Workers
 from data_prep.report import print_summary
+from data_prep.shard_format.atomic_io import atomic_write_json, fsync_folder, sha256_file
+from data_prep.shard_format.shards import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    SPLITS,
+    write_shard_table,
+)
+from data_prep.shard_format.vocab import Vocab, load_vocab
 from data_prep.shard_stage import (
     ShardTask,
     count_instances,
@@ -54,12 +62,10 @@ from data_prep.shard_stage import (
     shard_ends,
     shard_plan,
 )
-from data_prep.shards import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, SPLITS, write_shard_table
 from data_prep.source_files import SourceError
 from data_prep.sources import SOURCES
 from data_prep.task_markers import drop_broken_markers
 from data_prep.tokenizer_files import write_tokenizer_files
-from data_prep.vocab import Vocab, load_vocab
 from data_prep.work_cleanup import remove_stale_temp_files, remove_work, report_self_draws
 from data_prep.work_layout import (
     CLEAN_STAGE,

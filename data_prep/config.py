@@ -5,10 +5,13 @@ refused instead of being mixed. How the work is spread (workers, nodes) is not p
 because the output does not depend on it.
 
 The inputs follow data_prep/sources.py's `SOURCES` table, which this module cannot import: it is
-the floor that the format's reader and pretrain/ import, and the readers pull in the wikitext
-parser. So the five sources that existed before the table keep their named fields (every
-build_config.json written so far records them, and callers construct them by name), and every
-source added since keeps its values in `inputs` by its row's field: a new source needs no edit here.
+a floor that every stage of the build imports, and the readers pull in the wikitext parser. So the
+five sources that existed before the table keep their named fields (every build_config.json written so far
+records them, and callers construct them by name), and every source added since keeps its values in `inputs` by
+its row's field: a new source needs no edit here.
+
+Its flags' errors are the run's `ConfigError` (pretrain/errors.py, the ground floor, standard library only), one
+class for both tools: data_prep/__main__.py prints one as one line, "error: " and the message, and exits 2.
 """
 
 from __future__ import annotations
@@ -18,20 +21,15 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-MASKING_MODES = ("dynamic", "static")
-# How an instance's tokens are chosen (data_prep/instances.py). Declared here, the floor every other
-# data_prep module (and the format's reader, data_prep/shards.py) may import without pulling in pyarrow.
-NSP = "nsp"  # BERT's sentence pairs with a next-sentence label
-FULL_SENTENCES = "full-sentences"  # RoBERTa: packed whole sentences, across documents, MLM only
-DOC_SENTENCES = "doc-sentences"  # RoBERTa: packed whole sentences, within one document, MLM only
-SEGMENT_MODES = (NSP, FULL_SENTENCES, DOC_SENTENCES)
+from data_prep.shard_format.modes import MASKING_MODES, NSP, SEGMENT_MODES, max_predictions_for
+from pretrain.errors import ConfigError
+
 # Where NSP draws a random next segment from (data_prep/instance_stage.py): the document's own input shard, as
 # google-research/bert's create_pretraining_data.py does when run once per input file, or the whole corpus.
 NSP_SCOPE_SHARD, NSP_SCOPE_CORPUS = "shard", "corpus"
 NSP_SCOPES = (NSP_SCOPE_SHARD, NSP_SCOPE_CORPUS)
 # Input bytes (on disk: compressed files count compressed) per input shard, the unit of work and NSP's pool.
 DEFAULT_INPUT_SHARD_MB = 256.0
-BERT_MASK_PROB = 0.15  # the rate BERT's 20 predictions at 128 were sized for
 # The input fields that predate the SOURCES table (tests/data_prep/test_sources.py matches them to its rows).
 NAMED_INPUTS = ("wiki_dumps", "wikiextractor", "books", "texts", "hf_datasets")
 
@@ -70,22 +68,11 @@ class DocumentLimits:
 DEFAULT_LIMITS = DocumentLimits()
 
 
-class ConfigError(ValueError):
-    """A flag has an invalid value; the message names the flag."""
-
-
 def default_workers() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
-
-
-def max_predictions_for(seq_len: int, mask_prob: float = BERT_MASK_PROB) -> int:
-    """Prediction slots per instance: BERT's 20 at 128 and 80 at 512 for its 15 % rate, proportional to
-    the length and to the rate (40 and 160 at 30 %), so the cap never keeps a higher rate from being
-    reached. 0.15 / 0.15 is exactly 1.0, so the default gives today's numbers to the unit."""
-    return max(1, round(seq_len * 20 / 128 * (mask_prob / BERT_MASK_PROB)))
 
 
 @dataclass(frozen=True)

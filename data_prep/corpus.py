@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from data_prep.batch_files import batch_row_counts, read_batches
-from data_prep.shards import id_type
+from data_prep.shard_format.shards import id_type
 
 TEXT_SCHEMA = pa.schema([pa.field("title", pa.string()), pa.field("sentences", pa.list_(pa.string()))])
 

@@ -19,7 +19,6 @@ import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
-from data_prep.atomic_io import atomic_write_bytes, sha256_file
 from data_prep.batch_files import AtomicBatchWriter, read_batches
 from data_prep.config import BuildConfig
 from data_prep.corpus import TEXT_SCHEMA, text_table, token_schema, token_table
@@ -27,8 +26,9 @@ from data_prep.corpus_index import DOCUMENTS_SKIPPED
 from data_prep.documents import RawDocument, document_sentences
 from data_prep.input_plan import InputPlan, read_shard
 from data_prep.parallel import Workers
+from data_prep.shard_format.atomic_io import atomic_write_bytes, sha256_file
+from data_prep.shard_format.vocab import Vocab, VocabError, load_vocab, train_vocab
 from data_prep.task_markers import write_marker
-from data_prep.vocab import Vocab, VocabError, load_vocab, train_vocab
 from data_prep.work_layout import CLEAN_STAGE, TOKENS_STAGE, VOCAB_NAME, marker_path, text_path, tokens_path
 
 

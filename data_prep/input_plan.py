@@ -20,11 +20,11 @@ from dataclasses import asdict, dataclass, replace
 from itertools import chain
 from pathlib import Path
 
-from data_prep.atomic_io import atomic_write_json
 from data_prep.byte_ranges import cut_points, splittable
 from data_prep.bz2_streams import BZ2_STREAMS, stream_cuts
 from data_prep.config import BuildConfig
 from data_prep.parquet_source import ROW_GROUPS, check_text_column, row_group_cuts
+from data_prep.shard_format.atomic_io import atomic_write_json
 from data_prep.source_files import SourceError, list_text_files
 from data_prep.sources import FILE, FOLDER, NAME, SOURCES, RawDocument, ReadContext
 from data_prep.work_layout import plan_path

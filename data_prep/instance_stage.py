@@ -29,22 +29,16 @@ import numpy as np
 import pyarrow as pa
 
 from data_prep.batch_files import AtomicBatchWriter
-from data_prep.config import FULL_SENTENCES, NSP, NSP_SCOPE_SHARD, BuildConfig
+from data_prep.config import NSP_SCOPE_SHARD, BuildConfig
 from data_prep.corpus import TokenCorpus
 from data_prep.corpus_index import CorpusIndex, corpus_index, held_out
-from data_prep.instances import (
-    Instance,
-    MaskedInstance,
-    Packed,
-    SpecialIds,
-    instances_from_document,
-    mask_instance,
-    packed_instances,
-)
+from data_prep.instances import Instance, Packed, instances_from_document, packed_instances
 from data_prep.nsp_pool import NSP_POOL_DOCUMENTS, NspPool, PoolScope, corpus_scope, shard_scope
-from data_prep.shards import NO_NEXT_SENTENCE_LABEL, SPLITS, id_type, shard_schema
+from data_prep.shard_format.masking import MaskedInstance, SpecialIds, mask_instance
+from data_prep.shard_format.modes import FULL_SENTENCES, NSP
+from data_prep.shard_format.shards import NO_NEXT_SENTENCE_LABEL, SPLITS, id_type, shard_schema
+from data_prep.shard_format.vocab import load_vocab
 from data_prep.task_markers import write_marker
-from data_prep.vocab import load_vocab
 from data_prep.work_layout import VOCAB_NAME, instances_path, instances_stage, marker_path, tokens_path
 
 

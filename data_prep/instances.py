@@ -8,10 +8,8 @@ segments A and B are built from consecutive sentences of one document up to a ta
 (`short_seq_prob` of the time a random shorter target); B is, half of the time and always when
 only one segment is left, a span from a *different* random document (and the unused sentences
 are put back); the pair is truncated to `seq_len - 3` by trimming the longer side at a random
-end; the instance is `[CLS] A [SEP] B [SEP]`. Masking (any mode) picks `mask_prob` (BERT: 15%) of
-the positions among the non-special ones (whole words optionally), at most `max_predictions`, and
-replaces 80% with [MASK], 10% with a random token (never a special one: `never_replacements`),
-10% unchanged.
+end; the instance is `[CLS] A [SEP] B [SEP]`. Masking (any mode, static or dynamic) is BERT's rule in
+data_prep/shard_format/masking.py, which the ranks' dynamic masking calls too.
 
 Packed semantics follow RoBERTa (Liu et al. 2019, section 4.2) and fairseq's `complete` /
 `complete_doc` block modes, re-stated at `packed_instances`.
@@ -25,17 +23,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from data_prep.shard_format.masking import SpecialIds
+
 Sentence = Sequence[int]
 Document = Sequence[Sentence]
-
-
-@dataclass(frozen=True)
-class SpecialIds:
-    cls: int
-    sep: int
-    mask: int
-    pad: int
-    unk: int
 
 
 @dataclass(frozen=True)
@@ -43,13 +34,6 @@ class Instance:
     input_ids: list[int]
     a_len: int  # tokens of [CLS] A [SEP]; the whole instance when it has one segment (packed modes)
     is_random_next: bool | None  # None: no next-sentence label (packed modes, MLM only)
-
-
-@dataclass(frozen=True)
-class MaskedInstance:
-    input_ids: list[int]
-    masked_positions: list[int]
-    masked_label_ids: list[int]
 
 
 def truncate_pair(tokens_a: list[int], tokens_b: list[int], max_tokens: int, rng: random.Random) -> None:
@@ -231,70 +215,3 @@ def packed_instances(
             lone_short_piece = bool(whole) and not joins and 4 * len(rest) < seq_len
     close()
     return packed
-
-
-def mask_instance(
-    input_ids: Sequence[int],
-    mask_prob: float,
-    max_predictions: int,
-    special: SpecialIds,
-    vocab_size: int,
-    rng: random.Random,
-    is_continuation: np.ndarray | None = None,
-) -> MaskedInstance:
-    """Static (or load-time dynamic) MLM masking with BERT's 80/10/10 rule.
-
-    `is_continuation[id]` marks '##' pieces; when given, whole words are masked together.
-    """
-    specials = {special.cls, special.sep, special.pad}
-    never_drawn = never_replacements(special)
-    groups: list[list[int]] = []
-    for pos, token in enumerate(input_ids):
-        if token in specials:
-            continue
-        if is_continuation is not None and groups and is_continuation[token] and groups[-1][-1] == pos - 1:
-            groups[-1].append(pos)
-        else:
-            groups.append([pos])
-    rng.shuffle(groups)
-    num_to_predict = min(max_predictions, max(1, round(len(input_ids) * mask_prob)))
-    chosen: list[int] = []
-    for group in groups:
-        if len(chosen) >= num_to_predict:
-            break
-        if len(chosen) + len(group) > num_to_predict:
-            continue
-        chosen.extend(group)
-    chosen.sort()
-    output = list(input_ids)
-    for pos in chosen:
-        draw = rng.random()
-        if draw < 0.8:
-            output[pos] = special.mask
-        elif draw < 0.9:
-            output[pos] = input_ids[pos]
-        else:
-            output[pos] = _random_ordinary_token(vocab_size, never_drawn, rng)
-    return MaskedInstance(output, chosen, [int(input_ids[pos]) for pos in chosen])
-
-
-def never_replacements(special: SpecialIds) -> frozenset[int]:
-    """The ids a random MLM replacement never takes, in static masking here and dynamic masking in the
-    loader (pretrain/data/batches.py) alike: [CLS], [SEP], [PAD], [MASK] and [UNK]. None of them stands
-    inside text, so a model shown one there would learn about the masking, not about the language."""
-    return frozenset((special.cls, special.sep, special.pad, special.mask, special.unk))
-
-
-def replacement_ids(vocab_size: int, special: SpecialIds) -> np.ndarray:
-    """The ids a random replacement may take, ascending: every id but `never_replacements`. Dynamic masking
-    indexes it with one vectorised draw; static masking draws from the same set by rejection, which keeps
-    its draws (and the bytes of static shards) what they were."""
-    never = np.fromiter(never_replacements(special), dtype=np.int64)
-    return np.setdiff1d(np.arange(vocab_size, dtype=np.int64), never)
-
-
-def _random_ordinary_token(vocab_size: int, excluded: frozenset[int], rng: random.Random) -> int:
-    while True:
-        token = rng.randrange(vocab_size)
-        if token not in excluded:
-            return token

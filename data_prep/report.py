@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from data_prep.config import NSP
-from data_prep.shards import Manifest, ShardReader
-from data_prep.vocab import load_vocab
+from data_prep.shard_format.shards import Manifest, ShardReader
+from data_prep.shard_format.vocab import load_vocab
 
 
 def _table(header: Sequence[str], rows: list[Sequence[Any]]) -> str:

@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from data_prep.atomic_io import atomic_write_json
 from data_prep.instance_stage import instance_marker
-from data_prep.keyed_hash import GOLDEN, mix64
-from data_prep.shards import read_table
+from data_prep.shard_format.atomic_io import atomic_write_json
+from data_prep.shard_format.keyed_hash import GOLDEN, mix64
+from data_prep.shard_format.shards import read_table
 from data_prep.work_layout import instances_path, shard_file, shard_order_path
 
 SPLIT_SEED = {"train": 0, "val": 1}

@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import data_prep
-from data_prep.atomic_io import atomic_write_bytes
 from data_prep.build import BuildError, check_inputs, instance_tasks
 from data_prep.config import BuildConfig, ConfigError
 from data_prep.corpus_index import missing_corpus_shards
 from data_prep.instance_stage import instance_task_done
-from data_prep.shards import MANIFEST_NAME
+from data_prep.shard_format.atomic_io import atomic_write_bytes
+from data_prep.shard_format.shards import MANIFEST_NAME
 from data_prep.work_layout import slurm_dir
 
 MAX_ARRAY_INDEX = 1000

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from data_prep.atomic_io import atomic_write_json, fsync_folder, sha256_file
+from data_prep.shard_format.atomic_io import atomic_write_json, fsync_folder, sha256_file
 from data_prep.work_layout import done_dir
 
 OUTPUTS_KEY = "outputs"

@@ -1,6 +1,6 @@
 """Every name the build writes under OUT, in one place: its own files (CONFIG_NAME, VOCAB_NAME, the shards'
 `shard_file`) and, under OUT/work/, its intermediate files and completion markers. (manifest.json is named by
-the format's reader, data_prep/shards.py, and tokenizer.json with its probe by data_prep/tokenizer_files.py:
+the format's reader, data_prep/shard_format/shards.py, and tokenizer.json with its probe by data_prep/tokenizer_files.py:
 both are read by pretrain/ too.)
 
     work/plan.json                                   the input shards: the input files each one reads

@@ -50,8 +50,8 @@ import torch.distributed as dist
 from safetensors import SafetensorError
 from tqdm import tqdm
 
-from data_prep.atomic_io import atomic_write_json
-from data_prep.shards import ShardFormatError
+from data_prep.shard_format.atomic_io import atomic_write_json
+from data_prep.shard_format.shards import ShardFormatError
 from pretrain.checkpointing.checkpoint import (
     CheckpointManager,
     SaveError,

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from data_prep.atomic_io import atomic_write_json, sha256_file
-from data_prep.shards import FORMAT_NAME, FORMAT_VERSION, write_shard
+from data_prep.shard_format.atomic_io import atomic_write_json, sha256_file
+from data_prep.shard_format.shards import FORMAT_NAME, FORMAT_VERSION, write_shard
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 CLS, SEP = 2, 3

@@ -45,7 +45,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from data_prep.atomic_io import atomic_write_bytes, atomic_write_json, fsync_folder
+from data_prep.shard_format.atomic_io import atomic_write_bytes, atomic_write_json, fsync_folder
 from pretrain.checkpointing.commit import (
     SaveAttempt,
     SaveError,

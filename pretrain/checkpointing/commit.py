@@ -6,7 +6,7 @@ file, fsync and rename, after every rank wrote), for DeepSpeed's files. One save
 
 1. Every rank writes its files. DeepSpeed's go through `DurableWrites`, installed as the engine's
    checkpoint engine for the save: each file to a temp file, fsynced, renamed (DeepSpeed's own engine
-   writes in place and never fsyncs). Ours are written the same way (data_prep/atomic_io.py). A write
+   writes in place and never fsyncs). Ours are written the same way (data_prep/shard_format/atomic_io.py). A write
    that fails (ENOSPC, EIO, a quota) is recorded in the rank's `SaveAttempt` instead of raised: the
    rank's later writes are skipped, and it still reaches every collective of the save, so no rank is
    left waiting in a barrier for one that left.
@@ -40,7 +40,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from data_prep.atomic_io import atomic_write_bytes, atomic_write_stream, fsync_folder
+from data_prep.shard_format.atomic_io import atomic_write_bytes, atomic_write_stream, fsync_folder
 from pretrain.checkpointing.footprint import CheckpointShape, checkpoint_bytes, free_bytes, human
 from pretrain.checkpointing.layout import LATEST, PRUNED_PREFIX
 from pretrain.checkpointing.manifest import manifest_bytes

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from data_prep.atomic_io import atomic_write_json, atomic_write_stream
+from data_prep.shard_format.atomic_io import atomic_write_json, atomic_write_stream
 from pretrain.checkpointing.layout import CONSOLIDATED, RUN_CONFIG, TRAINER_STATE
 from pretrain.checkpointing.safe_load import UnsafeCheckpointError, load_data
 from pretrain.distributed.json_collectives import broadcast_json

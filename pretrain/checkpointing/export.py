@@ -39,7 +39,7 @@ from transformers import (
     PreTrainedModel,
 )
 
-from data_prep.atomic_io import atomic_write_json, give_mode, shared_mode
+from data_prep.shard_format.atomic_io import atomic_write_json, give_mode, shared_mode
 from pretrain.checkpointing.export_tokenizer import (
     TokenizerExportError,
     check_saved_tokenizer,

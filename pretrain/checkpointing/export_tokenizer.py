@@ -23,8 +23,8 @@ import transformers
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer, BertTokenizer
 
-from data_prep.tokenizer_files import FALLBACK_SENTENCES, Probe, probe_mismatch
-from data_prep.vocab import SPECIAL_TOKENS, Vocab, load_vocab
+from data_prep.shard_format.tokenizer_probe import FALLBACK_SENTENCES, Probe, probe_mismatch
+from data_prep.shard_format.vocab import SPECIAL_TOKENS, Vocab, load_vocab
 
 
 class TokenizerExportError(RuntimeError):

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from data_prep.atomic_io import atomic_write_bytes, atomic_write_json, fsync_folder, sha256_file
+from data_prep.shard_format.atomic_io import atomic_write_bytes, atomic_write_json, fsync_folder, sha256_file
 from pretrain.checkpointing.layout import (
     CONSOLIDATED,
     LATEST,

@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_prep.atomic_io import atomic_write_json
+from data_prep.shard_format.atomic_io import atomic_write_json
 from pretrain.checkpointing.layout import CHECKPOINT_LOCK, LATEST, OWNER, TAG_PATTERN
 from pretrain.distributed.lifetime import hold_checkpoint_folder, release_folder
 from pretrain.errors import ConfigError

@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from data_prep.atomic_io import atomic_write_json
+from data_prep.shard_format.atomic_io import atomic_write_json
 from pretrain.codistill.config import CodistillSection, check_codistill, group_folder
 from pretrain.codistill.exchange import FileExchange, GroupComm
 from pretrain.codistill.groups import GroupLayout, ProcessGroups, create_process_groups

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from data_prep.atomic_io import atomic_write_bytes
+from data_prep.shard_format.atomic_io import atomic_write_bytes
 from pretrain.errors import ConfigError, DataError
 
 LATEST = "latest"

@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from data_prep.atomic_io import atomic_write_bytes
+from data_prep.shard_format.atomic_io import atomic_write_bytes
 from pretrain.config.deepspeed import deep_merge, effective_precision
 from pretrain.config.load import PHASE_NAMES
 from pretrain.run_folder import EXCHANGE

@@ -35,13 +35,13 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from data_prep.atomic_io import sha256_file
-from data_prep.config import BERT_MASK_PROB
-from data_prep.instances import SpecialIds, replacement_ids
-from data_prep.shards import Manifest, ShardReader
+from data_prep.shard_format.masking import mask_ids
+from data_prep.shard_format.modes import BERT_MASK_PROB
+from data_prep.shard_format.shards import Manifest, ShardReader
+from data_prep.shard_format.vocab import Vocab
 from pretrain.data.order import FEISTEL_ORDER, InstancePool, RankOrder
 from pretrain.data.packing import pack_masked_instances
-from pretrain.data.shard_checks import SPECIAL_TOKENS, PhaseShards, check_phase_shards
+from pretrain.data.shard_checks import PhaseShards, check_phase_shards
 from pretrain.data.unpadded import unpad_masked_instances
 from pretrain.errors import ConfigError, DataError
 from pretrain.model.bert import IGNORE_INDEX
@@ -54,34 +54,6 @@ UNCHECKED = "; data.verify_checksums=true names its shard and row before trainin
 class DataConfigError(DataError):
     """The shards do not fit the run (missing, wrong vocab, wrong length); names the key or file. (Rank 0's
     start-up checks report it as the config error of the key that names the shards, as the launch check does.)"""
-
-
-@dataclass(frozen=True)
-class Vocab:
-    size: int
-    sha256: str
-    cls_id: int
-    sep_id: int
-    mask_id: int
-    pad_id: int
-    unk_id: int | None  # None: a vocab without [UNK] (data_prep's always has one)
-    is_continuation: np.ndarray  # bool[size]: WordPiece "##" pieces, for whole-word masking
-    replacements: np.ndarray  # the ids a random replacement may take (data_prep.instances.replacement_ids)
-
-    @classmethod
-    def load(cls, path: Path) -> Vocab:
-        tokens = path.read_text(encoding="utf-8").splitlines()
-        index = {token: i for i, token in enumerate(tokens)}
-        missing = [t for t in SPECIAL_TOKENS if t not in index]
-        if missing:
-            raise DataConfigError(f"{path}: vocab lacks the special tokens {missing}")
-        # A vocab without [UNK] (data_prep's always has one) has one id fewer to keep out: [PAD] stands in.
-        special = SpecialIds(index["[CLS]"], index["[SEP]"], index["[MASK]"], index["[PAD]"],
-                             index.get("[UNK]", index["[PAD]"]))
-        return cls(size=len(tokens), sha256=sha256_file(path), cls_id=special.cls, sep_id=special.sep,
-                   mask_id=special.mask, pad_id=special.pad, unk_id=index.get("[UNK]"),
-                   is_continuation=np.array([t.startswith("##") for t in tokens], dtype=bool),
-                   replacements=replacement_ids(len(tokens), special))
 
 
 @dataclass(frozen=True)
@@ -124,39 +96,12 @@ def phase_data(checked: PhaseShards, seq_len: int) -> PhaseData:
     masking = checked.manifest.data["masking"]
     return PhaseData(
         manifest=checked.manifest,
-        vocab=Vocab.load(checked.manifest.vocab_path),
+        vocab=checked.vocab,
         seq_len=seq_len,
         max_predictions=checked.max_predictions,
         mask_prob=checked.mask_prob,
         whole_word=bool(masking.get("whole_word", False)),
     )
-
-
-def mask_instance(
-    ids: np.ndarray, vocab: Vocab, mask_prob: float, max_predictions: int, whole_word: bool, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """BERT masking of one instance: returns (masked ids, positions, original ids). 80/10/10 mask/random/keep,
-    the random ids drawn from `vocab.replacements` (never a special token), as static masking draws them."""
-    candidates = np.flatnonzero((ids != vocab.cls_id) & (ids != vocab.sep_id))
-    target = min(max_predictions, max(1, int(round(len(ids) * mask_prob))))
-    if whole_word and len(candidates):
-        # A word = a piece not starting with "##" plus the "##" pieces after it: masked together.
-        starts = ~vocab.is_continuation[ids[candidates]] | (np.diff(candidates, prepend=-2) != 1)
-        words = np.split(candidates, np.flatnonzero(starts)[1:])
-        chosen: list[int] = []
-        for w in rng.permutation(len(words)):
-            if len(chosen) + len(words[w]) > target:
-                continue
-            chosen.extend(words[w].tolist())
-        positions = np.sort(np.array(chosen, dtype=np.int64))
-    else:
-        positions = np.sort(rng.permutation(candidates)[:target])
-    labels = ids[positions].copy()
-    masked = ids.copy()
-    roll = rng.random(len(positions))
-    random_ids = vocab.replacements[rng.integers(0, len(vocab.replacements), len(positions))]
-    masked[positions] = np.where(roll < 0.8, vocab.mask_id, np.where(roll < 0.9, random_ids, labels))
-    return masked, positions, labels
 
 
 Generators = np.random.Generator | list[np.random.Generator] | None  # one for the batch, or one per instance
@@ -194,7 +139,7 @@ class Collator:
             else:
                 assert rng is not None, "dynamic masking needs a generator"
                 own = rng[index] if isinstance(rng, list | tuple) else rng
-                ids, pos, lab = mask_instance(ids, self.data.vocab, rate, predictions, self.data.whole_word, own)
+                ids, pos, lab = mask_ids(ids, self.data.vocab, rate, predictions, self.data.whole_word, own)
             out.append({"ids": ids, "a_len": row["a_len"], "positions": pos, "labels": lab,
                         "nsp": row["next_sentence_label"]})
         return out

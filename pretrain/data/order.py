@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from data_prep.keyed_hash import mix64
+from data_prep.shard_format.keyed_hash import mix64
 
 FEISTEL_ORDER = "feistel-v1"
 LEGACY_ORDER = "numpy-permutation"

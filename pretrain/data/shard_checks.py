@@ -11,13 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_prep.atomic_io import sha256_file
-from data_prep.config import max_predictions_for
-from data_prep.shards import SPLITS, Manifest, ShardFormatError
+from data_prep.shard_format.modes import max_predictions_for
+from data_prep.shard_format.shards import SPLITS, Manifest, ShardFormatError
+from data_prep.shard_format.vocab import Vocab, VocabError
 from pretrain.data.shard_values import ShardValueError, ValueLimits, check_shard
 from pretrain.errors import ConfigError
-
-SPECIAL_TOKENS = ("[CLS]", "[SEP]", "[MASK]", "[PAD]")  # what collate and masking look up in the vocab
 
 
 @dataclass(frozen=True)
@@ -25,10 +23,17 @@ class PhaseShards:
     """What the launch-time check learned about one phase's shards (the ranks then open them for reading)."""
 
     manifest: Manifest
-    vocab_size: int
-    vocab_sha256: str
+    vocab: Vocab  # read once, here: the ranks mask and collate with it
     max_predictions: int
     mask_prob: float  # the MLM rate the phase trains at (data.mask_probability, else the shards')
+
+    @property
+    def vocab_size(self) -> int:
+        return self.vocab.size
+
+    @property
+    def vocab_sha256(self) -> str:
+        return self.vocab.sha256
 
     @property
     def trains_nsp(self) -> bool:
@@ -67,20 +72,20 @@ def check_phase_shards(
     vocab_path = manifest.vocab_path
     if not vocab_path.is_file():
         raise ConfigError(f"{key}: vocab file {vocab_path} is missing")
-    tokens = vocab_path.read_text(encoding="utf-8").splitlines()
-    missing = [token for token in SPECIAL_TOKENS if token not in set(tokens)]
-    if missing:
-        raise ConfigError(f"{vocab_path}: vocab lacks the special tokens {missing}")
-    sha = sha256_file(vocab_path)
-    if sha != manifest.vocab_sha256 or len(tokens) != manifest.vocab_size:
+    try:
+        vocab = Vocab.load(vocab_path)
+    except VocabError as err:
+        raise ConfigError(f"{key}: {err}") from err
+    sha = vocab.sha256
+    if sha != manifest.vocab_sha256 or vocab.size != manifest.vocab_size:
         raise ConfigError(
-            f"{key}: {vocab_path} (size {len(tokens)}, sha256 {sha[:12]}) differs from the "
+            f"{key}: {vocab_path} (size {vocab.size}, sha256 {sha[:12]}) differs from the "
             f"manifest's vocab (size {manifest.vocab_size}, sha256 {manifest.vocab_sha256[:12]})"
         )
     if expected_vocab_sha256 is not None and sha != expected_vocab_sha256:
         raise ConfigError(f"{key}: vocab sha256 {sha[:12]} differs from the model's vocab {expected_vocab_sha256[:12]}")
     if verify_checksums:
-        check_shard_files(manifest, ValueLimits(vocab_size=len(tokens), seq_len=seq_len), key)
+        check_shard_files(manifest, ValueLimits(vocab_size=vocab.size, seq_len=seq_len), key)
     rate = masking_rate(manifest, mask_probability, key)
     from_manifest = manifest.data["masking"].get("max_predictions", {}).get(str(seq_len))
     if mask_probability is not None and from_manifest is not None and not manifest.static_masking:
@@ -90,7 +95,7 @@ def check_phase_shards(
         raise ConfigError(f"{key}: the manifest has no masking.max_predictions for {seq_len}; set max_predictions")
     if manifest.static_masking and from_manifest is not None and predictions < from_manifest:
         raise ConfigError(f"max_predictions: {predictions} is below the static shards' {from_manifest} at seq {seq_len}")
-    return PhaseShards(manifest, len(tokens), sha, int(predictions), rate)
+    return PhaseShards(manifest, vocab, int(predictions), rate)
 
 
 def check_shard_files(manifest: Manifest, limits: ValueLimits, key: str) -> None:

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 HASH_CHUNK = 1 << 20
-NSP_LABELS = (0, 1, -1)  # is next, random next, none (packed modes): the values data_prep/shards.py defines
+NSP_LABELS = (0, 1, -1)  # is next, random next, none (packed modes): the values data_prep/shard_format/shards.py defines
 
 
 class ShardValueError(ValueError):
@@ -144,7 +144,7 @@ def _id_problem(column: pa.Array, what: str, vocab_size: int) -> tuple[int, str]
 
 
 def _label_problem(labels: pa.Array) -> tuple[int, str] | None:
-    """The first next-sentence label the format does not define (data_prep/shards.py: 0, 1, or -1 for none): on a GPU
+    """The first next-sentence label the format does not define (data_prep/shard_format/shards.py: 0, 1, or -1 for none): on a GPU
     another value is a device-side assert in the NSP loss at whichever step draws it, after every restart."""
     bad = pc.invert(pc.is_in(labels, value_set=pa.array(NSP_LABELS, type=labels.type)))
     if not pc.any(bad).as_py():

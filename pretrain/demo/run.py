@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_prep.atomic_io import atomic_write_json
+from data_prep.shard_format.atomic_io import atomic_write_json
 from pretrain.demo.steps import Step, StopSignal, finish_background, install_signal_handlers, run_step
 from pretrain.demo.summary import (
     BASELINE_EVALUATE,

@@ -198,7 +198,7 @@ def fill_mask_rows(out: Path, sentences: int = 200) -> list[tuple[str, str]]:
     """Does the export know words? One word hidden in each of the shards' probe sentences, filled by the export
     and by random weights of its shape (pretrain/report/fill_mask.py), with a few examples."""
     # deferred: the demo's first checks run without site-packages (tokenizers, torch)
-    from data_prep.tokenizer_files import PROBE_NAME, Probe
+    from data_prep.shard_format.tokenizer_probe import PROBE_NAME, Probe
     from pretrain.report.fill_mask import read_fill_mask
 
     model_dir, probe = out / "model", out / "data" / PROBE_NAME

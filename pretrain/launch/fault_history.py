@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from data_prep.atomic_io import atomic_write_bytes
+from data_prep.shard_format.atomic_io import atomic_write_bytes
 from pretrain.launch.fault_records import FaultRecord
 
 READ_LIMIT_S = 30.0  # how long one judgement waits for the folder (a hung shared file system)

@@ -26,9 +26,9 @@ import torch
 import torch.distributed as dist
 from transformers import BertConfig
 
-from data_prep.atomic_io import atomic_write_json, sha256_file
-from data_prep.config import max_predictions_for
-from data_prep.shards import ShardFormatError
+from data_prep.shard_format.atomic_io import atomic_write_json, sha256_file
+from data_prep.shard_format.modes import max_predictions_for
+from data_prep.shard_format.shards import ShardFormatError
 from pretrain.checkpointing.cadence import CadenceSettings
 from pretrain.checkpointing.ownership import CheckpointClaim, claim_checkpoint_dir
 from pretrain.config.attention import PADDED_HINT, attention_plan

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from data_prep.shards import Manifest
+from data_prep.shard_format.shards import Manifest
 from pretrain.config.sections import RunConfig
 from pretrain.data.shard_checks import PhaseShards, check_one_objective, check_phase_shards, read_manifest
 from pretrain.errors import ConfigError

@@ -7,7 +7,7 @@ way they ask it (the export folder through `AutoTokenizer` and `AutoModelForMask
 whole word hidden, which word does the model put there? The random-weights twin of the same shape, through the same
 tokenizer, is the floor: a trained model that does no better learned nothing.
 
-The sentences are the shards' probe (data_prep/tokenizer_files.py): text of the training corpus, so the figure says
+The sentences are the shards' probe (data_prep/shard_format/tokenizer_probe.py): text of the training corpus, so the figure says
 what pretraining stored, not how it generalises.
 """
 

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from data_prep.atomic_io import atomic_write_bytes
+from data_prep.shard_format.atomic_io import atomic_write_bytes
 from pretrain.finetune.layout import RESULTS_GLOB
 from pretrain.run_folder import EXPORT_INFO
 

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from data_prep.atomic_io import atomic_write_json
+from data_prep.shard_format.atomic_io import atomic_write_json
 from pretrain.checkpointing.checkpoint import PRUNED_PREFIX, CheckpointManager
 from pretrain.checkpointing.manifest import MANIFEST, file_owner, own_entries, resolve_resume_tag
 

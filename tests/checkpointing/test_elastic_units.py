@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from data_prep.atomic_io import atomic_write_json
+from data_prep.shard_format.atomic_io import atomic_write_json
 from pretrain.checkpointing.checkpoint import CheckpointManager
 from pretrain.checkpointing.elastic import prepare_resume
 from pretrain.checkpointing.manifest import MANIFEST, damage, file_owner, own_entries, resolve_resume_tag

@@ -17,8 +17,8 @@ import torch
 from tokenizers import Tokenizer
 
 from data_prep.__main__ import main as data_prep_main
-from data_prep.shards import Manifest
-from data_prep.tokenizer_files import Probe
+from data_prep.shard_format.shards import Manifest
+from data_prep.shard_format.tokenizer_probe import Probe
 from pretrain.checkpointing.export import export_state_dict
 from pretrain.checkpointing.export_tokenizer import TokenizerExportError
 from pretrain.model.bert import bert_config, build_model

@@ -1,6 +1,6 @@
-"""Dynamic masking (pretrain/data/batches.py `mask_instance`, what collate runs on unmasked shards) over ~250k
+"""Dynamic masking (data_prep/shard_format/masking.py `mask_ids`, what collate runs on unmasked shards) over ~250k
 tokens: BERT's rate, its 80/10/10 split, and random replacements that are never a special token, the same set
-of ids static masking (data_prep/instances.py) draws from."""
+of ids static masking (`mask_instance`, the same module) draws from."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data_prep.instances import SpecialIds, never_replacements, replacement_ids
-from data_prep.vocab import load_vocab
-from pretrain.data.batches import Vocab, mask_instance
+from data_prep.shard_format.masking import SpecialIds, mask_ids, never_replacements, replacement_ids
+from data_prep.shard_format.vocab import Vocab, load_vocab
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = 300  # ordinary tokens, a third of them '##' pieces
@@ -42,7 +41,7 @@ def test_dynamic_masking_rate_split_and_no_special_replacements(tmp_path: Path, 
     for i, n in enumerate(lengths):
         body = ordinary[np.random.default_rng([1, i]).integers(0, len(ordinary), n - 2)]
         ids = np.concatenate([[vocab.cls_id], body, [vocab.sep_id]])
-        masked, positions, labels = mask_instance(ids, vocab, mask_prob, cap, whole_word, np.random.default_rng([7, i]))
+        masked, positions, labels = mask_ids(ids, vocab, mask_prob, cap, whole_word, np.random.default_rng([7, i]))
         assert np.array_equal(labels, ids[positions]) and np.array_equal(np.delete(masked, positions),
                                                                           np.delete(ids, positions))
         after = masked[positions]

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data_prep.shards import Manifest
+from data_prep.shard_format.shards import Manifest
 from pretrain.config.load import load_config
 from pretrain.data.batches import StreamSettings, phase_data
 from pretrain.data.shard_checks import check_phase_shards, masking_rate

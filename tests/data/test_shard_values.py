@@ -18,8 +18,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from data_prep.atomic_io import atomic_write_json
-from data_prep.shards import Manifest, read_table, write_shard_table
+from data_prep.shard_format.atomic_io import atomic_write_json
+from data_prep.shard_format.shards import Manifest, read_table, write_shard_table
 from pretrain.config.load import load_config
 from pretrain.data.batches import Collator, DataConfigError, open_phase_data
 from pretrain.distributed.info import DistInfo
@@ -121,7 +121,7 @@ def test_unchecked_shards_never_label_another_instances_token(built: Path, tmp_p
     shards = tampered(built, tmp_path / "shards", "masked_positions", a_position_beyond_the_instance)
     data = open_phase_data(shards, 32, None, "data.shards", verify_checksums=False)
     collate = Collator(data, packing=layout == "packing", unpadded=layout == "unpadded")
-    from data_prep.shards import ShardReader
+    from data_prep.shard_format.shards import ShardReader
 
     reader = ShardReader(data.manifest, 32)
     collate([reader[i] for i in range(4)], None)  # the rows before it collate as ever

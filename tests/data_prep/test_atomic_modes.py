@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from data_prep.atomic_io import atomic_write_bytes, atomic_write_json, process_umask, shared_mode
+from data_prep.shard_format.atomic_io import atomic_write_bytes, atomic_write_json, process_umask, shared_mode
 
 
 @pytest.fixture

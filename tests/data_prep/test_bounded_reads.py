@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from data_prep.config import DocumentLimits
-from data_prep.shards import Manifest, ShardFormatError
+from data_prep.shard_format.shards import Manifest, ShardFormatError
 from data_prep.source_files import DocumentTooLarge
 from data_prep.sources import SKIPPED, read_book_file, read_jsonl_file, read_sentence_lines, read_wiki_dump
 

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from data_prep.shard_format.shards import read_table
 from data_prep.shard_stage import (
     BUCKET_INSTANCES,
     ShardTask,
@@ -28,7 +29,6 @@ from data_prep.shard_stage import (
     part_starts,
     shard_plan,
 )
-from data_prep.shards import read_table
 from tests.data_prep.segment_inputs import build, write_inputs
 
 

@@ -25,10 +25,10 @@ import pytest
 
 import data_prep.sources as sources
 from data_prep.__main__ import build_parser, config_from_args, main
-from data_prep.atomic_io import atomic_write_json
 from data_prep.bucket_stage import bucket_sizes
+from data_prep.shard_format.atomic_io import atomic_write_json
+from data_prep.shard_format.shards import Manifest
 from data_prep.shard_stage import ShardTask, gather_rows, part_starts, shard_plan
-from data_prep.shards import Manifest
 from tests.support.cluster.local_cluster import LocalSlurm, running_or_skip
 from tests.support.data_prep_fixtures import tree_digest
 from tests.support.paths import REPO_ROOT

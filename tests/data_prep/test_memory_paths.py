@@ -19,10 +19,10 @@ import pytest
 
 import data_prep.instance_stage as instance_stage
 import data_prep.shard_stage as shard_stage
-from data_prep.atomic_io import atomic_write_json
 from data_prep.batch_files import AtomicBatchWriter
 from data_prep.corpus import TokenCorpus, nested_list_arrays, token_schema, token_table
-from data_prep.shards import shard_schema, write_shard_table
+from data_prep.shard_format.atomic_io import atomic_write_json
+from data_prep.shard_format.shards import shard_schema, write_shard_table
 from data_prep.work_layout import instances_path, instances_stage, marker_path
 from tests.data_prep.segment_inputs import build, write_inputs
 from tests.data_prep.test_nsp_unchanged import BUILDS, RECORDED

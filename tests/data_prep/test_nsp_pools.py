@@ -19,7 +19,7 @@ import pytest
 from data_prep.__main__ import main
 from data_prep.corpus_index import CorpusIndex, ShardSpan
 from data_prep.nsp_pool import NspPool, pool_group
-from data_prep.shards import Manifest
+from data_prep.shard_format.shards import Manifest
 
 DOCUMENTS = 6
 WORDS_PER_DOCUMENT = 20

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from data_prep.shards import Manifest
+from data_prep.shard_format.shards import Manifest
 from tests.data_prep.segment_inputs import build, write_inputs
 
 BUILDS = {

@@ -24,7 +24,7 @@ READ_ALL = """
 import os, resource, sys
 from pathlib import Path
 from data_prep.corpus import TokenCorpus
-from data_prep.shards import ShardFormatError
+from data_prep.shard_format.shards import ShardFormatError
 folder, limit, held = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 kept = [open(os.devnull) for _ in range(held)]  # what else a process may hold open

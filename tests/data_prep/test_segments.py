@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from data_prep.config import max_predictions_for
-from data_prep.instances import SpecialIds, mask_instance, packed_instances
+from data_prep.instances import packed_instances
+from data_prep.shard_format.masking import SpecialIds, mask_instance
 
 SPECIAL = SpecialIds(cls=2, sep=3, mask=4, pad=0, unk=1)
 C, S = SPECIAL.cls, SPECIAL.sep

@@ -18,8 +18,8 @@ import pytest
 from data_prep.__main__ import main
 from data_prep.corpus import TokenCorpus
 from data_prep.corpus_index import held_out as held_out_documents
-from data_prep.shards import NO_NEXT_SENTENCE_LABEL, Manifest, ShardFormatError
-from data_prep.vocab import load_vocab
+from data_prep.shard_format.shards import NO_NEXT_SENTENCE_LABEL, Manifest, ShardFormatError
+from data_prep.shard_format.vocab import load_vocab
 from data_prep.work_layout import tokens_path
 from tests.data_prep.segment_inputs import build, write_inputs
 from tests.data_prep.test_segments import restated_packing

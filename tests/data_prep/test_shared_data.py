@@ -9,8 +9,8 @@ import pytest
 
 from data_prep.__main__ import main
 from data_prep.report import decode
-from data_prep.shards import ShardReader
-from data_prep.vocab import load_vocab
+from data_prep.shard_format.shards import ShardReader
+from data_prep.shard_format.vocab import load_vocab
 from tests.support.data_prep_fixtures import check_output
 
 WIKI_DUMP = "wikipedia/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"

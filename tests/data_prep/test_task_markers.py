@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from data_prep.atomic_io import sha256_file
+from data_prep.shard_format.atomic_io import sha256_file
 from tests.data_prep.segment_inputs import build, write_inputs
 
 FLAGS = ["--workers", "1", "--seq-lens", "48", "--num-shards", "2", "--docs-per-chunk", "16", "--keep-work"]

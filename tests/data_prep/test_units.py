@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from data_prep.clean import wikitext_to_paragraphs
-from data_prep.instances import SpecialIds, instances_from_document, mask_instance, truncate_pair
+from data_prep.instances import instances_from_document, truncate_pair
 from data_prep.sentences import split_sentences
+from data_prep.shard_format.masking import SpecialIds, mask_instance
+from data_prep.shard_format.vocab import VocabError, load_vocab
 from data_prep.sources import (
     SourceError,
     check_readable_file,
@@ -20,7 +22,6 @@ from data_prep.sources import (
     read_wikiextractor,
     to_sentences,
 )
-from data_prep.vocab import VocabError, load_vocab
 from tests.support.data_prep_fixtures import write_books, write_sentence_file, write_vocab, write_wiki_dump
 
 MARKUP = re.compile(r"\[\[|\]\]|\{\{|\}\}|<ref|</|''|==|\{\||\|\}|Category:|File:|thumb\|")

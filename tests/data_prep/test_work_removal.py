@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from data_prep.__main__ import build_parser, config_from_args, main
-from data_prep.atomic_io import atomic_write_json
+from data_prep.shard_format.atomic_io import atomic_write_json
 from tests.data_prep.segment_inputs import build, write_inputs
 from tests.support.data_prep_fixtures import tree_digest
 

@@ -8,9 +8,9 @@ import hashlib
 import random
 from pathlib import Path
 
-from data_prep.atomic_io import sha256_file
-from data_prep.shards import Manifest, ShardReader
-from data_prep.vocab import load_vocab
+from data_prep.shard_format.atomic_io import sha256_file
+from data_prep.shard_format.shards import Manifest, ShardReader
+from data_prep.shard_format.vocab import load_vocab
 
 WORDS = (
     "river mountain city history language music science people empire north south ancient modern "

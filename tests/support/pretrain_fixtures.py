@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from data_prep.atomic_io import atomic_write_json, sha256_file
 from data_prep.config import NSP
-from data_prep.shards import FORMAT_NAME, FORMAT_VERSION, NO_NEXT_SENTENCE_LABEL, write_shard
+from data_prep.shard_format.atomic_io import atomic_write_json, sha256_file
+from data_prep.shard_format.shards import FORMAT_NAME, FORMAT_VERSION, NO_NEXT_SENTENCE_LABEL, write_shard
 from tests.support.paths import REPO_ROOT, SCRIPTS
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from data_prep.atomic_io import atomic_write_json
+from data_prep.shard_format.atomic_io import atomic_write_json
 from pretrain.finetune.glue.data import GlueFormatError, GlueSet, load_gold, quoted
 from pretrain.finetune.glue.metric import score
 from pretrain.finetune.glue.submission import read_predictions

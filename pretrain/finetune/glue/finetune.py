@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from data_prep.atomic_io import atomic_write_json
+from data_prep.shard_format.atomic_io import atomic_write_json
 from pretrain.config.deepspeed import precision_of
 from pretrain.distributed.json_collectives import all_gather_json
 from pretrain.errors import ConfigError, FinetuneFormatError

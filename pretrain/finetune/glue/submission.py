@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from data_prep.atomic_io import atomic_write_bytes
+from data_prep.shard_format.atomic_io import atomic_write_bytes
 from pretrain.finetune.glue.data import GlueFormatError, float_or_nan, quoted, read_lines
 from pretrain.finetune.glue.tasks import Task
 

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from data_prep.atomic_io import atomic_write_json
+from data_prep.shard_format.atomic_io import atomic_write_json
 from pretrain.finetune.squad.data import (
     SquadFormatError,
     SquadSet,

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from data_prep.atomic_io import atomic_write_json
+from data_prep.shard_format.atomic_io import atomic_write_json
 from pretrain.config.deepspeed import precision_of
 from pretrain.errors import ConfigError
 from pretrain.finetune.common import (  # noqa: F401 (FINETUNE_OWNERS re-exported)

@@ -5,7 +5,7 @@ Layout of an output folder ``OUT``::
     OUT/manifest.json              written last, atomically: only complete shards are ever listed
     OUT/vocab.txt                  the WordPiece vocab the ids refer to (sha256 in the manifest)
     OUT/tokenizer.json             the `tokenizers` object that made the ids (vocab + normalisation), and
-    OUT/tokenizer_probe.json       a few hundred corpus sentences with their ids (data_prep/tokenizer_files.py)
+    OUT/tokenizer_probe.json       a few hundred corpus sentences with their ids (data_prep/shard_format/tokenizer_probe.py)
     OUT/seq128/train-00000.arrow   Apache Arrow IPC *file* format, one record batch per shard
     OUT/seq128/val-00000.arrow
     OUT/seq512/...
@@ -64,8 +64,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from data_prep.atomic_io import atomic_write_stream, sha256_file
-from data_prep.config import NSP, SEGMENT_MODES
+from data_prep.shard_format.atomic_io import atomic_write_stream, sha256_file
+from data_prep.shard_format.modes import NSP, SEGMENT_MODES
 
 FORMAT_NAME = "bert-ds-shards"
 FORMAT_VERSION = 1
@@ -239,7 +239,7 @@ class Manifest:
 
     @property
     def probe_path(self) -> Path | None:
-        """tokenizer_probe.json, sentences and their ids (data_prep/tokenizer_files.py); None before it existed."""
+        """tokenizer_probe.json, sentences and their ids (data_prep/shard_format/tokenizer_probe.py); None before it existed."""
         entry = self.data.get("tokenizer")
         return self.root / entry["probe"] if entry else None
 
