@@ -1,12 +1,12 @@
 """The project's modules import each other one way: no circle, deferred and type-only imports included.
 
-An AST scan of every module of pretrain/ and data_prep/ (no import runs): each `import`, `from ... import`
-(relative ones resolved), `import_module("...")`, inside functions and under `if TYPE_CHECKING:` too,
-becomes an arrow to the project module it names. A circle is reported with its modules. The floors this
-graph gives (a module's floor = 1 + the highest floor it imports) are what docs/architecture.md draws;
-the leaves named below must stay on the ground floor. The packages, each taken as one node, form no circle
-either (no import runs back up to a package that imports the importer), and below the plan no module takes a
-RunConfig.
+An AST scan of every module of pretrain/ and data_prep/ (no import runs; tests/pretrain/module_map.py): each
+`import`, `from ... import` (relative ones resolved), `import_module("...")`, inside functions and under
+`if TYPE_CHECKING:` too, becomes an arrow to the project module it names. A circle is reported with its modules.
+The packages, each taken as one node, form no circle either, nor do the folders at every depth (no import runs back
+up to a folder that imports the importer); every import points to its own layer of docs/architecture.md or one
+below; the doc's module map (each module's floor, 1 + the highest floor it imports) is what the code gives now;
+the leaves named below stay on the ground floor; and below the plan no module takes a RunConfig.
 """
 
 from __future__ import annotations
@@ -14,35 +14,24 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.pretrain.test_plugin_boundary import computed_imports, imported_names, package_of
+from tests.pretrain.module_map import (
+    DOC,
+    PACKAGES,
+    documented_layers,
+    documented_map,
+    floors,
+    import_graph,
+    package_name,
+    render_map,
+)
+from tests.pretrain.test_plugin_boundary import computed_imports
 from tests.support.paths import REPO_ROOT
 
-PACKAGES = ("pretrain", "data_prep")
 # modules every floor may use: they import nothing of the project but each other (plugin.py: the registry
 # and types, from these)
 GROUND = ("pretrain.errors", "pretrain.distributed.info", "pretrain.checkpointing.layout", "pretrain.run_folder",
           "pretrain.config.plugins", "pretrain.config.sections", "pretrain.schedule", "pretrain.schedules.masking",
           "pretrain.schedules.progress", "pretrain.schedules.batch")
-
-
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(REPO_ROOT).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def import_graph() -> dict[str, set[str]]:
-    files = {module_name(p): p for package in PACKAGES for p in (REPO_ROOT / package).rglob("*.py")}
-    graph: dict[str, set[str]] = {}
-    for name, path in files.items():
-        targets = set()
-        for imported in imported_names(path.read_text(encoding="utf-8"), package_of(path)):
-            # `from a.b import c`: the module a.b.c if it is one, else a.b (a package's __init__ is not counted)
-            while imported and imported not in files:
-                imported = imported.rpartition(".")[0]
-            if imported and imported != name and not files[imported].name == "__init__.py":
-                targets.add(imported)
-        graph[name] = targets
-    return graph
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -77,29 +66,10 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def floors(graph: dict[str, set[str]]) -> dict[str, int]:
-    """0 for a module that imports no project module, else 1 + the highest floor among its imports."""
-    memo: dict[str, int] = {}
-
-    def floor(node: str) -> int:
-        if node not in memo:
-            memo[node] = 0  # a circle would recurse forever; circles() reports it first
-            memo[node] = max((floor(t) + 1 for t in graph[node]), default=0)
-        return memo[node]
-
-    return {node: floor(node) for node in graph}
-
-
 def test_no_import_circle_among_the_projects_modules() -> None:
     graph = import_graph()
     assert "pretrain.optimizer_step" in graph and "pretrain.plugin" in graph["pretrain.optimizer_step"]
     assert not circles(graph), f"import circles (break them by moving the shared piece down a floor): {circles(graph)}"
-
-
-def package_name(module: str) -> str:
-    """A module's package: pretrain.data.batches -> pretrain.data; a module at pretrain/'s root is its own."""
-    parts = module.split(".")
-    return ".".join(parts[:2]) if parts[0] == "pretrain" else parts[0]
 
 
 def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
@@ -229,38 +199,33 @@ def test_the_scan_finds_a_deferred_circle() -> None:
     assert circles({"a": {"b"}, "b": set()}) == []
 
 
-def documented_floors() -> dict[str, int]:
-    """docs/architecture.md's floor diagram: module (by its path under pretrain/, a root module's file name, or a
-    unique file name) -> floor."""
-    import re
-
-    text = (REPO_ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
-    block = text[text.index("## Floors"):text.index("## The plug-in hooks")]
-    by_file: dict[str, list[str]] = {}
-    for path in (REPO_ROOT / "pretrain").rglob("*.py"):
-        by_file.setdefault(path.name, []).append(module_name(path))
-    found, floor = {}, None
-    for line in block.splitlines():
-        numbered = re.match(r"^    (\d)  ", line)
-        if numbered:
-            floor = int(numbered.group(1))
-        elif not line.startswith("       "):
-            floor = None
-        for rel in re.findall(r"([\w/]+\.py)", line) if floor is not None else []:
-            if "/" in rel or (REPO_ROOT / "pretrain" / rel).is_file():  # a bare name at pretrain/'s root is that module
-                found[module_name(REPO_ROOT / "pretrain" / rel)] = floor
-            elif len(by_file.get(rel, [])) == 1:
-                found[by_file[rel][0]] = floor
-    return found
-
-
-def test_the_documented_floors_are_the_scanned_ones() -> None:
+def test_every_import_points_to_its_own_layer_or_one_below() -> None:
+    """docs/architecture.md's layer table places every package (and every module at pretrain/'s root) in one of
+    about a dozen layers; an import into a higher layer, or a package in none, fails here."""
+    layers = documented_layers(DOC.read_text(encoding="utf-8"))
     graph = import_graph()
-    documented = documented_floors()
-    assert {"pretrain.train", "pretrain.plugin", "pretrain.checkpointing.elastic"} <= set(documented), documented
-    height = floors({n: t for n, t in graph.items()})
-    wrong = {name: (floor, height[name]) for name, floor in documented.items() if height[name] != floor}
-    assert not wrong, f"docs/architecture.md floors (documented, scanned): {wrong}"
+    unplaced = sorted({package_name(module) for module in graph} - set(layers))
+    assert not unplaced, f"packages in no layer of docs/architecture.md's layer table (place them): {unplaced}"
+    upward = sorted(f"{module} -> {target}" for module, targets in graph.items() for target in targets
+                    if layers[package_name(target)][0] > layers[package_name(module)][0])
+    assert not upward, f"imports into a higher layer of docs/architecture.md: {upward}"
+    assert 10 <= len({number for number, _ in layers.values()}) <= 15, "about a dozen layers"
+    layer = {package: number for package, (number, _) in layers.items()}
+    assert layer["pretrain.train"] > layer["pretrain.plan"] > layer["pretrain.trainer"] > layer["pretrain.errors"]
+    assert layer["pretrain.launch"] == max(layer.values())  # the launcher is read last, imported by nothing
+
+
+def test_the_doc_module_map_is_what_the_code_gives_now() -> None:
+    """The map in docs/architecture.md (one row per module: its layer, its floor, its docstring's first line) is
+    the generator's output for today's code: after adding or moving a module, run
+    `python -m tests.pretrain.module_map --write`."""
+    text = DOC.read_text(encoding="utf-8")
+    documented, generated = documented_map(text), render_map(text)
+    stale = sorted(set(documented.splitlines()) ^ set(generated.splitlines()))
+    assert documented == generated, ("docs/architecture.md's module map is not the code's (run python -m "
+                                     f"tests.pretrain.module_map --write); rows that differ: {stale[:20]}")
+    rows = [line for line in generated.splitlines() if line.startswith("| `")]
+    assert len(rows) == len(import_graph()) and "| `pretrain/train.py` | 13 driver |" in generated
 
 
 def test_the_launcher_is_imported_by_nothing_else_of_pretrain() -> None:
