@@ -74,10 +74,12 @@ class DocumentedTag:
 
 
 def documented_tags() -> list[DocumentedTag]:
-    """Every tag of the TensorBoard table in docs/pretraining.md: backticked names of its first column, braces
-    expanded (`a/{b,c}`), `<mark>` and `*` standing for any one path part."""
+    """Every tag of the TensorBoard tables in docs/pretraining.md (the trainer's, and the monitors' that
+    pretrain/metrics/tag_doc.py generates): backticked names of their first column, braces expanded (`a/{b,c}`),
+    `<name>` and `*` standing for any one path part."""
     text = DOCS.read_text(encoding="utf-8")
-    table = text[text.index("| tag | logged | what |"):].split("\n\n", 1)[0].splitlines()[2:]
+    table = [row for part in text.split("| tag | logged | what |")[1:]
+             for row in part.split("\n\n", 1)[0].splitlines()[2:] if row.startswith("|")]
     tags = []
     for row in table:
         first, logged = [cell.strip() for cell in row.strip("|").split("|")][:2]
@@ -86,7 +88,7 @@ def documented_tags() -> list[DocumentedTag]:
             choices, _, tail = rest.partition("}")
             for choice in choices.split(",") if rest else [""]:
                 full = head + choice + tail
-                regex = re.escape(full).replace(re.escape("<mark>"), "[^/]+").replace(re.escape("*"), "[^/]+")
+                regex = re.sub(r"<[^>]+>", "[^/]+", re.escape(full)).replace(re.escape("*"), "[^/]+")
                 tags.append(DocumentedTag(re.compile(regex), full, logged, "(histogram)" in first))
     return tags
 
@@ -123,7 +125,7 @@ def conditions_of(trainer: Any, written: dict[str, float]) -> dict[str, bool]:
         "every step, compiled": False,  # --model.compile=false
         "every step, dynamic shards": not trainer.train_batches.data.manifest.static_masking,
         "validation": True, "quality mark": written["val/mlm_acc"] >= MARK, "checkpoint": True,
-        "codistillation": False,
+        "codistillation": False, "each slow-rank window's end": False,  # one rank: no peers to compare with
     }
 
 
