@@ -69,6 +69,7 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,7 @@ from pretrain.launch.faults import (
     primary_failure,
 )
 from pretrain.launch.hang_watch import HangWatch, Limits, watch_ranks
+from pretrain.launch.joins import JoinNote
 from pretrain.launch.nodes import NODE_LOST_SIGNAL, node_range
 from pretrain.launch.processes import ended_badly, kill, pass_on, running
 from pretrain.launch.rank_logs import RankLogs, nccl_trace, quiet_torch_logs
@@ -291,20 +293,29 @@ class HealingAgent(LocalElasticAgent):
         self.nodes_lost += 1
 
 
-def telling_spare_nodes(handler: Any, low: int, high: int) -> Any:
+def telling_rounds(handler: Any, low: int, high: int, tell: Callable[[int], None] = lambda nodes: None) -> Any:
     """`handler`, whose every round also tells the ranks it starts how many nodes the job may lose now
     (NODES_SPARE_ENV: the round's nodes less --nodes MIN, 0 without MIN:MAX), for a rank that would evict its slow
-    host (pretrain/metrics/slow_ranks.py): torch starts the ranks after the round, with this process's environment."""
+    host (pretrain/metrics/slow_ranks.py): torch starts the ranks after the round, with this process's environment.
+    `tell(0)` before this agent waits for a round, `tell(nodes)` once one took it: under nodes.py, which names a
+    node that never joins (pretrain/launch/joins.py)."""
     meet = handler.next_rendezvous
 
     def next_rendezvous() -> Any:
+        tell(0)
         info = meet()
         os.environ[NODES_SPARE_ENV] = str(Room(int(info.world_size), low, high).spare)
+        tell(int(info.world_size))
         return info
 
     os.environ[NODES_SPARE_ENV] = "0"
     handler.next_rendezvous = next_rendezvous
     return handler
+
+
+def told_to_nodes(host: str, last_call_s: float) -> Callable[[int], None]:
+    """An agent's JoinNote as one line on its stderr, which nodes.py reads."""
+    return lambda nodes: print(JoinNote(host, nodes, last_call_s).to_line(), file=sys.stderr, flush=True)
 
 
 def build_agent(args: argparse.Namespace, module_args: list[str]) -> HealingAgent:
@@ -329,16 +340,17 @@ def build_agent(args: argparse.Namespace, module_args: list[str]) -> HealingAgen
     # SLURM gave the node's task all its ranks' CPUs: each rank takes its own share (pretrain/launch/pin.py), as
     # SLURM's per-task binding did when every rank was a task.
     rank = ("-u", "-m", "pretrain.train", *module_args)
+    host = node or socket.gethostname()
+    tell = told_to_nodes(host, config.run.last_call_seconds) if args.rdzv_endpoint else (lambda nodes: None)
     spec = WorkerSpec(role="rank", local_world_size=args.nproc_per_node, entrypoint=sys.executable,
                       args=("-u", "-m", "pretrain.launch.pin", "--", *rank) if args.slurm else rank,
-                      rdzv_handler=telling_spare_nodes(signed_handler(parameters, meeting), low, high),
+                      rdzv_handler=telling_rounds(signed_handler(parameters, meeting), low, high, tell),
                       max_restarts=TORCH_ATTEMPTS, monitor_interval=0.2, local_addr=local_addr)
     logging.getLogger("torch.distributed.elastic").info("ranks run: %r", [sys.executable, *spec.args])
     run_dir = Path(config.run.dir)
     context = FaultContext(job, config.run.max_restarts, run_dir, config.checkpoint_dir, args.resume_command,
                            host_faults=HostFaults(config.run.host_fault_limit, config.run.host_fault_hours))
     judging = Judging(config, context, FaultHistory(faults_dir(run_dir)))
-    host = node or socket.gethostname()
     settings = NodeSettings(host, low, high, bool(args.rdzv_endpoint),
                             int(float(os.environ.get("BERT_DS_KILL_GRACE_SECONDS", "30"))), config.run.survivor_stacks)
     return HealingAgent(spec, RankLogs(launch_dir), judging, watch, settings)

@@ -13,26 +13,18 @@ what the nodes print and watches for a node that is gone: its session ends while
 lost the connection, SLURM declared the node failed or its task out of memory). Then:
 
 - with `--nodes MIN:MAX` and at least MIN nodes left: one line, and the job carries on without it: the survivors'
-  agents get NODE_LOST_SIGNAL, kill their ranks at once (a collective with a dead peer would wait for the hang
-  timer) and meet again in a smaller world; the run resumes from the newest checkpoint on fewer ranks (exact
-  across world sizes: the global batch is the config's, the accumulation is derived);
-- otherwise: one error line naming the node, and the other nodes are stopped at once (their ranks would
-  otherwise wait in the rendezvous, or in a collective until run.dist_timeout_minutes).
+  agents get NODE_LOST_SIGNAL, kill their ranks at once and meet again in a smaller world (the run resumes from
+  the newest checkpoint on fewer ranks: the global batch is the config's, the accumulation is derived);
+- otherwise: one error line naming the node, and the other nodes are stopped at once.
 
 A node that ends by itself with a non-zero status while no node has reached a final verdict (its agent could not
-start: a missing mount, venv or checkout) is a node fault as well, its last line quoted: under --nodes MIN:MAX the
-job carries on without it, otherwise the others are stopped at once instead of waiting in the rendezvous.
-
-A bad or slow node leaves the job under --nodes MIN:MAX (pretrain/launch/bad_nodes.py: its agent judged it so, and
-its record says `drop`): its record's line is the one line, its agent ends without restarting (and is ended through
-the transport all the same: pkill over pdsh, or an overlapping srun step on that node), the survivors are told as for
-a lost node (NodeJob.node_dropped). Under SLURM the host is written to the run folder (excluded_hosts.py), and a
-requeue of the job starts no agent there (`srun --exclude`), one line naming it.
-
-The agents' fault records (pretrain/launch/fault_records.py FaultRecord, one JSON line each) become one line per fault:
-the most telling node's (FaultLines). The store's death ends the job with one line: the nodes could not meet again.
-Signals (launch.sh passes them here) reach every node's agent through the transport (pdsh + pkill of this
-launch's mark, or scancel of the agents' step); the agents pass them on to their ranks.
+start) is a node fault as well, its last line quoted. A node whose agent never joins the rendezvous is named
+(joins.py). A bad or slow node leaves the job under --nodes MIN:MAX (bad_nodes.py: its agent's record says `drop`):
+its agent ends, and is ended through the transport too (pkill over pdsh, an overlapping srun step on that node); the
+survivors are told as for a lost node; under SLURM its requeue starts no agent there (excluded_hosts.py).
+The agents' fault records (FaultRecord, one JSON line each) become one line per fault: the most telling node's
+(FaultLines). The store's death ends the job with one line. Signals (launch.sh passes them here) reach every node's
+agent through the transport (pkill of this launch's mark, or scancel of the agents' step), and on to the ranks.
 
 Standard library only: pretrain/launch/plan.py reads `node_range` from here with a bare python3.
 """
@@ -47,6 +39,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack
@@ -57,11 +50,12 @@ from typing import IO, Protocol
 from pretrain.distributed.cluster import ClusterError, pdsh_quote, read_hostfile
 from pretrain.launch.excluded_hosts import exclude, excluded, run_dir_of, slurm_hosts
 from pretrain.launch.fault_records import AgentEnd, FaultLines, FaultRecord
+from pretrain.launch.joins import JoinNote, JoinWatch, watch_joins
 from pretrain.launch.node_env import read_env_file
 from pretrain.launch.processes import wait_bounded
-from pretrain.launch.rendezvous import answers, is_this_machine, listen, parse_endpoint
+from pretrain.launch.rendezvous import parse_endpoint
 from pretrain.launch.rendezvous_key import handed_to
-from pretrain.launch.store_reach import before_start
+from pretrain.launch.store_reach import before_start, serve_store
 from pretrain.launch.transports import Pdsh, SessionEnd, Srun
 
 PREFIX = "launch.sh"
@@ -131,6 +125,7 @@ class NodeJob:
     verdict: bool = False  # a node's agent reached a final verdict: the others end because of it
     last_lines: dict[str, str] = field(default_factory=dict)  # host -> the last line it printed (pdsh names it)
     leaving: dict[str, str] = field(default_factory=dict)  # host -> why its agent said its node leaves for good
+    joins: JoinWatch = field(default_factory=JoinWatch)  # who joined the rendezvous (joins.py)
 
     @property
     def nodes_left(self) -> int:
@@ -200,6 +195,25 @@ class NodeJob:
             f"{self.min_nodes}:{len(self.hosts)} needs; stopping them; resume with: {self.resume_command}")
         return signal.SIGTERM, left
 
+    def not_joined(self, hosts: list[str], nodes: int) -> None:
+        """`hosts` have not joined the rendezvous (joins.py): left behind by a round of `nodes` under --nodes MIN:MAX
+        (one line; they join at the next round if they come), or, the job needing them (`nodes` 0), named and
+        stopped with the others."""
+        if self.stopping:
+            return
+        named = ", ".join(hosts)
+        if nodes:
+            say(f"warning: node(s) {named} had not joined the rendezvous when its last call ended: the job goes on "
+                f"with {nodes} node(s) (--nodes {self.min_nodes}:{len(self.hosts)}); they join at its next round")
+            return
+        self.stopping = self.failed = True
+        say(f"error: node(s) {named} have not joined the rendezvous {self.joins.grace_s:g} s after the others began "
+            f"to wait (an agent stuck before it joins: a stale mount, a cold file system); stopping every node; "
+            f"resume with: {self.resume_command}")
+        for host in hosts:
+            threading.Thread(target=self.transport.drop, args=(host,), daemon=True).start()
+        self.signal_agents(signal.SIGTERM, [host for host in self.hosts if host not in hosts])
+
     def store_ended(self, status: int) -> None:
         """The rendezvous store this process served is gone while the nodes run: they could not meet again."""
         if self.stopping:
@@ -224,6 +238,10 @@ def relay(stream: IO[str], out: IO[str], job: NodeJob, faults: FaultLines) -> No
             if act:
                 job.signal_agents(*act)
             continue
+        joining = JoinNote.from_line(line)
+        if joining:
+            job.joins.note(joining, time.monotonic())
+            continue
         agent = AgentEnd.from_line(line)
         if agent:
             job.agents_ended[agent.host] = agent.status
@@ -245,26 +263,6 @@ def relay(stream: IO[str], out: IO[str], job: NodeJob, faults: FaultLines) -> No
                 job.last_lines[host] = said.strip()
             out.write(line)
             out.flush()
-
-
-def serve_store(job: NodeJob) -> subprocess.Popen[bytes] | None:
-    """The rendezvous store on this machine (pretrain/launch/store.py) when the endpoint is here, on the socket bound
-    now (a port already taken is one line before any node starts); else check that the store elsewhere answers."""
-    host, port = parse_endpoint(job.rendezvous)
-    if not is_this_machine(host):
-        problem = answers(host, port)
-        if problem:
-            raise ClusterError(f"--rdzv-endpoint {job.rendezvous}: no rendezvous store answers there ({problem}); "
-                               f"serve one there (python -m pretrain.launch.store --host {host} --port {port}) or leave "
-                               "--rdzv-endpoint out (launch.sh then serves it on this machine)")
-        return None
-    sock = listen(port, host)  # where the nodes reach this machine, not every interface
-    try:
-        command = [sys.executable, "-u", "-m", "pretrain.launch.store", "--host", host, "--port", str(port),
-                   "--listen-fd", str(sock.fileno()), "--with-parent"]  # --host: its own client dials the socket
-        return subprocess.Popen(command, pass_fds=[sock.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-    finally:
-        sock.close()  # the store holds it now
 
 
 def watch_store(store: subprocess.Popen[bytes], nodes: subprocess.Popen[str], job: NodeJob) -> None:
@@ -312,6 +310,10 @@ def run_agents(job: NodeJob, store: subprocess.Popen[bytes] | None) -> int:
                threading.Thread(target=relay, args=(proc.stderr, sys.stderr, job, faults), daemon=True)]
     if store is not None:  # noticed at once: a thread waits on it
         threads.append(threading.Thread(target=watch_store, args=(store, proc, job), daemon=True))
+    ended = threading.Event()
+    running = lambda: [host for host in job.hosts if host not in job.lost and host not in job.agents_ended]  # noqa: E731
+    threads.append(threading.Thread(target=watch_joins, daemon=True, args=(
+        job.joins, running, job.min_nodes == len(job.hosts), job.not_joined, ended)))
     for thread in threads:
         thread.start()
     # every node's agent has said it ended: pdsh ends with their sessions, unless a rank left behind (in D state)
@@ -321,6 +323,7 @@ def run_agents(job: NodeJob, store: subprocess.Popen[bytes] | None) -> int:
         say(f"warning: every node's agent has ended, but the sessions to the nodes (pdsh, srun) were still open "
             f"{AGENTS_ENDED_GRACE_S:g} s later (a rank left behind holds its channel): ended them")
         status = max(job.agents_ended.values(), default=1)
+    ended.set()
     for thread in threads[:2]:
         thread.join(timeout=5)
     if store is not None:

@@ -4,16 +4,20 @@ A node that cannot reach the store would leave every agent waiting out torch's j
 says anything; asked first, it is one line. Every node is asked, in parallel (one pdsh session each, with its own
 time limit), so a node that is down costs one limit, not one per node, and no node is the check's single point of
 failure: the job starts when at least MIN of them reach the store (`--nodes MIN:MAX`), without the others, named in
-one line; it is refused, naming them, only when fewer than MIN do. Standard library only.
+one line; it is refused, naming them, only when fewer than MIN do. And the store itself, served on this machine
+for pretrain/launch/nodes.py (serve_store). Standard library only.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 from pretrain.distributed.cluster import ClusterError
-from pretrain.launch.rendezvous import is_this_machine, parse_endpoint
+from pretrain.launch.rendezvous import answers, is_this_machine, listen, parse_endpoint
 
 MAX_ASKED_AT_ONCE = 64  # pdsh sessions open together (each a short ssh + python -c)
 
@@ -59,3 +63,29 @@ def reaching(hosts: Sequence[str], min_nodes: int, endpoint: str, store: tuple[s
                            "--rdzv-endpoint HOST:PORT names an address they reach")
     return left, (f"warning: node(s) left out, they cannot reach the rendezvous store at {endpoint}: {named}; "
                   f"starting on the {len(left)} that can (--nodes {min_nodes}:{len(hosts)})")
+
+
+class Endpoint(Protocol):
+    """A job's rendezvous endpoint, HOST:PORT (pretrain/launch/nodes.py NodeJob)."""
+
+    rendezvous: str
+
+
+def serve_store(job: Endpoint) -> subprocess.Popen[bytes] | None:
+    """The rendezvous store on this machine (pretrain/launch/store.py) when the endpoint is here, on the socket bound
+    now (a port already taken is one line before any node starts); else check that the store elsewhere answers."""
+    host, port = parse_endpoint(job.rendezvous)
+    if not is_this_machine(host):
+        problem = answers(host, port)
+        if problem:
+            raise ClusterError(f"--rdzv-endpoint {job.rendezvous}: no rendezvous store answers there ({problem}); "
+                               f"serve one there (python -m pretrain.launch.store --host {host} --port {port}) or leave "
+                               "--rdzv-endpoint out (launch.sh then serves it on this machine)")
+        return None
+    sock = listen(port, host)  # where the nodes reach this machine, not every interface
+    try:
+        command = [sys.executable, "-u", "-m", "pretrain.launch.store", "--host", host, "--port", str(port),
+                   "--listen-fd", str(sock.fileno()), "--with-parent"]  # --host: its own client dials the socket
+        return subprocess.Popen(command, pass_fds=[sock.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    finally:
+        sock.close()  # the store holds it now

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pretrain.errors import EVICT_PREFIX, SLOW_EVICT_EXIT
-from pretrain.launch.agent import telling_spare_nodes
+from pretrain.launch.agent import telling_rounds
 from pretrain.launch.bad_nodes import NODES_SPARE_ENV, HostFaults, Room, at_start
 from pretrain.launch.excluded_hosts import excluded, run_dir_of, slurm_hosts
 from pretrain.launch.fault_records import FaultLines
@@ -205,9 +205,10 @@ def test_the_ranks_are_told_how_many_nodes_may_leave_now(monkeypatch: pytest.Mon
             return type("Info", (), {"world_size": 3})()
 
     monkeypatch.delenv(NODES_SPARE_ENV, raising=False)
-    handler = telling_spare_nodes(Handler(), 2, 4)
+    told: list[int] = []  # and nodes.py is told when this agent waits, then the round's size (joins.py)
+    handler = telling_rounds(Handler(), 2, 4, told.append)
     assert os.environ[NODES_SPARE_ENV] == "0"  # before any round
     handler.next_rendezvous()
-    assert os.environ[NODES_SPARE_ENV] == "1"
-    telling_spare_nodes(Handler(), 3, 3).next_rendezvous()  # --nodes N: none
+    assert os.environ[NODES_SPARE_ENV] == "1" and told == [0, 3]
+    telling_rounds(Handler(), 3, 3).next_rendezvous()  # --nodes N: none
     assert os.environ[NODES_SPARE_ENV] == "0"
