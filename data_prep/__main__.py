@@ -11,6 +11,8 @@ from typing import Any
 
 from data_prep.config import (
     DEFAULT_INPUT_SHARD_MB,
+    GOOGLE_DRAWS,
+    MASK_DRAWS,
     NSP,
     NSP_SCOPE_SHARD,
     NSP_SCOPES,
@@ -61,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "google-research/bert run once per input file) or the whole corpus")
     inst.add_argument("--masking", choices=("dynamic", "static"), default="dynamic",
                       help="dynamic: stored unmasked, masked at load time; static: masked here")
+    inst.add_argument("--mask-draws", choices=MASK_DRAWS, default=GOOGLE_DRAWS,
+                      help="static masking's draws: google (google-research/bert's sequence, the default) or numpy "
+                           "(the ranks' vectorised masker: the same rule, other bytes, faster)")
     inst.add_argument("--dupe-factor", type=int, default=1, help="passes over the corpus with different draws")
     inst.add_argument("--mask-prob", type=float, default=0.15,
                       help="fraction of tokens to predict (80%% [MASK], 10%% random, 10%% kept); the cap per "
@@ -144,7 +149,8 @@ def config_from_args(args: argparse.Namespace) -> BuildConfig:
     return BuildConfig(
         out=args.out, **source_settings(args), skip_bad_files=args.skip_bad_files,
         vocab=args.vocab, vocab_size=args.vocab_size, lowercase=not args.cased,
-        seq_lens=args.seq_lens, masking=args.masking, segments=args.segments, dupe_factor=args.dupe_factor,
+        seq_lens=args.seq_lens, masking=args.masking, mask_draws=args.mask_draws, segments=args.segments,
+        dupe_factor=args.dupe_factor,
         mask_prob=args.mask_prob,
         whole_word=args.whole_word, short_seq_prob=args.short_seq_prob, val_fraction=args.val_fraction,
         num_shards=args.num_shards, num_val_shards=args.num_val_shards, seed=args.seed,

@@ -28,6 +28,11 @@ from pretrain.errors import ConfigError
 # google-research/bert's create_pretraining_data.py does when run once per input file, or the whole corpus.
 NSP_SCOPE_SHARD, NSP_SCOPE_CORPUS = "shard", "corpus"
 NSP_SCOPES = (NSP_SCOPE_SHARD, NSP_SCOPE_CORPUS)
+# How static masking draws (--mask-draws): google-research/bert's `random.Random` sequence, the bytes every static
+# build so far has, or the numpy engine the ranks' dynamic masking uses (data_prep/shard_format/masking.py): the
+# same rule, other draws, several times faster; the instances themselves are then those of a dynamic build.
+GOOGLE_DRAWS, NUMPY_DRAWS = "google", "numpy"
+MASK_DRAWS = (GOOGLE_DRAWS, NUMPY_DRAWS)
 # Input bytes (on disk: compressed files count compressed) per input shard, the unit of work and NSP's pool.
 DEFAULT_INPUT_SHARD_MB = 256.0
 # The input fields that predate the SOURCES table (tests/data_prep/test_sources.py matches them to its rows).
@@ -96,6 +101,7 @@ class BuildConfig:
     lowercase: bool = True  # only for a trained vocab; a given vocab decides for itself
     seq_lens: tuple[int, ...] = (128, 512)
     masking: str = "dynamic"
+    mask_draws: str = GOOGLE_DRAWS  # static masking only; recorded only when not the default
     segments: str = NSP
     dupe_factor: int = 1
     mask_prob: float = 0.15
@@ -138,6 +144,11 @@ class BuildConfig:
             raise ConfigError(f"--masking {self.masking!r}: expected one of {MASKING_MODES}")
         if self.segments not in SEGMENT_MODES:
             raise ConfigError(f"--segments {self.segments!r}: expected one of {', '.join(SEGMENT_MODES)}")
+        if self.mask_draws not in MASK_DRAWS:
+            raise ConfigError(f"--mask-draws {self.mask_draws!r}: expected one of {', '.join(MASK_DRAWS)}")
+        if self.mask_draws != GOOGLE_DRAWS and not self.static_masking:
+            raise ConfigError(f"--mask-draws {self.mask_draws}: goes with --masking static (dynamic shards are "
+                              "masked by the ranks)")
         if self.nsp_scope not in NSP_SCOPES:
             raise ConfigError(f"--nsp-scope {self.nsp_scope!r}: expected one of {', '.join(NSP_SCOPES)}")
         checks = [
@@ -191,13 +202,13 @@ class BuildConfig:
     def identity(self) -> dict[str, Any]:
         """Everything that decides the output bytes (paths made absolute).
 
-        `segments`, `nsp_scope` and `input_shard_mb` only when not the default: a folder started before
+        `segments`, `nsp_scope`, `input_shard_mb` and `mask_draws` only when not the default: a folder started before
         they existed recorded no such key, and its manifest's `config` stays as it was."""
         data = asdict(self)
         for key in ("out", "workers", "num_nodes", "node_rank", "keep_work"):
             data.pop(key)
         for key, default in (("segments", NSP), ("nsp_scope", NSP_SCOPE_SHARD),
-                             ("input_shard_mb", DEFAULT_INPUT_SHARD_MB)):
+                             ("input_shard_mb", DEFAULT_INPUT_SHARD_MB), ("mask_draws", GOOGLE_DRAWS)):
             if data[key] == default:
                 data.pop(key)
         inputs, options = data.pop("inputs"), data.pop("input_options")

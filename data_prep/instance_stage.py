@@ -29,15 +29,15 @@ import numpy as np
 import pyarrow as pa
 
 from data_prep.batch_files import AtomicBatchWriter
-from data_prep.config import NSP_SCOPE_SHARD, BuildConfig
+from data_prep.config import NSP_SCOPE_SHARD, NUMPY_DRAWS, BuildConfig
 from data_prep.corpus import TokenCorpus
 from data_prep.corpus_index import CorpusIndex, corpus_index, held_out
 from data_prep.instances import Instance, Packed, instances_from_document, packed_instances
 from data_prep.nsp_pool import NSP_POOL_DOCUMENTS, NspPool, PoolScope, corpus_scope, shard_scope
-from data_prep.shard_format.masking import MaskedInstance, SpecialIds, mask_instance
+from data_prep.shard_format.masking import MaskedInstance, SpecialIds, mask_ids, mask_instance
 from data_prep.shard_format.modes import FULL_SENTENCES, NSP
 from data_prep.shard_format.shards import NO_NEXT_SENTENCE_LABEL, SPLITS, id_type, shard_schema
-from data_prep.shard_format.vocab import load_vocab
+from data_prep.shard_format.vocab import Vocab, load_vocab
 from data_prep.task_markers import write_marker
 from data_prep.work_layout import VOCAB_NAME, instances_path, instances_stage, marker_path, tokens_path
 
@@ -51,6 +51,7 @@ class InstanceSettings:
     val_fraction: float
     dupe_factor: int
     static_masking: bool
+    mask_draws: str  # static masking: google (random.Random, as BERT) or numpy (the ranks' masker)
     mask_prob: float
     whole_word: bool
     segments: str
@@ -59,7 +60,7 @@ class InstanceSettings:
     @classmethod
     def of(cls, cfg: BuildConfig) -> InstanceSettings:
         return cls(cfg.seed, cfg.short_seq_prob, cfg.val_fraction, cfg.dupe_factor, cfg.static_masking,
-                   cfg.mask_prob, cfg.whole_word, cfg.segments, cfg.nsp_scope)
+                   cfg.mask_draws, cfg.mask_prob, cfg.whole_word, cfg.segments, cfg.nsp_scope)
 
 
 @dataclass(frozen=True)
@@ -203,7 +204,6 @@ def make_instances(task: InstanceTask) -> dict[str, int]:
     vocab = load_vocab(task.out / VOCAB_NAME)
     ids = vocab.special_ids
     special = SpecialIds(ids["[CLS]"], ids["[SEP]"], ids["[MASK]"], ids["[PAD]"], ids["[UNK]"])
-    continuation = vocab.continuation_mask() if settings.whole_word else None
     index = corpus_index(task.out, task.num_shards)
     corpus, scope, parts = _scope(task, index)
     pools = _pools(task, index, scope)
@@ -217,6 +217,7 @@ def make_instances(task: InstanceTask) -> dict[str, int]:
         rows = {split: _RowBatches(vocab.size, settings.static_masking, writers[split]) for split in SPLITS}
         for local, part in enumerate(parts):
             rng = random.Random(f"instances:{settings.seed}:{task.seq_len}:{first_chunk + local}")
+            masker = _masker(task, vocab, rng, first_chunk + local)
             documents = corpus.part_range(part)
             if settings.segments == NSP:
                 made = _nsp_instances(task, corpus, documents, pools, special, rng)
@@ -230,10 +231,8 @@ def make_instances(task: InstanceTask) -> dict[str, int]:
             for split, inst in made:
                 stats[f"{split}_instances"] += 1
                 stats[f"{split}_random_next"] += inst.is_random_next is True
-                if settings.static_masking:
-                    masked = mask_instance(inst.input_ids, settings.mask_prob, task.max_predictions, special,
-                                           vocab.size, rng, continuation)
-                    rows[split].append((inst, masked))
+                if masker is not None:
+                    rows[split].append((inst, masker(inst.input_ids)))
                 else:
                     rows[split].append(inst)
         for split in SPLITS:
@@ -242,6 +241,28 @@ def make_instances(task: InstanceTask) -> dict[str, int]:
     write_marker(task.out, marker_path(task.out, instances_stage(task.seq_len), task.shard), marker,
                  [writer.path for writer in writers.values()])
     return stats
+
+
+def _masker(task: InstanceTask, vocab: Vocab, rng: random.Random,
+            chunk: int) -> Callable[[list[int]], MaskedInstance] | None:
+    """Static masking's draws for one chunk (None: dynamic shards). google: the chunk's `rng`, which then serves
+    the instances and their masks in one order (google-research/bert's bytes). numpy: the ranks' masker with a
+    generator of its own per chunk, so the instances are a dynamic build's and only the masks are drawn apart."""
+    settings = task.settings
+    if not settings.static_masking:
+        return None
+    if settings.mask_draws == NUMPY_DRAWS:
+        generator = np.random.default_rng([settings.seed, task.seq_len, chunk, STATIC_MASK_SALT])
+
+        def numpy_draws(ids: list[int]) -> MaskedInstance:
+            masked, positions, labels = mask_ids(np.asarray(ids, dtype=np.int64), vocab, settings.mask_prob,
+                                                 task.max_predictions, settings.whole_word, generator)
+            return MaskedInstance(masked.tolist(), positions.tolist(), labels.tolist())
+
+        return numpy_draws
+    continuation = vocab.continuation_mask() if settings.whole_word else None
+    return lambda ids: mask_instance(ids, settings.mask_prob, task.max_predictions, vocab.special, vocab.size, rng,
+                                     continuation)
 
 
 def _nsp_instances(

@@ -12,8 +12,8 @@ Two draw engines follow that rule:
 - `mask_instance`, Python's `random.Random`, drawing exactly as google-research/bert does (a shuffle of every
   candidate, a rejection draw for a random id): the default static masking, whose bytes are pinned;
 - `mask_ids`, a numpy `Generator`, one vectorised permutation and two array draws: the ranks' dynamic masking,
-  and static masking with `--static-masking-draws numpy` (data_prep/instance_stage.py), which is several times
-  faster and makes other (equally distributed) bytes.
+  and static masking with `--mask-draws numpy` (data_prep/instance_stage.py), which is faster and makes other
+  (equally distributed) bytes.
 """
 
 from __future__ import annotations
