@@ -173,6 +173,7 @@ def _columns(rows: list[Instance | tuple[Instance, MaskedInstance]], vocab_size:
 # ints; 8,192 instances at 512 are ~170 MB). A chunk counts documents, not tokens, so without a bound
 # 256 books would be ~1 GB in one worker.
 BATCH_ROWS = 8192
+STATIC_MASK_SALT = 0x57A71C  # --mask-draws numpy: its generators, apart from the instances' own draws
 
 
 class _RowBatches:
