@@ -331,7 +331,8 @@ def train_phase(phase: PhasePlan, job: TrainerJob, progress: RunProgress, export
 
 def main(argv: list[str] | None = None, extensions: Sequence[TrainingPlugin] = ()) -> int:
     """The driver's command line (module docstring); `extensions`: see train(). Exit 0, 2 (a user error: one
-    line), 3 (too many NaN/inf steps in a row) or 4 (a checkpoint could not be written: its line is out)."""
+    line), 3 (too many NaN/inf steps in a row), 4 (a checkpoint could not be written: its line is out) or 5 (a slow
+    rank's host leaves the job after a checkpoint: run.evict_slow)."""
     # SIGTERM/SIGUSR1 caught from here on: one that comes during start-up (rank 0 hashing shards, a
     # resume's conversion) stops the run at its first step, with a checkpoint, instead of killing it
     # (a SLURM time-limit signal to a job that has just started would otherwise end it un-requeued).
@@ -351,6 +352,8 @@ def main(argv: list[str] | None = None, extensions: Sequence[TrainingPlugin] = (
         return NONFINITE_EXIT
     finally:
         stop.uninstall()
+    if stop.exit_status:  # the job leaves a slow rank's host (pretrain/metrics/slow_ranks.py): checkpointed, line out
+        return stop.exit_status
     print(f"done: {outcome}", flush=True)
     tell_run_ended(outcome)  # under the elastic agent, in this rank's log: a hang or crash after it is no fault
     return 0

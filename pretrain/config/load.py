@@ -210,6 +210,10 @@ def check_values(config: RunConfig, registry: PluginRegistry = INSTALLED) -> Non
     for key in ("hang_timeout_minutes", "startup_timeout_minutes"):
         if not getattr(config.run, key) > 0:
             raise ConfigError(f"run.{key}: must be > 0, got {getattr(config.run, key)}")
+    if not config.run.slow_rank_threshold > 0:
+        raise ConfigError(f"run.slow_rank_threshold: must be > 0, got {config.run.slow_rank_threshold}")
+    if config.run.slow_rank_window_steps < 0:
+        raise ConfigError(f"run.slow_rank_window_steps: must be >= 0 (0: off), got {config.run.slow_rank_window_steps}")
     if config.logging.val_instances is not None and config.logging.val_instances < 1:
         raise ConfigError(f"logging.val_instances: must be >= 1, got {config.logging.val_instances}")
     if config.failures.max_consecutive_nonfinite < 1:

@@ -122,6 +122,22 @@ class RunSection:
         "imports, joins the job, checks the shards or the checkpoint it resumes from, builds a phase's engine, or runs "
         "its first step (compilation) is named and the job is restarted (docs/faults.md)",
     )
+    slow_rank_threshold: float = setting(
+        0.20,
+        "a rank whose median step time (its forward passes and its wait for data, not its wait in collectives) over "
+        "a window is this much above its peers' median is named in one line and health/slowest_rank_ratio: 0.20 is "
+        "20 % slower. A slow GPU (throttled, a degraded link) slows every rank of the job (docs/pretraining.md)",
+    )
+    slow_rank_window_steps: int = setting(
+        50,
+        "optimizer steps per comparison of the ranks' step times (one gather of a few numbers per window); 0: off",
+    )
+    evict_slow: bool = setting(
+        False,
+        "a rank found slow (run.slow_rank_threshold) leaves the job when the launcher has a spare node "
+        "(./launch.sh pretrain --nodes MIN:MAX): every rank checkpoints and exits 5, the slow rank's line names its "
+        "host, and the job restarts without it; without a spare node the rank is only named",
+    )
 
 
 @dataclass

@@ -30,6 +30,7 @@ class StopRequest:
     interrupts: int = 0
     installed: list[tuple[int, Any]] = field(default_factory=list)
     lasts: bool = False  # the process's own request (for_process): uninstall() leaves it in place
+    exit_status: int = 0  # what the driver exits with after the stop's checkpoint (`leave`; 0: a stop to resume)
 
     @classmethod
     def current(cls) -> StopRequest:
@@ -61,6 +62,13 @@ class StopRequest:
         for signum, previous in self.installed:
             signal.signal(signum, previous)
         self.installed.clear()
+
+    def leave(self, reason: str, exit_status: int) -> None:
+        """A stop the job asks of itself (a slow rank leaving, pretrain/metrics/slow_ranks.py): checkpointed at the
+        next step boundary and agreed through the step's all-reduce like a signal's, then the driver exits
+        `exit_status` instead of 0. A signal that came first keeps its stop (and its exit 0: a requeue)."""
+        if self.signal_name is None:
+            self.signal_name, self.exit_status = reason, exit_status
 
     def _handle(self, signum: int, frame: Any) -> None:
         if signum == signal.SIGINT:

@@ -15,11 +15,13 @@ from pretrain.metrics.grad_norm import GradNorm
 from pretrain.metrics.memory import MemoryStats
 from pretrain.metrics.monitor_contract import StepMonitor
 from pretrain.metrics.optimizer_report import OptimizerReport
+from pretrain.metrics.slow_ranks import SlowRanks, SlowRankSettings
 from pretrain.metrics.unk_share import UnkShare
 
 
-def step_monitors(seq_len: int) -> tuple[StepMonitor, ...]:
-    """The monitors of a phase whose rows hold `seq_len` tokens. Each logs nothing where it does not apply
-    (compile counters when eager, trust ratios without ExactLamb), so the list is the same for every phase."""
+def step_monitors(seq_len: int, slow: SlowRankSettings | None = None) -> tuple[StepMonitor, ...]:
+    """The monitors of a phase whose rows hold `seq_len` tokens (`slow`: the run's slow-rank settings). Each logs
+    nothing where it does not apply (compile counters when eager, trust ratios without ExactLamb, slow ranks on one
+    rank), so the list is the same for every phase."""
     return (GradNorm(), GroupGradNorms(), OptimizerReport(), MemoryStats(), DataStats(seq_len), UnkShare(),
-            CompileCounters())
+            CompileCounters(), SlowRanks(slow))

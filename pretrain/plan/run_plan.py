@@ -42,6 +42,7 @@ from pretrain.engine import check_ds_config
 from pretrain.errors import ConfigError
 from pretrain.metrics.monitor_registry import step_monitors
 from pretrain.metrics.quality import QualitySettings
+from pretrain.metrics.slow_ranks import SlowRankSettings
 from pretrain.metrics.throughput import ThroughputSettings, peak_tflops
 from pretrain.model.attention_plan import AttentionPlan
 from pretrain.model.bert import OBJECTIVES, bert_config
@@ -194,7 +195,7 @@ def phase_plan(config: RunConfig, name: str, model_config: BertConfig, ds: dict[
             max_consecutive_nonfinite=config.failures.max_consecutive_nonfinite,
             stop_after_steps=config.run.stop_after_steps,
             step_offset=config.phase1.steps if name == "phase2" else 0, progress_bar=config.logging.progress_bar,
-            nsp=data.trains_nsp, monitors=step_monitors(phase.seq_len), schedules=schedules,
+            nsp=data.trains_nsp, monitors=step_monitors(phase.seq_len, SlowRankSettings.of(config.run)), schedules=schedules,
         ),
         stream=StreamSettings(seed=config.run.seed, packing=phase.packing, part=config.data.part,
                               num_parts=config.data.num_parts, unpadded=attention.unpadded, schedules=schedules),

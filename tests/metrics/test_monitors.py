@@ -18,8 +18,9 @@ from pretrain.model.compiled import compile_layers
 from tests.pretrain.test_model_syncs import HostReads
 from tests.support.trainer_fixtures import build_trainer
 
-# when a documented tag is logged: the device, the optimizer, compiled layers; "histogram" says its kind
-CONDITIONS = {"cuda", "cpu", "ExactLamb", "compiled", "histogram"}
+# when a documented tag is logged: the device, the optimizer, compiled layers, a window's end (slow_ranks.py);
+# "histogram" says its kind
+CONDITIONS = {"cuda", "cpu", "ExactLamb", "compiled", "histogram", "window"}
 
 
 def tag_mismatches(docs: list[TagDoc], scalars: set[str], histograms: set[str], when: set[str]) -> list[str]:
