@@ -10,7 +10,10 @@ transports.py). One job, with `--nodes 1:2` (and sbatch's `--no-kill`, as docs/f
 
 and the job completes, its export equal to an uninterrupted 2-rank run's to float rounding (the world size
 changed: dropout off). Each fault is one line, no traceback. A second job without `--nodes MIN:MAX` loses its
-node 2 (agent and rank): one error line naming it, the job fails, nothing of it left running.
+node 2 (agent and rank): one error line naming it, the job fails, nothing of it left running. A third, with
+`--nodes 1:2`, has node 2's rank die the same way at each start: the node is dropped after two (its agent ended
+through an overlapping srun step), node 1 finishes the run (4 steps), and once the job is requeued
+(`scontrol requeue` of the finished job) its batch script starts no agent on node 2.
 
 Each act waits for the run to hold before a known step (tests/support/launching.py Hold), whatever the machine's
 speed: an idle machine once finished the 40 steps before the second act.
@@ -21,6 +24,8 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from tests.launch.conftest import ElasticReference
-from tests.launch.test_slurm import SlurmJobRecord, SlurmJobs
+from tests.launch.test_slurm import FINAL_STATES, SlurmJobRecord, SlurmJobs
 from tests.support.cluster.local_cluster import LocalSlurm, running_or_skip
 from tests.support.cluster.processes import parent, processes_mentioning
 from tests.support.cluster.runs import (
@@ -93,6 +98,9 @@ class SlurmFaultRecord:
     strict: SlurmJobRecord
     strict_leftovers: list[int]
     node: str
+    dropped: SlurmJobRecord
+    dropped_dir: Path
+    dropped_kills: int
 
 
 @pytest.fixture(scope="module")
@@ -128,8 +136,26 @@ def slurm_faults(slurm: LocalSlurm, workdir: Path, elastic_reference: ElasticRef
         os.kill(pid, signal.SIGKILL)
     hold.release()
     strict = jobs.wait_final(job, 300)
-    return SlurmFaultRecord(healed, healed_dir, elastic_reference, strict,
-                            sorted(rank_processes(str(strict_dir))), second)
+    strict_leftovers = sorted(rank_processes(str(strict_dir)))
+
+    dropped_dir = workdir / "dropped"
+    job = jobs.submit([*SHAPE, "--no-kill"], [*common, "--nodes", "1:2", "--run.last_call_seconds=3",
+                                                 f"--run.dir={dropped_dir}", "--phase1.steps=4"])
+    killed: list[int] = []
+    deadline = time.monotonic() + 300
+    while len(killed) < 2 and time.monotonic() < deadline and jobs.state(job).get("JobState") not in FINAL_STATES:
+        started = [pid for pid in node_processes(str(dropped_dir), second)[1:] if pid not in killed]
+        if started:
+            time.sleep(1.0)  # in its start-up, its timer armed: the same place each time
+            os.kill(started[0], signal.SIGKILL)
+            killed.append(started[0])
+        time.sleep(0.05)
+    jobs.wait_final(job, 300)
+    jobs.slurm.command("scontrol", "requeue", str(job))  # its next run must leave node 2 out
+    wait_for(lambda: jobs.state(job).get("Restarts") == "1", 60, "the requeue", lambda: tail(jobs.output_file(job)))
+    dropped = jobs.wait_final(job, 300)
+    return SlurmFaultRecord(healed, healed_dir, elastic_reference, strict, strict_leftovers, second, dropped,
+                            dropped_dir, len(killed))
 
 
 def test_a_killed_rank_and_a_lost_node_heal_inside_the_allocation(slurm_faults: SlurmFaultRecord) -> None:
@@ -155,3 +181,20 @@ def test_a_lost_node_without_nodes_min_max_is_one_line_and_ends_the_job(slurm_fa
     (line,) = faults(job.output)
     assert line.startswith(f"launch.sh: error: node {slurm_faults.node} lost ") and "resume with: ./launch.sh" in line
     assert slurm_faults.strict_leftovers == [] and "Traceback" not in job.output
+
+
+def test_a_node_that_fails_at_each_start_is_dropped_and_left_out_of_the_requeue(slurm_faults: SlurmFaultRecord
+                                                                                ) -> None:
+    job, node = slurm_faults.dropped, slurm_faults.node
+    assert slurm_faults.dropped_kills == 2 and job.final["JobState"] == "COMPLETED", (job.final, job.output[-6000:])
+    (dropped,) = re.findall(rf"^.*launch\.sh: fault: node {node} dropped: .*$", job.output, re.MULTILINE)
+    assert "carrying on with 1 node(s) (--nodes 1:2)" in dropped, dropped
+    assert "a bug" not in job.output and "Traceback" not in job.output and "launch.sh: error:" not in job.output
+    # the requeued run: one line naming the node it leaves out, and its step has no task there
+    (left_out,) = re.findall(r"^launch\.sh: warning: node\(s\) left out, .*$", job.output, re.MULTILINE)
+    assert left_out.startswith(f"launch.sh: warning: node(s) left out, this job (SLURM job {job.job_id}) dropped "
+                               f"them before: {node} (fault: node {node} dropped: "), left_out
+    launches = [folder.name for folder in (slurm_faults.dropped_dir / "logs").iterdir() if folder.name[:1].isdigit()]
+    per_node = Counter(name.split("-", 2)[2] for name in launches)  # TIME-node: one per launch and node
+    assert per_node[node] == 1 and sorted(per_node.values()) == [1, 2], launches  # node 2: the first run only
+    assert "runs again (requeue 1" in job.output
