@@ -110,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     task.add_argument("stage", choices=("corpus", "instances"))
     task.add_argument("--out", required=True, metavar="DIR")
     task.add_argument("--index", type=int, required=True, help="the task: input shard (corpus), or instance task")
+    task.add_argument("--count", type=int, default=1,
+                      help="corpus: the input shards --index .. --index + N - 1, run --workers at a time")
     task.add_argument("--workers", type=int, default=default_workers())
 
     inspect = commands.add_parser("inspect", help="manifest statistics and decoded random instances")
@@ -183,7 +185,7 @@ def main(argv: list[str] | None = None, configure_threads: bool = False) -> int:
                 raise ConfigError("--print-sbatch and --sbatch-arg go with --slurm")
             run_build(config_from_args(args))
         elif args.command == "task":
-            run_task(Path(args.out), args.stage, args.index, args.workers)
+            run_task(Path(args.out), args.stage, args.index, args.workers, args.count)
         elif args.command == "merge":
             run_merge(Path(args.out), args.workers, args.keep_work)
         else:

@@ -32,7 +32,7 @@ from data_prep.bucket_stage import (
 )
 from data_prep.config import NSP, BuildConfig, ConfigError
 from data_prep.corpus_index import corpus_index, count_held_out, missing_corpus_shards
-from data_prep.corpus_stage import clean_shards, corpus_sentences, prepare_vocab, tokenize_shards
+from data_prep.corpus_stage import corpus_sentences, prepare_vocab, run_corpus_tasks
 from data_prep.input_plan import InputPlan, PlanError, ensure_plan, load_plan, make_plan
 from data_prep.instance_stage import (
     InstanceSettings,
@@ -148,18 +148,29 @@ def claim_output_folder(cfg: BuildConfig, remove_temp: bool = True) -> None:
 
 
 def prepare_corpus(cfg: BuildConfig, plan: InputPlan, shards: list[int], workers: Workers) -> None:
-    """Clean and tokenize `shards` (those not done). A vocab trained here needs every shard cleaned first,
-    which is why several nodes need a given --vocab."""
-    started = time.perf_counter()
+    """Clean and tokenize `shards` (those not done) as corpus tasks, W at a time (corpus_stage.run_corpus_tasks).
+    A vocab trained here needs every shard cleaned first (which is why several nodes need a given --vocab):
+    then every shard's clean part runs first, then the vocab, then the tokenize parts."""
     trains_vocab = cfg.vocab is None and not (cfg.out_dir / VOCAB_NAME).is_file()
-    clean_shards(cfg, plan, list(range(plan.num_shards)) if trains_vocab else shards, workers)
-    print(f"stage clean: {time.perf_counter() - started:.1f}s", flush=True)
+    if trains_vocab:
+        started = time.perf_counter()
+        cpu = run_corpus_tasks(cfg, plan, list(range(plan.num_shards)), None, workers)
+        print(f"stage clean: {time.perf_counter() - started:.1f}s{cpu_seconds(cpu)}", flush=True)
     started = time.perf_counter()
     vocab = prepare_vocab(cfg, plan.num_shards)
     print(f"stage vocab: {time.perf_counter() - started:.1f}s", flush=True)
     started = time.perf_counter()
-    tokenize_shards(cfg, vocab, shards)
-    print(f"stage tokenize: {time.perf_counter() - started:.1f}s", flush=True)
+    cpu = run_corpus_tasks(cfg, plan, shards, vocab, workers)
+    print(f"stage {'tokenize' if trains_vocab else 'corpus'}: {time.perf_counter() - started:.1f}s{cpu_seconds(cpu)}",
+          flush=True)
+
+
+def cpu_seconds(cpu: dict[str, float]) -> str:
+    """The workers' CPU seconds per part of the corpus tasks, for the stage line (bench/data_prep_throughput.py
+    reads it); nothing on the chunk path, whose parts are the stage's wall time."""
+    if not cpu:
+        return ""
+    return f" (task CPU: clean {cpu['clean_cpu_s']:.2f}s, tokenize {cpu['tokenize_cpu_s']:.2f}s)"
 
 
 def node_shards(plan: InputPlan, num_nodes: int, node_rank: int) -> list[int]:
@@ -357,9 +368,10 @@ def run_merge(out: Path, workers: int, keep_work: bool = False) -> dict[str, Any
     return manifest
 
 
-def run_task(out: Path, stage: str, index: int, workers: int) -> None:
-    """One task of a SLURM array element: `corpus` (clean + tokenize input shard `index`) or `instances`
-    (task `index` of instance_tasks). Done already: nothing to do (a requeued element)."""
+def run_task(out: Path, stage: str, index: int, workers: int, count: int = 1) -> None:
+    """One SLURM array element: `corpus` (clean + tokenize the input shards index .. index + count - 1, `workers`
+    corpus tasks at a time) or `instances` (task `index` of instance_tasks). Done already: nothing to do (a
+    requeued element)."""
     try:
         cfg = recorded_config(out, "task", workers=workers)
     except FolderComplete as done:
@@ -367,11 +379,13 @@ def run_task(out: Path, stage: str, index: int, workers: int) -> None:
         return
     plan = load_plan(out)
     if stage == "corpus":
-        if not 0 <= index < plan.num_shards:
-            raise BuildError(f"task corpus --index {index}: the plan has {plan.num_shards} input shard(s)")
-        drop_broken_markers(out, [marker_path(out, stage, index) for stage in (CLEAN_STAGE, TOKENS_STAGE)])
+        if not 0 <= index < plan.num_shards or count < 1:
+            raise BuildError(f"task corpus --index {index} --count {count}: the plan has {plan.num_shards} input "
+                             "shard(s)")
+        shards = list(range(index, min(index + count, plan.num_shards)))
+        drop_broken_markers(out, [marker_path(out, stage, s) for s in shards for stage in (CLEAN_STAGE, TOKENS_STAGE)])
         with Workers(workers) as pool:
-            prepare_corpus(cfg, plan, [index], pool)
+            prepare_corpus(cfg, plan, shards, pool)
         return
     missing = missing_corpus_shards(out, plan.num_shards)
     if missing:

@@ -1,6 +1,6 @@
 """`build --slurm`: the build as SLURM job arrays, one element per task, the way datatrove drives SLURM.
 
-    corpus     array over the input shards not yet cleaned and tokenized   (python -m data_prep task corpus)
+    corpus     array over blocks of --workers input shards not yet cleaned and tokenized (task corpus)
     instances  array over the (input shard, length) tasks not yet made     (task instances), afterok: corpus
     merge      one job: anything left, the shards and the manifest       (python -m data_prep merge), afterok
 
@@ -69,8 +69,11 @@ def plan_jobs(cfg: BuildConfig, num_shards: int) -> list[Job]:
     out = cfg.out_dir
     python = f"{shlex.quote(sys.executable)} -m data_prep"
     target = shlex.quote(str(out.resolve()))
-    jobs = arrays("corpus", missing_corpus_shards(out, num_shards),
-                  f"{python} task corpus --out {target} --index $INDEX --workers {cfg.workers}", cfg.workers, ())
+    # A corpus element runs a block of --workers input shards, one corpus task per CPU (data_prep/corpus_stage.py).
+    per_element = max(1, cfg.workers)
+    blocks = sorted({shard // per_element for shard in missing_corpus_shards(out, num_shards)})
+    jobs = arrays("corpus", blocks, f"{python} task corpus --out {target} --index $((INDEX * {per_element})) "
+                  f"--count {per_element} --workers {cfg.workers}", cfg.workers, ())
     tasks = instance_tasks(cfg, num_shards)
     todo = [i for i, t in enumerate(tasks) if not instance_task_done(out, t.seq_len, t.shard)]
     jobs += arrays("instances", todo, f"{python} task instances --out {target} --index $INDEX --workers 1", 1,
