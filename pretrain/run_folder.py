@@ -26,13 +26,14 @@ REPORT_MD = "report.md"  # `./launch.sh report RUN_DIR` (pretrain/report/write.p
 REPORT_PNG = "report.png"
 SHARDS_VERIFIED = "shards_verified.json"  # inside LOGS: the launch that hashed every shard last (pretrain/plan/run_plan.py)
 LOGS = "logs"  # LOGS/<launch time>[-node]/attempt-K/rank-R.log and agent.log (pretrain/launch/agent.py)
+DEVICE_CHECKS = "device_checks"  # inside LOGS: each host's self-test verdict, <host>.json (pretrain/device_check/host_check.py)
 FAULTS = "faults"  # inside LOGS: one JSON record per fault the agents judged, every node's (pretrain/launch/faults.py)
 EXCLUDED_HOSTS = "excluded_hosts.json"  # inside LOGS: hosts a SLURM job dropped, left out when it is requeued
 
 # What docs/pretraining.md lists, as paths inside the run folder (a folder ends with "/").
 LISTED = (RESOLVED_CONFIG, CLOCK_FILE, JOB_LOCK, f"{CHECKPOINTS}/", f"{EXPORT}/", f"{EXPORT}/<phase>/{EXPORT_INFO}",
           f"{TENSORBOARD}/", f"{TENSORBOARD}/{METRICS_FILE}", f"{EXCHANGE}/", REPORT_MD, REPORT_PNG, f"{LOGS}/",
-          f"{LOGS}/{FAULTS}/", f"{LOGS}/{SHARDS_VERIFIED}", f"{LOGS}/{EXCLUDED_HOSTS}")
+          f"{LOGS}/{FAULTS}/", f"{LOGS}/{SHARDS_VERIFIED}", f"{LOGS}/{EXCLUDED_HOSTS}", f"{LOGS}/{DEVICE_CHECKS}/")
 
 
 def metrics_path(run_dir: Path) -> Path:
@@ -56,6 +57,13 @@ def faults_dir(run_dir: Path) -> Path:
     """The fault records of every launch, attempt and node: the nodes share the run folder, so they judge "the same
     failure again" together, and a report reads what the faults cost from here."""
     return Path(run_dir) / LOGS / FAULTS
+
+
+def device_check_path(run_dir: Path, host: str) -> Path:
+    """Host `host`'s cached self-test verdict; the name keeps letters, digits, '.', '-' and '_' of the host's (one
+    file per host, never a path out of the folder)."""
+    name = "".join(c if c.isalnum() or c in ".-_" else "_" for c in host).lstrip(".") or "_"
+    return Path(run_dir) / LOGS / DEVICE_CHECKS / f"{name}.json"
 
 
 def excluded_hosts_path(run_dir: Path) -> Path:

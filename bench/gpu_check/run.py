@@ -91,13 +91,13 @@ from bench.gpu_check.selftest import (  # noqa: E402
 )
 from bench.gpu_check.shards import ShardCache  # noqa: E402
 from bench.gpu_check.train import build_group, group_key, train_row  # noqa: E402
+from pretrain.device_check.compiled_check import compiled_self_test  # noqa: E402
+from pretrain.device_check.contained import CHILD_LIMIT_S, SelfTest  # noqa: E402
+from pretrain.device_check.unpadded_check import kernel_self_test  # noqa: E402
 from pretrain.distributed.info import DistInfo  # noqa: E402
 from pretrain.distributed.process_group import init_distributed  # noqa: E402
 from pretrain.model.compiled import CompileLedger  # noqa: E402
 from pretrain.model.kernel_support import read_device_facts  # noqa: E402
-from pretrain.plan.compiled_check import compiled_self_test  # noqa: E402
-from pretrain.plan.contained import CHILD_LIMIT_S, SelfTest  # noqa: E402
-from pretrain.plan.self_test import kernel_self_test  # noqa: E402
 
 
 def release(device: torch.device) -> None:

@@ -6,19 +6,19 @@ and sequence length of the recipes, the driver's own pieces: the device's facts 
 and, where the unpadded kernel can run, the self-tests a run does before training (pretrain/plan/run_plan.py
 `settle_attention`):
 
-- the kernel self-test (pretrain/plan/self_test.py): its kernel stage (the kernel alone against the fp32
+- the kernel self-test (pretrain/device_check/unpadded_check.py): its kernel stage (the kernel alone against the fp32
   reference, limit from the dtype's rounding: the column the first GPU run should be read for, printed with its
   margin, limit / error, because "how far below the limit a correct kernel sits" is what says whether the limit
   is right for flash on that GPU; a dropout smoke check) and its whole-model stage;
-- the compiled layer's self-test (pretrain/plan/compiled_check.py), because the kernel self-test runs the layer
+- the compiled layer's self-test (pretrain/device_check/compiled_check.py), because the kernel self-test runs the layer
   eager and a compiled run's first execution of inductor's code would otherwise be the run itself. It runs where
   the recipe's plan compiles the layer (`compile_enabled`: model.compile=null compiles on CUDA below ZeRO-3), after
   the kernel passed, once per precision and head size at the longest seq of the phases that compile (what
-  `settle_attention` tests), in a child process on CUDA (pretrain/plan/contained.py, as the run does: a fault in
+  `settle_attention` tests), in a child process on CUDA (pretrain/device_check/contained.py, as the run does: a fault in
   generated code cannot poison the check's own CUDA context). On CPU a run compiles nothing and inductor costs
   tens of seconds on 2 cores, so it is skipped unless `--compiled-selftest` asks.
 
-Both self-tests run contained on CUDA: each in its own child process (pretrain/plan/contained.py), waited for at
+Both self-tests run contained on CUDA: each in its own child process (pretrain/device_check/contained.py), waited for at
 most the self-test part's time left (bench/gpu_check/budget.py). The kernel test is the check's first flash call:
 in the check's own process, a sticky CUDA error there (an illegal memory access) would fail every row after it;
 in a child it is one FAIL row ("child process: its process died of SIGSEGV ...") and the check goes on.
@@ -57,13 +57,14 @@ from bench.gpu_check.plan import shape_of
 from pretrain.config.attention import compile_enabled, zero_stage
 from pretrain.config.deepspeed import effective_precision, phase_ds_json
 from pretrain.config.load import load_config
+from pretrain.device_check.compiled_check import compiled_self_test
+from pretrain.device_check.contained import CHILD_LIMIT_S, SelfTest, in_child
+from pretrain.device_check.run_shape import RunShape, micro_batch_lengths
+from pretrain.device_check.unpadded_check import kernel_self_test
+from pretrain.device_check.verdict import SelfTestResult, over
 from pretrain.model.bert import bert_config
 from pretrain.model.kernel_support import DeviceFacts, unpadded_kernel, unpadded_problem
 from pretrain.model.presets import PRESETS
-from pretrain.plan.compiled_check import compiled_self_test
-from pretrain.plan.contained import CHILD_LIMIT_S, SelfTest, in_child
-from pretrain.plan.run_shape import RunShape, micro_batch_lengths
-from pretrain.plan.self_test import SelfTestResult, kernel_self_test, over
 
 CHILD_ENDED = re.compile(r"process (died of|exited with)|^no verdict in")  # contained.py's words for a child's end
 SELFTEST_HEADER = ("| self-test | device | precision | head | seq | kernel | kernel error (part; limit; margin) "
@@ -79,7 +80,7 @@ class SelftestCase:
     head: int
     seq: int
     compiled_skip: str | None = None
-    # the run's shapes the tests check (pretrain/plan/run_shape.py; None: the tests' own), `case_shape`
+    # the run's shapes the tests check (pretrain/device_check/run_shape.py; None: the tests' own), `case_shape`
     shape: RunShape | None = field(default=None, compare=False)
 
 
@@ -110,7 +111,7 @@ class SelfTests:
     contain: bool = False
 
     def run(self, test: SelfTest, device: torch.device, case: SelftestCase, limit_s: float) -> SelfTestResult:
-        """`test` at `case`, contained where the settings say: pretrain/plan/contained.py's child, waited for at
+        """`test` at `case`, contained where the settings say: pretrain/device_check/contained.py's child, waited for at
         most `limit_s` (its part's time left), killed then; its end (a signal, a status) is then a failed verdict."""
         if device.type != "cuda" and not self.contain:
             return test(device, case.precision, case.head, case.seq, case.shape)

@@ -4,7 +4,7 @@
 - `auto` (the default): the unpadded path where its kernel runs (pretrain/model/kernel_support.py: on CUDA the
   flash varlen kernel, bf16/fp16 on sm80+ with a torch build that has it; elsewhere the reference kernel, equal
   to padded row for row), padded SDPA otherwise. The kernel self-test then confirms the choice on the device
-  before training (pretrain/plan/run_plan.py `settle_attention`); a failed test makes it padded on every rank.
+  before training (pretrain/device_check/settle.py `settle_attention`); a failed test makes it padded on every rank.
 - `unpadded`: the same path, refused in one line where it cannot run (and where its self-test fails);
 - `padded`: transformers' SDPA on rows of seq_len, the reference.
 

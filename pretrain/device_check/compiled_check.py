@@ -1,9 +1,9 @@
 """The self-test of the compiled layer: the graph the run compiles, at the run's shapes, checked before training.
 
-Why: the kernel self-test (pretrain/plan/self_test.py) runs the layer eager, so a compiled run's first execution
+Why: the kernel self-test (pretrain/device_check/unpadded_check.py) runs the layer eager, so a compiled run's first execution
 of inductor's code (its Triton kernels around the flash call, chosen for the real width; its dropout code) would be
 the run itself, and a wrong kernel there would train silently. So one encoder layer (transformers' BertLayer) is
-built at the run's hidden size, heads, intermediate size and dropout (pretrain/plan/run_shape.py) and run, forward
+built at the run's hidden size, heads, intermediate size and dropout (pretrain/device_check/run_shape.py) and run, forward
 and backward, on one micro-batch of the run's instances, three ways on the same weights and the same rounded
 inputs: in fp32 eager (the reference, TF32 off), eager in the run's dtype, and through a `CompiledLayer` (the run's
 backend) in the run's dtype.
@@ -39,21 +39,14 @@ from typing import Any
 import torch
 from transformers.models.bert.modeling_bert import BertLayer
 
+from pretrain.device_check.kernel_check import exact_fp32, kernel_case
+from pretrain.device_check.run_shape import RunShape
+from pretrain.device_check.unpadded_check import DTYPES, INIT_SCALE, VOCAB, edge_case_lengths, relative
+from pretrain.device_check.verdict import SelfTestResult, over
 from pretrain.model.bert import bert_config
 from pretrain.model.compiled import CompiledLayer, ignore
 from pretrain.model.unpadded import LayerForward, encoder_layer, unpadded_layer
 from pretrain.model.varlen_attention import VarlenKernel, reference_varlen_attention, varlen_attention
-from pretrain.plan.kernel_check import exact_fp32, kernel_case
-from pretrain.plan.run_shape import RunShape
-from pretrain.plan.self_test import (
-    DTYPES,
-    INIT_SCALE,
-    VOCAB,
-    SelfTestResult,
-    edge_case_lengths,
-    over,
-    relative,
-)
 
 LAYER_SLACK = 1.3  # the compiled layer's error against fp32 may be this many times the eager layer's
 LAYER_FLOOR = {"fp32": 1e-5, "bf16": 5e-4, "fp16": 1e-4}  # besides: another summation order, a fused rounding

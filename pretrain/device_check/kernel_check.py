@@ -1,6 +1,6 @@
 """The self-test's first stage: the varlen attention kernel alone, in the run's dtype, against an fp32 reference.
 
-Why a stage of its own: the whole-model comparison (pretrain/plan/self_test.py) must admit the dtype's noise
+Why a stage of its own: the whole-model comparison (pretrain/device_check/unpadded_check.py) must admit the dtype's noise
 through the whole model (bf16 moves a 2-layer BERT's logits by 1-3 % and its gradients by 4-16 %), so a kernel
 5-10 % off passed it in bf16. Here the only error left is the kernel's own rounding: q, k, v (and the gradient
 flowing into the output) are drawn once, rounded to the run's dtype, and handed
@@ -11,7 +11,7 @@ flowing into the output) are drawn once, rounded to the run's dtype, and handed
 forward and backward (output, dq, dk, dv), on the real tokens of micro-batches that hold the edge cases (many
 segments with a full row and a bucket tail; one segment filling the row, so the tail segment is empty; two
 segments filling the bucket exactly; one short segment), at the run's seq_len (128 and 512 in the recipes), with
-HEADS heads, and on one micro-batch as the run has it (pretrain/plan/run_shape.py): the run's head count (16 in
+HEADS heads, and on one micro-batch as the run has it (pretrain/device_check/run_shape.py): the run's head count (16 in
 bert-large) and its micro-batch of instances (65 segments at seq 128 x 64), so a kernel wrong only past 8 segments
 or 2 heads fails here, in the contained test, not in the rank at step 1.
 
@@ -47,8 +47,8 @@ from dataclasses import dataclass
 import torch
 
 from pretrain.data.unpadded import bucketed
+from pretrain.device_check.run_shape import RunShape
 from pretrain.model.varlen_attention import VarlenKernel, reference_varlen_attention
-from pretrain.plan.run_shape import RunShape
 
 LIMIT_EPS = 0.8  # the limit in units of the dtype's machine epsilon (module docstring)
 FP32_FLOOR = 1e-5  # another fp32 kernel may sum in another order

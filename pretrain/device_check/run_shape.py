@@ -2,8 +2,8 @@
 
 Why: a kernel or a compiled layer can be right at a test's small shapes and wrong at the run's own (a Triton
 kernel picked for the real width, inductor's dropout code, a kernel path taken only past some number of segments
-or heads). The kernel stage (pretrain/plan/kernel_check.py) adds a case with the run's head count and micro-batch
-of instances; the compiled-layer check (pretrain/plan/compiled_check.py) runs one encoder layer at the run's hidden
+or heads). The kernel stage (pretrain/device_check/kernel_check.py) adds a case with the run's head count and micro-batch
+of instances; the compiled-layer check (pretrain/device_check/compiled_check.py) runs one encoder layer at the run's hidden
 size, heads, intermediate size and dropout. The run plan builds a RunShape from the phase's model config and
 micro-batch (`run_shape`); the tests build small ones.
 """

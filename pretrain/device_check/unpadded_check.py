@@ -4,7 +4,7 @@ CI has no GPU, so the flash varlen call of the unpadded path (pretrain/model/var
 on the user's device. Before training, each node's first local rank runs this test (pretrain/plan/run_plan.py
 `settle_attention` agrees on the verdict over all ranks).
 
-Stage 1, the kernel alone (pretrain/plan/kernel_check.py): the kernel in the run's dtype against the fp32
+Stage 1, the kernel alone (pretrain/device_check/kernel_check.py): the kernel in the run's dtype against the fp32
 reference kernel on the same rounded q/k/v, forward and backward, with a limit set by the dtype's own rounding
 (0.8 eps: bf16 6.25e-3). It sees a kernel 1 % off in bf16, which stage 2 cannot: stage 2 must admit the dtype's
 noise through a whole model (in bf16 it passed a kernel 10 % off at seq 512). Then a smoke check of the kernel
@@ -31,74 +31,25 @@ line prints (the kernel stage's first).
 from __future__ import annotations
 
 import functools
-import math
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from pretrain.data.batches import pad_masked_instances
 from pretrain.data.unpadded import unpad_masked_instances
+from pretrain.device_check.kernel_check import dropout_problem, kernel_error, kernel_limit
+from pretrain.device_check.run_shape import RunShape
+from pretrain.device_check.verdict import SelfTestResult, over
 from pretrain.model.bert import SparseBertForPreTraining, bert_config, build_model
 from pretrain.model.unpadded import LAYER_FORWARD_ATTRIBUTE, LayerForward, unpadded_layer
 from pretrain.model.varlen_attention import VarlenKernel, varlen_attention
-from pretrain.plan.kernel_check import dropout_problem, kernel_error, kernel_limit
-from pretrain.plan.run_shape import RunShape
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SLACK = 4.0  # the unpadded error may be this many times the padded path's own error in the dtype
 FLOOR = {"fp32": 1e-5, "bf16": 2e-3, "fp16": 5e-4}  # relative error any kernel is allowed in the dtype
 VOCAB, PREDICTIONS, PAD_ID = 128, 4, 0
 INIT_SCALE = 2.0  # weight std x sqrt(hidden): attention dominates the outputs (small_model)
-
-
-@dataclass(frozen=True)
-class SelfTestResult:
-    """The verdict and its numbers (the worst micro-batch's relative errors against the fp32 padded reference)."""
-
-    passed: bool
-    where: str  # device and dtype, e.g. "cuda:0 bf16"
-    logits_error: float = math.nan
-    logits_limit: float = math.nan
-    grads_error: float = math.nan
-    grads_limit: float = math.nan
-    seconds: float = 0.0
-    failure: str | None = None  # the kernel raised: its error in one line
-    kernel_error: float = math.nan  # stage 1: the kernel alone, its worst part's error (module docstring)
-    kernel_limit: float = math.nan
-    kernel_part: str = ""  # which: output | dq | dk | dv
-    problem: str | None = None  # a failed check with no error raised: the dropout smoke check, a compile fallback
-    output_name: str = "logits"  # what logits_error measures (the compiled-layer check: the layer's output)
-    subject: str = "the unpadded path"  # what ran the test's code (the compiled-layer check: the compiled layer)
-
-    def numbers(self) -> str:
-        """The verdict's line: where, then why it failed (first, when it did), then the numbers. The kernel stage's
-        figures carry three digits: its bf16 limit is 6.25e-3, which one digit would print as a passing-looking
-        6.3e-03 beside an error of 6.3e-03 that failed."""
-        if self.failure is not None:  # an error, or how the test's child process ended (contained.py)
-            if self.failure.startswith("its process"):
-                return f"{self.where}: the test's {self.failure.removeprefix('its ')}"
-            if self.failure.startswith("no verdict"):
-                return f"{self.where}: the test gave {self.failure}"
-            return f"{self.where}: {self.subject} raised {self.failure}"
-        kernel = ("" if math.isnan(self.kernel_error) else
-                  f"kernel error {self.kernel_error:.2e} ({self.kernel_part}; limit {self.kernel_limit:.2e}), ")
-        why = self.reason()
-        return (f"{self.where}: {f'{why}; ' if why else ''}{kernel}{self.output_name} error {self.logits_error:.1e} "
-                f"(limit {self.logits_limit:.1e}), gradients {self.grads_error:.1e} (limit {self.grads_limit:.1e}), "
-                f"{self.seconds:.1f} s")
-
-    def reason(self) -> str | None:
-        """Why the verdict failed, in words: each figure over its limit (the kernel stage's first), then the check
-        that failed with no figure (dropout, a fallback); None when nothing failed."""
-        figures = (("kernel error", self.kernel_error, self.kernel_limit),
-                   (f"{self.output_name} error", self.logits_error, self.logits_limit),
-                   ("gradients error", self.grads_error, self.grads_limit))
-        reasons = [f"{name} {error:.2e} is over its limit {limit:.2e}" for name, error, limit in figures
-                   if not math.isnan(limit) and over(error, limit) > 1]
-        reasons += [self.problem] if self.problem is not None else []
-        return "; ".join(reasons) or None
 
 
 def edge_case_lengths(seq_len: int) -> list[list[int]]:
@@ -152,11 +103,6 @@ def on(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
-def over(error: float, limit: float) -> float:
-    """How far past its limit an error is (> 1: failed); NaN is infinitely far."""
-    return error / limit if error == error else math.inf
-
-
 def compare(device: torch.device, precision: str, head_dim: int, seq_len: int,
             layer: LayerForward) -> dict[str, tuple[float, float]]:
     """{"logits" | "grads": (error, limit)} of the micro-batch where the error is furthest from its limit; `layer`:
@@ -183,7 +129,7 @@ def compare(device: torch.device, precision: str, head_dim: int, seq_len: int,
 def kernel_self_test(device: torch.device, precision: str, head_dim: int, seq_len: int = 128,
                      shape: RunShape | None = None, kernel: VarlenKernel = varlen_attention) -> SelfTestResult:
     """The test of the module docstring on `device` in `precision` (bf16 | fp16 | fp32); never raises for the
-    kernel's sake: an error is a failed verdict. `shape`: the run's (pretrain/plan/run_shape.py), for the kernel
+    kernel's sake: an error is a failed verdict. `shape`: the run's (pretrain/device_check/run_shape.py), for the kernel
     stage's case at the run's heads and micro-batch (None: the edge cases alone). The global RNG is left as it
     was."""
     where = f"{device} {precision}"

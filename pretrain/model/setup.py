@@ -1,7 +1,7 @@
 """The rank-side set-up of the model's attention path and compilation, right after the model is built.
 
 The run plan already chose the path by the device's facts and the kernel self-test (pretrain/config/attention.py,
-pretrain/plan/run_plan.py `settle_attention`), refusing what cannot run in one line. What is left is the model's own
+pretrain/device_check/settle.py `settle_attention`), refusing what cannot run in one line. What is left is the model's own
 check (no decoder BERT on the unpadded path) and compiling the encoder layers where the plan says so
 (pretrain/model/compiled.py): strictly under an explicit model.compile=true (a failed compile is a ConfigError),
 else with an eager fallback and one line from the rank that fell back, naming it and its host. It takes plain

@@ -25,7 +25,7 @@ from pretrain.model.varlen_attention import VarlenKernel, varlen_attention
 
 LayerForward = Callable[[BertLayer, torch.Tensor, torch.Tensor, int], torch.Tensor]
 # another layer function set on the model, if any: the compiled layer (pretrain/model/compiled.py), or the kernel
-# self-test's layer with the kernel under test (pretrain/plan/self_test.py)
+# self-test's layer with the kernel under test (pretrain/device_check/unpadded_check.py)
 LAYER_FORWARD_ATTRIBUTE = "unpadded_layer_forward"
 
 

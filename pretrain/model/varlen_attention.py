@@ -10,7 +10,7 @@ and BERT's `attention_probs_dropout_prob` is 0.1) and FlexAttention with a docum
 either). It has autograd (its backward replays the dropout from the returned RNG state) and a meta
 kernel, so dynamo traces it; no seq x seq mask exists anywhere. It needs bf16/fp16, a head size that is
 a multiple of 8 up to 256, and an sm80+ GPU: pretrain/model/kernel_support.py says what is missing, before
-launch, and the kernel self-test (pretrain/plan/self_test.py) checks it on the device before training.
+launch, and the kernel self-test (pretrain/device_check/unpadded_check.py) checks it on the device before training.
 
 CPU (and any non-CUDA device): the reference. The flat tokens are scattered into [segments, max_seqlen]
 rows with an index computed from `cu_seqlens` by fixed-shape ops (no data-dependent shape, no host sync,

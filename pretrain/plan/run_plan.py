@@ -7,8 +7,8 @@
 A `PhasePlan` carries everything its phase reads: the model config, the DeepSpeed dict, the schedule, the
 data, the trainer's settings, how the instances become this rank's micro-batches, the inputs of the FLOP
 model, and the attention path: chosen by the device's facts (read once, pretrain/model/kernel_support.py), then
-confirmed by the kernel self-test on every node before training (`settle_attention`), so every rank runs the
-same path and config.resolved.json records it. The driver (pretrain/train.py) and the trainer read their plan and nothing of
+confirmed on every host's device before training (pretrain/device_check/settle.py `settle_attention`), so
+every rank runs the same path and config.resolved.json records it. The driver (pretrain/train.py) and the trainer read their plan and nothing of
 the config, so the config is read here, going one way down; `RunConfig.phase` is called in config/ and here.
 """
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,12 +30,12 @@ from data_prep.shard_format.modes import max_predictions_for
 from data_prep.shard_format.shards import ShardFormatError
 from pretrain.checkpointing.cadence import CadenceSettings
 from pretrain.checkpointing.ownership import CheckpointClaim, claim_checkpoint_dir
-from pretrain.config.attention import PADDED_HINT, attention_plan
+from pretrain.config.attention import attention_plan
 from pretrain.config.deepspeed import phase_ds_config, precision_of
 from pretrain.config.sections import RunConfig
 from pretrain.data.batches import DataConfigError, PhaseData, StreamSettings, phase_data
 from pretrain.distributed.info import DistInfo, Launch
-from pretrain.distributed.json_collectives import all_gather_json, broadcast_json
+from pretrain.distributed.json_collectives import broadcast_json
 from pretrain.distributed.lifetime import RunFolderBusyError, hold_run_folder
 from pretrain.engine import check_ds_config
 from pretrain.errors import ConfigError
@@ -49,10 +48,6 @@ from pretrain.model.bert import OBJECTIVES, bert_config
 from pretrain.model.kernel_support import DeviceFacts, read_device_facts
 from pretrain.model.presets import flop_parameter_counts
 from pretrain.phase_state import TrainerSettings
-from pretrain.plan.compiled_check import compiled_self_test
-from pretrain.plan.contained import SelfTest, contained
-from pretrain.plan.run_shape import RunShape, run_shape
-from pretrain.plan.self_test import SelfTestResult, kernel_self_test
 from pretrain.plan.shard_plan import check_run_shards, model_overrides
 from pretrain.run_folder import shards_verified_path
 from pretrain.schedule import Schedule, build_schedule, schedule_line
@@ -289,109 +284,6 @@ def plan_on_rank0(config: RunConfig, dist_info: DistInfo, share: JobShare | None
 
 def head_dim(model_config: BertConfig) -> int:
     return model_config.hidden_size // model_config.num_attention_heads
-
-
-def tested_shape(phases: list[PhasePlan]) -> RunShape:
-    """The run's shapes the self-tests check (pretrain/plan/run_shape.py); a stub's ds_config may lack the micro."""
-    return run_shape(phases[0].model_config, [(p.trainer.seq_len, int(p.ds_config.get(
-        "train_micro_batch_size_per_gpu", 1))) for p in phases])
-
-
-# host, planned unpadded per phase, its kernel self-test, its compiled layer's self-test
-Verdict = tuple[str, tuple[bool, ...], SelfTestResult | None, SelfTestResult | None]
-
-
-def gather(verdict: Verdict) -> list[Verdict]:
-    """Every rank's verdict, on every rank (one all-gather at start-up, as JSON: a test's result travels as its
-    fields, never as a pickle a peer could have written)."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return [verdict]
-    host, planned, result, compiled = verdict
-    sent = [host, list(planned), *(None if r is None else dataclasses.asdict(r) for r in (result, compiled))]
-    return [(host, tuple(planned), *(None if r is None else SelfTestResult(**r) for r in results))
-            for host, planned, *results in all_gather_json(sent)]
-
-
-def settle_attention(plan: RunPlan, dist_info: DistInfo, test: SelfTest = kernel_self_test,
-                     compiled_test: SelfTest = compiled_self_test) -> RunPlan:
-    """The planned attention path, confirmed on the device before training, the same on every rank.
-
-    Each node's first local rank runs the kernel self-test (pretrain/plan/self_test.py) where a phase plans the
-    unpadded path; every rank's plan and test are gathered. A phase runs unpadded only if every rank planned it and
-    no test failed: otherwise `auto` runs padded (the line gives the numbers) and an explicit `unpadded` is refused
-    (ConfigError on every rank). Where a phase also compiles its layers, the node then tests the compiled layer,
-    forward and backward, against the same reference (pretrain/plan/compiled_check.py): what will train is what
-    was checked. If that fails anywhere, the layers run eager (`model.compile=true`: refused). Rank 0 says the
-    choice and why; config.resolved.json records it. `test`, `compiled_test`: the tests' seams."""
-    phases = list(plan.phases.values())
-    planned = tuple(p.attention.unpadded for p in phases)
-    unpadded = [p for p in phases if p.attention.unpadded]
-    result = compiled = None
-    if unpadded and dist_info.local_rank == 0:
-        # on a GPU each test runs in a child process: a device fault cannot poison this rank's context
-        result = contained(test)(dist_info.device, unpadded[0].precision, head_dim(unpadded[0].model_config),
-                                 max(p.trainer.seq_len for p in unpadded), tested_shape(unpadded))
-        compiling = [p for p in unpadded if p.attention.compile]
-        if compiling and result.passed:
-            compiled = contained(compiled_test, "compiled layer")(
-                dist_info.device, compiling[0].precision, head_dim(compiling[0].model_config),
-                max(p.trainer.seq_len for p in compiling), tested_shape(compiling))
-    verdicts = gather((socket.gethostname(), planned, result, compiled))
-    tests = [(f"{host} (rank {rank})", r) for rank, (host, _, r, _) in enumerate(verdicts) if r is not None]
-    failed = next((f"{node}: {r.numbers()}" for node, r in tests if not r.passed), None)
-    compile_failed = next((f"{host} (rank {rank}): {c.numbers()}" for rank, (host, _, _, c) in enumerate(verdicts)
-                           if c is not None and not c.passed), None)
-    settled = {}
-    for index, phase in enumerate(phases):
-        attention = phase.attention
-        unable = [f"{host} (rank {rank})" for rank, (host, flags, _, _) in enumerate(verdicts) if not flags[index]]
-        if attention.unpadded and failed is not None:
-            attention = fall_back(attention, f"the unpadded kernel's self-test failed on {failed}")
-        elif attention.unpadded and unable:
-            attention = fall_back(attention, f"{unable[0]} cannot run the unpadded kernel")
-        elif attention.unpadded and tests:  # the same words on every rank: the first node's numbers
-            attention = dataclasses.replace(attention, why=f"{attention.why}; self-test passed ({len(tests)} "
-                                            f"node{'s' * (len(tests) > 1)}): {tests[0][1].numbers()}")
-        if attention.unpadded and attention.compile and compile_failed is not None:
-            attention = eager_layers(attention, f"the compiled layer's self-test failed on {compile_failed}")
-        settled[phase.name] = dataclasses.replace(
-            phase, attention=attention, stream=dataclasses.replace(phase.stream, unpadded=attention.unpadded))
-    announce(settled, dist_info.rank)
-    resolved = {**plan.resolved["resolved"], "attention": {
-        name: {"requested": p.attention.requested, "path": p.attention.path, "compile": p.attention.compile,
-               "why": p.attention.why} for name, p in settled.items()}}
-    return dataclasses.replace(plan, phases=settled, resolved={**plan.resolved, "resolved": resolved})
-
-
-def eager_layers(attention: AttentionPlan, why: str) -> AttentionPlan:
-    """The unpadded path with eager layers for `why`; model.compile=true is refused, in one line. The reason comes
-    first in the line, before the path's own (a passed kernel test's numbers)."""
-    if attention.compile_strict:
-        raise ConfigError(f"model.compile=true: {why}; model.compile=null runs the layers eager with a warning")
-    return dataclasses.replace(attention, compile=False, why=f"layers eager: {why}; {attention.why}")
-
-
-def fall_back(attention: AttentionPlan, why: str) -> AttentionPlan:
-    """`auto` runs padded for `why`; an explicit unpadded (or compile=true) is refused, in one line."""
-    if attention.requested == "unpadded":
-        raise ConfigError(f"model.attention=unpadded: {why}; {PADDED_HINT}")
-    if attention.compile_strict:
-        raise ConfigError(f"model.compile=true: compiles the unpadded encoder layers, and model.attention=auto runs "
-                          f"padded SDPA here ({why}); set model.compile=false or null")
-    return dataclasses.replace(attention, unpadded=False, compile=False, note=None,
-                               why=f"model.attention=auto: {why}")
-
-
-def announce(phases: dict[str, PhasePlan], rank: int) -> None:
-    """Rank 0's line per distinct choice: the path, the phases and why."""
-    if rank != 0:
-        return
-    choices: dict[tuple[str, str], list[str]] = {}
-    for name, phase in phases.items():
-        choices.setdefault((phase.attention.path, phase.attention.why), []).append(name)
-    for (path, why), names in choices.items():
-        kind = "unpadded (real tokens, varlen kernel)" if path == "unpadded" else "padded (transformers' SDPA)"
-        print(f"attention: {kind} for {', '.join(names)}: {why}", flush=True)
 
 
 def _resolved_path(path: Path | None) -> str | None:

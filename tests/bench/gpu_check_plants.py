@@ -1,5 +1,5 @@
 """Planted self-tests for bench/gpu_check's contained runs and part budgets. Module-level, so that a spawned child
-process (pretrain/plan/contained.py) imports them by name; light imports, so that the child starts fast."""
+process (pretrain/device_check/contained.py) imports them by name; light imports, so that the child starts fast."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import time
 
 import torch
 
-from pretrain.plan.run_shape import RunShape
-from pretrain.plan.self_test import SelfTestResult, kernel_self_test
+from pretrain.device_check.run_shape import RunShape
+from pretrain.device_check.unpadded_check import kernel_self_test
+from pretrain.device_check.verdict import SelfTestResult
 
 
 def segfault_in_bf16(device: torch.device, precision: str, head_dim: int, seq_len: int,

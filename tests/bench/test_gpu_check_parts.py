@@ -46,7 +46,7 @@ def test_a_kernel_test_dying_in_its_child_is_one_fail_row_and_the_check_goes_on(
 ) -> None:
     # Before: the kernel test ran in the check's own process (a device fault there poisons every later row; this
     # plant would end the check itself). Now a child, as on CUDA: one FAIL row, and the LAMB part still measured.
-    # (One child: a spawn costs seconds on CPU; a real verdict through the child is tests/plan/test_contained.py's.)
+    # (One child: a spawn costs seconds on CPU; a real verdict through the child is tests/device_check/test_contained.py's.)
     code, records = run_check(tmp_path, ["--rows", "selftest,lamb", "--contain-selftest", "--selftest-precisions",
                                          "bf16", *ONE_SHAPE], gpu_check_plants.segfault_in_bf16)
     printed = capsys.readouterr().out

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
+from pretrain.device_check.compiled_check import compiled_self_test
 from pretrain.model.varlen_attention import varlen_attention
-from pretrain.plan.compiled_check import compiled_self_test
 from tests.support.attention_plans import across_segments
 from tests.support.pretrain_fixtures import REPO_ROOT
 
@@ -130,8 +130,8 @@ def test_the_verdict_table_prints_the_margins_and_a_wrong_compiled_layer_fails_t
 def phase_through(layer: Any, seq_len: int) -> torch.nn.Module:
     """A phase of the self-test's small model (forward and backward on its edge-case micro-batches at `seq_len`)
     through `layer`, returned as the model a row's engine holds: the layer function set as compile_layers sets it."""
+    from pretrain.device_check.unpadded_check import compare, small_model
     from pretrain.model.unpadded import LAYER_FORWARD_ATTRIBUTE
-    from pretrain.plan.self_test import compare, small_model
 
     compare(CPU, "fp32", 32, seq_len, layer)
     model = small_model(32, seq_len)
@@ -152,8 +152,8 @@ def train_row(**compile_state: Any) -> dict[str, Any]:
 def test_the_training_rows_print_the_compiled_layers_graphs_recompiles_and_fallback() -> None:
     from bench.gpu_check.report import TRAIN_HEADER, train_markdown
     from bench.gpu_check.train import compile_state
+    from pretrain.device_check.unpadded_check import small_model
     from pretrain.model.compiled import CompiledLayer, CompileLedger, ignore
-    from pretrain.plan.self_test import small_model
 
     def no_compiler(gm: torch.fx.GraphModule, _inputs: list[Any]) -> Callable[..., Any]:
         raise RuntimeError("planted: Cannot find a working triton installation")

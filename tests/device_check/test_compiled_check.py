@@ -1,4 +1,4 @@
-"""The compiled layer's self-test (pretrain/plan/compiled_check.py): the compiled unpadded path passes against the
+"""The compiled layer's self-test (pretrain/device_check/compiled_check.py): the compiled unpadded path passes against the
 fp32 padded reference, a backend whose generated code computes wrong numbers fails with them, and a layer that
 falls back fails with the fallback's reason. Backends without code generation (inductor costs tens of seconds)."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from pretrain.plan.compiled_check import compiled_self_test
+from pretrain.device_check.compiled_check import compiled_self_test
 
 CPU = torch.device("cpu")
 
@@ -44,14 +44,14 @@ def test_the_compiled_layer_self_test_passes_and_catches_wrong_code_and_a_fallba
 
 
 def test_the_plan_tests_the_compiled_layer_and_runs_it_eager_when_it_fails(capsys) -> None:
-    """settle_attention (pretrain/plan/run_plan.py): where a phase compiles, the node tests the compiled layer after the
+    """settle_attention (pretrain/device_check/settle.py): where a phase compiles, the host tests the compiled layer after the
     kernel; a failure keeps the unpadded path with eager layers under the default, and refuses model.compile=true."""
     import dataclasses
 
     import pytest
 
+    from pretrain.device_check.settle import DeviceChecks, settle_attention
     from pretrain.errors import ConfigError
-    from pretrain.plan.run_plan import settle_attention
     from tests.support.attention_plans import Place, run_plan_stub
 
     def compiling(plan):  # the stubs plan eager layers; these phases compile them
@@ -65,12 +65,13 @@ def test_the_plan_tests_the_compiled_layer_and_runs_it_eager_when_it_fails(capsy
     def planted(*_args: Any) -> Any:
         return failed
 
-    settled = settle_attention(compiling(run_plan_stub("auto")), Place(), compiled_test=planted)
+    settled = settle_attention(compiling(run_plan_stub("auto")), Place(), DeviceChecks(compiled_test=planted))
     assert all(p.attention.unpadded and not p.attention.compile for p in settled.phases.values())
     record = settled.resolved["resolved"]["attention"]["phase2"]
     assert record["path"] == "unpadded" and record["compile"] is False
     assert record["why"].startswith("layers eager: the compiled layer's self-test failed on ")  # the reason first
     assert "compiled layer (" in record["why"] and "; model.attention=" in record["why"]
     with pytest.raises(ConfigError, match=r"^model.compile=true: the compiled layer's self-test failed on "):
-        settle_attention(compiling(run_plan_stub("auto", compile_strict=True)), Place(), compiled_test=planted)
+        settle_attention(compiling(run_plan_stub("auto", compile_strict=True)), Place(),
+                         DeviceChecks(compiled_test=planted))
     capsys.readouterr()

@@ -1,4 +1,4 @@
-"""The compiled-layer self-test checks the graph the run compiles (pretrain/plan/compiled_check.py): one encoder
+"""The compiled-layer self-test checks the graph the run compiles (pretrain/device_check/compiled_check.py): one encoder
 layer at the run's width, heads and dropout, against the eager layer's own error in the dtype. Planted: a compiled
 layer 2 % off in bf16 (which the whole-model check of the first version passed: its limit was 4x a model's bf16
 noise), a compiled graph whose dropout drops nothing or twice the rate; the correct layer passes. Width 128 with 4
@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from pretrain.plan.compiled_check import compiled_self_test
-from pretrain.plan.run_shape import RunShape, micro_batch_lengths, run_shape
+from pretrain.device_check.compiled_check import compiled_self_test
+from pretrain.device_check.run_shape import RunShape, micro_batch_lengths, run_shape
 from tests.support.model_fixtures import no_dropout_model
 
 CPU = torch.device("cpu")

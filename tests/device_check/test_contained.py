@@ -1,23 +1,17 @@
-"""pretrain/plan/contained.py: the device self-test in a child process, so that a device fault ends the child and
-not the rank's context. Run on the CPU here with real children (spawned, as on a GPU): the real kernel test's
-verdict comes back whole; a child that dies of SIGABRT (what a sticky CUDA error can end in) or never answers is a
+"""pretrain/device_check/contained.py: the device self-test in a child process, so that a device fault ends the child and
+not the rank's context. Run on the CPU here with real children (spawned, as on a GPU; the real tests' verdicts
+coming back whole from one child: tests/device_check/test_host_check.py): a child that dies of SIGABRT (what a sticky CUDA error can end in) or never answers is a
 failed test in one line, and the process that asked goes on (it runs the test itself afterwards)."""
 
 from __future__ import annotations
 
 import torch
 
-from pretrain.plan.contained import contained, in_child
-from pretrain.plan.self_test import kernel_self_test
+from pretrain.device_check.contained import contained, in_child
+from pretrain.device_check.unpadded_check import kernel_self_test
 from tests.support.device_faults import dies_of_a_device_fault, never_answers
 
 CPU = torch.device("cpu")
-
-
-def test_the_real_self_test_in_a_child_gives_its_verdict_whole() -> None:
-    verdict = in_child(kernel_self_test, CPU, "fp32", 16, 32, where="cpu fp32")
-    assert verdict.passed and verdict.where == "cpu fp32" and verdict.failure is None
-    assert verdict.kernel_error <= verdict.kernel_limit and verdict.numbers().startswith("cpu fp32: kernel error")
 
 
 def test_a_child_that_dies_of_a_device_fault_is_a_failed_test_and_the_rank_goes_on() -> None:

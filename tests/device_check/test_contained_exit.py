@@ -1,4 +1,4 @@
-"""A contained self-test's child is never left behind (pretrain/plan/contained.py): one that gives its verdict and
+"""A contained self-test's child is never left behind (pretrain/device_check/contained.py): one that gives its verdict and
 then does not end (a thread that never returns stands in for a driver stuck at teardown) is sent SIGKILL after a
 bounded wait and is gone when `in_child` returns, its verdict kept. Before, a child alive 30 s after its verdict
 was left running (with its CUDA context, on a GPU), and the kill path's join had no bound. A real spawned child."""
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pretrain.plan.contained import in_child
-from pretrain.plan.self_test import SelfTestResult
+from pretrain.device_check.contained import in_child
+from pretrain.device_check.verdict import SelfTestResult
 
 CPU = torch.device("cpu")
 

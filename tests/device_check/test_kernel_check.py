@@ -1,4 +1,4 @@
-"""The self-test's kernel stage (pretrain/plan/kernel_check.py) sees a kernel 1 % off in bf16, forward or backward,
+"""The self-test's kernel stage (pretrain/device_check/kernel_check.py) sees a kernel 1 % off in bf16, forward or backward,
 at seq 128 and 512, where the whole-model stage cannot; the correct kernel passes with margin; the edge cases are
 there; a failed kernel stage fails the self-test and its line says so; the dropout smoke check catches a kernel
 that ignores its dropout or forgets the rescale. Run with -s for the measured margins."""
@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 
+from pretrain.device_check.kernel_check import dropout_problem, kernel_case, kernel_error, kernel_limit
+from pretrain.device_check.unpadded_check import edge_case_lengths, kernel_self_test
 from pretrain.model.varlen_attention import reference_varlen_attention
-from pretrain.plan.kernel_check import dropout_problem, kernel_case, kernel_error, kernel_limit
-from pretrain.plan.self_test import edge_case_lengths, kernel_self_test
-from tests.plan.test_self_test import blind_to_the_tail
+from tests.device_check.test_unpadded_check import blind_to_the_tail
 
 CPU = torch.device("cpu")
 MARGIN = 1.3  # the correct kernel stays this far under the limit, a 1 % wrong one this far over it

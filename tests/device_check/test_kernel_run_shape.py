@@ -1,4 +1,4 @@
-"""The kernel stage covers the run's shapes (pretrain/plan/kernel_check.py with pretrain/plan/run_shape.py): one more
+"""The kernel stage covers the run's shapes (pretrain/device_check/kernel_check.py with pretrain/device_check/run_shape.py): one more
 case with the run's head count and micro-batch of instances. Planted: a kernel 10 % off only past 8 segments (the
 bucket tail counted), and one 10 % off only past 2 heads; the edge cases alone (2 heads, at most 7 segments) pass
 both, as the first version did (a run then trained on them, compiled too); with the run's shape both fail, in bf16,
@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import torch
 
+from pretrain.device_check.run_shape import RunShape, micro_batch_lengths
+from pretrain.device_check.unpadded_check import kernel_self_test
 from pretrain.model.varlen_attention import reference_varlen_attention
-from pretrain.plan.run_shape import RunShape, micro_batch_lengths
-from pretrain.plan.self_test import kernel_self_test
 
 CPU = torch.device("cpu")
 SEQ, HEAD = 64, 32

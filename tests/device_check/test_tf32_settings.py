@@ -1,4 +1,4 @@
-"""The self-test in a process that set TF32 through torch's new API (pretrain/plan/kernel_check.py `exact_fp32`):
+"""The self-test in a process that set TF32 through torch's new API (pretrain/device_check/kernel_check.py `exact_fp32`):
 `torch.backends.fp32_precision = "tf32"` (what transformers' enable_tf32 sets on torch >= 2.9) made torch 2.13 raise
 on the test's read of the legacy allow_tf32 flags ("mix of the legacy and new APIs"), so the test failed and `auto`
 ran padded. Now it passes, and the process's settings are what they were, both ways of setting them."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from pretrain.plan.self_test import kernel_self_test
+from pretrain.device_check.unpadded_check import kernel_self_test
 
 CPU = torch.device("cpu")
 

@@ -9,11 +9,13 @@ import functools
 import pytest
 import torch
 
+from pretrain.device_check.run_shape import RunShape
+from pretrain.device_check.settle import DeviceChecks, settle_attention
+from pretrain.device_check.unpadded_check import edge_case_lengths, kernel_self_test
+from pretrain.device_check.verdict import SelfTestResult
 from pretrain.errors import ConfigError
 from pretrain.model.varlen_attention import reference_varlen_attention
-from pretrain.plan.run_plan import RunPlan, settle_attention
-from pretrain.plan.run_shape import RunShape
-from pretrain.plan.self_test import SelfTestResult, edge_case_lengths, kernel_self_test
+from pretrain.plan.run_plan import RunPlan
 from tests.support.attention_plans import Place, across_segments, phase_stub, run_plan_stub
 
 CPU = torch.device("cpu")
@@ -68,7 +70,7 @@ def test_auto_falls_back_to_padded_on_every_phase_with_the_numbers(capsys: pytes
         calls.append((device, precision, head_dim, seq_len, shape and (shape.heads, shape.hidden, len(shape.lengths))))
         return kernel_self_test(device, precision, head_dim, seq_len, shape, kernel=across_segments)
 
-    settled = settle_attention(run_plan_stub("auto"), ME, test=wrong_kernel_test)  # type: ignore[arg-type]
+    settled = settle_attention(run_plan_stub("auto"), ME, DeviceChecks(test=wrong_kernel_test))  # type: ignore[arg-type]
     # once, at the run's head size and longest unpadded seq_len, with the run's heads, width and micro-batch
     assert calls == [(CPU, "fp32", 32, 32, (2, 64, 1))]
     (line,) = capsys.readouterr().out.splitlines()
@@ -86,21 +88,22 @@ def test_an_explicit_unpadded_or_compile_is_refused_when_the_self_test_fails() -
     wrong = functools.partial(kernel_self_test, kernel=blind_to_the_tail)
     with pytest.raises(ConfigError, match=r"^model.attention=unpadded: the unpadded kernel's self-test failed on .*: "
                                           r"cpu fp32: kernel error .*, logits error .*; model.attention=padded runs there$"):
-        settle_attention(run_plan_stub("unpadded"), ME, test=wrong)  # type: ignore[arg-type]
+        settle_attention(run_plan_stub("unpadded"), ME, DeviceChecks(test=wrong))  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"^model.compile=true: compiles the unpadded encoder layers, and "
                                           r"model.attention=auto runs padded SDPA here \(the unpadded kernel's"):
-        settle_attention(run_plan_stub("auto", compile_strict=True), ME, test=wrong)  # type: ignore[arg-type]
+        settle_attention(run_plan_stub("auto", compile_strict=True), ME, DeviceChecks(test=wrong))  # type: ignore[arg-type]
 
 
 def test_a_passed_self_test_keeps_the_path_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     settled = settle_attention(run_plan_stub("auto"), ME)  # type: ignore[arg-type]
     (line,) = capsys.readouterr().out.splitlines()
     assert line.startswith("attention: unpadded (real tokens, varlen kernel) for phase1, phase2: model.attention=auto:")
-    assert "; self-test passed (1 node): cpu fp32: kernel error 0.00e+00 (output; limit 1.00e-05), logits error" in line
+    assert "; self-test passed (1 host): cpu fp32: kernel error 0.00e+00 (output; limit 1.00e-05), logits error" in line
     assert all(p.attention.unpadded and p.stream.unpadded for p in settled.phases.values())
     assert settled.resolved["resolved"]["attention"]["phase2"]["path"] == "unpadded"
     padded = {"phase1": phase_stub("phase1", "padded", unpadded=False)}
-    untested = settle_attention(RunPlan(None, padded, {"resolved": {}}), ME, test=raising)  # type: ignore[arg-type]
+    untested = settle_attention(RunPlan(None, padded, {"resolved": {}}), ME,  # type: ignore[arg-type]
+                                DeviceChecks(test=raising))
     assert untested.phases["phase1"].attention.why == "model.attention=padded"  # nothing to test: no test ran
 
 

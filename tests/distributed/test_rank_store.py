@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 from torch.distributed import TCPStore
 
+from pretrain.device_check.verdict import SelfTestResult
 from pretrain.distributed.rank_store import RankStoreSettings, bind_here, loopback_everywhere, rank_store
-from pretrain.plan.self_test import SelfTestResult
 from tests.scripts.rank_store_ranks import listening
 from tests.support.launching import deepspeed_cpu_env, free_port
 from tests.support.paths import REPO_ROOT

@@ -1,4 +1,4 @@
-"""Launched by tests/plan/test_self_test.py on 2 CPU ranks, each standing for a node (both its first local rank):
+"""Launched by tests/device_check/test_unpadded_check.py on 2 CPU ranks, each standing for a node (both its first local rank):
 the kernel self-test fails on rank 1 only, or rank 1's device cannot run the kernel at all; every rank must then
 run the same path. Writes WORKDIR/rank<N>.json: each scenario's paths per phase, or the refusal's line."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from pretrain.device_check.settle import DeviceChecks, settle_attention
+from pretrain.device_check.unpadded_check import kernel_self_test
 from pretrain.errors import ConfigError
-from pretrain.plan.run_plan import settle_attention
-from pretrain.plan.self_test import kernel_self_test
 from tests.support.attention_plans import Place, across_segments, run_plan_stub
 from tests.support.launching import leave_without_teardown
 
@@ -33,7 +33,7 @@ def main(workdir: Path) -> None:
     outcome = {}
     for name, (plan, test) in scenarios.items():
         try:
-            settled = settle_attention(plan, node, test=test)  # type: ignore[arg-type]
+            settled = settle_attention(plan, node, DeviceChecks(test=test))  # type: ignore[arg-type]
             outcome[name] = {phase: p.attention.path for phase, p in settled.phases.items()}
         except ConfigError as err:
             outcome[name] = str(err)

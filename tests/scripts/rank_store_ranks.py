@@ -22,6 +22,8 @@ import torch.distributed as dist
 
 from pretrain.checkpointing.commit import agree_on_failures
 from pretrain.checkpointing.manifest import resolve_resume_tag
+from pretrain.device_check.settle import gather
+from pretrain.device_check.verdict import SelfTestResult
 from pretrain.distributed.json_collectives import (
     all_gather_bytes,
     all_gather_float32,
@@ -31,8 +33,6 @@ from pretrain.distributed.json_collectives import (
 from pretrain.distributed.process_group import init_distributed
 from pretrain.errors import ResumeError
 from pretrain.finetune.squad.inference import gather_rows
-from pretrain.plan.run_plan import gather
-from pretrain.plan.self_test import SelfTestResult
 from tests.support.launching import leave_without_teardown
 from tests.support.listening import listening
 

@@ -1,4 +1,4 @@
-"""Self-tests that fail the way a GPU can, planted for pretrain/plan/contained.py's tests: module-level, so a
+"""Self-tests that fail the way a GPU can, planted for pretrain/device_check/contained.py's tests: module-level, so a
 spawned child process can import them by name."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from pretrain.plan.self_test import SelfTestResult
+from pretrain.device_check.verdict import SelfTestResult
 
 
 def dies_of_a_device_fault(device: torch.device, precision: str, head_dim: int, seq_len: int) -> SelfTestResult:
