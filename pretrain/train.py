@@ -72,6 +72,7 @@ from pretrain.config.cli import parse_args
 from pretrain.config.load import load_config
 from pretrain.config.sections import RunConfig
 from pretrain.data.batches import DataConfigError
+from pretrain.device_check.settle import settle_attention
 from pretrain.distributed.info import DistInfo, Launch
 from pretrain.distributed.lifetime import release_run_folder
 from pretrain.distributed.process_group import init_distributed
@@ -85,7 +86,7 @@ from pretrain.metrics.writer import MetricsWriter
 from pretrain.model.bert import build_model
 from pretrain.model.compiled import amend_resolved
 from pretrain.model.setup import prepare_model_path
-from pretrain.plan.run_plan import PhasePlan, RunPlan, plan_on_rank0, settle_attention
+from pretrain.plan.run_plan import PhasePlan, RunPlan, plan_on_rank0
 from pretrain.plugin import PluginStack, TrainingPlugin, build_plugin
 from pretrain.run_folder import EXPORT_INFO, RESOLVED_CONFIG, TENSORBOARD, export_dir
 from pretrain.trainer import NonFiniteLossError, PhaseState, PhaseTrainer, TrainerJob
