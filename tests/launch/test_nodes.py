@@ -266,7 +266,7 @@ def test_an_endpoint_elsewhere_that_nobody_serves_is_one_line_before_any_node_st
         tmp_path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     with listen(0) as sock:  # a port nothing listens on once this closes
         port = sock.getsockname()[1]
-    monkeypatch.setattr("pretrain.launch.nodes.is_this_machine", lambda host: False)  # as if it were another machine
+    monkeypatch.setattr("pretrain.launch.store_reach.is_this_machine", lambda host: False)  # as if another machine
     hosts = tmp_path / "hosts"
     hosts.write_text("n1 slots=1\nn2 slots=1\n")
     status = main(["--hostfile", str(hosts), "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{port}",
