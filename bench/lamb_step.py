@@ -205,7 +205,7 @@ def bias_growth_run(args: argparse.Namespace, adapt_all_override: bool | None) -
     from pretrain.config.load import load_config
     from pretrain.engine import build_engine
     from pretrain.model.bert import bert_config, build_model
-    from pretrain.schedule import build_schedule
+    from pretrain.schedules.lr import build_schedule
 
     micro, seq, vocab, predictions = 32, 32, 1000, 5
     config = load_config(args.recipe, [f"--phase1.batch_size={micro}", f"--phase1.micro_batch_size={micro}"])

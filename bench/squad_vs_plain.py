@@ -191,7 +191,7 @@ def main() -> None:
 
     from pretrain.finetune.squad.features import FeatureConfig, build_features
     from pretrain.finetune.squad.finetune import TrainData, load_and_limit, load_ds_config
-    from pretrain.schedule import WarmupPolyDecay
+    from pretrain.schedules.lr import WarmupPolyDecay
 
     config = finetune_config(args, args.model or minilm_folder())
     train_set, dev_set, _ = load_and_limit(config)

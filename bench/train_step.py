@@ -46,7 +46,7 @@ from pretrain.metrics.writer import MetricsWriter  # noqa: E402
 from pretrain.model.bert import build_model  # noqa: E402
 from pretrain.optim.lamb import ExactLamb, weight_decay_param_groups  # noqa: E402
 from pretrain.plan.run_plan import plan_run  # noqa: E402
-from pretrain.schedule import WarmupPolyDecay  # noqa: E402
+from pretrain.schedules.lr import WarmupPolyDecay  # noqa: E402
 from pretrain.trainer import PhaseState, PhaseTrainer, TrainerJob  # noqa: E402
 
 

@@ -3,7 +3,7 @@
 once, and both the config check (load.py, before any process starts) and the module that uses the values call
 it, so the config floor imports nothing above it. They take plain values, not sections: this module sits on the
 first floor, with the errors alone below it. (The lr schedule needs no entry here: it sits on the ground floor
-and checks its own keys, pretrain/schedule.py.)
+and checks its own keys, pretrain/schedules/lr.py.)
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from pretrain.config.checks import check_cadence, check_targets
 from pretrain.config.plugins import INSTALLED, PluginRegistry
 from pretrain.config.sections import PHASE_NAMES, PLUGINS_FIELD, DataSection, RunConfig
 from pretrain.errors import ConfigError
-from pretrain.schedule import build_schedule
+from pretrain.schedules.lr import build_schedule
 
 
 def _check_type(key: str, value: Any, annotation: Any) -> Any:

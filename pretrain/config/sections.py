@@ -4,7 +4,7 @@ This is the one place a key is described, with `setting(default, doc)` (below): 
 pretrain.train --help` and the configuration table of docs/pretraining.md are generated from these
 declarations (pretrain/config/doc.py, a floor above). How a RUN.json and command-line overrides
 become a checked `RunConfig` is pretrain/config/load.py. Imports only the ground floor (pretrain/errors.py,
-pretrain/run_folder.py, and pretrain/schedule.py, whose keys a phase inherits) and the standard library: reading
+pretrain/run_folder.py, and pretrain/schedules/lr.py, whose keys a phase inherits) and the standard library: reading
 a config stays instant, and every floor above can use these types.
 """
 
@@ -18,8 +18,8 @@ from typing import Any
 
 from pretrain.errors import ConfigError
 from pretrain.run_folder import CHECKPOINTS
-from pretrain.schedule import ScheduleSettings
 from pretrain.schedules.batch import BatchWarmupSettings
+from pretrain.schedules.lr import ScheduleSettings
 from pretrain.schedules.masking import MaskingSettings
 
 __all__ = ["DOC", "PHASE_NAMES", "PLUGINS_FIELD", "RunConfig", "setting"]
@@ -222,7 +222,7 @@ class PhaseSection(BatchWarmupSettings, MaskingSettings, ScheduleSettings):
 
     One home per setting: lr and the batch sizes live here (and precision in run.precision), never in
     the DeepSpeed JSON, which pretrain/config/deepspeed.py refuses when it sets them. The lr schedule's keys
-    (lr_schedule, warmup_fraction, ...) are inherited from pretrain/schedule.py, where each schedule declares
+    (lr_schedule, warmup_fraction, ...) are inherited from pretrain/schedules/lr.py, where each schedule declares
     what it reads, so a new schedule adds its keys there; the masking-rate schedule's (masking_schedule,
     mask_rate_end, ...) and the batch warmup's likewise from pretrain/schedules/.
     """

@@ -50,9 +50,9 @@ from pretrain.model.presets import flop_parameter_counts
 from pretrain.phase_state import TrainerSettings
 from pretrain.plan.shard_plan import check_run_shards, model_overrides
 from pretrain.run_folder import shards_verified_path
-from pretrain.schedule import Schedule, build_schedule, schedule_line
 from pretrain.schedules.batch import build_batch_ramp
 from pretrain.schedules.clock import PhaseClock
+from pretrain.schedules.lr import Schedule, build_schedule, schedule_line
 from pretrain.schedules.masking import build_mask_schedule
 from pretrain.schedules.phase import PhaseSchedules
 

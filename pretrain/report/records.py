@@ -27,7 +27,7 @@ from typing import Any
 from pretrain.finetune.layout import RESULTS, RESULTS_GLOB
 from pretrain.report.trust import claims_results, not_yours_alone, read_json
 from pretrain.run_folder import CHECKPOINTS, EXPORT_INFO, LOGS, TENSORBOARD, metrics_path
-from pretrain.schedule import ScheduleSettings, schedule_line
+from pretrain.schedules.lr import ScheduleSettings, schedule_line
 
 SEARCH_DEPTH = 3  # folder levels below RUN_DIR and its parent searched for results and exports
 SKIPPED_FOLDERS = {CHECKPOINTS, TENSORBOARD, LOGS, "data", "squad_data", ".git", "__pycache__"}
@@ -293,7 +293,7 @@ def objective_text(resolved: dict[str, Any]) -> str:
 
 def schedule_text(config: dict[str, Any], phase: str) -> str:
     """A phase's lr schedule in words: the line the plan recorded (config.resolved.json's resolved.schedules), or,
-    for a run from before that record, the same line rebuilt from the phase's keys (pretrain/schedule.py)."""
+    for a run from before that record, the same line rebuilt from the phase's keys (pretrain/schedules/lr.py)."""
     recorded = config.get("resolved", {}).get("schedules", {}).get(phase)
     if recorded:
         return str(recorded)

@@ -37,7 +37,7 @@ __all__ = ["BatchRamp", "BatchWarmupSettings", "build_batch_ramp", "steps_for_to
 
 
 def _key(default: Any, doc: str) -> Any:
-    """A key with its text, as pretrain/config/sections.py's `setting` declares one (see pretrain/schedule.py)."""
+    """A key with its text, as pretrain/config/sections.py's `setting` declares one (see pretrain/schedules/lr.py)."""
     return field(default=default, metadata={"doc": doc})
 
 

@@ -89,7 +89,7 @@ MASK_SCHEDULES: dict[str, type] = {"constant": ConstantRate, "linear": LinearRat
 
 
 def _key(default: Any, doc: str) -> Any:
-    """A key with its text, as pretrain/config/sections.py's `setting` declares one (see pretrain/schedule.py)."""
+    """A key with its text, as pretrain/config/sections.py's `setting` declares one (see pretrain/schedules/lr.py)."""
     return field(default=default, metadata={"doc": doc})
 
 

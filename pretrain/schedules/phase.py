@@ -3,7 +3,7 @@
 The data stream asks `mask_rate_at_sample` for each micro-batch it collates (inside DataLoader workers: a frozen,
 picklable value, no state); the trainer asks `values` once per step and logs them under schedule/<name>
 (TensorBoard and metrics.jsonl), so what a step was trained with is on record next to its loss. The lr is not
-here: DeepSpeed's LambdaLR steps it (pretrain/schedule.py) and the trainer logs it as `lr`.
+here: DeepSpeed's LambdaLR steps it (pretrain/schedules/lr.py) and the trainer logs it as `lr`.
 """
 
 from __future__ import annotations

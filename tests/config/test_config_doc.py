@@ -16,7 +16,7 @@ from pretrain.config.doc import DOC, DOC_FILE, markdown_table, replace_table, se
 from pretrain.config.load import RunConfig, check_values, from_dict
 from pretrain.config.plugins import installed_plugins, plugin_spec
 from pretrain.errors import ConfigError
-from pretrain.schedule import WarmupPolyDecay
+from pretrain.schedules.lr import WarmupPolyDecay
 
 
 def sections() -> list[tuple[str, object]]:

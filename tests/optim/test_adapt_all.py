@@ -20,7 +20,7 @@ from pretrain.config.load import load_config
 from pretrain.engine import build_engine
 from pretrain.optim.lamb import ExactLamb
 from pretrain.optim.lamb_reference import NaiveLamb
-from pretrain.schedule import Schedule, build_schedule
+from pretrain.schedules.lr import Schedule, build_schedule
 from tests.support.paths import REPO_ROOT
 
 RECIPE = REPO_ROOT / "ds_configs" / "recipes" / "bert_large_64k.json"

@@ -29,7 +29,7 @@ from pretrain.config.load import load_config
 from pretrain.distributed.process_group import init_distributed
 from pretrain.engine import build_engine
 from pretrain.model.bert import bert_config, build_model
-from pretrain.schedule import build_schedule
+from pretrain.schedules.lr import build_schedule
 from tests.support.paths import REPO_ROOT
 
 RECIPE = REPO_ROOT / "ds_configs" / "recipes" / "bert_large_64k.json"

@@ -30,7 +30,7 @@ from tests.support.paths import REPO_ROOT
 # modules every floor may use: they import nothing of the project but each other (plugin.py: the registry
 # and types, from these)
 GROUND = ("pretrain.errors", "pretrain.distributed.info", "pretrain.checkpointing.layout", "pretrain.run_folder",
-          "pretrain.config.plugins", "pretrain.config.sections", "pretrain.schedule", "pretrain.schedules.masking",
+          "pretrain.config.plugins", "pretrain.config.sections", "pretrain.schedules.lr", "pretrain.schedules.masking",
           "pretrain.schedules.progress", "pretrain.schedules.batch")
 
 

@@ -1,4 +1,4 @@
-"""The lr schedules' table (pretrain/schedule.py): every name builds and checks its keys, WSD has the shape counted
+"""The lr schedules' table (pretrain/schedules/lr.py): every name builds and checks its keys, WSD has the shape counted
 by hand, and the plan, the config check, the docs and the report all follow the table.
 
 A new schedule adds its row to BAD_VALUES below (a value each of its keys refuses); the table tests then cover it.
@@ -20,7 +20,7 @@ from pretrain.distributed.info import DistInfo
 from pretrain.errors import ConfigError
 from pretrain.plan.run_plan import plan_run
 from pretrain.report.records import schedule_text
-from pretrain.schedule import (
+from pretrain.schedules.lr import (
     SCHEDULES,
     ScheduleSettings,
     WarmupPolyDecay,

@@ -16,7 +16,7 @@ from pretrain.config.load import load_config
 from pretrain.data.batches import RankBatches
 from pretrain.data.loader import stream_batches
 from pretrain.data.order import FEISTEL_ORDER, LEGACY_ORDER
-from pretrain.schedule import WarmupPolyDecay
+from pretrain.schedules.lr import WarmupPolyDecay
 from pretrain.trainer import PhaseState, PhaseTrainer
 from tests.support.paths import REPO_ROOT
 from tests.support.pretrain_fixtures import build_shards, short_instances_at_64

@@ -22,7 +22,7 @@ from pretrain.data.batches import (
 )
 from pretrain.data.order import LEGACY_ORDER, epoch_keys, feistel_permute, partition_indices
 from pretrain.errors import ConfigError
-from pretrain.schedule import WarmupPolyDecay
+from pretrain.schedules.lr import WarmupPolyDecay
 from tests.support.paths import REPO_ROOT
 from tests.support.pretrain_fixtures import build_shards, tiny_run_config
 

@@ -53,7 +53,7 @@ from pretrain.finetune.glue.submission import write_predictions
 from pretrain.finetune.glue.tasks import Task
 from pretrain.finetune.layout import MODEL, RESULTS, SUBMISSION, seed_dir, seed_tensorboard
 from pretrain.finetune.vocab_check import VocabCheck, check_vocab
-from pretrain.schedule import WarmupPolyDecay
+from pretrain.schedules.lr import WarmupPolyDecay
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ from pretrain.finetune.squad.inference import gather_logits
 from pretrain.finetune.squad.metric import evaluate_v1, evaluate_v2
 from pretrain.finetune.squad.postprocess import PostprocessConfig, postprocess
 from pretrain.finetune.vocab_check import VocabCheck, check_vocab
-from pretrain.schedule import WarmupPolyDecay
+from pretrain.schedules.lr import WarmupPolyDecay
 
 # Where the settings a SQuAD DeepSpeed JSON must not set live: the finetune flags (pretrain/finetune/common.py).
 SQUAD_OWNERS = FINETUNE_OWNERS
