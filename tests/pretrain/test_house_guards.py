@@ -5,6 +5,8 @@
   a doc, a test, a DeepSpeed JSON) is there, so a rename or a move cannot leave the prose pointing nowhere.
 - ConfigError has one home, pretrain/errors.py (the ground floor): a module that needs only the error does
   not import config/ for it, so importing the error never loads the config code.
+- No two names in one folder are one letter apart (metrics/monitor.py beside metrics/monitors.py, schedule.py
+  beside schedules/): a reader cannot tell from such names which holds what.
 """
 
 from __future__ import annotations
@@ -109,3 +111,34 @@ def test_config_error_is_imported_from_its_one_home() -> None:
     assert config_error_homes(deferred) == ["pretrain.config.load"]
     both = "from pretrain.errors import ConfigError\nfrom data_prep.config import ConfigError\n"
     assert config_error_homes(both) == []
+
+
+def one_letter_apart(a: str, b: str) -> bool:
+    """Whether `b` is `a` with one letter added, removed or changed."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        return sum(x != y for x, y in zip(a, b, strict=True)) == 1
+    short, long = sorted((a, b), key=len)
+    return any(long[:i] + long[i + 1:] == short for i in range(len(long)))
+
+
+def near_names(folder: Path) -> list[tuple[str, str]]:
+    """Pairs of a folder's module stems and subfolder names (its own, and in every folder under it) that are one
+    letter apart."""
+    found = []
+    for here in [folder, *(p for p in folder.rglob("*") if p.is_dir())]:
+        if here.name == "__pycache__":
+            continue
+        names = sorted({p.stem for p in here.glob("*.py")} | {p.name for p in here.iterdir()
+                                                               if p.is_dir() and p.name != "__pycache__"})
+        found += [(f"{relative(here)}/{a}", b) for i, a in enumerate(names) for b in names[i + 1:]
+                  if one_letter_apart(a, b)]
+    return found
+
+
+def test_no_two_names_in_a_folder_are_one_letter_apart() -> None:
+    found = [pair for folder in PRODUCT if (REPO_ROOT / folder).is_dir() for pair in near_names(REPO_ROOT / folder)]
+    assert not found, f"names one letter apart (rename one to say what it holds): {found}"
+    assert one_letter_apart("monitor", "monitors") and one_letter_apart("schedules", "schedule")
+    assert not one_letter_apart("monitor_contract", "monitor_registry") and not one_letter_apart("data", "data")
