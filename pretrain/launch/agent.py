@@ -56,6 +56,9 @@ checks each of these, in seconds and without ranks, and pyproject.toml bounds to
    the rest (HealingAgent.forward).
 8. TORCHELASTIC_RUN_ID, set by `_start_workers` for the ranks: pretrain/distributed/info.py tells a restart by it.
 9. The rendezvous key `last_call_timeout` (run.last_call_seconds), read by the c10d handler's `create_handler`.
+10. A node that leaves the job (pretrain/launch/agent_end.py leave) runs the dynamic handler's own exit operation
+   (`_op_executor.run(_RendezvousExitOp(), _get_deadline(...))`, after `_stop_heartbeats`), as torch does before a
+   node joins a new round, so the others need not wait for its heartbeats to lapse; failing, they lapse as before.
 """
 
 from __future__ import annotations

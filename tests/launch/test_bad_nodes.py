@@ -12,15 +12,19 @@ import time
 from pathlib import Path
 
 import pytest
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 from pretrain.errors import EVICT_PREFIX, SLOW_EVICT_EXIT
 from pretrain.launch.agent import telling_rounds
+from pretrain.launch.agent_end import leave
 from pretrain.launch.bad_nodes import NODES_SPARE_ENV, HostFaults, Room, at_start
 from pretrain.launch.excluded_hosts import excluded, run_dir_of, slurm_hosts
 from pretrain.launch.fault_records import FaultLines
 from pretrain.launch.faults import FaultContext, FaultHistory, FaultRecord, RankFailure, judge
 from pretrain.launch.nodes import NODE_LOST_SIGNAL, NodeJob
 from pretrain.launch.transports import Pdsh, SessionEnd, Srun
+from tests.support.cluster.processes import free_port
 from tests.support.fault_texts import write_rank_log
 
 ROOM = Room(nodes=3, low=2, high=3)  # a world of 3 nodes under --nodes 2:3: one may leave
@@ -212,3 +216,16 @@ def test_the_ranks_are_told_how_many_nodes_may_leave_now(monkeypatch: pytest.Mon
     assert os.environ[NODES_SPARE_ENV] == "1" and told == [0, 3]
     telling_rounds(Handler(), 3, 3).next_rendezvous()  # --nodes N: none
     assert os.environ[NODES_SPARE_ENV] == "0"
+
+
+def test_a_node_that_leaves_the_job_leaves_the_rendezvous_open_to_the_others() -> None:
+    """agent_end.leave on torch's real c10d rendezvous: out of the round's participants at once (the others' next
+    round does not wait for its heartbeats to lapse), the rendezvous not closed (closing it would end every node)."""
+    params = RendezvousParameters("c10d", f"127.0.0.1:{free_port()}", "bert-job-leave", 1, 2, is_host=True,
+                                  last_call_timeout=1, join_timeout=60)
+    handler = get_rendezvous_handler(params)
+    assert handler.next_rendezvous().world_size == 1
+    assert len(handler._state_holder.state.participants) == 1
+    leave(handler)
+    handler._state_holder.sync()
+    assert handler._state_holder.state.participants == {} and not handler.is_closed()
