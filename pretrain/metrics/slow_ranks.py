@@ -21,7 +21,7 @@ logged as health/slowest_rank_ratio; above 1 + `run.slow_rank_threshold` rank 0 
 
 With `run.evict_slow` and a spare node (the launcher's agent sets BERT_DS_NODES_SPARE), every rank reaches the same
 verdict from the same gathered numbers and asks for a stop (pretrain/distributed/stop_request.py `leave`): the loop
-checkpoints at the next step as for a signal, the slow rank prints `evicting host HOST` (EVICT_PREFIX) on its log
+checkpoints at the next step as for a signal, the slow rank prints `evicting host HOST (...)` (EVICT_PREFIX, the host then a space) on its log
 and every rank exits SLOW_EVICT_EXIT (pretrain/errors.py), for the launcher to restart without that host. Without a
 spare node the rank is only named: leaving would shrink the job, which costs more than the slow rank.
 """
@@ -215,8 +215,8 @@ class SlowRanks(StepMonitor):
             return
         self.leaving = True
         if rank == verdict.rank:  # the rank's log (stderr under the agent) carries the line the launcher reads
-            print(f"{EVICT_PREFIX}{verdict.times.host}: rank {rank} took {verdict.ratio:.2f}x its peers' median step "
-                  f"time; checkpointing, then exit {SLOW_EVICT_EXIT}", file=sys.stderr, flush=True)
+            print(f"{EVICT_PREFIX}{verdict.times.host} (rank {rank} took {verdict.ratio:.2f}x its peers' median step "
+                  f"time); checkpointing, then exit {SLOW_EVICT_EXIT}", file=sys.stderr, flush=True)
         StopRequest.current().leave(f"slow rank {verdict.rank} (host {verdict.times.host}) leaves the job",
                                     SLOW_EVICT_EXIT)
 

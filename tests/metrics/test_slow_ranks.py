@@ -117,6 +117,6 @@ def test_with_a_spare_node_the_slow_rank_leaves_after_a_checkpoint(launched: Pat
     state = json.loads((launched / "evict" / "checkpoints" / latest / "trainer_state.json").read_text())
     assert state["step"] == 9 and not state["complete"]
     evicting = [line for line in log.splitlines() if EVICT_PREFIX in line]
-    assert len(evicting) == 1 and f"{EVICT_PREFIX}{socket.gethostname()}: rank 1 took " in evicting[0], log
+    assert len(evicting) == 1 and f"{EVICT_PREFIX}{socket.gethostname()} (rank 1 took " in evicting[0], log
     assert f"stopped (slow rank 1 (host {socket.gethostname()}) leaves the job) at phase1 step 9" in log
     assert sorted(ratios(launched / "evict")) == [4, 8]
