@@ -1,18 +1,33 @@
-"""Benchmark of data_prep on ../shared/data: pipeline tokens/s per core vs raw `tokenizers` batch-encode.
+"""Benchmark of data_prep on ../shared/data: tokens per CPU-second per stage and end to end, against raw
+`tokenizers` encode_batch, and the wall-time scaling from 1 to W workers.
 
-    python bench/data_prep_throughput.py [--data ../shared/data] [--workers N] [--parsers] [--no-wiki]
+    python bench/data_prep_throughput.py [--data ../shared/data] [--workers W] [--input-shard-mb 1]
+                                         [--no-wiki] [--parsers]
 
-Prints, from one process: the whole pipeline's throughput (sources -> shards at 128 and 512),
-the raw throughput of `tokenizers`' encode_batch on the very same cleaned sentences with the
-same number of threads, their ratio (goal >= 0.5), bytes on disk per token, and with
-`--parsers` the wikitext parser comparison (mwparserfromhell, used, vs wikitextparser).
+One run, one process tree at a time: the sample dump and the UTF-8 sample books are built (seq 128 and 512) with
+`--workers 1` and then `--workers W`, each `python -m data_prep build` a child process with one `tokenizers`
+thread per process (RAYON_NUM_THREADS=1). `--input-shard-mb` (1 by default) cuts the sample into several input
+shards, so that W corpus tasks can run at once (at the default 256 the whole sample is one input shard).
+
+Printed, all measured in this run:
+  * per stage of the one-worker build: CPU seconds and corpus tokens per CPU-second (the corpus stage's clean and
+    tokenize parts as its tasks report them, the later stages from the build's own CPU clock at each stage line);
+  * end to end: corpus tokens per CPU-second of the whole build (every process of its tree), and its ratio to raw
+    `tokenizers` encode_batch on the very same cleaned sentences, one thread, best of 3 (goal >= 0.5);
+  * scaling: wall seconds at 1 and W workers, the speed-up and its ratio to W (goal >= 0.8), and the main
+    process's share of the W-worker build's CPU (the serial part: speed-up <= 1 / (share + (1 - share) / W)).
+    Wall times are only meaningful on an otherwise idle machine; CPU figures hold on a shared one.
+`--parsers` adds the wikitext parser comparison (mwparserfromhell, used, vs wikitextparser).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
+import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -23,38 +38,76 @@ sys.path.insert(0, str(REPO))
 
 WIKI_DUMP = "wikipedia/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 MARKUP = re.compile(r"\[\[|\]\]|\{\{|\}\}|<ref|''|==|\{\||\|\}")
+# The child: the build with each stdout line stamped with the main process's CPU seconds (all its threads), and
+# at exit the CPU of the main process and of its waited-for children (the pool's workers).
+CHILD = """
+import resource, sys, time
+class Stamped:
+    def __init__(self, out): self.out = out
+    def write(self, text):
+        for line in text.splitlines(True):
+            self.out.write(f"[cpu {time.process_time():.3f}] {line}" if line.startswith("stage ") else line)
+    def flush(self): self.out.flush()
+sys.stdout = Stamped(sys.stdout)
+from data_prep.__main__ import main
+code = main(sys.argv[1:])
+me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+print(f"[rusage] main {me.ru_utime + me.ru_stime:.3f} children {kids.ru_utime + kids.ru_stime:.3f}", flush=True)
+sys.exit(code)
+"""
+STAGE = re.compile(r"^\[cpu (?P<cpu>[\d.]+)\] stage (?P<name>[^:]+): (?P<wall>[\d.]+)s(?P<rest>.*)$")
+TASK_CPU = re.compile(r"task CPU: clean (?P<clean>[\d.]+)s, tokenize (?P<tokenize>[\d.]+)s")
+RUSAGE = re.compile(r"^\[rusage\] main (?P<main>[\d.]+) children (?P<children>[\d.]+)$")
 
 
 def utf8_books(folder: Path, into: Path) -> Path:
     """Links to the books that are UTF-8 (one NLTK Gutenberg file is Latin-1, which we refuse)."""
-    into.mkdir(parents=True, exist_ok=True)
+    if into.is_dir():
+        return into
+    into.mkdir(parents=True)
     for book in sorted(folder.glob("*.txt")):
         try:
             book.read_bytes().decode("utf-8")
         except UnicodeDecodeError:
-            print(f"skipping {book.name}: not UTF-8")
             continue
         (into / book.name).symlink_to(book)
     return into
 
 
-def run_pipeline(data: Path, work: Path, workers: int, wiki: bool) -> tuple[float, dict]:
-    from data_prep.build import run_build
-    from data_prep.config import BuildConfig
-
-    cfg = BuildConfig(
-        out=str(work / "out"), wiki_dumps=(str(data / WIKI_DUMP),) if wiki else (),
-        books=(str(utf8_books(data / "books" / "nltk_gutenberg", work / "books")),),
-        vocab=str(data / "vocab" / "bert-base-uncased-vocab.txt"), seq_lens=(128, 512),
-        num_shards=8, workers=workers, docs_per_chunk=16, keep_work=True,  # raw_tokenization reads work/text
-    )
+def build(args: argparse.Namespace, work: Path, workers: int) -> dict:
+    """One build in a child process: wall seconds, CPU (main, children), per-stage CPU, corpus tokens."""
+    out = work / f"out-w{workers}"
+    sources = ["--books", str(utf8_books(args.data / "books" / "nltk_gutenberg", work / "books"))]
+    if not args.no_wiki:
+        sources = ["--wiki-dump", str(args.data / WIKI_DUMP), *sources]
+    argv = ["build", *sources, "--vocab", str(args.data / "vocab" / "bert-base-uncased-vocab.txt"),
+            "--seq-lens", "128,512", "--num-shards", "8", "--input-shard-mb", str(args.input_shard_mb),
+            "--workers", str(workers), "--out", str(out), "--keep-work"]  # raw_tokenization reads work/text
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     started = time.perf_counter()
-    manifest = run_build(cfg)
-    return time.perf_counter() - started, manifest
+    done = subprocess.run([sys.executable, "-c", CHILD, *argv], cwd=REPO, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        sys.exit(f"build failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    stages, last_cpu = {}, 0.0
+    for line in done.stdout.splitlines():
+        if (stage := STAGE.match(line)) is not None:
+            cpu = float(stage["cpu"])
+            stages[stage["name"]] = {"wall": float(stage["wall"]), "main_cpu": cpu - last_cpu}
+            if (parts := TASK_CPU.search(stage["rest"])) is not None:
+                stages[stage["name"]].update(clean=float(parts["clean"]), tokenize=float(parts["tokenize"]))
+            last_cpu = cpu
+        elif (usage := RUSAGE.match(line)) is not None:
+            main_cpu, children_cpu = float(usage["main"]), float(usage["children"])
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    return {"out": out, "wall": wall, "main_cpu": main_cpu, "cpu": main_cpu + children_cpu, "stages": stages,
+            "tokens": manifest["totals"]["tokens"], "input_shards": len(list((out / "work" / "text").glob("*.arrow"))),
+            "digests": [s["sha256"] for entry in manifest["seq_lens"].values() for split in entry.values()
+                        for s in split["shards"]]}
 
 
-def raw_tokenization(out: Path, vocab_path: Path, repeats: int = 3) -> tuple[float, int]:
-    """Best-of-N seconds for encode_batch over every cleaned sentence the pipeline tokenized."""
+def raw_tokenization(out: Path, repeats: int = 3) -> tuple[float, int]:
+    """Best-of-N CPU seconds of one-thread encode_batch over every cleaned sentence the pipeline tokenized."""
     import pyarrow.ipc as ipc
 
     from data_prep.shard_format.vocab import load_vocab
@@ -63,12 +116,12 @@ def raw_tokenization(out: Path, vocab_path: Path, repeats: int = 3) -> tuple[flo
     for part in sorted((out / "work" / "text").glob("shard-*.arrow")):
         column = ipc.open_file(str(part)).read_all().column("sentences").to_pylist()
         sentences += [s for doc in column for s in doc]
-    tokenizer = load_vocab(vocab_path).tokenizer()
+    tokenizer = load_vocab(out / "vocab.txt").tokenizer()
     best, tokens = float("inf"), 0
     for _ in range(repeats):
-        started = time.perf_counter()
+        started = time.process_time()
         encodings = tokenizer.encode_batch(sentences, add_special_tokens=False)
-        best = min(best, time.perf_counter() - started)
+        best = min(best, time.process_time() - started)
         tokens = sum(len(e.ids) for e in encodings)
     return best, tokens
 
@@ -97,34 +150,52 @@ def compare_parsers(data: Path) -> None:
     print(f"speed ratio mwparserfromhell / wikitextparser: {theirs_s / ours_s:.2f}")
 
 
+def report(one: dict, many: dict, workers: int, raw_cpu: float, raw_tokens: int) -> None:
+    tokens = one["tokens"]
+    print(f"\ncorpus: {tokens:,} tokens, {one['input_shards']} input shards; builds at 1 and {workers} workers give "
+          f"{'the same' if one['digests'] == many['digests'] else 'DIFFERENT'} shards")
+    print("per stage, 1 worker: CPU seconds, corpus tokens per CPU-second")
+    corpus = one["stages"].get("corpus", {})
+    parts = {"clean": corpus.get("clean", 0.0), "tokenize": corpus.get("tokenize", 0.0)}
+    parts.update({name: stage["main_cpu"] for name, stage in one["stages"].items() if name != "corpus"})
+    parts["other (start-up, plan, vocab, manifest)"] = one["cpu"] - sum(parts.values())
+    for name, cpu in parts.items():
+        print(f"  {name:<40} {cpu:7.2f} s  {tokens / cpu if cpu > 0 else float('nan'):>13,.0f} tokens/CPU-s")
+    rate, raw_rate = tokens / one["cpu"], raw_tokens / raw_cpu
+    print(f"end to end, 1 worker: {one['cpu']:.2f} CPU-s, {rate:,.0f} tokens/CPU-s; raw encode_batch "
+          f"{raw_cpu:.2f} CPU-s, {raw_rate:,.0f} tokens/CPU-s; ratio {rate / raw_rate:.3f} (goal >= 0.5)")
+    many_rate = tokens / many["cpu"]
+    print(f"end to end, {workers} workers: {many['cpu']:.2f} CPU-s, {many_rate:,.0f} tokens/CPU-s; ratio "
+          f"{many_rate / raw_rate:.3f}")
+    speedup = one["wall"] / many["wall"]
+    share = many["main_cpu"] / many["cpu"]
+    bound = 1 / (share + (1 - share) / workers)
+    print(f"scaling: wall {one['wall']:.1f} s at 1 worker, {many['wall']:.1f} s at {workers}: speed-up {speedup:.2f}, "
+          f"{speedup / workers:.2f} x W (goal >= 0.8); main process {100 * share:.1f} % of the CPU at {workers} "
+          f"workers (speed-up bound {bound:.2f}, {bound / workers:.2f} x W)")
+    for name, stage in many["stages"].items():
+        print(f"  {name:<24} wall {one['stages'].get(name, {}).get('wall', float('nan')):6.1f} s -> "
+              f"{stage['wall']:6.1f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--input-shard-mb", type=float, default=1.0)
     parser.add_argument("--parsers", action="store_true", help="also compare wikitext parsers")
     parser.add_argument("--no-wiki", action="store_true", help="books only: the pipeline without wikitext parsing")
     args = parser.parse_args()
-    # The raw baseline gets as many threads as the pipeline gets processes: a per-core comparison.
-    os.environ["RAYON_NUM_THREADS"] = str(args.workers)
+    os.environ["RAYON_NUM_THREADS"] = "1"  # the raw baseline: one thread, before tokenizers starts its pool
     if not (args.data / WIKI_DUMP).is_file():
         sys.exit(f"{args.data}: no shared data (expected {WIKI_DUMP})")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        seconds, manifest = run_pipeline(args.data, work, args.workers, wiki=not args.no_wiki)
-        tokens = manifest["totals"]["tokens"]
-        raw_seconds, raw_tokens = raw_tokenization(work / "out", work / "out" / "vocab.txt")
-        shard_bytes = {
-            seq: sum((work / "out" / s["file"]).stat().st_size for split in entry.values() for s in split["shards"])
-            for seq, entry in manifest["seq_lens"].items()
-        }
-    pipeline_rate = tokens / seconds / args.workers
-    raw_rate = raw_tokens / raw_seconds / args.workers
-    print(f"\ncorpus: {manifest['totals']['documents']} documents, {tokens:,} tokens; {args.workers} cores")
-    print(f"pipeline (sources -> shards at 128 and 512): {seconds:.1f}s, {pipeline_rate:,.0f} tokens/s per core")
-    print(f"raw tokenizers encode_batch, same sentences: {raw_seconds:.2f}s, {raw_rate:,.0f} tokens/s per core")
-    print(f"ratio pipeline / raw tokenization: {pipeline_rate / raw_rate:.3f} (goal >= 0.5)")
-    for seq, size in shard_bytes.items():
-        print(f"bytes on disk per corpus token, seq {seq} shards: {size / tokens:.2f}")
+        one = build(args, work, 1)
+        many = build(args, work, args.workers)
+        raw_cpu, raw_tokens = raw_tokenization(one["out"])
+        report(one, many, args.workers, raw_cpu, raw_tokens)
+    print(f"(bench process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB peak)")
     if args.parsers:
         compare_parsers(args.data)
 
