@@ -115,17 +115,19 @@ class _Vocab:
 
 @pytest.mark.parametrize("engine", ["random", "numpy"])
 def test_both_draw_engines_follow_one_rule(engine: str) -> None:
-    """Static masking (`random.Random`) and dynamic masking (numpy) mask the same number of positions, never a
-    [CLS], [SEP] or [PAD] (a [PAD] inside an instance was a candidate of dynamic masking alone before the two
-    shared one module), and split the chosen ones 80/10/10 in one order."""
+    """Static masking (`random.Random`; numpy with --mask-draws numpy) and dynamic masking (numpy) mask the same
+    number of positions, never a [CLS], [SEP] or [PAD] (a [PAD] inside an instance was a candidate
+    of dynamic masking alone before the two shared one module), and split the chosen ones 80/10/10 in one order."""
     from data_prep.shard_format.masking import mask_ids, mask_instance, prediction_count
 
     vocab = _Vocab()
     special = vocab.special
     body = np.random.default_rng(0).integers(5, 15, size=(3000, 40))
     counts = {"mask": 0, "kept": 0, "random": 0}
-    for i, row in enumerate(body):
-        ids = np.concatenate([[special.cls], row[:18], [special.pad] * 4, [special.sep], row[18:], [special.sep]])
+    instances = [np.concatenate([[special.cls], row[:18], [special.pad] * 4, [special.sep], row[18:], [special.sep]])
+                 for row in body]
+    chosen = np.zeros(len(instances[0]), dtype=np.int64)  # how often each position was masked
+    for i, ids in enumerate(instances):
         if engine == "random":
             out = mask_instance(ids.tolist(), 0.15, 20, special, 15, random.Random(i))
             masked, positions = np.array(out.input_ids), np.array(out.masked_positions)
@@ -133,11 +135,16 @@ def test_both_draw_engines_follow_one_rule(engine: str) -> None:
             masked, positions, _ = mask_ids(ids, vocab, 0.15, 20, False, np.random.default_rng(i))
         assert len(positions) == prediction_count(len(ids), 0.15, 20)
         assert not np.isin(ids[positions], [special.cls, special.sep, special.pad]).any()
+        assert np.all(np.diff(positions) > 0) and np.array_equal(np.delete(masked, positions), np.delete(ids, positions))
+        chosen[positions] += 1
         after = masked[positions]
         counts["mask"] += int((after == special.mask).sum())
         counts["kept"] += int((after == ids[positions]).sum())
         counts["random"] += int(((after != special.mask) & (after != ids[positions])).sum())
     total = sum(counts.values())
+    candidates = np.flatnonzero(~np.isin(instances[0], [special.cls, special.sep, special.pad]))
+    share = chosen[candidates] / len(instances)  # 7 of 40 candidates: 0.175 each, when the order is uniform
+    assert chosen.sum() == chosen[candidates].sum() and 0.14 < share.min() and share.max() < 0.21
     assert abs(counts["mask"] / total - 0.8) < 0.015
     assert abs(counts["kept"] / total - 0.1 - 0.01) < 0.015  # a random draw of the same id (1 in 10) counts as kept
     assert abs(counts["random"] / total - 0.09) < 0.015
