@@ -75,10 +75,6 @@ class BatchRamp:
         """The ramp as the phase's state keeps it (JSON): a resume on any number of ranks rebuilds this one."""
         return {"accumulation": self.accumulation, "steps": self.steps, "start": self.start}
 
-    def describe(self) -> str:
-        return (f"{self.accumulation_at(0)} of {self.accumulation} micro-batches per rank at the first step, the full "
-                f"batch from step {self.steps:,}")
-
 
 def _ramp_tokens(ramp: BatchRamp, micro_tokens: int) -> int:
     """Tokens the ramp's steps hold: `micro_tokens` per micro-batch of every rank (micro x world x seq_len)."""

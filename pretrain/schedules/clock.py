@@ -74,6 +74,13 @@ class PhaseClock:
         bad = next((s for s in range(step, last) if self.batch_at(s) % round_samples), None)
         return None if bad is None else f"step {bad} takes {self.batch_at(bad):,} samples"
 
+    def describe_ramp(self) -> str:
+        """The batch warmup in sequences of all ranks, which read the same on any number of ranks."""
+        if self.ramp is None:
+            return "none"
+        return (f"{self.batch_at(0):,} of {self.global_batch:,} sequences at the first step, the full batch from "
+                f"step {self.ramp.steps:,}")
+
     def at_step(self, step: int) -> Progress:
         samples = self.samples_before(step)
         return Progress(step=step, phase_steps=self.phase_steps, samples=samples, tokens=samples * self.seq_len)

@@ -42,12 +42,12 @@ class PhaseSchedules:
         if self.masking is not None and self.masking.start != self.masking.end:
             tail += f"; masking rate {self.masking.describe()}"
         if self.clock.ramp is not None:
-            tail += f"; batch warmup: {self.clock.ramp.describe()}"
+            tail += f"; batch warmup: {self.clock.describe_ramp()}"
         return tail
 
     def describe(self) -> dict[str, str]:
         """Each schedule in words, as config.resolved.json records it."""
         out = {} if self.masking is None else {"masking": self.masking.describe()}
         if self.clock.ramp is not None:
-            out["batch_warmup"] = self.clock.ramp.describe()
+            out["batch_warmup"] = self.clock.describe_ramp()
         return out

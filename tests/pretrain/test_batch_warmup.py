@@ -100,8 +100,8 @@ def test_the_batch_grows_step_by_step_with_deepspeeds_boundary_on_each_steps_las
     assert reads == list(range(sum(samples) // 4))  # the stream read once, in order, nothing skipped
     assert trainer.settings.schedules.clock.samples_before(STEPS) == sum(samples)
     recorded = trainer.resolved_config["resolved"]["schedules"]["phase1"]  # what the report and the card print
-    assert recorded.endswith("; batch warmup: 1 of 4 micro-batches per rank at the first step, the full batch from "
-                             "step 3"), recorded
+    assert recorded.endswith("; batch warmup: 4 of 16 sequences at the first step, the full batch from step 3"), \
+        recorded  # in sequences of all ranks: the same words on any number of ranks
 
 
 def test_the_first_step_of_a_ramp_trains_like_a_run_of_that_batch(tmp_path: Path) -> None:
