@@ -31,6 +31,7 @@ import json
 import os
 import platform
 import stat
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,10 +194,23 @@ def stage_module(test: SelfTest) -> str:
 
 @functools.cache
 def code_version(modules: tuple[str, ...]) -> str:
-    """sha256 (first 16 hex digits) of the source of `modules` (those with a source file; none is imported)."""
+    """sha256 (first 16 hex digits) of the source of `modules` (those with a source file)."""
     digest = hashlib.sha256()
     for name in modules:
-        spec = importlib.util.find_spec(name) if name else None
-        if spec is not None and spec.origin and Path(spec.origin).is_file():
-            digest.update(name.encode() + b"\0" + Path(spec.origin).read_bytes())
+        file = source_file(name)
+        if file is not None:
+            digest.update(name.encode() + b"\0" + file.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def source_file(module: str) -> Path | None:
+    """The source file of `module`: the loaded one's, else where an import would find it (None: no file, e.g. a
+    built-in, or a script's __main__ with no file)."""
+    file = getattr(sys.modules.get(module), "__file__", None)
+    if file is None and module:
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):  # ValueError: a module without a spec (a script run as __main__)
+            spec = None
+        file = spec.origin if spec is not None else None
+    return Path(file) if file and Path(file).is_file() else None

@@ -108,9 +108,11 @@ def test_a_passed_self_test_keeps_the_path_and_says_so(capsys: pytest.CaptureFix
 
 
 @pytest.mark.multirank
-def test_every_rank_takes_the_path_the_worst_node_allows(tmp_path) -> None:
-    """Two ranks, each its node's first local rank: a self-test that fails on one node makes auto padded on both
-    and refuses an explicit unpadded on both (the same line); a node that cannot run the kernel at all does too."""
+def test_every_rank_takes_the_path_the_worst_host_allows_and_one_rank_per_host_tests(tmp_path) -> None:
+    """Two ranks, both LOCAL_RANK 0 (one GPU per task). As two hosts: a self-test that fails on one makes auto padded
+    on both and refuses an explicit unpadded on both (the same line); a host that cannot run the kernel at all does
+    too. As one host: one rank tests, the line counts one host, and a restart tests on neither (before, every local
+    rank 0 tested: two tests on one host, a line counting two, and each restart again)."""
     import json
 
     from tests.support.launching import run_ranks
@@ -118,11 +120,20 @@ def test_every_rank_takes_the_path_the_worst_node_allows(tmp_path) -> None:
 
     run_ranks(REPO_ROOT / "tests" / "scripts" / "attention_agreement.py", [str(tmp_path)], num_ranks=2, timeout=300)
     outcomes = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
-    assert outcomes[0] == outcomes[1]
+    shared = [{k: v for k, v in o.items() if ": tests on rank" not in k} for o in outcomes]
+    assert shared[0] == shared[1]
     padded, unpadded = {"phase1": "padded", "phase2": "padded"}, {"phase1": "unpadded", "phase2": "unpadded"}
     outcome = outcomes[0]
     assert outcome["auto, the test fails on rank 1"] == padded
     assert outcome["unpadded, the test fails on rank 1"].startswith(
-        "model.attention=unpadded: the unpadded kernel's self-test failed on ")
+        "model.attention=unpadded: the unpadded kernel's self-test failed on node1 (rank 1): ")
     assert outcome["auto, rank 1 plans padded"] == padded
     assert outcome["auto, every test passes"] == unpadded
+    tests = {name: [outcomes[rank][f"{name}: tests on rank {rank}"] for rank in (0, 1)] for name in (
+        "two hosts", "one host", "one host, a launch with a run folder", "one host, its restart")}
+    assert tests == {"two hosts": [1, 1], "one host": [1, 0], "one host, a launch with a run folder": [1, 0],
+                     "one host, its restart": [0, 0]}
+    assert outcome["two hosts: line"] == "self-test passed (2 hosts)"
+    assert outcome["one host: line"] == outcome["one host, a launch with a run folder: line"] == \
+        "self-test passed (1 host)"
+    assert outcome["one host, its restart: line"] == "self-test passed (1 host, all from the run folder's cache)"
