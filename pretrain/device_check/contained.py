@@ -5,8 +5,9 @@ context of the process that ran it: every later CUDA call of that process fails,
 a self-test run in the rank itself could not fall back from what it found. Run in a spawned child (a fresh
 interpreter and CUDA context, on the same device), the worst a fault does is end the child: its verdict is then a
 failed test (the child's end in words), the rank's own context untouched, and `auto` falls back as for any failed
-test. The child costs an interpreter's start and torch's import (seconds, once per node and launch), so only
-CUDA devices get one; on the CPU there is no context to poison and the test runs in the rank.
+test. The child costs an interpreter's start and torch's import (seconds), so a host runs both stages in one child
+and only when it has no verdict in the run folder (pretrain/device_check/host_check.py), and only CUDA devices get
+one; on the CPU there is no context to poison and the test runs in the rank.
 """
 
 from __future__ import annotations
