@@ -87,7 +87,7 @@ from pretrain.config.plugins import plugin_spec
 from pretrain.config.sections import RunConfig
 from pretrain.errors import UserError
 from pretrain.launch.agent_end import run, say
-from pretrain.launch.bad_nodes import NODES_SPARE_ENV, HostFaults, Room
+from pretrain.launch.bad_nodes import NODE_NAME_ENV, NODES_SPARE_ENV, HostFaults, Room
 from pretrain.launch.faults import (
     RECORD_PREFIX,
     AgentEnd,
@@ -344,6 +344,7 @@ def build_agent(args: argparse.Namespace, module_args: list[str]) -> HealingAgen
     # SLURM's per-task binding did when every rank was a task.
     rank = ("-u", "-m", "pretrain.train", *module_args)
     host = node or socket.gethostname()
+    os.environ[NODE_NAME_ENV] = host  # the ranks name their node as the lines do (a slow rank's `evicting host`)
     tell = told_to_nodes(host, config.run.last_call_seconds) if args.rdzv_endpoint else (lambda nodes: None)
     spec = WorkerSpec(role="rank", local_world_size=args.nproc_per_node, entrypoint=sys.executable,
                       args=("-u", "-m", "pretrain.launch.pin", "--", *rank) if args.slurm else rank,

@@ -11,7 +11,9 @@ gone. It needs three things from whatever starts the agents, and these two class
   (`--slurm`: its name from SLURMD_NODENAME, its ranks pinned to their share of the task's CPUs); a task's end
   is srun's `srun: error: NODE: task K: Killed` / `Exited with exit code N` line; a signal reaches the agents
   (and their ranks) through `scancel --signal=SIG JOB.STEP`. Not srun's own forwarding: a SIGTERM to srun
-  makes it abort the step (SIGKILL to every task, no checkpoint).
+  makes it abort the step (SIGKILL to every task, no checkpoint). One node's agent alone (a node that leaves the
+  job) is ended by an overlapping step of one task on that node (`srun --overlap --nodelist=NODE`); a requeue of
+  the job leaves out the nodes it dropped before (`--exclude`).
 
 Why agents per node under SLURM rather than one srun task per rank: torch's agent restarts the ranks
 inside the allocation with no requeue (seconds instead of a place in the queue), serves the hang timers and
