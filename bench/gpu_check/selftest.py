@@ -3,7 +3,7 @@
 The first rows of the check (`--rows selftest` runs them alone: the first command on a new cluster). For each
 precision the device computes in (CUDA: bf16 where it has it, and fp16; CPU: fp32 and bf16) and each head size
 and sequence length of the recipes, the driver's own pieces: the device's facts (pretrain/model/kernel_support.py)
-and, where the unpadded kernel can run, the self-tests a run does before training (pretrain/plan/run_plan.py
+and, where the unpadded kernel can run, the self-tests a run does before training (pretrain/device_check/settle.py
 `settle_attention`):
 
 - the kernel self-test (pretrain/device_check/unpadded_check.py): its kernel stage (the kernel alone against the fp32
@@ -166,7 +166,7 @@ def selftest_cases(args: argparse.Namespace, facts: DeviceFacts) -> list[Selftes
 
 
 def case_shape(args: argparse.Namespace, head: int) -> RunShape | None:
-    """The shapes a run tests at (pretrain/plan/run_plan.py `tested_shape`: its model, and the micro-batch of its
+    """The shapes a run tests at (pretrain/device_check/settle.py `tested_shape`: its model, and the micro-batch of its
     phase with the most instances), of the first recipe with this head size (--recipe first: BERT-Large, 16 heads,
     64 instances at seq 128 by default), so that the table checks the kernel and the compiled layer as that run
     will; None where no recipe has the head size."""

@@ -126,7 +126,7 @@ def test_the_self_test_runs_the_precisions_the_recipes_run_there() -> None:
 
 
 def test_the_self_tests_run_at_the_shapes_the_recipes_run_will_test() -> None:
-    # as pretrain/plan/run_plan.py's tested_shape: the recipe's model and its phase with the most instances (the
+    # as pretrain/device_check/settle.py's tested_shape: the recipe's model and its phase with the most instances (the
     # most segments), here BERT-Large's 16 heads at 64 x 128, not the tests' own 2 heads and 7 segments
     cases = selftest_cases(parse_args([]), TARGET_GPU)
     assert [(case.precision, case.head, case.seq) for case in cases] == [("bf16", 64, 128), ("bf16", 64, 512)]

@@ -6,7 +6,7 @@ gloo (tests/scripts/rank_store_ranks.py). torch's own server, asked for 127.0.0.
 (`[::]`, IPv4 included); ours is bound to 127.0.0.1 (pretrain/distributed/rank_store.py). Over the same group:
 pretrain/distributed/json_collectives.py, which replaced torch's pickling `*_object` collectives, and SQuAD's
 logits and the plan's self-test verdicts gathered through it (pretrain/finetune/squad/inference.py gather_rows,
-pretrain/plan/run_plan.py gather), a save's failures and the resume votes (pretrain/checkpointing/).
+pretrain/device_check/settle.py gather), a save's failures and the resume votes (pretrain/checkpointing/).
 """
 
 from __future__ import annotations
