@@ -55,7 +55,7 @@ from pretrain.launch.node_env import read_env_file
 from pretrain.launch.processes import wait_bounded
 from pretrain.launch.rendezvous import parse_endpoint
 from pretrain.launch.rendezvous_key import handed_to
-from pretrain.launch.store_reach import before_start, serve_store
+from pretrain.launch.store_reach import check_before_start, serve_store
 from pretrain.launch.transports import Pdsh, SessionEnd, Srun
 
 PREFIX = "launch.sh"
@@ -65,6 +65,7 @@ LOST_STATUS = 128  # an agent ends by itself with 0-4 (pretrain/launch/agent.py)
 NODE_LOST_SIGNAL = signal.SIGURG
 _RANGE = re.compile(r"([0-9]+)(?::([0-9]+))?", re.ASCII)
 AGENTS_ENDED_GRACE_S = 60.0  # how long the transport may outlive the last agent's end (its sessions closing)
+DROP_GRACE_S = 10.0  # how long a dropped node's agent has to end by itself before the transport ends it
 
 
 class NodeRangeError(ClusterError):
@@ -175,16 +176,14 @@ class NodeJob:
 
     def node_dropped(self, record: FaultRecord, first: Callable[[], None] = lambda: None
                      ) -> tuple[int, list[str]] | None:
-        """A node whose agent judged that it leaves the job (record.drop: a bad or slow host under --nodes MIN:MAX,
-        pretrain/launch/bad_nodes.py; its record's line says which and why). Its agent ends without restarting; it
-        is ended through the transport too (an agent stuck on its way out must not rejoin), it is lost to the job,
-        and the survivors are told as for a lost node. Under SLURM the host is excluded from the job's requeue.
-        Two nodes dropped at once with room for one: the second stops the job, one line naming it."""
+        """A node whose agent judged that it leaves the job (record.drop, bad_nodes.py; its record's line says why):
+        lost to the job, its agent ended through the transport too unless it ends by itself, the survivors told as
+        for a lost node, kept out of a SLURM requeue. A second at once with no room for it stops the job."""
         host = record.host
         if not record.drop or host in self.lost or self.stopping:
             return None
         self.lost.append(host)
-        threading.Thread(target=self.transport.drop, args=(host,), daemon=True).start()
+        threading.Thread(target=self.end_agent, args=(host, DROP_GRACE_S), daemon=True).start()
         exclude(self.run_dir, self.slurm_job, host, record.line)
         first()
         left = [other for other in self.hosts if other not in self.lost]
@@ -195,10 +194,18 @@ class NodeJob:
             f"{self.min_nodes}:{len(self.hosts)} needs; stopping them; resume with: {self.resume_command}")
         return signal.SIGTERM, left
 
+    def end_agent(self, host: str, grace_s: float) -> None:
+        """`host`'s agent ended through the transport unless it ends by itself within `grace_s` (its own way out
+        leaves the rendezvous at once; a kill lets its heartbeats lapse)."""
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and host not in self.agents_ended and host not in self.ended:
+            time.sleep(0.2)
+        if host not in self.agents_ended and host not in self.ended:
+            self.transport.drop(host)
+
     def not_joined(self, hosts: list[str], nodes: int) -> None:
         """`hosts` have not joined the rendezvous (joins.py): left behind by a round of `nodes` under --nodes MIN:MAX
-        (one line; they join at the next round if they come), or, the job needing them (`nodes` 0), named and
-        stopped with the others."""
+        (one line), or, the job needing them (`nodes` 0), named and stopped with the others."""
         if self.stopping:
             return
         named = ", ".join(hosts)
@@ -271,20 +278,12 @@ def watch_store(store: subprocess.Popen[bytes], nodes: subprocess.Popen[str], jo
         job.store_ended(status)
 
 
-def check_before_start(job: NodeJob, serving: bool) -> None:
-    """What can be said before any agent starts (store_reach.before_start: the nodes that reach the store, this
-    machine serving it as a node); the job's hosts become those that reach it. ClusterError when too few do."""
-    job.hosts, warnings = before_start(job.hosts, job.min_nodes, job.rendezvous, job.transport.store_problem, serving)
-    for line in warnings:
-        say(line)
-
-
 def run(job: NodeJob) -> int:
     store = None
     with ExitStack() as shipping:
         try:
             store = serve_store(job)
-            check_before_start(job, store is not None)
+            job.hosts = check_before_start(job, store is not None, say)
             shipping.enter_context(job.transport.shipped())  # the nodes' variables, removed when the job ends
         except ClusterError as err:
             say(f"error: {err}")

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import Any, Protocol
 
 from pretrain.distributed.cluster import ClusterError
 from pretrain.launch.rendezvous import answers, is_this_machine, listen, parse_endpoint
@@ -89,3 +89,22 @@ def serve_store(job: Endpoint) -> subprocess.Popen[bytes] | None:
         return subprocess.Popen(command, pass_fds=[sock.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     finally:
         sock.close()  # the store holds it now
+
+
+class Checked(Endpoint, Protocol):
+    """A job as check_before_start reads it (pretrain/launch/nodes.py NodeJob)."""
+
+    hosts: list[str]
+    min_nodes: int
+
+    @property
+    def transport(self) -> Any: ...
+
+
+def check_before_start(job: Checked, serving: bool, say: Callable[[str], None]) -> list[str]:
+    """What can be said before any agent starts (before_start: the nodes that reach the store, this machine serving
+    it as a node), each line through `say`; the hosts that reach it. ClusterError when too few do."""
+    hosts, warnings = before_start(job.hosts, job.min_nodes, job.rendezvous, job.transport.store_problem, serving)
+    for line in warnings:
+        say(line)
+    return hosts

@@ -31,9 +31,10 @@ import pytest
 
 from pretrain.distributed.cluster import ClusterError
 from pretrain.launch.faults import FaultHistory
-from pretrain.launch.nodes import NodeJob, check_before_start
+from pretrain.launch.nodes import NodeJob, say
 from pretrain.launch.processes import running
 from pretrain.launch.rendezvous import listen
+from pretrain.launch.store_reach import check_before_start
 from pretrain.launch.transports import Pdsh
 from pretrain.run_folder import faults_dir
 from tests.launch.conftest import ElasticReference
@@ -156,6 +157,12 @@ def hostfile_runs(ssh_nodes: LoopbackSsh, workdir: Path) -> HostfileRecord:
                           tail(rerun_log, 400_000), step_records(run_dir), rank_envs)
 
 
+def held_at(run_dir: Path, step: int) -> bool:
+    """Step `step` logged (the hold stops the ranks before the next), and with step 12 the checkpoint of step 10."""
+    records = step_records(run_dir)
+    return bool(records) and records[-1]["step"] >= step and (step < 12 or latest_checkpoint(run_dir) is not None)
+
+
 def held_after_the_first_checkpoint(run_dir: Path) -> bool:
     """Step 12 logged (the hold stops the ranks before step 13), the checkpoint of step 10 whole."""
     records = step_records(run_dir)
@@ -261,17 +268,21 @@ class LostNodeRecord:
 @pytest.fixture(scope="module")
 def lost_node_runs(ssh_nodes: LoopbackSsh, workdir: Path, elastic_reference: ElasticReference) -> LostNodeRecord:
     """With --nodes 1:2 the first node, 127.0.0.1 (rank 0's), loses its agent alone; without it, node "localhost"
-    loses agent and rank. Both once the run holds after its first checkpoint. The first is compared with the
-    uninterrupted run on this machine's 2 ranks (tests/launch/conftest.py: the same steps on 1 or 2 ranks)."""
+    loses agent and rank: the first once the run holds after its first checkpoint, the second after two steps (its
+    job ends there). The first is compared with the uninterrupted run on this machine's 2 ranks
+    (tests/launch/conftest.py: the same steps on 1 or 2 ranks)."""
     config = elastic_reference.config
     record: dict[str, Any] = {}
-    for name, extra, node in (("elastic", ["--nodes", "1:2", LAST_CALL], "127.0.0.1"), ("strict", [], "localhost")):
-        run_dir, log, hold = workdir / "lost" / name, workdir / f"lost-{name}.log", Hold(workdir / f"hold-{name}").at(13)
+    # the elastic run loses its node after its first checkpoint (it resumes from it); the strict one, whose job
+    # ends, after two steps
+    for name, extra, node, at in (("elastic", ["--nodes", "1:2", LAST_CALL], "127.0.0.1", 13),
+                                  ("strict", [], "localhost", 3)):
+        run_dir, log, hold = workdir / "lost" / name, workdir / f"lost-{name}.log", Hold(workdir / f"hold-{name}").at(at)
         proc = launch_hostfile(ssh_nodes, workdir, [*extra, "--config", str(config), f"--run.dir={run_dir}"], log,
                                hold)
         try:
-            wait_for(lambda: held_after_the_first_checkpoint(run_dir) or proc.poll() is not None, 480,  # noqa: B023
-                     "the run to hold after its first checkpoint", lambda: tail(log))  # noqa: B023
+            wait_for(lambda: held_at(run_dir, at - 1) or proc.poll() is not None, 480,  # noqa: B023
+                     f"the run to hold after step {at - 1}", lambda: tail(log))  # noqa: B023
             agents, ranks = kill_node(str(run_dir), node, ranks=name == "strict")
             assert agents and ranks, f"node {node} not found running:\n{tail(log)}"
             time.sleep(1)
@@ -377,25 +388,25 @@ def test_before_any_agent_starts_a_node_reaches_the_store_and_this_machine_is_na
         port = served.getsockname()[1]
         assert transport.store_problem("localhost", ("127.0.0.1", port)) is None
         check_before_start(NodeJob(["127.0.0.1", "localhost"], 1, transport, [], [], "again", f"127.0.0.1:{port}"),
-                           serving=True)
+                           True, say)
         assert "warning: this machine (127.0.0.1) is a node of the job and serves its rendezvous store: losing it " \
                "ends the job" in capsys.readouterr().err
         check_before_start(NodeJob(["127.0.0.1", "localhost"], 2, transport, [], [], "again", f"127.0.0.1:{port}"),
-                           serving=True)
+                           True, say)
         assert capsys.readouterr().err == ""  # without MIN:MAX every node is one the job cannot lose: nothing to add
     finally:
         served.close()
     nobody = free_port()
     with pytest.raises(ClusterError, match=rf"1 of 1 node\(s\) cannot reach the rendezvous store at 127\.0\.0\.1:"
                                            rf"{nobody}: localhost \(.*Connection refused.*\); 0 can, the job needs 1"):
-        check_before_start(NodeJob(["localhost"], 1, transport, [], [], "again", f"127.0.0.1:{nobody}"), serving=False)
+        check_before_start(NodeJob(["localhost"], 1, transport, [], [], "again", f"127.0.0.1:{nobody}"), False, say)
     # a node that is down (its name resolves nowhere: pdsh's ssh fails) no longer refuses a --nodes 1:2 launch: it
     # starts on the node that reaches the store, the other named; every node is asked, not the first alone
     served = listen(free_port())
     try:
         job = NodeJob(["down.invalid", "localhost"], 1, transport, [], [], "again",
                       f"127.0.0.1:{served.getsockname()[1]}")
-        check_before_start(job, serving=False)
+        job.hosts = check_before_start(job, False, say)
     finally:
         served.close()
     assert job.hosts == ["localhost"]
