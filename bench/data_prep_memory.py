@@ -1,18 +1,22 @@
 """Memory of data prep as the corpus grows: peak RSS per stage and per process, and bytes per token.
 
-    python bench/data_prep_memory.py [--corpus shared|synthetic] [--sizes 1,4,16] [--docs 400]
-                                     [--docs-per-chunk 8] [--workers 2] [--input-shard-mb 4] [--before HEAD]
+    python bench/data_prep_memory.py [--corpus shared|books|synthetic] [--sizes 1,4,16] [--docs 400]
+                                     [--docs-per-chunk N] [--workers 2] [--input-shard-mb M] [--single-node]
+                                     [--before HEAD]
 
 Builds one corpus repeated 1x, 4x and 16x (`shared`, the default when ../shared/data is there: its
-sample dump and books, 1.5 M tokens per 1x; `synthetic`: the segment-mode tests' own corpus writer,
-`--docs` documents of ~330 tokens per 1x), `--num-shards` 8 per 1x and `--docs-per-chunk 8`, so that
-chunks and shards stay the same size and only what grows with the whole corpus shows. Each build is
-two node builds (`build --num-nodes 2 --node-rank r`: clean, vocab, tokenize) and a `merge`
-(instances, shards: the memory this bench is about), each a child process whose tree (main process
+sample dump and books, 1.5 M tokens per 1x; `books`: the UTF-8 sample books, each passed as a `--text` file,
+0.8 M tokens per 1x; `synthetic`: the segment-mode tests' own corpus writer, `--docs` documents of ~330 tokens
+per 1x), `--num-shards` 8 per 1x, at the build's default chunking (256 input documents; `--docs-per-chunk N`
+sets another) and with input shards of `--input-shard-mb` (4, or 1 for `books`), so that the number of input
+shards, not their size, grows with the corpus, as on a real one. Each build is two node builds
+(`build --num-nodes 2 --node-rank r`: vocab, corpus tasks) and a `merge` (instances, shards), or with
+`--single-node` one `build` as a user runs it on one machine, each a child process whose tree (main process
 and spawned workers) is sampled every 20 ms from /proc/PID/status: RssAnon (the process's own memory:
 what the fixes target), RssFile (mapped file pages: the token and instance files, shared page cache)
-and VmRSS (their sum). It prints each stage's peak per process kind and for the whole tree, then the slope
-between sizes in bytes per corpus token.
+and VmRSS (their sum). It prints each stage's peak per process kind and for the whole tree, the tree's peak
+over the whole build, then the slopes between sizes in bytes per corpus token (goal: at most 0.5 for the
+tree's peak between the two largest sizes).
 
 `--before REF` runs the same builds first with the data_prep package of git commit REF (exported with
 `git archive` into a temp folder, nothing in the checkout changes), so the two are compared in one run
@@ -36,9 +40,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 WIKI_DUMP = "wikipedia/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
-STAGE_AFTER = {"clean": "vocab", "vocab": "tokenize", "tokenize": "instances", "instances": "shards"}
+# `stage X:` lines: this code prints vocab, corpus (its clean + tokenize tasks), instances, shards; a code
+# before whole corpus tasks (--before) clean, vocab, tokenize (shown as corpus), instances, shards.
+STAGE_AFTER = {"clean": "vocab", "vocab": "corpus", "corpus": "instances", "tokenize": "instances",
+               "instances": "shards"}
+NODE_LAST = ("corpus", "tokenize")  # a node build's last stage line
 FIELDS = ("RssAnon", "RssFile", "VmRSS")
-STAGES = ("clean", "vocab", "tokenize", "instances", "shards")
+WHOLE_BUILD = "all"  # every sample of a size's builds: the peak a user's machine must hold
+STAGES = ("clean", "vocab", "corpus", "instances", "shards", WHOLE_BUILD)
 WHO = ("main", "worker", "tree")
 MIB = 1 << 20
 
@@ -50,15 +59,16 @@ class Peaks:
     by_stage: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def record(self, stage: str, main: dict[str, int], workers: list[dict[str, int]]) -> None:
-        peak = self.by_stage.setdefault(stage, {})
         for name in FIELDS:
             values = {
                 f"main {name}": main.get(name, 0),
                 f"worker {name}": max((w.get(name, 0) for w in workers), default=0),
                 f"tree {name}": main.get(name, 0) + sum(w.get(name, 0) for w in workers),
             }
-            for key, value in values.items():
-                peak[key] = max(peak.get(key, 0), value)
+            for window in (stage, WHOLE_BUILD):
+                peak = self.by_stage.setdefault(window, {})
+                for key, value in values.items():
+                    peak[key] = max(peak.get(key, 0), value)
 
 
 def children(pid: int) -> list[int]:
@@ -97,7 +107,8 @@ def sample_tree(root: int) -> tuple[dict[str, int], list[dict[str, int]]]:
     return status(root), [s for s in (status(p) for p in descendants) if s]
 
 
-def run_watched(command: list[str], code: Path, first_stage: str, peaks: Peaks, last_stage: str = "shards") -> None:
+def run_watched(command: list[str], code: Path, first_stage: str, peaks: Peaks,
+                last_stage: tuple[str, ...] = ("shards",)) -> None:
     """Run one command with the data_prep package in `code`; sample its tree into `peaks` until it exits.
     Stage names come from its `stage X:` lines, printed as a stage ends: the samples after one belong
     to the next stage, up to `last_stage` (a node build's samples after its tokenize stage, while it exits,
@@ -113,7 +124,7 @@ def run_watched(command: list[str], code: Path, first_stage: str, peaks: Peaks, 
             log.append(line.rstrip())
             if line.startswith("stage "):
                 done = line.split(":")[0].split()[1]
-                if done != last_stage:
+                if done not in last_stage:
                     stage[0] = STAGE_AFTER.get(done, stage[0])
 
     reader = threading.Thread(target=read_output, daemon=True)
@@ -148,6 +159,18 @@ def shared_inputs(data: Path, size: int) -> list[str]:
     return [*sources, "--skip-bad-files", "--vocab", str(data / "vocab" / "bert-base-uncased-vocab.txt")]
 
 
+def book_inputs(data: Path, work: Path, size: int) -> list[str]:
+    """The UTF-8 sample books, each a `--text` file (a paragraph per document), passed `size` times."""
+    books = []
+    for book in sorted((data / "books" / "nltk_gutenberg").glob("*.txt")):
+        try:
+            book.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        books += ["--text", str(book)]
+    return [*books * size, "--vocab", str(data / "vocab" / "bert-base-uncased-vocab.txt")]
+
+
 def export_code(ref: str, into: Path) -> Path:
     """data_prep as committed at `ref`, in a folder of its own (read-only git commands)."""
     into.mkdir(parents=True, exist_ok=True)
@@ -171,14 +194,18 @@ def build_once(code: Path, inputs: list[str], out: Path, args: argparse.Namespac
     (clean, vocab, tokenize), then `merge` in a fresh process tree (instances, shards), so that the
     merge's peaks are its own, not what tokenizing left in the main process."""
     build = [sys.executable, "-m", "data_prep", "build", *inputs, "--seq-lens", args.seq_lens,
-             "--num-shards", str(8 * size), "--docs-per-chunk", str(args.docs_per_chunk),
-             "--workers", str(args.workers),
-             "--seed", "12345", "--out", str(out), "--num-nodes", "2"]
+             "--num-shards", str(8 * size), "--workers", str(args.workers), "--seed", "12345", "--out", str(out)]
+    if args.docs_per_chunk is not None:
+        build += ["--docs-per-chunk", str(args.docs_per_chunk)]
     if code == REPO:  # input shards exist in this code only (`--before` runs an older data_prep)
         build += ["--input-shard-mb", str(args.input_shard_mb)]
     peaks = Peaks()
+    if args.single_node:
+        run_watched(build, code, "clean", peaks)
+        totals = json.loads((out / "manifest.json").read_text(encoding="utf-8"))["totals"]
+        return peaks, int(totals["tokens"])
     for rank in (0, 1):
-        run_watched([*build, "--node-rank", str(rank)], code, "clean", peaks, last_stage="tokenize")
+        run_watched([*build, "--num-nodes", "2", "--node-rank", str(rank)], code, "clean", peaks, last_stage=NODE_LAST)
     merge = [sys.executable, "-m", "data_prep", "merge", "--out", str(out), "--workers", str(args.workers)]
     run_watched(merge, code, "instances", peaks)
     totals = json.loads((out / "manifest.json").read_text(encoding="utf-8"))["totals"]
@@ -228,6 +255,8 @@ def measure(code_name: str, code: Path, args: argparse.Namespace, work: Path) ->
     for size in args.sizes:
         if args.corpus == "synthetic":
             inputs = synthetic_inputs(work, args.docs, size)
+        elif args.corpus == "books":
+            inputs = book_inputs(args.data, work, size)
         else:
             inputs = shared_inputs(args.data, size)
         out = work / f"{code_name}-x{size}"
@@ -241,25 +270,28 @@ def measure(code_name: str, code: Path, args: argparse.Namespace, work: Path) ->
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--corpus", choices=("synthetic", "shared"),
+    parser.add_argument("--corpus", choices=("synthetic", "shared", "books"),
                         help="default: shared when --data holds the sample dump, else synthetic")
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
-    parser.add_argument("--docs-per-chunk", type=int, default=8,
-                        help="small chunks, so that only corpus-wide memory grows with the size")
+    parser.add_argument("--docs-per-chunk", type=int,
+                        help="input documents per chunk (default: the build's own, 256)")
+    parser.add_argument("--single-node", action="store_true", help="one build instead of two nodes and a merge")
     parser.add_argument("--docs", type=int, default=400, help="synthetic documents at 1x")
     parser.add_argument("--sizes", default="1,4,16", help="corpus repeats, comma-separated")
     parser.add_argument("--seq-lens", default="128,512")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--input-shard-mb", type=float, default=4.0,
-                        help="input shard size: ~2 input shards per 1x of the shared corpus, so that shards, not "
-                             "their size, grow with the corpus, as on a real one")
+    parser.add_argument("--input-shard-mb", type=float,
+                        help="input shard size (default 4: ~2 input shards per 1x of the shared corpus; 1 for books), "
+                             "so that shards, not their size, grow with the corpus, as on a real one")
     parser.add_argument("--before", metavar="REF", help="also run data_prep as committed at REF (e.g. HEAD)")
     parser.add_argument("--json", type=Path, help="write the slopes here")
     args = parser.parse_args(argv)
     args.sizes = [int(s) for s in args.sizes.split(",")]
     if args.corpus is None:
         args.corpus = "shared" if (args.data / WIKI_DUMP).is_file() else "synthetic"
-    if args.corpus == "shared" and not (args.data / WIKI_DUMP).is_file():
+    if args.input_shard_mb is None:
+        args.input_shard_mb = 1.0 if args.corpus == "books" else 4.0
+    if args.corpus != "synthetic" and not (args.data / WIKI_DUMP).is_file():
         parser.error(f"--corpus shared: {args.data / WIKI_DUMP} not found (pass --data)")
     return args
 

@@ -14,6 +14,7 @@ Printed, all measured in this run:
     tokenize parts as its tasks report them, the later stages from the build's own CPU clock at each stage line);
   * end to end: corpus tokens per CPU-second of the whole build (every process of its tree), and its ratio to raw
     `tokenizers` encode_batch on the very same cleaned sentences, one thread, best of 3 (goal >= 0.5);
+  * bytes on disk per corpus token of the shards at each length and of the work/ files (kept here);
   * scaling: wall seconds at 1 and W workers, the speed-up and its ratio to W (goal >= 0.8), and the main
     process's share of the W-worker build's CPU (the serial part: speed-up <= 1 / (share + (1 - share) / W)).
     Wall times are only meaningful on an otherwise idle machine; CPU figures hold on a shared one.
@@ -103,7 +104,11 @@ def build(args: argparse.Namespace, work: Path, workers: int) -> dict:
     return {"out": out, "wall": wall, "main_cpu": main_cpu, "cpu": main_cpu + children_cpu, "stages": stages,
             "tokens": manifest["totals"]["tokens"], "input_shards": len(list((out / "work" / "text").glob("*.arrow"))),
             "digests": [s["sha256"] for entry in manifest["seq_lens"].values() for split in entry.values()
-                        for s in split["shards"]]}
+                        for s in split["shards"]],
+            "shard_bytes": {seq: sum((out / s["file"]).stat().st_size for split in entry.values() for s in split["shards"])
+                            for seq, entry in manifest["seq_lens"].items()},
+            "work_bytes": {folder.name: sum(p.stat().st_size for p in folder.rglob("*.arrow"))
+                           for folder in sorted((out / "work").iterdir()) if folder.is_dir()}}
 
 
 def raw_tokenization(out: Path, repeats: int = 3) -> tuple[float, int]:
@@ -176,6 +181,13 @@ def report(one: dict, many: dict, workers: int, raw_cpu: float, raw_tokens: int)
     for name, stage in many["stages"].items():
         print(f"  {name:<24} wall {one['stages'].get(name, {}).get('wall', float('nan')):6.1f} s -> "
               f"{stage['wall']:6.1f} s")
+    corpus_many = many["stages"].get("corpus", {})
+    if "clean" in corpus_many:
+        print(f"corpus stage at {workers} workers: the main process used {corpus_many['main_cpu']:.2f} CPU-s beside "
+              f"the tasks' {corpus_many['clean'] + corpus_many['tokenize']:.2f}")
+    print("bytes on disk per corpus token: " + ", ".join(
+        [f"seq {seq} shards {size / tokens:.2f}" for seq, size in one["shard_bytes"].items()]
+        + [f"work/{name} {size / tokens:.2f}" for name, size in one["work_bytes"].items() if size]))
 
 
 def main() -> None:
