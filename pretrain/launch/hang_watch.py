@@ -37,11 +37,12 @@ from pretrain.distributed.step_watch import (
     startup_limited,
 )
 from pretrain.launch.faults import hang_description
-from pretrain.launch.processes import catches, process_start, process_state
+from pretrain.launch.processes import catches, pending, process_start, process_state, running, stderr_size
 from pretrain.launch.rank_logs import NCCL_PIPE_ENV, flight_recorder
 from pretrain.launch.timer_pipes import make_pipe_path, remove_pipe_folder, remove_stale_timer_pipes
 
-STACKS_WAIT_S = 1.0  # how long a hung rank gets to write its stacks before it is killed
+STACKS_WAIT_S = 1.0  # the most a hung rank gets to write its stacks before it is killed
+STACKS_QUIET_S = 0.2  # written: the signal taken, its log grown since and then unchanged this long (wait_for_stacks)
 NCCL_DUMP_WAIT_S = 3.0  # and its NCCL watchdog to notice the dump request (it looks about once a second) and write
 
 
@@ -143,20 +144,49 @@ def ask_for_stacks(pids: list[int], ranks: dict[int, int]) -> set[int]:
     yet (the signal's default action would end it), and a stopped one (state T: it could write its stacks only if it
     were let run again, and then it would go on training while its peers are being killed; "stopped by SIGSTOP" is
     its evidence)."""
-    asked: set[int] = set()
+    asked: dict[int, int | None] = {}  # pid -> the size of its log before it was asked
     traced = False
     for pid in pids:
         if process_state(pid) in ("T", "t") or not catches(pid, STACKS_SIGNAL):
             continue
+        before = stderr_size(pid)
         try:
             os.kill(pid, STACKS_SIGNAL)
         except ProcessLookupError:
             continue
-        asked.add(pid)
+        asked[pid] = before
         traced = ask_nccl_for_trace(ranks.get(pid)) or traced
-    if asked:
-        time.sleep(STACKS_WAIT_S + (NCCL_DUMP_WAIT_S if traced else 0.0))
-    return asked
+    if traced:  # NCCL's watchdog writes its trace to a file of its own, about once a second
+        time.sleep(STACKS_WAIT_S + NCCL_DUMP_WAIT_S)
+    elif asked:
+        wait_for_stacks(asked)
+    return set(asked)
+
+
+def wait_for_stacks(asked: dict[int, int | None], limit_s: float = STACKS_WAIT_S) -> set[int]:
+    """Until each rank of `asked` (pid -> its log's size before it was asked) has written its stacks or is gone, at
+    most `limit_s`. The stacks are written by the signal's C handler (faulthandler) the moment a thread takes the
+    signal: they are there once it is no longer pending and the log, grown since, has not changed for STACKS_QUIET_S.
+    A fault's restart waits for that, a fraction of a second, not for the whole limit. A rank whose stderr is no file
+    (a terminal) gets the whole limit. Returns the pids not seen writing them (still running)."""
+    deadline = time.monotonic() + limit_s
+    seen: dict[int, tuple[int, float]] = {}  # pid -> (its log's size, when first seen at that size)
+    left = dict(asked)
+    while left and time.monotonic() < deadline:
+        now = time.monotonic()
+        for pid, before in list(left.items()):
+            size = stderr_size(pid)
+            if not running(pid):
+                del left[pid]
+            elif before is None or size is None or size <= before or pending(pid, STACKS_SIGNAL):
+                continue  # not taken yet, or nothing written yet
+            elif pid not in seen or seen[pid][0] != size:
+                seen[pid] = (size, now)
+            elif now - seen[pid][1] >= STACKS_QUIET_S:
+                del left[pid]
+        if left:
+            time.sleep(0.02)
+    return set(left)
 
 
 def ask_nccl_for_trace(rank: int | None) -> bool:

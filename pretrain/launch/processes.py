@@ -2,12 +2,13 @@
 
 Whether a rank is still there (a zombie is not: it only waits to be reaped), whether it has a handler for a signal
 yet (a rank still starting has none, and the signal's default action would kill it), when it started (pids are
-reused), and waiting until killed ones are gone.
+reused), whether a signal sent to it was taken yet, and waiting until killed ones are gone.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import threading
 import time
@@ -81,6 +82,28 @@ def catches(pid: int, signum: int) -> bool:
     except (OSError, ValueError):
         pass
     return False
+
+
+def pending(pid: int, signum: int) -> bool:
+    """Whether `signum`, sent to process `pid`, still waits to be taken (ShdPnd of /proc/PID/status: a signal sent to
+    a process waits there until one of its threads takes it, which runs the handler at once)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("ShdPnd:"):
+                return bool((int(line.split()[1], 16) >> (signum - 1)) & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def stderr_size(pid: int) -> int | None:
+    """The size of the file process `pid` writes its stderr to (a rank's log under the agent); None when its stderr is
+    no regular file (a terminal, a pipe) or it is gone."""
+    try:
+        info = os.stat(f"/proc/{pid}/fd/2")
+    except OSError:
+        return None
+    return info.st_size if stat.S_ISREG(info.st_mode) else None
 
 
 def ended_badly(pid: int, proc: Path = Path("/proc")) -> bool:
