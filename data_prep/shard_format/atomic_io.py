@@ -2,8 +2,9 @@
 
 Shards, manifests, checkpoint records, exports and exchange files are all written this way: to a
 temporary file in the target's folder, flushed and fsynced, then renamed over the target (a rename
-within one file system is atomic). Their readers verify files by sha256. It lives in data_prep,
-which imports nothing from pretrain, so both packages (and bench/, tests/) can use this one copy.
+within one file system is atomic). Their readers verify files by sha256. It lives in the shard format
+(data_prep/shard_format/), which imports nothing of pretrain/ nor of the rest of data_prep/, so both packages
+(and bench/, tests/) can use this one copy.
 
 Permissions: `mkstemp` creates its file 0600 whatever the umask, so a rename alone would make every shard,
 manifest and checkpoint file private to its writer, against the sharing the docs promise (shards a team
