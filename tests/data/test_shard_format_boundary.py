@@ -2,7 +2,8 @@
 writes, the vocab, BERT's masking rule). An AST scan (no import runs), deferred and type-only imports included:
 
 - no module of pretrain/ imports a part of data_prep/ outside data_prep.shard_format;
-- nothing in data_prep/shard_format/ imports the rest of data_prep/ (a rank never loads the build's readers);
+- nothing in data_prep/shard_format/ imports the rest of data_prep/ (a rank never loads the build's readers),
+  nor pretrain/ (both packages stand on it);
 - one Vocab, one masking rule and one ConfigError, whichever side names them.
 """
 
@@ -60,9 +61,13 @@ def test_pretrain_imports_data_prep_only_through_the_shard_format() -> None:
     assert not found, f"pretrain/ imports data_prep/ outside {DOOR} (move what the ranks need there): {found}"
 
 
-def test_the_shard_format_imports_nothing_else_of_data_prep() -> None:
+def test_the_shard_format_imports_nothing_else_of_data_prep_nor_pretrain() -> None:
     found = offenders("data_prep/shard_format")
     assert not found, f"{DOOR} imports the rest of data_prep (a rank would load the build): {found}"
+    upward = [f"{path.name}: {node.module}" for path in sorted((REPO_ROOT / "data_prep" / "shard_format").glob("*.py"))
+              for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+              if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "pretrain"]
+    assert not upward, f"{DOOR} is the floor both packages stand on; it imports pretrain: {upward}"
 
 
 @pytest.mark.parametrize("planted", [
