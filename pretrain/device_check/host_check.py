@@ -106,6 +106,8 @@ def run_check(check: HostCheck) -> HostVerdict:
     results = stages_in_child(run_stages, (check,), check.wheres()) if in_child else []
     if not in_child or any(BUSY in (r.failure or "") for r in results):
         results = list(run_stages(check))
+    if not results:  # a child that ended its stages without a verdict (none of ours does)
+        results = [SelfTestResult(False, check.wheres()[0], failure="its process gave no verdict")]
     return HostVerdict(results[0], results[1] if len(results) > 1 else None)
 
 
@@ -120,9 +122,14 @@ def checked_host(check: HostCheck, run_dir: Path | None, host: str) -> HostVerdi
     verdict = run_check(check)
     finished = all(r.failure is None for r in (verdict.kernel, verdict.compiled) if r is not None)
     if path is not None and finished:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, {"key": key, "kernel": dataclasses.asdict(verdict.kernel),
-                                 "compiled": None if verdict.compiled is None else dataclasses.asdict(verdict.compiled)})
+        record = {"key": key, "kernel": dataclasses.asdict(verdict.kernel),
+                  "compiled": None if verdict.compiled is None else dataclasses.asdict(verdict.compiled)}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(path, record)
+        except OSError as err:  # a verdict not kept costs the next launch a test, not this run its start
+            print(f"note: the self-test's verdict could not be kept in {path} ({err.strerror or err}); the next "
+                  "launch tests again", flush=True)
     return verdict
 
 
