@@ -91,6 +91,11 @@ from pretrain.plugin import PluginStack, TrainingPlugin, build_plugin
 from pretrain.run_folder import EXPORT_INFO, RESOLVED_CONFIG, TENSORBOARD, export_dir
 from pretrain.trainer import NonFiniteLossError, PhaseState, PhaseTrainer, TrainerJob
 
+# The ~400k objects these imports made (torch, transformers, DeepSpeed) live as long as the process: frozen, the
+# collector skips them, and each phase end's gc.collect() costs ~0.01 s of CPU instead of ~0.2 s (every rank, every
+# phase, every process of a scenario that runs several; measured with time.process_time around gc.collect()).
+gc.freeze()
+
 __all__ = ["PhaseStart", "build_phase", "main", "run_phase", "train"]
 
 
