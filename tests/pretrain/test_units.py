@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 
+from data_prep.shard_format.masking import mask_ids
 from pretrain.config.deepspeed import resolve_batch, resolve_precision
 from pretrain.config.load import RunConfig, load_config
 from pretrain.data.batches import (
     DataConfigError,
     RankBatches,
     Vocab,
-    mask_instance,
     open_phase_data,
 )
 from pretrain.data.order import LEGACY_ORDER, epoch_keys, feistel_permute, partition_indices
@@ -284,7 +284,7 @@ def test_mask_instance_statistics_and_whole_words(shards: Path) -> None:
     ids = np.array([2] + list(range(5, 45)) * 5 + [3])
     masked_count = kept_count = 0
     for _ in range(200):
-        masked, positions, labels = mask_instance(ids, vocab, 0.15, 40, False, rng)
+        masked, positions, labels = mask_ids(ids, vocab, 0.15, 40, False, rng)
         assert len(positions) == 30 and np.array_equal(labels, ids[positions])  # round(202 * 0.15) = 30
         masked_count += int((masked[positions] == vocab.mask_id).sum())
         kept_count += int((masked[positions] == labels).sum())  # 10% kept, plus random picks of the same id
@@ -292,7 +292,7 @@ def test_mask_instance_statistics_and_whole_words(shards: Path) -> None:
     # whole words: "w5 ##a ##b" is masked entirely or not at all
     word = np.array([2, 5, 45, 46, 6, 7, 8, 9, 10, 11, 12, 13, 3])
     for seed in range(30):
-        _, positions, _ = mask_instance(word, vocab, 0.4, 5, True, np.random.default_rng(seed))
+        _, positions, _ = mask_ids(word, vocab, 0.4, 5, True, np.random.default_rng(seed))
         chosen = set(positions.tolist())
         assert chosen.isdisjoint({1, 2, 3}) or {1, 2, 3} <= chosen
 
