@@ -71,6 +71,7 @@ class HangWatch(FileTimerServer):
         self.stacks: set[int] = set()  # pids asked for their stacks before they were killed
         self.started: dict[int, int | None] = {}  # pid -> its start time (processes.process_start) when armed
         self.tearing_down: set[int] = set()  # pids past their run's end (step_watch.TEARDOWN)
+        self.killed: dict[int, int | None] = {}  # pid -> its start time, once killed here
 
     def arm(self, pid: int, rank: int) -> None:
         """Time rank `pid`'s start-up from now: it cannot announce itself before its imports are done. Sent through
@@ -114,12 +115,16 @@ class HangWatch(FileTimerServer):
             return True
         if worker_pid in self.started and process_start(worker_pid) != self.started[worker_pid]:
             return True  # it has exited holding its timer (a rank keeps its teardown timer to its end): nothing to reap
+        if worker_pid in self.killed and self.killed[worker_pid] == self.started.get(worker_pid):
+            return True  # killed here with the peer that timed out first, and still dying: not asked for stacks again
         # A rank frozen between two timers holds none that runs out; the peer waiting for it in a collective times
         # out instead. Name the frozen one too (primary_failure puts a stopped rank first), and end it with its peer.
         frozen = [pid for pid in self.last_step if pid != worker_pid and process_state(pid) in ("T", "t")]
         for pid in [worker_pid, *frozen]:
             self.hung.setdefault(pid, self.no_progress(pid))  # its state before it is continued for its stacks
         self.stacks |= ask_for_stacks([worker_pid, *frozen], self.ranks)
+        for pid in [*frozen, worker_pid]:
+            self.killed[pid] = self.started.get(pid)
         for pid in frozen:
             super()._reap_worker(pid, signal)
         return super()._reap_worker(worker_pid, signal)

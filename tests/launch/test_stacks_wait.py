@@ -17,10 +17,10 @@ import pytest
 
 from pretrain.distributed.step_watch import STACKS_SIGNAL
 from pretrain.launch.hang_watch import ask_for_stacks, wait_for_stacks
-from pretrain.launch.processes import catches, process_state, stderr_size
+from pretrain.launch.processes import catches, process_start, process_state, stderr_size
 
 # A "rank": the driver's stacks handler (step_watch.dump_stacks_on_signal), a helper thread, and a main thread that
-# waits in a nested call, sleeping, computing, or writing a line to its log every millisecond.
+# waits in a nested call, sleeping, computing, writing a line to its log every millisecond, or holding 400 MB.
 RANK = textwrap.dedent("""
     import faulthandler, signal, sys, threading, time
     faulthandler.register(signal.SIGUSR2, file=sys.stderr, all_threads=True, chain=False)
@@ -30,9 +30,10 @@ RANK = textwrap.dedent("""
             time.sleep(0.01)
 
     def innermost_wait(mode):
+        held = bytearray(400_000_000) if mode == "holds memory" else b""  # a rank's size: its exit takes a moment
         print("ready", flush=True)
-        while True:
-            if mode == "sleeps":
+        while held is not None:
+            if mode in ("sleeps", "holds memory"):
                 time.sleep(0.01)
             elif mode == "computes":
                 sum(range(1000))
@@ -100,5 +101,33 @@ def test_a_rank_with_no_handler_or_a_stopped_one_is_not_asked(tmp_path: Path) ->
         assert plain.poll() is None  # SIGUSR2's default action would have ended it
     finally:
         for proc in (plain, stopped):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_frozen_rank_killed_with_its_timed_out_peer_is_not_asked_again_when_its_own_timer_runs_out(
+        tmp_path: Path) -> None:
+    """Both ranks' timers run out together (a rank frozen at start-up, its peer waiting for it): the peer is reaped
+    first, the frozen one named and killed with it, unasked. Its own timer comes next in the same round of the timer
+    server; the process may still be dying (its memory being freed): it is not asked for stacks then either, so the
+    fault line does not promise stacks its log lacks."""
+    from pretrain.launch.hang_watch import HangWatch, Limits  # torch's timer server: only these tests need it
+
+    waiting = start_rank("sleeps", tmp_path / "waiting.log")
+    frozen = start_rank("holds memory", tmp_path / "frozen.log")
+    try:
+        os.kill(frozen.pid, signal.SIGSTOP)
+        while process_state(frozen.pid) != "T":
+            time.sleep(0.01)
+        watch = HangWatch(str(tmp_path / "timers"), Limits(hang_s=6.0, startup_s=15.0))
+        for pid in (waiting.pid, frozen.pid):  # as arm() and the ranks' start-up timers leave them
+            watch.started[pid] = process_start(pid)
+            watch.last_step[pid] = "start-up"
+        assert watch._reap_worker(waiting.pid, signal.SIGKILL) and watch._reap_worker(frozen.pid, signal.SIGKILL)
+        assert waiting.wait(timeout=30) == -signal.SIGKILL and frozen.wait(timeout=30) == -signal.SIGKILL
+        assert watch.stacks == {waiting.pid} and set(watch.hung) == {waiting.pid, frozen.pid}
+        assert "most recent call first" not in (tmp_path / "frozen.log").read_text()
+    finally:
+        for proc in (waiting, frozen):
             proc.kill()
             proc.wait()
