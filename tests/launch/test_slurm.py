@@ -32,7 +32,6 @@ import pytest
 
 from tests.support.cluster.local_cluster import LocalSlurm, running_or_skip
 from tests.support.cluster.runs import (
-    PHASE1_STEPS,
     PHASE2_STEPS,
     RankProbe,
     kill_leftovers,
@@ -49,6 +48,9 @@ from tests.support.pretrain_fixtures import build_shards
 pytestmark = pytest.mark.cluster
 
 SBATCH_FILE = REPO_ROOT / "slurm" / "slurm_pretrain.sbatch"
+# The two stops land at steps 3 and 6 (the ranks are held there) and the requeued job trains the rest: 12 steps hold
+# them (the shared toy config has 40, a length from before the holds).
+PHASE1_STEPS = 12
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                 "DEADLINE", "PREEMPTED"}
 
@@ -154,7 +156,7 @@ def preemption(slurm: LocalSlurm, workdir: Path) -> PreemptionRecord:
     hold = Hold(workdir / "hold-preemption").at(3)  # each signal comes while the ranks wait before a known step
     jobs = SlurmJobs(slurm, workdir, hold)
     run_dir = workdir / "slurm_run"
-    config = run_config(workdir / "slurm_run.json", workdir / "shards", run_dir)
+    config = run_config(workdir / "slurm_run.json", workdir / "shards", run_dir, phase1={"steps": PHASE1_STEPS})
     cpus_per_task = 2 if slurm.cpus >= 4 else 1  # 2 when the machine has room: srun must pass it on to the tasks
     command = [str(config), "--cpu", "--gpus", "2"]
     shape = slurm_shape(2, cpus_per_task)

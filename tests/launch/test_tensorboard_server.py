@@ -90,7 +90,7 @@ def test_tensorboard_serves_what_the_driver_logged(finished_run: Path) -> None:
                     break
             except (urllib.error.URLError, ConnectionError):
                 assert server.poll() is None, f"tensorboard exited {server.returncode}"
-            time.sleep(1)
+            time.sleep(0.2)
         assert "tensorboard" in get_json(port, "/data/runs")  # type: ignore[operator]
         missing = [tag for tag in SCALARS if tag not in tags.get("tensorboard", {})]
         assert not missing, (
