@@ -1,9 +1,10 @@
 """Codistillation through the real driver on CPU ranks (gloo): 2 groups x 1 rank and 2 groups x 2 ranks (ZeRO-2).
 
-One module-scoped fixture runs the launches of tests/scripts/codistill_scenarios.py: the solo twins on
-1 process, the 2-rank job (solo twins on 2 ranks + 2x1 codistillation: alpha 0, full, resumed, through
-files, ZeRO-3, a NaN abort), the 4-rank job, and the two groups as separate one-process jobs that
-meet only through files; the tests below only read what those runs recorded.
+One module-scoped fixture runs the launches of tests/scripts/codistill_scenarios.py: the 2-rank job (solo
+twins on 2 ranks + 2x1 codistillation: alpha 0, full, resumed, through files, ZeRO-3, a NaN abort), the
+4-rank job, the two groups as separate one-process jobs that meet only through files (each runs its group's
+solo twin on 1 process first), and as separate 2-rank jobs; the tests below only read what those runs
+recorded.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ pytestmark = pytest.mark.multirank
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("codistill")
     build_shards(root / "shards")
-    # one-process runs next to the launches: the solo twins, and the two separate jobs (they must overlap)
+    # one-process runs next to the launches: the two separate jobs (they must overlap), each after its solo twin
     lone = [subprocess.Popen([sys.executable, str(SCRIPT), scenario, str(root)], env=deepspeed_cpu_env(),
                              cwd=str(REPO_ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            for scenario in ("solo1", "job0", "job1")]
+            for scenario in ("job0", "job1")]
     run_ranks(SCRIPT, ["two", str(root)], num_ranks=2, timeout=600)
     run_ranks(SCRIPT, ["four", str(root)], num_ranks=4, timeout=600)
     jobs = [start_ranks(SCRIPT, [scenario, str(root)], num_ranks=2) for scenario in ("job0x2", "job1x2")]

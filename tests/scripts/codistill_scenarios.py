@@ -1,12 +1,13 @@
 """Launched by tests/codistill/test_multirank.py: real runs of `pretrain.train.main` with codistillation.
 
-    python codistill_scenarios.py SCENARIO WORKDIR     (SCENARIO: solo1 | two | four | job0 | job1 | job0x2 | job1x2)
+    python codistill_scenarios.py SCENARIO WORKDIR     (SCENARIO: two | four | job0 | job1 | job0x2 | job1x2 | crash)
 
 Every run records, on each rank, its own flat weights after every optimizer step and the teachers'
 flat weights whenever a refresh happened (files in <run dir>/record/), so the test can compare
 weights across runs and against the other group, bit for bit. job0 and job1 are the two groups of
 one codistillation run as separate single-process jobs, meeting only through files: they must run
-at the same time.
+at the same time; each first runs its group's solo twin on 1 process (solo1_g<group>), so the twins cost no
+interpreter of their own.
 """
 
 from __future__ import annotations
@@ -69,7 +70,9 @@ def recorder(out: Path, group_size: int):
 def write_config(workdir: Path, name: str, *, phases: list[str], phase1: int, phase2: int = 2,
                  codistill: dict[str, Any] | None = None, seed: int = BASE_SEED,
                  ds_overrides: dict[str, Any] | None = None, data_part: tuple[int, int] = (0, 1),
-                 run_name: str | None = None, failures: int | None = None) -> tuple[Path, Path]:
+                 run_name: str | None = None, failures: int | None = None, export: bool = False) -> tuple[Path, Path]:
+    """`export`: the phase-end Hugging Face exports, for the runs whose exports a test reads (co2_full, sep): each
+    costs rank 0 a save and a reload (the other ranks wait), and the other runs' exports were never read."""
     run_dir = workdir / (run_name or name)
     # one file per rank and job: ranks and jobs write their configs at the same time
     rank = os.environ.get("RANK", "0")
@@ -79,6 +82,7 @@ def write_config(workdir: Path, name: str, *, phases: list[str], phase1: int, ph
     config["run"].update({"phases": phases, "seed": seed})
     config["data"].update({"part": data_part[0], "num_parts": data_part[1]})
     config["phase1"]["ds_overrides"] = ds_overrides or {}
+    config["checkpoint"]["export_at_phase_end"] = export
     if failures is not None:
         config["failures"] = {"max_consecutive_nonfinite": failures}
     if codistill is not None:
@@ -96,11 +100,15 @@ def run(workdir: Path, name: str, group_size: int, extra_args: list[str] | None 
         raise SystemExit(f"{name}: exit code {code}, expected {expect_code}")
 
 
+def solo_run(workdir: Path, world: int, group: int) -> None:
+    """A group's twin: the single-model driver with the group's seed and data part, on group-size ranks."""
+    run(workdir, f"solo{world}_g{group}", world, phases=["phase1"], phase1=5, seed=BASE_SEED + group,
+        data_part=(group, 2))
+
+
 def solo_runs(workdir: Path, world: int) -> None:
-    """Each group's twin: the single-model driver with the group's seed and data part, on group-size ranks."""
     for group in range(2):
-        run(workdir, f"solo{world}_g{group}", world, phases=["phase1"], phase1=5, seed=BASE_SEED + group,
-            data_part=(group, 2))
+        solo_run(workdir, world, group)
 
 
 def nan_in_group_one(group_size: int, from_step: int):
@@ -112,17 +120,13 @@ def nan_in_group_one(group_size: int, from_step: int):
     return extra_loss
 
 
-def scenario_solo1(workdir: Path) -> None:
-    solo_runs(workdir, 1)
-
-
 def scenario_two(workdir: Path) -> None:
     """2 ranks: solo twins for the 4-rank job, then 2 groups x 1 rank."""
     solo_runs(workdir, 2)
     alpha0 = {**CODISTILL_FULL, "alpha": 0.0, "targets": ["mlm"]}
     run(workdir, "co2_alpha0", 1, phases=["phase1"], phase1=5, codistill=alpha0)
     both = ["phase1", "phase2"]
-    run(workdir, "co2_full", 1, phases=both, phase1=7, codistill=CODISTILL_FULL)
+    run(workdir, "co2_full", 1, phases=both, phase1=7, codistill=CODISTILL_FULL, export=True)
     # Interrupted after 3 steps and rerun with the same command: must end where co2_full ended.
     run(workdir, "co2_resume", 1, ["--run.stop_after_steps=3"], phases=both, phase1=7, codistill=CODISTILL_FULL)
     run(workdir, "co2_resume", 1, phases=both, phase1=7, codistill=CODISTILL_FULL)
@@ -170,14 +174,16 @@ def separate_job_of_two_ranks(workdir: Path, group: int) -> None:
 
 
 def separate_job(workdir: Path, group: int) -> None:
-    """One group of a 2-group run as a job of its own (one process); alpha 0, so it must equal its solo twin."""
+    """One group of a 2-group run as a job of its own (one process); alpha 0, so it must equal its solo twin, which
+    this process runs first (the plain run before the codistillation, as the 2-rank job orders them)."""
+    solo_run(workdir, 1, group)
     files = {**CODISTILL_FULL, "alpha": 0.0, "targets": ["mlm"], "refresh_every": 2, "exchange": "filesystem",
              "exchange_timeout_s": 300.0}
     run(workdir, f"sep_job{group}", 1, [f"--codistill.group={group}"], run_name="sep", phases=["phase1"], phase1=5,
-        codistill=files)
+        codistill=files, export=True)
 
 
-SCENARIOS = {"solo1": scenario_solo1, "two": scenario_two, "four": scenario_four, "crash": scenario_crash,
+SCENARIOS = {"two": scenario_two, "four": scenario_four, "crash": scenario_crash,
              "job0": lambda workdir: separate_job(workdir, 0), "job1": lambda workdir: separate_job(workdir, 1),
              "job0x2": lambda workdir: separate_job_of_two_ranks(workdir, 0),
              "job1x2": lambda workdir: separate_job_of_two_ranks(workdir, 1)}
