@@ -38,7 +38,8 @@ from tests.support.rendezvous_intruder import Intruder
 
 pytestmark = pytest.mark.multirank
 
-STEPS, EVERY = 24, 4
+# A checkpoint every 4 steps; the longest test acts before steps 7 and 15 and then at the end: 16 steps are enough.
+STEPS, EVERY = 16, 4
 HANG_MINUTES = 0.1  # 6 s: a tiny step takes well under a second, even on a loaded machine
 # 15 s: each start-up stage (imports; joining the job; the resume checks; the engine; the first step) of a tiny run
 # takes a few seconds on 2 cores; the clock starts again at each one (pretrain/distributed/step_watch.py)
@@ -184,7 +185,7 @@ def test_a_killed_and_two_frozen_ranks_heal_to_the_same_weights(work: Path, refe
                      r"phase1-step0000012 \(restart 1 of 2\)", frozen), frozen
     assert re.search(r"rank \d \(host \S+\) made no progress in 0\.1 min \(running but not progressing; "
                      r"run\.hang_timeout_minutes\): killed during teardown; restarting from checkpoint "
-                     r"phase1-step0000024 \(restart 1 of 2\)", teardown), teardown
+                     rf"phase1-step{STEPS:07d} \(restart 1 of 2\)", teardown), teardown
     assert Path(killed_line.rpartition("log: ")[2]).is_file()
     for line, waiting in ((start_up, "rank-0.log"), (frozen, "rank-1.log")):  # the peer that waited for the frozen
         peer = Path(line.rpartition("log: ")[2].split(";")[0]).with_name(waiting)  # one: its stacks, in its log
@@ -198,7 +199,7 @@ def test_a_killed_and_two_frozen_ranks_heal_to_the_same_weights(work: Path, refe
     records = [json.loads(path.read_text()) for path in sorted((run_dir / "logs" / "faults").glob("*.json"))]
     assert [(r["restart"], r["kind"], r["step"], r["checkpoint"]) for r in records] == [
         (0, "signal", "phase1 step 6", "phase1-step0000004"), (1, "hang", "start-up", "phase1-step0000004"),
-        (2, "hang", "phase1 step 14", "phase1-step0000012"), (3, "hang", "teardown", "phase1-step0000024")]
+        (2, "hang", "phase1 step 14", "phase1-step0000012"), (3, "hang", "teardown", f"phase1-step{STEPS:07d}")]
 
 
 def test_with_restarts_off_one_line_names_the_rank_and_the_resume_command(work: Path, reference: dict,
