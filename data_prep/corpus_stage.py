@@ -297,11 +297,13 @@ def tokenize_shards(cfg: BuildConfig, vocab: Vocab, shards: list[int]) -> None:
     todo = [s for s in shards if not marker_path(out, TOKENS_STAGE, s).is_file()]
     bar = tqdm(total=len(todo), desc="tokenize", unit="shard", mininterval=2)
     started, tokens = time.perf_counter(), 0
-    for shard in todo:
-        tokens += tokenize_shard(out, TokenizeWith.of(vocab), shard)["tokens"]
-        bar.set_postfix_str(f"{tokens / max(1e-9, time.perf_counter() - started):.0f} tokens/s", refresh=False)
-        bar.update(1)
-    bar.close()
+    try:
+        for shard in todo:
+            tokens += tokenize_shard(out, TokenizeWith.of(vocab), shard)["tokens"]
+            bar.set_postfix_str(f"{tokens / max(1e-9, time.perf_counter() - started):.0f} tokens/s", refresh=False)
+            bar.update(1)
+    finally:
+        bar.close()
 
 
 @dataclass(frozen=True)
@@ -356,11 +358,13 @@ def run_corpus_tasks(cfg: BuildConfig, plan: InputPlan, shards: list[int], vocab
     started, tokens = time.perf_counter(), 0
     # Every task handed to the pool at once (a task is a shard number and its files' names): a free worker takes
     # the next, so a long task never holds the others back as a bounded window of in-order results would.
-    for result in workers.map(corpus_task, tasks, max_in_flight=max(1, len(todo))):
-        cpu["clean_cpu_s"] += result.clean_cpu_s
-        cpu["tokenize_cpu_s"] += result.tokenize_cpu_s
-        tokens += result.tokens
-        bar.set_postfix_str(f"{tokens / max(1e-9, time.perf_counter() - started):.0f} tokens/s", refresh=False)
-        bar.update(1)
-    bar.close()
+    try:
+        for result in workers.map(corpus_task, tasks, max_in_flight=max(1, len(todo))):
+            cpu["clean_cpu_s"] += result.clean_cpu_s
+            cpu["tokenize_cpu_s"] += result.tokenize_cpu_s
+            tokens += result.tokens
+            bar.set_postfix_str(f"{tokens / max(1e-9, time.perf_counter() - started):.0f} tokens/s", refresh=False)
+            bar.update(1)
+    finally:  # a task's error is then printed on a line of its own, not after the bar
+        bar.close()
     return cpu
