@@ -210,6 +210,10 @@ def check_values(config: RunConfig, registry: PluginRegistry = INSTALLED) -> Non
     for key in ("hang_timeout_minutes", "startup_timeout_minutes"):
         if not getattr(config.run, key) > 0:
             raise ConfigError(f"run.{key}: must be > 0, got {getattr(config.run, key)}")
+    if config.run.host_fault_limit < 0:
+        raise ConfigError(f"run.host_fault_limit: must be >= 0 (0: never), got {config.run.host_fault_limit}")
+    if not config.run.host_fault_hours > 0:
+        raise ConfigError(f"run.host_fault_hours: must be > 0, got {config.run.host_fault_hours}")
     if not config.run.slow_rank_threshold > 0:
         raise ConfigError(f"run.slow_rank_threshold: must be > 0, got {config.run.slow_rank_threshold}")
     if config.run.slow_rank_window_steps < 0:

@@ -168,3 +168,18 @@ def test_the_rehearsal_shrinks_the_phase_batch_keys_not_the_json(recipe: str, tm
         assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (
             4 * 2 // groups, 2, 2)
         assert ds["optimizer"]["params"]["lr"] == shipped[name]["lr"]  # the recipe's own lr is rehearsed
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("--run.host_fault_limit=-1", "run.host_fault_limit: must be >= 0 (0: never), got -1"),
+        ("--run.host_fault_hours=0", "run.host_fault_hours: must be > 0, got 0.0"),
+        ("--run.slow_rank_threshold=0", "run.slow_rank_threshold: must be > 0, got 0.0"),
+        ("--run.slow_rank_window_steps=-1", "run.slow_rank_window_steps: must be >= 0 (0: off), got -1"),
+    ],
+)
+def test_the_bad_host_and_slow_rank_settings_are_checked_at_load(override: str, message: str, run_json: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(run_json, [override])
+    assert str(err.value) == message

@@ -95,8 +95,8 @@ def test_the_path_pattern_takes_paths_and_leaves_placeholders_globs_and_run_fold
 
 
 def config_error_homes(source: str) -> list[str]:
-    """The pretrain modules other than pretrain.errors that `source` imports ConfigError from (data_prep has
-    a ConfigError of its own, a different class, and is not counted)."""
+    """The pretrain modules other than pretrain.errors that `source` imports ConfigError from (an import from
+    outside pretrain/, such as data_prep's re-export of the same class, is not counted)."""
     return [node.module or "" for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)
             and (node.module or "").startswith("pretrain.") and node.module != "pretrain.errors"
             and any(alias.name == "ConfigError" for alias in node.names)]

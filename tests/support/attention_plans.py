@@ -1,4 +1,4 @@
-"""Run plans with only what `settle_attention` reads (pretrain/plan/run_plan.py), and a planted wrong varlen kernel:
+"""Run plans with only what `settle_attention` reads (pretrain/device_check/settle.py), and a planted wrong varlen kernel:
 for the tests of the kernel self-test's verdict, in one process and across ranks."""
 
 from __future__ import annotations
