@@ -317,8 +317,10 @@ def train_phase(phase: PhasePlan, job: TrainerJob, progress: RunProgress, export
     progress.steps_done, progress.samples_seen = trainer.steps_this_process, trainer.state.samples_seen
     if outcome != "complete":
         if dist_info.rank == 0:
+            then = ("The launcher restarts from it without the evicted host" if job.stop.exit_status
+                    else "Rerun the same command to resume")
             print(f"stopped ({outcome}) at {phase.name} step {trainer.state.step}; checkpoint "
-                  f"{checkpoints.latest_tag()} written. Rerun the same command to resume.", flush=True)
+                  f"{checkpoints.latest_tag()} written. {then}.", flush=True)
         return outcome
     job.watch.progress()  # the export (rank 0) and the wait for it (the others) get a whole limit
     if export_at_end:

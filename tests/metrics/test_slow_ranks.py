@@ -118,5 +118,6 @@ def test_with_a_spare_node_the_slow_rank_leaves_after_a_checkpoint(launched: Pat
     assert state["step"] == 9 and not state["complete"]
     evicting = [line for line in log.splitlines() if EVICT_PREFIX in line]
     assert len(evicting) == 1 and f"{EVICT_PREFIX}{socket.gethostname()} (rank 1 took " in evicting[0], log
-    assert f"stopped (slow rank 1 (host {socket.gethostname()}) leaves the job) at phase1 step 9" in log
+    assert (f"stopped (slow rank 1 (host {socket.gethostname()}) leaves the job) at phase1 step 9; checkpoint "
+            "phase1-step0000009 written. The launcher restarts from it without the evicted host.") in log
     assert sorted(ratios(launched / "evict")) == [4, 8]
