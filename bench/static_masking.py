@@ -28,6 +28,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.data_prep_throughput import utf8_books  # noqa: E402  (the UTF-8 sample books, linked)
 from data_prep.__main__ import main as data_prep_main  # noqa: E402
 from data_prep.shard_format.masking import mask_ids, mask_instance  # noqa: E402
 from data_prep.shard_format.modes import max_predictions_for  # noqa: E402
@@ -36,17 +37,6 @@ from data_prep.shard_format.vocab import load_vocab  # noqa: E402
 
 STAGE = re.compile(r"stage instances: ([0-9.]+)s")
 MODES = {"dynamic": [], "google": ["--masking", "static"], "numpy": ["--masking", "static", "--mask-draws", "numpy"]}
-
-
-def utf8_books(folder: Path, into: Path) -> Path:
-    into.mkdir(parents=True, exist_ok=True)
-    for book in sorted(folder.glob("*.txt")):
-        try:
-            book.read_bytes().decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-        (into / book.name).symlink_to(book)
-    return into
 
 
 def build(books: Path, vocab: Path, out: Path, args: argparse.Namespace, mode: str) -> float:
