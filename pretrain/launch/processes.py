@@ -75,21 +75,21 @@ def wait_bounded(proc: subprocess.Popen[str], done: Callable[[], bool], grace_s:
 
 def catches(pid: int, signum: int) -> bool:
     """Whether process `pid` has a handler for `signum` (SigCgt of /proc/PID/status)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("SigCgt:"):
-                return bool((int(line.split()[1], 16) >> (signum - 1)) & 1)
-    except (OSError, ValueError):
-        pass
-    return False
+    return _status_bit(pid, "SigCgt:", signum)
 
 
 def pending(pid: int, signum: int) -> bool:
     """Whether `signum`, sent to process `pid`, still waits to be taken (ShdPnd of /proc/PID/status: a signal sent to
     a process waits there until one of its threads takes it, which runs the handler at once)."""
+    return _status_bit(pid, "ShdPnd:", signum)
+
+
+def _status_bit(pid: int, field: str, signum: int) -> bool:
+    """`signum`'s bit of a signal mask line of /proc/PID/status (`field`: "SigCgt:", "ShdPnd:"); False when the
+    process is gone or the line is missing."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("ShdPnd:"):
+            if line.startswith(field):
                 return bool((int(line.split()[1], 16) >> (signum - 1)) & 1)
     except (OSError, ValueError):
         pass
