@@ -13,7 +13,7 @@ import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, ClassVar, Self
 
 PREFIX = "launch.sh"
 RECORD_PREFIX = "launch.sh: fault record: "  # an agent's record on its stdout, for pretrain/launch/nodes.py
@@ -92,8 +92,27 @@ def attempt_culprit(records: list[FaultRecord]) -> FaultRecord | None:
     return min(records, key=lambda record: record.telling, default=None)
 
 
+class AgentWord:
+    """A dataclass an agent prints as one line, PREFIX + its fields as JSON, for pretrain/launch/nodes.py to read back
+    anywhere in a line (pdsh puts the host in front): AgentEnd, joins.JoinNote."""
+
+    PREFIX: ClassVar[str] = ""
+
+    def to_line(self) -> str:
+        return f"{self.PREFIX}{json.dumps(dataclasses.asdict(self))}"
+
+    @classmethod
+    def from_line(cls, line: str) -> Self | None:
+        """The word in `line`; None for any other line or one that does not parse."""
+        _, found, text = line.partition(cls.PREFIX)
+        try:
+            return cls(**json.loads(text)) if found else None
+        except (ValueError, TypeError):
+            return None
+
+
 @dataclass(frozen=True)
-class AgentEnd:
+class AgentEnd(AgentWord):
     """An agent's last word under pretrain/launch/nodes.py: its node and the status it exits with. A node whose agent
     said it ended by itself; whatever its transport reports after (srun's "Out Of Memory" for a rank the kernel
     killed earlier), it is no lost node."""
@@ -104,17 +123,6 @@ class AgentEnd:
     leaves: str = ""  # why its node leaves the job for good (a rank SIGKILL cannot end): excluded on a requeue
 
     PREFIX = "launch.sh: agent end: "
-
-    def to_line(self) -> str:
-        return f"{self.PREFIX}{json.dumps(dataclasses.asdict(self))}"
-
-    @classmethod
-    def from_line(cls, line: str) -> AgentEnd | None:
-        _, found, text = line.partition(cls.PREFIX)
-        try:
-            return cls(**json.loads(text)) if found else None
-        except (ValueError, TypeError):
-            return None
 
 
 class FaultLines:

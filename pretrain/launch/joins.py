@@ -18,12 +18,12 @@ Standard library only, as nodes.py.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+from pretrain.launch.fault_records import AgentWord
 
 # the least a node that waits in the rendezvous waits for a silent one before it is named: longer than another
 # node's wait for a rank SIGKILL cannot end (survivors.STUCK_AFTER_S), which ends with its own line
@@ -31,7 +31,7 @@ NOT_JOINED_S = 180.0
 
 
 @dataclass(frozen=True)
-class JoinNote:
+class JoinNote(AgentWord):
     """An agent's word on the rendezvous: it begins to wait for a round (`nodes` 0), or a round of `nodes` took it;
     `last_call_s`: its run.last_call_seconds."""
 
@@ -40,17 +40,6 @@ class JoinNote:
     last_call_s: float = 30.0
 
     PREFIX = "launch.sh: rendezvous: "
-
-    def to_line(self) -> str:
-        return f"{self.PREFIX}{json.dumps(dataclasses.asdict(self))}"
-
-    @classmethod
-    def from_line(cls, line: str) -> JoinNote | None:
-        _, found, text = line.partition(cls.PREFIX)
-        try:
-            return cls(**json.loads(text)) if found else None
-        except (ValueError, TypeError):
-            return None
 
 
 @dataclass
