@@ -33,6 +33,10 @@ SAVE_FAILED_EXIT = 4  # a phase-end or stop checkpoint (or an export) could not 
 # exits SLOW_EVICT_EXIT after a checkpoint, the slow one's log has EVICT_PREFIX + its host; restarted without it.
 SLOW_EVICT_EXIT = 5
 EVICT_PREFIX = "evicting host "
+# From the launcher's agent to its ranks, each round: how many nodes the job may lose now (0: none; a slow rank is
+# evicted only above 0), and their node's name as the launcher's lines give it (the name after EVICT_PREFIX).
+NODES_SPARE_ENV = "BERT_DS_NODES_SPARE"
+NODE_NAME_ENV = "BERT_DS_NODE_NAME"
 
 
 class UserError(ValueError):

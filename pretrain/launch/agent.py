@@ -85,9 +85,9 @@ from pretrain.config.cli import parse_args
 from pretrain.config.load import load_config
 from pretrain.config.plugins import plugin_spec
 from pretrain.config.sections import RunConfig
-from pretrain.errors import UserError
+from pretrain.errors import NODE_NAME_ENV, NODES_SPARE_ENV, UserError
 from pretrain.launch.agent_end import run, say
-from pretrain.launch.bad_nodes import NODE_NAME_ENV, NODES_SPARE_ENV, HostFaults, Room
+from pretrain.launch.bad_nodes import HostFaults, Room
 from pretrain.launch.faults import (
     RECORD_PREFIX,
     AgentEnd,

@@ -18,7 +18,7 @@ rank's own error). A host is dropped when its own rank (never a victim's record:
   rank's log says EVICT_PREFIX + its host: pretrain/metrics/slow_ranks.py, run.evict_slow). That exit is a fault of
   its own kind, "slow": never "a bug", never a cost to run.max_restarts.
 
-The ranks learn whether a node may leave now from NODES_SPARE_ENV (Room.spare), set by the agent at each round, and
+The ranks learn whether a node may leave now from pretrain/errors.py's NODES_SPARE_ENV (Room.spare), set by the agent at each round, and
 their node's name as the launcher's lines give it from NODE_NAME_ENV (the name `evicting host` must carry).
 Without room (no MIN:MAX, or MIN nodes left) the verdicts are those of faults.py as before. Standard library only.
 """
@@ -34,8 +34,6 @@ from pretrain.launch.fault_records import FaultRecord
 from pretrain.launch.fault_texts import log_lines
 
 DROP_AFTER = 2  # failures of a host's own rank at start-up or the first step after a resume, no progress between
-NODES_SPARE_ENV = "BERT_DS_NODES_SPARE"  # to the ranks: how many nodes the job may lose now (0: none)
-NODE_NAME_ENV = "BERT_DS_NODE_NAME"  # to the ranks: their node's name as the launcher's lines give it
 _STEP = re.compile(r"^(\S+) step (\d+)$")
 _TAG = re.compile(r"(?:^|/)([A-Za-z0-9_]+)-step0*(\d+)$")
 _EVICTED = re.compile(re.escape(EVICT_PREFIX) + r"(\S+)")

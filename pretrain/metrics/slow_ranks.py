@@ -41,12 +41,10 @@ import torch.distributed as dist
 
 from pretrain.distributed.json_collectives import all_gather_json
 from pretrain.distributed.stop_request import StopRequest
-from pretrain.errors import EVICT_PREFIX, SLOW_EVICT_EXIT
+from pretrain.errors import EVICT_PREFIX, NODE_NAME_ENV, NODES_SPARE_ENV, SLOW_EVICT_EXIT
 from pretrain.metrics.monitor_contract import StepMonitor
 from pretrain.step_stats import StepResult
 
-SPARE_NODES_ENV = "BERT_DS_NODES_SPARE"  # set by the launcher's agent: nodes it could start in a slow one's place
-NODE_NAME_ENV = "BERT_DS_NODE_NAME"  # the launcher's name of this rank's node, where it gives one
 RATIO_TAG, RANK_TAG = "health/slowest_rank_ratio", "health/slowest_rank"
 
 
@@ -73,7 +71,7 @@ def node_name() -> str:
 def spare_nodes() -> int:
     """How many spare nodes the launcher's agent said it has (BERT_DS_NODES_SPARE); 0 when unset or unreadable."""
     try:
-        return max(int(os.environ.get(SPARE_NODES_ENV, "0")), 0)
+        return max(int(os.environ.get(NODES_SPARE_ENV, "0")), 0)
     except ValueError:
         return 0
 
@@ -209,7 +207,7 @@ class SlowRanks(StepMonitor):
         evicting = self.settings.evict and spare_nodes() > 0
         if rank == 0:
             why = ("evicting it (run.evict_slow, a spare node)" if evicting else
-                   "run.evict_slow is off" if not self.settings.evict else f"no spare node ({SPARE_NODES_ENV}), kept")
+                   "run.evict_slow is off" if not self.settings.evict else f"no spare node ({NODES_SPARE_ENV}), kept")
             print(f"{verdict.line()}; run.slow_rank_threshold={self.settings.threshold}: {why}", flush=True)
         if not evicting or self.leaving:
             return

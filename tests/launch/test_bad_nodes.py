@@ -15,10 +15,10 @@ import pytest
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-from pretrain.errors import EVICT_PREFIX, SLOW_EVICT_EXIT
+from pretrain.errors import EVICT_PREFIX, NODES_SPARE_ENV, SLOW_EVICT_EXIT
 from pretrain.launch.agent import telling_rounds
 from pretrain.launch.agent_end import leave
-from pretrain.launch.bad_nodes import NODES_SPARE_ENV, HostFaults, Room, at_start
+from pretrain.launch.bad_nodes import HostFaults, Room, at_start
 from pretrain.launch.excluded_hosts import excluded, run_dir_of, slurm_hosts
 from pretrain.launch.fault_records import FaultLines
 from pretrain.launch.faults import FaultContext, FaultHistory, FaultRecord, RankFailure, judge

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from pretrain.metrics.slow_ranks import SPARE_NODES_ENV
+from pretrain.errors import NODES_SPARE_ENV
 from pretrain.train import main
 from tests.support.extensions import after_each_step
 from tests.support.launching import leave_without_teardown
@@ -58,9 +58,9 @@ def plant():
 
 def run(scenario: str, workdir: Path) -> None:
     spare = SCENARIOS[scenario]
-    os.environ.pop(SPARE_NODES_ENV, None)
+    os.environ.pop(NODES_SPARE_ENV, None)
     if spare:
-        os.environ[SPARE_NODES_ENV] = "1"
+        os.environ[NODES_SPARE_ENV] = "1"
     argv = ["--config", str(workdir / "run.json"), f"--run.dir={workdir / scenario}", '--run.phases=["phase1"]',
             "--phase1.steps=12", "--run.slow_rank_window_steps=4", "--run.evict_slow=true",
             "--run.slow_rank_threshold=0.15",
