@@ -30,14 +30,14 @@ import torch
 import torch.distributed as dist
 
 from pretrain.checkpointing.cadence import CheckpointCadence
-from pretrain.config.sections import PHASE_NAMES
 from pretrain.data.batches import RankBatches
 from pretrain.data.loader import model_inputs
 from pretrain.distributed.info import DistInfo
 from pretrain.distributed.stop_request import StopRequest
+from pretrain.keys import PHASE_NAMES
 from pretrain.metrics.monitor_contract import StepContext, StepMonitor
 from pretrain.model.bert import PretrainingOutput
-from pretrain.phase_state import NonFiniteLossError, PhaseState, TrainerSettings, step_seed
+from pretrain.phase_state import LoopPlan, NonFiniteLossError, PhaseState, step_seed
 from pretrain.plugin import ExtraLoss, StepAgreement, TrainingPlugin
 from pretrain.schedules.batch import BatchRamp
 from pretrain.step_feed import StepFeed
@@ -50,7 +50,7 @@ class OptimizerStep:
     """`train_step` and the loss it back-propagates; the attributes are the trainer's (pretrain/trainer.py)."""
 
     engine: Any
-    settings: TrainerSettings
+    settings: LoopPlan
     state: PhaseState
     dist_info: DistInfo
     stop: StopRequest
@@ -107,7 +107,7 @@ class OptimizerStep:
         lr = 0.0
         for micro, host_batch in enumerate(batches):
             batch = model_inputs(host_batch, self.dist_info.device)
-            torch.manual_seed(step_seed(self.settings.seed, phase_index, self.state.step, micro, self.dist_info.rank))
+            torch.manual_seed(step_seed(self.settings.run.seed, phase_index, self.state.step, micro, self.dist_info.rank))
             if self.ramp is not None:  # DeepSpeed's counter cannot tell the boundary once the accumulation changes
                 self.engine.set_gradient_accumulation_boundary(micro == self.accumulation - 1)
             output: PretrainingOutput = self.engine(**batch)
@@ -161,7 +161,7 @@ class OptimizerStep:
         saving and a NaN abort."""
         nonfinite = totals["nonfinite"]
         aborting_here = bool(nonfinite) and (
-            self.state.consecutive_nonfinite + 1 >= self.settings.max_consecutive_nonfinite)
+            self.state.consecutive_nonfinite + 1 >= self.settings.failures.max_consecutive_nonfinite)
         # a plug-in that runs several models in one job makes the stop and a NaN abort common to all of them
         agreed, abort_elsewhere = self.plugin.agree_on_step(
             StepAgreement(stop=totals["stop"] > 0, save_due=totals["save_due"] > 0, aborting_here=aborting_here),

@@ -1,7 +1,9 @@
-"""What one phase's loop is handed and what it keeps: its settings, the job it runs in, and its resumable state.
+"""What one phase's loop is handed and what it keeps: its plan, the job it runs in, and its resumable state.
 
-`TrainerSettings` is everything the loop reads of the run config (the run plan, pretrain/plan/run_plan.py,
-builds it per phase); `TrainerJob` is what every phase of one job shares (the driver, pretrain/train.py, builds
+`LoopPlan` is what the run plan (pretrain/plan/run_plan.py) hands one phase's loop: the run config's sections
+that the loop reads, as the config's own objects typed as the loop's declarations (pretrain/loop_sections.py,
+pretrain/checkpointing/cadence.py), and what the plan derived (the step offset, the objective, the monitors, the
+schedules); `TrainerJob` is what every phase of one job shares (the driver, pretrain/train.py, builds
 it once); `PhaseState` is what a resume needs besides DeepSpeed's own files (weights, optimizer, the lr
 scheduler's position), written with every checkpoint. Kept apart from the loop (pretrain/trainer.py) so that a
 test, a benchmark or a plug-in can make and read them without the loop's imports.
@@ -15,12 +17,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pretrain.checkpointing.cadence import CadenceSettings
+from pretrain.checkpointing.cadence import CadenceSection
 from pretrain.data.order import FEISTEL_ORDER, LEGACY_ORDER
 from pretrain.distributed.info import DistInfo
 from pretrain.distributed.step_watch import StepWatch
 from pretrain.distributed.stop_request import StopRequest
 from pretrain.errors import ConfigError
+from pretrain.loop_sections import (
+    FailureSection,
+    FeedSection,
+    LoopPhaseSection,
+    LoopRunSection,
+    ValidationSection,
+)
 from pretrain.metrics.monitor_contract import StepMonitor
 from pretrain.metrics.writer import MetricsWriter
 from pretrain.model.compiled import CompileLedger
@@ -31,31 +40,31 @@ from pretrain.schedules.phase import PhaseSchedules
 if TYPE_CHECKING:  # a type only: importing the checkpoint module would load DeepSpeed
     from pretrain.checkpointing.checkpoint import CheckpointManager
 
-__all__ = ["NonFiniteLossError", "PhaseState", "TrainerJob", "TrainerSettings", "settle_batch_ramp", "step_seed"]
+__all__ = ["NonFiniteLossError", "PhaseState", "TrainerJob", "LoopPlan", "settle_batch_ramp", "step_seed"]
 
 
 @dataclass(frozen=True)
-class TrainerSettings:
-    """What one phase's trainer reads, and nothing else of the run config: the run plan builds it per phase
-    (pretrain/plan/run_plan.py), so what a phase's loop depends on is listed here and a test or benchmark can
-    make one without a whole config."""
+class LoopPlan:
+    """What one phase's loop reads, made by the run plan per phase; a test or benchmark makes one without a config
+    (each section's defaults are the keys' own). The sections are the run config's instances, each typed as the
+    declaration of what the loop reads of it; no key is copied here."""
 
-    phase: str  # phase1 | phase2
-    steps: int  # phaseN.steps: optimizer steps of the phase
-    seq_len: int  # phaseN.seq_len
-    seed: int  # run.seed: the dropout reseed before every micro-batch
-    num_workers: int = 0  # data.num_workers: DataLoader worker processes of the training stream
-    val_every_steps: int = 0  # logging.val_every_steps: steps between evaluations (0: never)
-    val_instances: int | None = None  # logging.val_instances: held-out instances per evaluation (None: val_batches)
-    val_batches: int = 1  # logging.val_batches: micro-batches per rank per evaluation when val_instances is None
-    checkpoint: CadenceSettings = field(default_factory=CadenceSettings)  # checkpoint.every_*: when steps save
-    max_consecutive_nonfinite: int = 5  # failures.max_consecutive_nonfinite: NaN/inf steps in a row before the abort
-    stop_after_steps: int | None = None  # run.stop_after_steps: this process's step budget (None: to the end)
+    phase: str  # phase1 | phase2: the phase's name (its section is `section`)
+    section: LoopPhaseSection = field(default_factory=LoopPhaseSection)  # phaseN: its steps
+    run: LoopRunSection = field(default_factory=LoopRunSection)  # run: the seed of dropout, this process's budget
+    validation: ValidationSection = field(default_factory=ValidationSection)  # logging: evaluations, the bar
+    failures: FailureSection = field(default_factory=FailureSection)  # failures: the NaN/inf abort
+    checkpoint: CadenceSection = field(default_factory=CadenceSection)  # checkpoint: when step checkpoints are due
+    feed: FeedSection = field(default_factory=FeedSection)  # data: the feed's DataLoader workers
     step_offset: int = 0  # global step of the phase's step 0 on the TensorBoard axis (phase 2: phase 1's steps)
-    progress_bar: bool = False  # logging.progress_bar: rank 0's bar with ETA
     nsp: bool = True  # the shards' objective: MLM + NSP (sentence pairs), else MLM alone (no NSP numbers logged)
     monitors: tuple[StepMonitor, ...] = ()  # what a step logs beyond losses and rates (pretrain/metrics/monitor_registry.py)
     schedules: PhaseSchedules | None = None  # the phase's clock and its schedules besides the lr (pretrain/schedules/)
+
+    @property
+    def steps(self) -> int:
+        """The phase's optimizer steps (phaseN.steps)."""
+        return self.section.steps
 
 
 class NonFiniteLossError(RuntimeError):
@@ -87,7 +96,7 @@ class PhaseState:
         return cls(**{"data_order": 1, "data_permutation": LEGACY_ORDER, **data})
 
 
-def settle_batch_ramp(settings: TrainerSettings, state: PhaseState, round_samples: int) -> TrainerSettings:
+def settle_batch_ramp(settings: LoopPlan, state: PhaseState, round_samples: int) -> LoopPlan:
     """The settings a phase runs with on this world, whose micro-batch round (micro-batch x ranks) holds
     `round_samples` samples: under a batch warmup, the ramp the phase started with (recorded in `state` here at
     its start), so a resume on another number of ranks takes the same samples at every step; refused in one line

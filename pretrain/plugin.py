@@ -1,7 +1,7 @@
 """The hooks an optional training feature plugs into: a one-way dependency.
 
 The core (pretrain/train.py, pretrain/trainer.py) imports only this module and the registry
-(pretrain/config/plugins.py), never a plug-in; a plug-in (pretrain/codistill/) imports the core,
+(pretrain/plugin_registry.py), never a plug-in; a plug-in (pretrain/codistill/) imports the core,
 subclasses `TrainingPlugin` and registers a `PluginSpec` under the entry-point group `bert_ds.plugins`,
 named after its RUN.json section (pyproject.toml):
 
@@ -30,13 +30,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pretrain.config.plugins import INSTALLED, PluginRegistry
+from pretrain.plugin_registry import INSTALLED, PluginRegistry
 
 if TYPE_CHECKING:  # types of the floors below this one only (tests/pretrain/test_import_layers.py)
     import torch
 
-    from pretrain.config.sections import RunConfig
     from pretrain.distributed.info import DistInfo
+
+# `config` below is the run config (pretrain/config/sections.py RunConfig), typed loosely: the config composes the
+# sections that the loop's components declare, so it sits above the loop that calls these hooks.
+RunConfig = Any
 
 # (output, batch, state) -> (extra loss term, numbers to log as the mean over micro-batches and ranks); `output`
 # is pretrain.model.bert.PretrainingOutput, `state` the trainer's PhaseState.

@@ -114,8 +114,8 @@ def build_phase(plan: PhasePlan, job: TrainerJob, start: PhaseStart) -> PhaseTra
     """The phase's model, weights, engine, data and trainer, from its plan and nothing else (a benchmark or a test
     builds a trainer the same way)."""
     dist_info, plugin = job.dist_info, job.plugin
-    torch.manual_seed(plan.seed)  # the same initial weights on every rank
-    model = build_model(plan.model_config, plan.activation_checkpointing)
+    torch.manual_seed(plan.run.seed)  # the same initial weights on every rank
+    model = build_model(plan.model_config, plan.model.activation_checkpointing)
     if start.init_weights is not None:
         load_initial_weights(model, start.init_weights, f"{plan.name} initial weights", dist_info, plugin.first_rank,
                              plugin.replica_group)
@@ -135,7 +135,7 @@ def build_phase(plan: PhasePlan, job: TrainerJob, start: PhaseStart) -> PhaseTra
         val_batches = plan.stream.batches(plan.data, "val", dist_info.rank, dist_info.world_size, micro)
     except (ShardFormatError, DataConfigError) as err:
         val_batches = None  # no held-out shards at this length (or too few for the ranks): no validation numbers
-        if dist_info.rank == 0 and plan.trainer.val_every_steps > 0:
+        if dist_info.rank == 0 and plan.trainer.validation.val_every_steps > 0:
             print(f"note: {plan.name}: no validation this phase: {err} (data_prep --val-fraction sets the held-out "
                   "share)", flush=True)
     throughput = Throughput.of(plan.throughput, dist_info.world_size)
@@ -148,7 +148,7 @@ def run_phase(plan: PhasePlan, job: TrainerJob, start: PhaseStart) -> tuple[str,
     """Build the phase from its plan, then train it (the trainer calls the plug-in's `start_phase` first)."""
     trainer = build_phase(plan, job, start)
     progress = None
-    if job.dist_info.rank == 0 and plan.trainer.progress_bar:
+    if job.dist_info.rank == 0 and plan.trainer.validation.progress_bar:
         progress = tqdm(total=plan.trainer.steps, initial=trainer.state.step, desc=plan.name, unit="step",
                         dynamic_ncols=True)
     try:
@@ -241,8 +241,8 @@ class RunProgress:
             resume_tag = self.latest
         elif saved is not None and saved["phase"] > phase.name:
             return None
-        elif phase.init_from:
-            init = functools.partial(initial_weights, phase.init_from, vocab, f"{phase.name}.init_from")
+        elif phase.section.init_from:
+            init = functools.partial(initial_weights, phase.section.init_from, vocab, f"{phase.name}.init_from")
         elif saved is not None:  # the previous phase's end checkpoint
             init = functools.partial(consolidated_state_dict, checkpoints.root, self.latest)
         return PhaseStart(resume_tag, init, self.samples_seen, self.steps_done)
@@ -262,7 +262,7 @@ def train_plan(plan: RunPlan, dist_info: DistInfo, plugin: TrainingPlugin, stop:
     # the elastic agent's hang timer (off without the agent); each checkpoint file written is progress. The plug-in's
     # state (codistillation's teachers) is saved and loaded with every checkpoint, in its own file.
     watch = StepWatch.from_env()
-    checkpoints = CheckpointManager(settings.checkpoint_dir, settings.keep_last, dist_info.rank,
+    checkpoints = CheckpointManager(settings.checkpoint_dir, settings.checkpoint.keep_last, dist_info.rank,
                                     extra_state=plugin, progress=watch.progress)
     # The newest checkpoint, verified against its manifest (a damaged one is set aside for the newest intact one) and
     # trained on the shards' vocab (else refused before anything is written), then, if this job has another number of
@@ -279,7 +279,7 @@ def train_plan(plan: RunPlan, dist_info: DistInfo, plugin: TrainingPlugin, stop:
         prepare_resume(checkpoints.root, latest, plan.ds_configs, dist_info.rank, dist_info.world_size,
                        plugin.first_rank, plugin.replica_group)
     first = next(iter(plan.phases.values()))
-    if saved is None and first.name == "phase2" and not first.init_from:
+    if saved is None and first.name == "phase2" and not first.section.init_from:
         raise ConfigError("phase2.init_from: required when phase 2 runs without a phase-1 checkpoint in checkpoint.dir")
     metrics = MetricsWriter(settings.run_dir / TENSORBOARD, enabled=dist_info.rank == 0 and settings.tensorboard,
                             quality=settings.quality)  # and the run's clock, run_clock.json
@@ -291,7 +291,7 @@ def train_plan(plan: RunPlan, dist_info: DistInfo, plugin: TrainingPlugin, stop:
     progress = RunProgress(latest, saved, saved["samples_seen"] if saved else 0)
     try:
         for phase in plan.phases.values():
-            outcome = train_phase(phase, job, progress, settings.export_at_phase_end)
+            outcome = train_phase(phase, job, progress, settings.checkpoint.export_at_phase_end)
             if outcome != "complete":
                 return outcome
         return "complete"

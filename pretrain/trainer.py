@@ -3,7 +3,7 @@
 The loop is split by what it does: this module is the loop; one optimizer step (micro-batches, loss
 normalisation, the step's one all-reduce) is pretrain/optimizer_step.py, which `PhaseTrainer` derives from; the
 step's micro-batches, read one step ahead, are pretrain/step_feed.py; what the loop is handed and keeps
-(`TrainerSettings`, `TrainerJob`, `PhaseState`) is pretrain/phase_state.py, re-exported here.
+(`LoopPlan`, `TrainerJob`, `PhaseState`) is pretrain/phase_state.py, re-exported here.
 
 The trainer owns no framework coupling: it calls the engine object (`engine(**batch)`,
 `engine.backward`, `engine.step`, checkpoints through `CheckpointManager`). Everything a resume
@@ -11,7 +11,7 @@ needs is in `PhaseState` (+ what DeepSpeed saves: weights, optimizer, lr-schedul
 
 Extension points: the job's `TrainingPlugin`, whose hooks pretrain/plugin.py writes out as the loop they
 sit in, and the step monitors of its settings (what a step logs beyond losses and rates, pretrain/metrics/monitor_contract.py).
-The trainer knows no plug-in or monitor by name and never sees the run config: it reads its `TrainerSettings`,
+The trainer knows no plug-in or monitor by name and never sees the run config: it reads its `LoopPlan`,
 which the run plan (pretrain/plan/run_plan.py) builds per phase.
 """
 
@@ -25,24 +25,24 @@ import torch.distributed as dist
 
 from pretrain.checkpointing.cadence import SAVE_SECONDS_TAG, CheckpointCadence
 from pretrain.checkpointing.layout import make_tag
-from pretrain.config.sections import PHASE_NAMES
 from pretrain.data.batches import RankBatches, ValidationBatches
 from pretrain.data.loader import model_inputs
+from pretrain.keys import PHASE_NAMES
 from pretrain.metrics.monitor_contract import attach_all
 from pretrain.metrics.throughput import Throughput
 from pretrain.model.bert import PretrainingOutput
 from pretrain.optimizer_step import OptimizerStep
 from pretrain.phase_state import (
+    LoopPlan,
     NonFiniteLossError,
     PhaseState,
     TrainerJob,
-    TrainerSettings,
     settle_batch_ramp,
 )
 from pretrain.step_feed import StepFeed
 from pretrain.step_stats import StepResult
 
-__all__ = ["NonFiniteLossError", "PhaseState", "PhaseTrainer", "TrainerJob", "TrainerSettings"]
+__all__ = ["NonFiniteLossError", "PhaseState", "PhaseTrainer", "TrainerJob", "LoopPlan"]
 
 
 class PhaseTrainer(OptimizerStep):
@@ -52,7 +52,7 @@ class PhaseTrainer(OptimizerStep):
     def __init__(
         self,
         job: TrainerJob,
-        settings: TrainerSettings,
+        settings: LoopPlan,
         engine: Any,
         train_batches: RankBatches,
         val_batches: RankBatches | None,
@@ -92,7 +92,7 @@ class PhaseTrainer(OptimizerStep):
         self.steps_this_process = 0
         self.watch = job.watch  # the loop reads no job field
         self.cadence = CheckpointCadence(self.settings.checkpoint, started=time.monotonic())
-        self.feed = StepFeed(train_batches, settings.num_workers)  # the step's micro-batches, read a step ahead
+        self.feed = StepFeed(train_batches, settings.feed.num_workers)  # the step's micro-batches, read a step ahead
 
     def state_dict(self) -> dict[str, Any]:
         return self.state.state_dict()
@@ -126,9 +126,9 @@ class PhaseTrainer(OptimizerStep):
         world size), else `val_batches` micro-batches per rank. None: no held-out data this phase."""
         if self.val_batches is None:
             return None
-        wanted = self.settings.val_instances
+        wanted = self.settings.validation.val_instances
         if wanted is None:
-            wanted = self.settings.val_batches * self.val_batches.micro_batch * self.val_batches.world_size
+            wanted = self.settings.validation.val_batches * self.val_batches.micro_batch * self.val_batches.world_size
         return ValidationBatches(self.val_batches, wanted)
 
     @torch.no_grad()
@@ -160,7 +160,7 @@ class PhaseTrainer(OptimizerStep):
 
     def _stop_requested(self, result: StepResult) -> str | None:
         """Agreed across ranks: a signal on any rank (carried by the step's all-reduce), or the step budget."""
-        budget = self.settings.stop_after_steps
+        budget = self.settings.run.stop_after_steps
         if result.stop_requested:
             return self.stop.signal_name or "signal on another rank"
         if budget is not None and self.steps_this_process >= budget:
@@ -169,7 +169,7 @@ class PhaseTrainer(OptimizerStep):
 
     def train(self, progress: Any | None = None) -> str:
         """Run to the end of the phase. Returns 'complete' or the reason it stopped early (after a checkpoint)."""
-        val_every = self.settings.val_every_steps
+        val_every = self.settings.validation.val_every_steps
         self.plugin.start_phase(self)  # after any resume, before the clocks start: its work is not training time
         self.throughput.restart()
         self.cadence.saved(time.monotonic())  # the minutes count from the phase's (re)start
@@ -195,12 +195,12 @@ class PhaseTrainer(OptimizerStep):
                 self.save()
                 raise NonFiniteLossError(
                     f"{result.abort_elsewhere} ({self.state.phase} step {self.state.step}); checkpoint written")
-            if self.state.consecutive_nonfinite >= self.settings.max_consecutive_nonfinite:
+            if self.state.consecutive_nonfinite >= self.settings.failures.max_consecutive_nonfinite:
                 self.save()
                 raise NonFiniteLossError(
                     f"{self.state.consecutive_nonfinite} optimizer steps in a row had a NaN/inf loss "
                     f"({self.state.phase} step {self.state.step}); checkpoint written, stopping "
-                    f"(failures.max_consecutive_nonfinite={self.settings.max_consecutive_nonfinite})"
+                    f"(failures.max_consecutive_nonfinite={self.settings.failures.max_consecutive_nonfinite})"
                 )
             if self.state.step >= self.settings.steps:
                 break

@@ -204,7 +204,7 @@ def train_row(built: GroupEngine, group: GroupSpec, row: RowSpec, args: argparse
             "accumulation": trainer.accumulation, "profile": row.profile, "packing": row.packing,
             "unpadded": row.unpadded, **compile_state(engine.module),
             "tput_timer": bool(engine.tput_timer.config.enabled),
-            "shipped_tput_timer": shipped_timer(ds_config), "num_workers": trainer.settings.num_workers,
+            "shipped_tput_timer": shipped_timer(ds_config), "num_workers": trainer.settings.feed.num_workers,
             "precision": "bf16" if engine.bfloat16_enabled() else "fp16" if engine.fp16_enabled() else "fp32",
             "wrapper": type(engine.optimizer).__name__, "lamb_step": lamb_step_kind(engine),
             "params": built.counts["total"], "ds_config": ds_config,

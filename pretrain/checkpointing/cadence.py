@@ -16,8 +16,8 @@ decides with `should_save(step, due_anywhere)`, the same inputs giving the same 
 No torch and no clock of its own: `now` is passed in (the trainer passes `time.monotonic()`), so the
 rule is tested without DeepSpeed or sleeping, and the run config can check the keys without torch.
 
-No config type either: the rule takes two plain numbers (`CadenceSettings`, which the run plan fills from
-the checkpoint section), so the trainer that holds it names no section of the run config.
+The two keys are declared here (`CadenceSection`, with their check): the run config's checkpoint section
+inherits them, and the run plan hands the trainer that section (`config.checkpoint`), typed as this declaration.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from pretrain.config.checks import check_cadence
+from pretrain.errors import ConfigError
+from pretrain.keys import setting
 from pretrain.run_folder import metrics_path
 
 SAVE_SECONDS_TAG = "checkpoint/save_s"  # every save's cost, logged with the step it follows (metrics.jsonl)
@@ -101,22 +102,38 @@ def hours(seconds: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
-@dataclass(frozen=True)
-class CadenceSettings:
-    """When step checkpoints are due, in plain numbers: the run plan copies checkpoint.every_steps and
-    checkpoint.every_minutes here, so the trainer and this rule hold no config section. The defaults are
-    the keys' own (a test compares them), for a TrainerSettings made without a config."""
+@dataclass
+class CadenceSection:
+    """checkpoint.<key>: when step checkpoints are due. CheckpointSection (pretrain/config/sections.py) inherits
+    these keys; a trainer made without a config (a test, a benchmark) takes `CadenceSection()`, the defaults."""
 
-    every_steps: int | None = 500  # optimizer steps between checkpoints (None: none by step count)
-    every_minutes: float | None = None  # wall-clock minutes between checkpoints (None: by step count only)
+    every_steps: int | None = setting(
+        500,
+        "optimizer steps between checkpoints (a phase end and a stop always write one); null: none by "
+        "step count. With every_minutes set too, whichever comes first",
+    )
+    every_minutes: float | None = setting(
+        None,
+        "wall-clock minutes between checkpoints, counted from the last checkpoint (or this process's start "
+        "of the phase); all ranks save after the first step at which any rank's clock is due. null: by step "
+        "count only. The GPU recipes set 30 and every_steps null: a step count is a different share of the "
+        "run at each GPU count",
+    )
+
+    def check_cadence(self) -> None:
+        """Each key null or > 0 (both null: checkpoints only at phase ends and stops)."""
+        if self.every_steps is not None and self.every_steps <= 0:
+            raise ConfigError(f"checkpoint.every_steps: must be > 0 or null, got {self.every_steps}")
+        if self.every_minutes is not None and self.every_minutes <= 0:
+            raise ConfigError(f"checkpoint.every_minutes: must be > 0 or null, got {self.every_minutes}")
 
 
 class CheckpointCadence:
     """The save rule of one phase on one rank. `started`: when this process began (or resumed) the phase,
     on the clock the trainer passes as `now` (the first minutes interval counts from there)."""
 
-    def __init__(self, every: CadenceSettings, started: float) -> None:
-        check_cadence(every.every_steps, every.every_minutes)  # ConfigError naming the key, hand-made too
+    def __init__(self, every: CadenceSection, started: float) -> None:
+        every.check_cadence()  # ConfigError naming the key, hand-made too
         self.every_steps = every.every_steps
         self.every_seconds = None if every.every_minutes is None else 60.0 * every.every_minutes
         self.last_saved = started

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pretrain.codistill.config import CodistillConfigError, CodistillSection, check_codistill, group_folder
-from pretrain.config.plugins import PluginSpec
 from pretrain.plugin import TrainingPlugin
+from pretrain.plugin_registry import PluginSpec
 
 if TYPE_CHECKING:
     from pretrain.config.sections import RunConfig

@@ -28,10 +28,10 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from pretrain.config.checks import check_cadence, check_targets
-from pretrain.config.plugins import INSTALLED, PluginRegistry
-from pretrain.config.sections import PHASE_NAMES, PLUGINS_FIELD, DataSection, RunConfig
+from pretrain.config.sections import PLUGINS_FIELD, DataSection, RunConfig
 from pretrain.errors import ConfigError
+from pretrain.keys import PHASE_NAMES
+from pretrain.plugin_registry import INSTALLED, PluginRegistry
 from pretrain.schedules.lr import build_schedule
 
 
@@ -169,10 +169,7 @@ def check_data_values(data: DataSection) -> None:
     rate = data.mask_probability
     if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate < 1):
         raise ConfigError(f"data.mask_probability: must be in (0, 1) or null, got {rate!r}")
-    if data.num_parts < 1:
-        raise ConfigError(f"data.num_parts: must be >= 1, got {data.num_parts}")
-    if not 0 <= data.part < data.num_parts:
-        raise ConfigError(f"data.part: must be in [0, data.num_parts={data.num_parts}), got {data.part}")
+    data.check_parts()
 
 
 def check_values(config: RunConfig, registry: PluginRegistry = INSTALLED) -> None:
@@ -197,12 +194,16 @@ def check_values(config: RunConfig, registry: PluginRegistry = INSTALLED) -> Non
             raise ConfigError(f"{name}.ds_config: {phase.ds_config} does not exist")
         if not (phase.shards or config.data.shards):
             raise ConfigError(f"data.shards: required (or {name}.shards)")
-    check_cadence(config.checkpoint.every_steps, config.checkpoint.every_minutes)  # every_steps / every_minutes: null or > 0
-    check_targets(config.logging.quality_targets)  # accuracies in (0, 1], each once
+    # the checks each component declares beside its keys
+    config.checkpoint.check_cadence()  # every_steps / every_minutes: null or > 0
+    config.logging.check_targets()  # accuracies in (0, 1], each once
+    config.logging.check_validation()
+    config.run.check_stop()
+    config.run.check_slow_ranks()
+    config.failures.check_failures()
+    config.data.check_feed()
     if config.checkpoint.keep_last < 1:
         raise ConfigError(f"checkpoint.keep_last: must be >= 1, got {config.checkpoint.keep_last}")
-    if config.run.stop_after_steps is not None and config.run.stop_after_steps <= 0:
-        raise ConfigError(f"run.stop_after_steps: must be > 0, got {config.run.stop_after_steps}")
     if config.run.dist_timeout_minutes < 1:
         raise ConfigError(f"run.dist_timeout_minutes: must be >= 1, got {config.run.dist_timeout_minutes}")
     if config.run.max_restarts < 0:
@@ -214,16 +215,6 @@ def check_values(config: RunConfig, registry: PluginRegistry = INSTALLED) -> Non
         raise ConfigError(f"run.host_fault_limit: must be >= 0 (0: never), got {config.run.host_fault_limit}")
     if not config.run.host_fault_hours > 0:
         raise ConfigError(f"run.host_fault_hours: must be > 0, got {config.run.host_fault_hours}")
-    if not config.run.slow_rank_threshold > 0:
-        raise ConfigError(f"run.slow_rank_threshold: must be > 0, got {config.run.slow_rank_threshold}")
-    if config.run.slow_rank_window_steps < 0:
-        raise ConfigError(f"run.slow_rank_window_steps: must be >= 0 (0: off), got {config.run.slow_rank_window_steps}")
-    if config.logging.val_instances is not None and config.logging.val_instances < 1:
-        raise ConfigError(f"logging.val_instances: must be >= 1, got {config.logging.val_instances}")
-    if config.failures.max_consecutive_nonfinite < 1:
-        raise ConfigError("failures.max_consecutive_nonfinite: must be >= 1")
-    if config.data.num_workers < 0:
-        raise ConfigError(f"data.num_workers: must be >= 0, got {config.data.num_workers}")
     check_data_values(config.data)
     for name, section in config.plugins.items():  # each plug-in's own checks, cross-section ones included
         try:

@@ -1,22 +1,39 @@
-"""Every key of the run config: its section, type, default and documentation, declared together.
+"""The run config: one section per JSON object of RUN.json, composed of the keys each component declares.
 
-This is the one place a key is described, with `setting(default, doc)` (below): `python -m
-pretrain.train --help` and the configuration table of docs/pretraining.md are generated from these
-declarations (pretrain/config/doc.py, a floor above). How a RUN.json and command-line overrides
-become a checked `RunConfig` is pretrain/config/load.py. Imports only the ground floor (pretrain/errors.py,
-pretrain/run_folder.py, and pretrain/schedules/lr.py, whose keys a phase inherits) and the standard library: reading
-a config stays instant, and every floor above can use these types.
+A key is declared once, with `setting(default, doc)` (pretrain/keys.py), by the component that reads it: the lr,
+batch and masking schedules (pretrain/schedules/), the checkpoint cadence (pretrain/checkpointing/cadence.py), the
+quality marks (pretrain/metrics/quality.py), the slow-rank rule (pretrain/metrics/slow_rank_rule.py), the phase
+loop (pretrain/loop_sections.py). A section here inherits its components' declarations and declares the keys that
+only the config and the plan read (run.dir, model.preset, phaseN.ds_config, ...). The run plan
+(pretrain/plan/run_plan.py) hands each component its section: this config's instance, typed as the component's
+declaration. `python -m pretrain.train --help` and the configuration table of docs/pretraining.md are generated
+from these declarations (pretrain/config/doc.py); how a RUN.json and command-line overrides become a checked
+`RunConfig` is pretrain/config/load.py.
+
+Above the loop and below the plan (docs/architecture.md), but torch-free: every declaration it inherits sits in a
+module that loads no torch, so reading a config (the launcher, `--help`) stays instant.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pretrain.checkpointing.cadence import CadenceSection
+from pretrain.data.stream_sections import PackingSection, PartSection
 from pretrain.errors import ConfigError
+from pretrain.keys import DOC, PHASE_NAMES, setting
+from pretrain.loop_sections import (
+    FailureSection,
+    FeedSection,
+    LoopPhaseSection,
+    LoopRunSection,
+    ValidationSection,
+)
+from pretrain.metrics.quality import QualitySection
+from pretrain.metrics.slow_rank_rule import SlowRankSection
 from pretrain.run_folder import CHECKPOINTS
 from pretrain.schedules.batch import BatchWarmupSettings
 from pretrain.schedules.lr import ScheduleSettings
@@ -24,8 +41,6 @@ from pretrain.schedules.masking import MaskingSettings
 
 __all__ = ["DOC", "PHASE_NAMES", "PLUGINS_FIELD", "RunConfig", "setting"]
 
-PHASE_NAMES = ("phase1", "phase2")
-DOC = "doc"  # the field metadata key of a key's documentation
 PLUGINS_FIELD = "plugins"  # RunConfig's field with the plug-ins' sections by name (not a section itself)
 # Rank 0 alone hashes every shard before training and exports at each phase end while the other ranks
 # wait in a collective; DeepSpeed's default process-group timeout (10 minutes) would abort a job whose
@@ -33,20 +48,8 @@ PLUGINS_FIELD = "plugins"  # RunConfig's field with the plug-ins' sections by na
 DIST_TIMEOUT_MINUTES = 120
 
 
-def setting(default: Any, doc: str) -> Any:
-    """A dataclass field with its documentation (``name: type = setting(default, "what it does")``); a
-    list/dict default is copied for every instance, as `field(default_factory=...)` would do.
-
-    The text rides in the field's metadata, so `--help` and the docs table (pretrain/config/doc.py) read
-    it back with `dataclasses.fields`, and a key added without a text fails tests/config/test_config_doc.py.
-    """
-    if isinstance(default, list | dict | set):
-        return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata={DOC: doc})
-    return dataclasses.field(default=default, metadata={DOC: doc})
-
-
 @dataclass
-class RunSection:
+class RunSection(SlowRankSection, LoopRunSection):
     """Where the run lives, which phases it runs, its seed and its numeric precision."""
 
     about: str = setting(
@@ -58,7 +61,6 @@ class RunSection:
         "runs/bert",
         "run folder: config.resolved.json, checkpoints/ (unless checkpoint.dir), export/, tensorboard/",
     )
-    seed: int = setting(12345, "seed of the initial weights, the data order, the dynamic masks and dropout")
     phases: list[str] = setting(
         list(PHASE_NAMES),
         'which phases to run, in order: ["phase1", "phase2"] or one of them (phase2 alone needs '
@@ -69,11 +71,6 @@ class RunSection:
         "auto | fp32 | bf16 | fp16. auto: fp32 on CPU, bf16 on a GPU that has it, else fp16 (dynamic loss "
         "scaling). The one home of precision: a DeepSpeed JSON that sets bf16.enabled or fp16.enabled is "
         "refused; its fp16 loss-scale knobs and data_types stay there",
-    )
-    stop_after_steps: int | None = setting(
-        None,
-        "checkpoint and exit 0 after this many optimizer steps of this process; rerun the same command to "
-        "continue (null: run to the end)",
     )
     dist_timeout_minutes: int = setting(
         DIST_TIMEOUT_MINUTES,
@@ -122,23 +119,6 @@ class RunSection:
         "imports, joins the job, checks the shards or the checkpoint it resumes from, builds a phase's engine, or runs "
         "its first step (compilation) is named and the job is restarted (docs/faults.md)",
     )
-    slow_rank_threshold: float = setting(
-        0.20,
-        "a rank whose median step time (its forward passes and its wait for data, not its wait in collectives) over "
-        "a window is this much above its peers' median is named in one line and health/slowest_rank_ratio: 0.20 is "
-        "20 % slower. A slow GPU (throttled, a degraded link) slows every rank of the job (docs/pretraining.md)",
-    )
-    slow_rank_window_steps: int = setting(
-        50,
-        "optimizer steps per comparison of the ranks' step times (one gather of a few numbers per window); 0: off",
-    )
-    evict_slow: bool = setting(
-        False,
-        "a rank found slow (run.slow_rank_threshold) leaves the job when the launcher has a spare node "
-        "(./launch.sh pretrain --nodes MIN:MAX): every rank checkpoints and exits 5, the slow rank's line names its "
-        "host, and the job restarts without it; without a spare node the rank is only named",
-    )
-
 
 @dataclass
 class ModelSection:
@@ -178,14 +158,13 @@ class ModelSection:
 
 
 @dataclass
-class DataSection:
+class DataSection(PartSection, FeedSection):
     """The shards the phases read and how they are loaded."""
 
     shards: str = setting(
         "",
         "a data_prep output folder (with manifest.json); a phase may name its own (phaseN.shards)",
     )
-    num_workers: int = setting(2, "DataLoader worker processes per rank")
     objective: str | None = setting(
         None,
         "mlm+nsp | mlm: what the run must train. The shards decide (data_prep --segments): sentence pairs (nsp) "
@@ -203,20 +182,9 @@ class DataSection:
         True,
         "rank 0 checks the sha256 of every shard before training (once per run start)",
     )
-    part: int = setting(
-        0,
-        "read only part `part` of `num_parts` disjoint, fixed parts of the training instances (validation "
-        "is never split); codistillation sets it per group, a lone run can set it to match one group",
-    )
-    num_parts: int = setting(
-        1,
-        "how many disjoint parts the training instances are dealt into (the deal depends on neither the "
-        "seed nor the world size); see data.part",
-    )
-
 
 @dataclass
-class PhaseSection(BatchWarmupSettings, MaskingSettings, ScheduleSettings):
+class PhaseSection(BatchWarmupSettings, MaskingSettings, ScheduleSettings, PackingSection, LoopPhaseSection):
     """One pretraining phase (phase1: seq 128, phase2: seq 512): its data, what it tunes (steps, lr schedule,
     batch) and its DeepSpeed JSON of engine mechanics.
 
@@ -224,7 +192,7 @@ class PhaseSection(BatchWarmupSettings, MaskingSettings, ScheduleSettings):
     the DeepSpeed JSON, which pretrain/config/deepspeed.py refuses when it sets them. The lr schedule's keys
     (lr_schedule, warmup_fraction, ...) are inherited from pretrain/schedules/lr.py, where each schedule declares
     what it reads, so a new schedule adds its keys there; the masking-rate schedule's (masking_schedule,
-    mask_rate_end, ...) and the batch warmup's likewise from pretrain/schedules/.
+    mask_rate_end, ...) and the batch warmup's likewise from pretrain/schedules/, and `steps` from the loop's.
     """
 
     seq_len: int = setting(128, "sequence length; the shards must have been built for it")
@@ -240,7 +208,6 @@ class PhaseSection(BatchWarmupSettings, MaskingSettings, ScheduleSettings):
         'deep-merged into ds_config, e.g. {"zero_optimization": {"stage": 2}}; the keys ds_config must not '
         "set are refused here too",
     )
-    steps: int = setting(0, "optimizer steps of this phase (required, > 0)")
     lr: float | None = setting(
         None,
         "peak learning rate, reached at the end of warmup (required, > 0)",
@@ -270,16 +237,9 @@ class PhaseSection(BatchWarmupSettings, MaskingSettings, ScheduleSettings):
         "initial weights: a checkpoint folder or tag folder, or a Hugging Face export of this toolkit; "
         "default: the previous phase's end (phase1: fresh weights)",
     )
-    packing: bool = setting(
-        False,
-        "several instances per row, attention kept per instance: less padding (pretrain/data/packing.py, "
-        "docs/performance.md). A layout of model.attention=padded; unpadded has no rows and no padding "
-        "to pack, so there the key changes nothing (the run says so at start)",
-    )
-
 
 @dataclass
-class CheckpointSection:
+class CheckpointSection(CadenceSection):
     """When checkpoints are written, how many are kept, and the Hugging Face export."""
 
     dir: str | None = setting(None, "checkpoint folder; default: <run.dir>/checkpoints")
@@ -287,18 +247,6 @@ class CheckpointSection:
         False,
         "take over a checkpoint.dir that another run's record (run_owner.json) names: this run then resumes "
         "from and prunes its checkpoints. Without it such a folder is refused in one line",
-    )
-    every_steps: int | None = setting(
-        500,
-        "optimizer steps between checkpoints (a phase end and a stop always write one); null: none by "
-        "step count. With every_minutes set too, whichever comes first",
-    )
-    every_minutes: float | None = setting(
-        None,
-        "wall-clock minutes between checkpoints, counted from the last checkpoint (or this process's start "
-        "of the phase); all ranks save after the first step at which any rank's clock is due. null: by step "
-        "count only. The GPU recipes set 30 and every_steps null: a step count is a different share of the "
-        "run at each GPU count",
     )
     keep_last: int = setting(3, "step checkpoints kept (>= 1); every phase-end checkpoint is kept besides")
     export_at_phase_end: bool = setting(
@@ -309,43 +257,14 @@ class CheckpointSection:
 
 
 @dataclass
-class LoggingSection:
+class LoggingSection(QualitySection, ValidationSection):
     """What rank 0 reports: TensorBoard, the progress bar, validation, MFU."""
 
     tensorboard: bool = setting(True, "TensorBoard events and metrics.jsonl in <run.dir>/tensorboard")
-    progress_bar: bool = setting(True, "a progress bar with ETA on rank 0's console")
-    val_every_steps: int = setting(
-        500,
-        "optimizer steps between evaluations on the held-out shards (and one at each phase end); 0: never",
-    )
-    val_batches: int = setting(8, "micro-batches per rank per evaluation, when val_instances is unset")
-    val_instances: int | None = setting(
-        None,
-        "held-out instances per evaluation (the first ones, the same at any world size and split); null: "
-        "val_batches micro-batches per rank, whose count depends on the job's shape",
-    )
     peak_tflops: float | None = setting(
         None,
         "peak TFLOP/s per device for MFU; null: looked up from the GPU name (CPU: none, no MFU)",
     )
-    quality_targets: list[float] = setting(
-        [0.3, 0.5, 0.65, 0.72],
-        "val/mlm_acc marks whose wall-clock, device-hours and samples are logged the first time a validation "
-        "reaches them (target/* tags; 0.72 is MLPerf's BERT target); [] logs none (pretrain/metrics/quality.py)",
-    )
-
-
-@dataclass
-class FailureSection:
-    """When non-finite losses end the run."""
-
-    max_consecutive_nonfinite: int = setting(
-        5,
-        "stop with exit code 3 (after a checkpoint) after this many optimizer steps in a row with a NaN/inf "
-        "loss",
-    )
-
-
 @dataclass
 class RunConfig:
     """The whole run: one typed section per JSON object of RUN.json."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +42,10 @@ from data_prep.shard_format.vocab import Vocab
 from pretrain.data.order import FEISTEL_ORDER, InstancePool, RankOrder
 from pretrain.data.packing import pack_masked_instances
 from pretrain.data.shard_checks import PhaseShards, check_phase_shards
+from pretrain.data.stream_sections import PackingSection, PartSection
 from pretrain.data.unpadded import unpad_masked_instances
 from pretrain.errors import ConfigError, DataError
+from pretrain.keys import SeedSection
 from pretrain.model.bert import IGNORE_INDEX
 from pretrain.schedules.phase import PhaseSchedules
 
@@ -195,16 +197,16 @@ def pad_masked_instances(instances: list[dict[str, Any]], seq_len: int, max_pred
 
 
 @dataclass(frozen=True)
-class StreamSettings:
+class StreamPlan:
     """How a phase's instances become this rank's micro-batches, besides the data and the job's shape: built by
-    the run plan (pretrain/plan/run_plan.py) from run.seed, phaseN.packing, data.part / data.num_parts and the
-    attention path (unpadded: the flat layout of pretrain/data/unpadded.py), and the phase's schedules (the
-    masking rate of each step; None: the phase's one rate)."""
+    the run plan (pretrain/plan/run_plan.py) from the config's sections the stream reads (run.seed, data.part /
+    data.num_parts, phaseN.packing: declared in pretrain/keys.py and pretrain/data/stream_sections.py), the
+    attention path (unpadded: the flat layout of pretrain/data/unpadded.py) and the phase's schedules (the masking
+    rate of each step; None: the phase's one rate)."""
 
-    seed: int
-    packing: bool = False
-    part: int = 0
-    num_parts: int = 1
+    run: SeedSection = field(default_factory=SeedSection)  # run.seed: the order and the dynamic masks
+    parts: PartSection = field(default_factory=PartSection)  # data.part of data.num_parts
+    layout: PackingSection = field(default_factory=PackingSection)  # phaseN.packing
     unpadded: bool = False
     schedules: PhaseSchedules | None = None
 
@@ -214,12 +216,12 @@ class StreamSettings:
         Validation masks dynamic shards at BERT's 15 % whatever data.mask_probability trains with (as MosaicBERT
         evaluated its 30 % runs), so val/mlm_acc compares across recipes and with the quality marks."""
         if split == "train":
-            return RankBatches(data, split, self.seed, rank, world_size, micro_batch, packing=self.packing,
-                               part=self.part, num_parts=self.num_parts, unpadded=self.unpadded,
+            return RankBatches(data, split, self.run.seed, rank, world_size, micro_batch, packing=self.layout.packing,
+                               part=self.parts.part, num_parts=self.parts.num_parts, unpadded=self.unpadded,
                                schedules=self.schedules)
         if not data.manifest.static_masking:  # held-out numbers at BERT's rate, whatever the training rate
             data = dataclasses.replace(data, mask_prob=BERT_MASK_PROB)
-        return RankBatches(data, split, self.seed, rank, world_size, micro_batch, shuffle=False,
+        return RankBatches(data, split, self.run.seed, rank, world_size, micro_batch, shuffle=False,
                            unpadded=self.unpadded)
 
 

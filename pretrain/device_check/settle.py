@@ -48,7 +48,7 @@ class DeviceChecks:
 def tested_shape(phases: list[PhasePlan]) -> RunShape:
     """The run's shapes the self-tests check (pretrain/device_check/run_shape.py); a stub's ds_config may lack the
     micro-batch."""
-    return run_shape(phases[0].model_config, [(p.trainer.seq_len, int(p.ds_config.get(
+    return run_shape(phases[0].model_config, [(p.section.seq_len, int(p.ds_config.get(
         "train_micro_batch_size_per_gpu", 1))) for p in phases])
 
 
@@ -82,7 +82,7 @@ def host_check(phases: list[PhasePlan], dist_info: DistInfo, checks: DeviceCheck
 
     def stage(test: SelfTest, tested: list[PhasePlan]) -> Stage:
         return Stage(test, tested[0].precision, head_dim(tested[0].model_config),
-                     max(p.trainer.seq_len for p in tested), tested_shape(tested))
+                     max(p.section.seq_len for p in tested), tested_shape(tested))
 
     return HostCheck(dist_info.device, stage(checks.test, unpadded),
                      stage(checks.compiled_test, compiling) if compiling else None, checks.in_child)

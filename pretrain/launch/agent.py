@@ -83,7 +83,6 @@ from torch.distributed.elastic.multiprocessing import SignalException
 
 from pretrain.config.cli import parse_args
 from pretrain.config.load import load_config
-from pretrain.config.plugins import plugin_spec
 from pretrain.config.sections import RunConfig
 from pretrain.errors import NODE_NAME_ENV, NODES_SPARE_ENV, UserError
 from pretrain.launch.agent_end import run, say
@@ -107,6 +106,7 @@ from pretrain.launch.rank_logs import RankLogs, nccl_trace, quiet_torch_logs
 from pretrain.launch.signed_rendezvous import meeting_for, signed_handler
 from pretrain.launch.survivors import NodeSettings, NodeUnhealthy, end_ranks
 from pretrain.plugin import JobShare
+from pretrain.plugin_registry import plugin_spec
 from pretrain.run_folder import faults_dir, launch_logs_dir
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)

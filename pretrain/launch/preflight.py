@@ -49,13 +49,13 @@ from pretrain.config.attention import setup_problem
 from pretrain.config.cli import parse_args
 from pretrain.config.deepspeed import phase_ds_config, phase_ds_json
 from pretrain.config.load import load_config
-from pretrain.config.plugins import plugin_spec
 from pretrain.config.sections import RunConfig
 from pretrain.data.shard_checks import PhaseShards
 from pretrain.errors import ConfigError, exit_on_error
 from pretrain.launch.nodes import node_range
 from pretrain.plan.footprint_plan import JobSizing, run_destinations, run_footprint
 from pretrain.plan.shard_plan import check_run_shards, model_overrides
+from pretrain.plugin_registry import plugin_spec
 
 
 @dataclass(frozen=True)

@@ -24,40 +24,68 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pretrain.config.checks import check_targets, target_key
-from pretrain.config.sections import LoggingSection
+from pretrain.errors import ConfigError
+from pretrain.keys import setting
 from pretrain.metrics.clock import RunClock
 from pretrain.metrics.goodput import account, read_faults
 
-# MLPerf's BERT quality target (masked-LM accuracy 0.720) and lower marks that a short or small run reaches
-# (declared with the key, logging.quality_targets).
-DEFAULT_QUALITY_TARGETS = tuple(LoggingSection().quality_targets)
 ACCURACY_TAG = "val/mlm_acc"
 STEP_SECONDS_TAG = "perf/step_s"  # a training step's row carries it (pretrain/metrics/throughput.py)
 GOODPUT_TAG = "time/goodput"  # the run's productive step time over its wall time (pretrain/metrics/goodput.py)
+
+
+def target_key(mark: float) -> str:
+    """How a mark is named in tags and in run_clock.json: 0.72 -> "0.72"."""
+    return format(mark, "g")
 
 
 def target_tag(mark: float, field: str) -> str:
     return f"target/mlm_acc_{target_key(mark)}/{field}"
 
 
+@dataclass
+class QualitySection:
+    """logging.<key>: the quality marks (LoggingSection, pretrain/config/sections.py, inherits this key)."""
+
+    quality_targets: list[float] = setting(
+        [0.3, 0.5, 0.65, 0.72],
+        "val/mlm_acc marks whose wall-clock, device-hours and samples are logged the first time a validation "
+        "reaches them (target/* tags; 0.72 is MLPerf's BERT target); [] logs none (pretrain/metrics/quality.py)",
+    )
+
+    def check_targets(self) -> None:
+        """Each mark an accuracy in (0, 1], no mark twice (ConfigError naming the key and the value)."""
+        marks, key = self.quality_targets, "logging.quality_targets"
+        for index, mark in enumerate(marks):
+            if not 0.0 < mark <= 1.0:
+                raise ConfigError(f"{key}[{index}]: {mark} is not a masked-LM accuracy in (0, 1]")
+        if len({target_key(mark) for mark in marks}) != len(marks):
+            raise ConfigError(f"{key}: {marks} names a mark twice")
+
+
+# MLPerf's BERT quality target (masked-LM accuracy 0.720) and lower marks that a short or small run reaches
+# (declared with the key, above).
+DEFAULT_QUALITY_TARGETS = tuple(QualitySection().quality_targets)
+
+
 @dataclass(frozen=True)
-class QualitySettings:
-    """What the driver hands the metrics writer: where the clock lives, the marks, the job's devices."""
+class QualityPlan:
+    """What the driver hands the metrics writer: where the clock lives, the job's devices (both derived by the
+    run plan) and the config's logging section, typed as the marks' declaration."""
 
     run_dir: Path
-    targets: tuple[float, ...]
     ranks: int
+    marks: QualitySection
 
     def __post_init__(self) -> None:  # built on every rank: a bad mark fails them all alike
-        check_targets(list(self.targets))
+        self.marks.check_targets()
 
 
 class TimeToQuality:
     """The clock and the marks of one process (rank 0): `observe` adds the time/* and target/* numbers."""
 
-    def __init__(self, settings: QualitySettings, clock: RunClock | None = None) -> None:
-        self.targets = sorted(settings.targets)
+    def __init__(self, settings: QualityPlan, clock: RunClock | None = None) -> None:
+        self.targets = sorted(settings.marks.quality_targets)
         self.clock = clock or RunClock(settings.run_dir, settings.ranks)
         # the run's faults so far, read once: the next one ends this process (its records come after it)
         self.faults = read_faults(settings.run_dir)

@@ -28,11 +28,9 @@ spare node the rank is only named: leaving would shrink the job, which costs mor
 
 from __future__ import annotations
 
-import os
-import socket
 import sys
 import time
-from dataclasses import astuple, dataclass
+from dataclasses import astuple
 from statistics import median
 from typing import Any
 
@@ -41,83 +39,19 @@ import torch.distributed as dist
 
 from pretrain.distributed.json_collectives import all_gather_json
 from pretrain.distributed.stop_request import StopRequest
-from pretrain.errors import EVICT_PREFIX, NODE_NAME_ENV, NODES_SPARE_ENV, SLOW_EVICT_EXIT
+from pretrain.errors import EVICT_PREFIX, NODES_SPARE_ENV, SLOW_EVICT_EXIT
 from pretrain.metrics.monitor_contract import StepMonitor
+from pretrain.metrics.slow_rank_rule import (
+    RankTimes,
+    SlowRankSection,
+    SlowVerdict,
+    judge,
+    node_name,
+    spare_nodes,
+)
 from pretrain.step_stats import StepResult
 
 RATIO_TAG, RANK_TAG = "health/slowest_rank_ratio", "health/slowest_rank"
-
-
-@dataclass(frozen=True)
-class SlowRankSettings:
-    """run.slow_rank_threshold, run.slow_rank_window_steps, run.evict_slow (documented where declared,
-    pretrain/config/sections.py)."""
-
-    threshold: float = 0.20  # a ratio above 1 + threshold is slow
-    window_steps: int = 50  # steps per comparison; 0: off
-    evict: bool = False  # leave the job when the launcher has a spare node
-
-    @classmethod
-    def of(cls, run: Any) -> SlowRankSettings:
-        """From the run config's `run` section."""
-        return cls(run.slow_rank_threshold, run.slow_rank_window_steps, run.evict_slow)
-
-
-def node_name() -> str:
-    """This rank's node as the launcher names it (its agent's, or SLURM's), else the host name."""
-    return os.environ.get(NODE_NAME_ENV) or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-
-
-def spare_nodes() -> int:
-    """How many spare nodes the launcher's agent said it has (BERT_DS_NODES_SPARE); 0 when unset or unreadable."""
-    try:
-        return max(int(os.environ.get(NODES_SPARE_ENV, "0")), 0)
-    except ValueError:
-        return 0
-
-
-@dataclass(frozen=True)
-class RankTimes:
-    """One rank's medians over a window, seconds per optimizer step: what the ranks gather."""
-
-    host: str
-    forward: float
-    data: float
-    total: float  # the median of forward + data per step (not the sum of the two medians)
-
-
-@dataclass(frozen=True)
-class SlowVerdict:
-    """The window's slowest rank against its peers; `slow`: above the threshold."""
-
-    rank: int
-    times: RankTimes
-    peers: float  # the median of the other ranks' `total`
-    ratio: float
-    steps: int
-    slow: bool
-
-    def line(self) -> str:
-        """The one line that names a slow rank: rank, host, its time against its peers', over which steps."""
-        t = self.times
-        return (f"slow rank: rank {self.rank} (host {t.host}) took {t.total * 1e3:.1f} ms per step against its peers' "
-                f"median {self.peers * 1e3:.1f} ms ({self.ratio:.2f}x; forward {t.forward * 1e3:.1f} ms, data wait "
-                f"{t.data * 1e3:.1f} ms), the median of its last {self.steps} steps")
-
-
-def judge(times: list[RankTimes], threshold: float, steps: int) -> SlowVerdict | None:
-    """The slowest rank of a window from every rank's medians (the same list on every rank: the same verdict);
-    None with fewer than 2 ranks or no time to compare with."""
-    if len(times) < 2:
-        return None
-    ratios = []
-    for rank, mine in enumerate(times):
-        peers = median(t.total for i, t in enumerate(times) if i != rank)
-        ratios.append((mine.total / peers if peers > 0 else 0.0, rank, peers))
-    ratio, rank, peers = max(ratios)
-    if ratio <= 0:
-        return None
-    return SlowVerdict(rank, times[rank], peers, ratio, steps, ratio > 1.0 + threshold)
 
 
 class ForwardClock:
@@ -168,8 +102,8 @@ class SlowRanks(StepMonitor):
         health/slowest_rank         [window] which rank that is
     """
 
-    def __init__(self, settings: SlowRankSettings | None = None) -> None:
-        self.settings = settings or SlowRankSettings()
+    def __init__(self, settings: SlowRankSection | None = None) -> None:
+        self.settings = settings or SlowRankSection()
         self.clock: ForwardClock | None = None
         self.forward: list[float] = []  # this window's seconds per step, one entry per step
         self.data: list[float] = []
@@ -178,7 +112,7 @@ class SlowRanks(StepMonitor):
     def attach(self, engine: Any) -> None:
         self.close()
         self.forward, self.data = [], []  # this trainer's own (attach_all hands each trainer a shallow copy)
-        if self.settings.window_steps > 0 and dist.is_initialized() and dist.get_world_size() > 1:
+        if self.settings.slow_rank_window_steps > 0 and dist.is_initialized() and dist.get_world_size() > 1:
             self.clock = ForwardClock(engine.module)
 
     def values(self, result: StepResult) -> dict[str, float]:
@@ -186,14 +120,14 @@ class SlowRanks(StepMonitor):
             return {}
         self.forward.append(self.clock.take())
         self.data.append(float(result.values.get("perf/data_wait_s", 0.0)))
-        if len(self.forward) < self.settings.window_steps:
+        if len(self.forward) < self.settings.slow_rank_window_steps:
             return {}
         mine = RankTimes(node_name(), median(self.forward), median(self.data),
                          median(f + d for f, d in zip(self.forward, self.data, strict=True)))
         window = len(self.forward)
         self.forward, self.data = [], []
         times = [RankTimes(*each) for each in all_gather_json(astuple(mine))]
-        verdict = judge(times, self.settings.threshold, window)
+        verdict = judge(times, self.settings.slow_rank_threshold, window)
         if verdict is None:
             return {}
         if verdict.slow:
@@ -204,11 +138,11 @@ class SlowRanks(StepMonitor):
         """Name the slow rank (rank 0), and with run.evict_slow and a spare node, leave: every rank asks for the
         stop (they all hold the same verdict), the slow rank says which host goes."""
         rank = dist.get_rank()
-        evicting = self.settings.evict and spare_nodes() > 0
+        evicting = self.settings.evict_slow and spare_nodes() > 0
         if rank == 0:
             why = ("evicting it (run.evict_slow, a spare node)" if evicting else
-                   "run.evict_slow is off" if not self.settings.evict else f"no spare node ({NODES_SPARE_ENV}), kept")
-            print(f"{verdict.line()}; run.slow_rank_threshold={self.settings.threshold}: {why}", flush=True)
+                   "run.evict_slow is off" if not self.settings.evict_slow else f"no spare node ({NODES_SPARE_ENV}), kept")
+            print(f"{verdict.line()}; run.slow_rank_threshold={self.settings.slow_rank_threshold}: {why}", flush=True)
         if not evicting or self.leaving:
             return
         self.leaving = True

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from pretrain.checkpointing.cadence import SAVE_SECONDS_TAG
-from pretrain.metrics.quality import QualitySettings, TimeToQuality
+from pretrain.metrics.quality import QualityPlan, TimeToQuality
 from pretrain.run_folder import METRICS_FILE
 
 
@@ -37,7 +37,7 @@ class MetricsWriter:
     every checkpoint's row (checkpoint/save_s). Host arithmetic only.
     """
 
-    def __init__(self, log_dir: Path | None, enabled: bool, quality: QualitySettings | None = None) -> None:
+    def __init__(self, log_dir: Path | None, enabled: bool, quality: QualityPlan | None = None) -> None:
         self.enabled = enabled and log_dir is not None
         self.log_dir = log_dir
         self._tb = None

@@ -2,10 +2,10 @@
 
     config ─┬─ the plug-in's JobShare (its seed, folders, data part) ─► the job's config
             └─ every check that needs files (shards, checksums, vocab, each phase's DeepSpeed dict)
-                 ─► RunPlan: JobSettings (folders, checkpoints, metrics) + one PhasePlan per phase
+                 ─► RunPlan: JobPlan (folders, checkpoints, metrics) + one PhasePlan per phase
 
 A `PhasePlan` carries everything its phase reads: the model config, the DeepSpeed dict, the schedule, the
-data, the trainer's settings, how the instances become this rank's micro-batches, the inputs of the FLOP
+data, the loop's plan (the config's sections that the loop declares, by reference, and what the plan derived), how the instances become this rank's micro-batches, the inputs of the FLOP
 model, and the attention path: chosen by the device's facts (read once, pretrain/model/kernel_support.py), then
 confirmed on every host's device before training (pretrain/device_check/settle.py `settle_attention`), so
 every rank runs the same path and config.resolved.json records it. The driver (pretrain/train.py) and the trainer read their plan and nothing of
@@ -28,26 +28,24 @@ from transformers import BertConfig
 from data_prep.shard_format.atomic_io import atomic_write_json, sha256_file
 from data_prep.shard_format.modes import max_predictions_for
 from data_prep.shard_format.shards import ShardFormatError
-from pretrain.checkpointing.cadence import CadenceSettings
 from pretrain.checkpointing.ownership import CheckpointClaim, claim_checkpoint_dir
 from pretrain.config.attention import attention_plan
 from pretrain.config.deepspeed import phase_ds_config, precision_of
-from pretrain.config.sections import RunConfig
-from pretrain.data.batches import DataConfigError, PhaseData, StreamSettings, phase_data
+from pretrain.config.sections import CheckpointSection, ModelSection, PhaseSection, RunConfig, RunSection
+from pretrain.data.batches import DataConfigError, PhaseData, StreamPlan, phase_data
 from pretrain.distributed.info import DistInfo, Launch
 from pretrain.distributed.json_collectives import broadcast_json
 from pretrain.distributed.lifetime import RunFolderBusyError, hold_run_folder
 from pretrain.engine import check_ds_config
 from pretrain.errors import ConfigError
 from pretrain.metrics.monitor_registry import step_monitors
-from pretrain.metrics.quality import QualitySettings
-from pretrain.metrics.slow_ranks import SlowRankSettings
+from pretrain.metrics.quality import QualityPlan
 from pretrain.metrics.throughput import ThroughputSettings, peak_tflops
 from pretrain.model.attention_plan import AttentionPlan
 from pretrain.model.bert import OBJECTIVES, bert_config
 from pretrain.model.kernel_support import DeviceFacts, read_device_facts
 from pretrain.model.presets import flop_parameter_counts
-from pretrain.phase_state import TrainerSettings
+from pretrain.phase_state import LoopPlan
 from pretrain.plan.shard_plan import check_run_shards, model_overrides
 from pretrain.run_folder import shards_verified_path
 from pretrain.schedules.batch import build_batch_ramp
@@ -70,31 +68,32 @@ class PhasePlan:
     precision: str  # bf16 | fp16 | fp32: what ds_config computes in (precision_of)
     schedule: Schedule  # the lr multiplier per optimizer step (SCHEDULES[phaseN.lr_schedule])
     data: PhaseData
-    trainer: TrainerSettings
-    stream: StreamSettings  # how the phase's instances become this rank's micro-batches
+    trainer: LoopPlan
+    stream: StreamPlan  # how the phase's instances become this rank's micro-batches
     throughput: ThroughputSettings  # the FLOP model's inputs and the device's peak
     attention: AttentionPlan  # the attention path and whether the layers are compiled
-    seed: int  # run.seed: the same initial weights on every rank
-    activation_checkpointing: bool
-    init_from: str | None  # phaseN.init_from: initial weights (None: the previous phase's end, or fresh)
+    section: PhaseSection  # the config's phaseN: init_from (initial weights; None: the previous phase's end, or fresh)
+    run: RunSection  # the config's run: seed (the same initial weights on every rank)
+    model: ModelSection  # the config's model: activation_checkpointing
 
 
 @dataclass(frozen=True)
-class JobSettings:
-    """What the whole job (all its phases) reads: its folders, checkpoints and metrics."""
+class JobPlan:
+    """What the whole job (all its phases) reads: its folders (derived: checkpoint.dir defaults under run.dir), the
+    config's checkpoint section (keep_last, export_at_phase_end), whether it writes TensorBoard, the quality clock,
+    and the shards' vocab."""
 
     run_dir: Path
     checkpoint_dir: Path
-    keep_last: int
-    export_at_phase_end: bool
-    tensorboard: bool
-    quality: QualitySettings
+    checkpoint: CheckpointSection
+    tensorboard: bool  # logging.tensorboard (the writer takes it as a flag: rank 0 alone writes)
+    quality: QualityPlan
     vocab_sha256: str
 
 
 @dataclass
 class RunPlan:
-    job: JobSettings
+    job: JobPlan
     phases: dict[str, PhasePlan]  # in run.phases order
     resolved: dict[str, Any]  # the run config + what was derived from files (written everywhere)
 
@@ -133,10 +132,9 @@ def plan_run(config: RunConfig, dist_info: DistInfo, verify_checksums: bool, fac
                               f"-> {precision_of(ds)}): {err}") from err
         phases[name] = phase_plan(config, name, model_config, ds, data[name], device, facts)
     run_dir = Path(config.run.dir)
-    job = JobSettings(
-        run_dir=run_dir, checkpoint_dir=config.checkpoint_dir, keep_last=config.checkpoint.keep_last,
-        export_at_phase_end=config.checkpoint.export_at_phase_end, tensorboard=config.logging.tensorboard,
-        quality=QualitySettings(run_dir, tuple(config.logging.quality_targets), dist_info.world_size),
+    job = JobPlan(
+        run_dir=run_dir, checkpoint_dir=config.checkpoint_dir, checkpoint=config.checkpoint,
+        tensorboard=config.logging.tensorboard, quality=QualityPlan(run_dir, dist_info.world_size, config.logging),
         vocab_sha256=first.vocab.sha256,
     )
     resolved = {
@@ -182,24 +180,19 @@ def phase_plan(config: RunConfig, name: str, model_config: BertConfig, ds: dict[
     return PhasePlan(
         name=name, model_config=model_config, ds_config=ds, precision=precision,
         schedule=build_schedule(phase, phase.steps, f"{name}."), data=data,
-        trainer=TrainerSettings(
-            phase=name, steps=phase.steps, seq_len=phase.seq_len, seed=config.run.seed,
-            num_workers=config.data.num_workers, val_every_steps=config.logging.val_every_steps,
-            val_instances=config.logging.val_instances, val_batches=config.logging.val_batches,
-            checkpoint=CadenceSettings(config.checkpoint.every_steps, config.checkpoint.every_minutes),
-            max_consecutive_nonfinite=config.failures.max_consecutive_nonfinite,
-            stop_after_steps=config.run.stop_after_steps,
-            step_offset=config.phase1.steps if name == "phase2" else 0, progress_bar=config.logging.progress_bar,
-            nsp=data.trains_nsp, monitors=step_monitors(phase.seq_len, SlowRankSettings.of(config.run)), schedules=schedules,
+        trainer=LoopPlan(  # the sections the loop declares, as this config's objects; the rest derived
+            phase=name, section=phase, run=config.run, validation=config.logging, failures=config.failures,
+            checkpoint=config.checkpoint, feed=config.data,
+            step_offset=config.phase1.steps if name == "phase2" else 0,
+            nsp=data.trains_nsp, monitors=step_monitors(phase.seq_len, config.run), schedules=schedules,
         ),
-        stream=StreamSettings(seed=config.run.seed, packing=phase.packing, part=config.data.part,
-                              num_parts=config.data.num_parts, unpadded=attention.unpadded, schedules=schedules),
+        stream=StreamPlan(run=config.run, parts=config.data, layout=phase, unpadded=attention.unpadded,
+                          schedules=schedules),
         throughput=ThroughputSettings(
             encoder_params=encoder, head_params=head, layers=model_config.num_hidden_layers,
             hidden=model_config.hidden_size, seq_len=phase.seq_len, predictions=data.max_predictions,
             peak_tflops=peak_tflops(device, precision, config.logging.peak_tflops)),
-        attention=attention, seed=config.run.seed,
-        activation_checkpointing=config.model.activation_checkpointing, init_from=phase.init_from,
+        attention=attention, section=phase, run=config.run, model=config.model,
     )
 
 

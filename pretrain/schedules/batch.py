@@ -28,29 +28,26 @@ A new kind of warmup is this file and its test (tests/pretrain/test_batch_warmup
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pretrain.errors import ConfigError
+from pretrain.keys import setting
 
 __all__ = ["BatchRamp", "BatchWarmupSettings", "build_batch_ramp", "steps_for_tokens"]
 
-
-def _key(default: Any, doc: str) -> Any:
-    """A key with its text, as pretrain/config/sections.py's `setting` declares one (see pretrain/schedules/lr.py)."""
-    return field(default=default, metadata={"doc": doc})
 
 
 @dataclass
 class BatchWarmupSettings:
     """A phase's batch-warmup keys (phaseN.<key>); PhaseSection inherits them."""
 
-    batch_warmup_steps: int = _key(
+    batch_warmup_steps: int = setting(
         0, "batch warmup: over this many first steps the global batch grows linearly from batch_warmup_start x "
            "batch_size to batch_size, in whole micro-batches per rank; logged as schedule/batch_size. The lr "
            "schedule is not rescaled. 0: the full batch from the first step")
-    batch_warmup_start: float = _key(0.25, "the first step's share of the global batch under a batch warmup, in (0, 1]")
-    batch_warmup_tokens: int = _key(
+    batch_warmup_start: float = setting(0.25, "the first step's share of the global batch under a batch warmup, in (0, 1]")
+    batch_warmup_tokens: int = setting(
         0, "batch warmup counted in tokens (sequence positions, samples x seq_len) instead of steps: the ramp "
            "covers the fewest first steps whose batches hold at least this many tokens (ModernBERT and Ettin "
            "count theirs so); set it or batch_warmup_steps, not both")

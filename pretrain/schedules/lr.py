@@ -17,8 +17,9 @@ keys are RUN.json's and `--phaseN.key=` overrides', and `--help` and docs/pretra
 (pretrain/plan/run_plan.py) both call `build_schedule`; the plan records `schedule_line` in config.resolved.json,
 which the report's and the model card's recipe tables print (pretrain/report/records.py).
 
-Standard library and pretrain/errors.py only: the config's declarations (pretrain/config/sections.py, which every
-floor may import) inherit the keys from here, and the fine-tunes build a schedule without loading the config.
+Standard library and the ground floor only (pretrain/errors.py, pretrain/keys.py's `setting`): the config's
+sections (pretrain/config/sections.py) inherit the keys from here, and the fine-tunes build a schedule without
+loading the config.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any, NoReturn, Protocol
 
 from pretrain.errors import ConfigError
+from pretrain.keys import setting
 
 
 class Schedule(Protocol):
@@ -170,12 +172,6 @@ SCHEDULES: dict[str, type] = {
 }
 
 
-def _key(default: Any, doc: str) -> Any:
-    """A key with its text, as pretrain/config/sections.py's `setting` declares one (its metadata key "doc": that
-    module imports this one, so it cannot lend the helper; tests/config/test_config_doc.py fails on a key
-    without its text)."""
-    return field(default=default, metadata={"doc": doc})
-
 
 def _summary(kind: type) -> str:
     """The first paragraph of a schedule's docstring, on one line: its entry in the lr_schedule key's text."""
@@ -186,20 +182,20 @@ def _summary(kind: type) -> str:
 class ScheduleSettings:
     """A phase's lr schedule keys (phaseN.<key>). PhaseSection inherits them: a schedule's own keys live beside it."""
 
-    lr_schedule: str = _key(
+    lr_schedule: str = setting(
         "warmup-poly",
         "the lr's shape over the phase, one of " + "; ".join(f"{name}: {_summary(kind)}" for name, kind in SCHEDULES.items()),
     )
-    warmup_fraction: float = _key(0.0, "fraction of the steps with a linear warmup to the peak lr, in [0, 1)")
-    decay_power: float = _key(
+    warmup_fraction: float = setting(0.0, "fraction of the steps with a linear warmup to the peak lr, in [0, 1)")
+    decay_power: float = setting(
         0.5, "warmup-poly: after warmup the lr follows (1 - progress) ** decay_power down to 0 (> 0; 1 = linear)")
-    decay_fraction: float = _key(
+    decay_fraction: float = setting(
         0.2, "warmup-stable-decay: the share of the steps, at the end, over which the lr decays, in "
              "(0, 1 - warmup_fraction]")
-    decay_shape: str = _key(
+    decay_shape: str = setting(
         "1-sqrt", f"warmup-stable-decay: how the lr falls from the peak to the floor, one of {', '.join(DECAY_SHAPES)} "
                   "(at progress p through the decay, 1 - p or 1 - sqrt(p) of the drop is still to come)")
-    min_lr_factor: float = _key(
+    min_lr_factor: float = setting(
         0.0, "warmup-stable-decay: the lr at the end of the decay, as a multiple of the peak lr, in [0, 1)")
 
     @classmethod

@@ -17,10 +17,11 @@ because PhaseSection (pretrain/config/sections.py) inherits `MaskingSettings`.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field, fields
-from typing import Any, Protocol
+from dataclasses import dataclass, fields
+from typing import Protocol
 
 from pretrain.errors import ConfigError
+from pretrain.keys import setting
 from pretrain.schedules.progress import Progress
 
 __all__ = ["MASK_SCHEDULES", "MaskSchedule", "MaskingSettings", "build_mask_schedule"]
@@ -88,10 +89,6 @@ class StepwiseRate:
 MASK_SCHEDULES: dict[str, type] = {"constant": ConstantRate, "linear": LinearRate, "stepwise": StepwiseRate}
 
 
-def _key(default: Any, doc: str) -> Any:
-    """A key with its text, as pretrain/config/sections.py's `setting` declares one (see pretrain/schedules/lr.py)."""
-    return field(default=default, metadata={"doc": doc})
-
 
 def _summary(kind: type) -> str:
     """The first paragraph of a schedule's docstring, on one line: its entry in the masking_schedule key's text."""
@@ -102,16 +99,16 @@ def _summary(kind: type) -> str:
 class MaskingSettings:
     """A phase's masking-schedule keys (phaseN.<key>); PhaseSection inherits them."""
 
-    masking_schedule: str = _key(
+    masking_schedule: str = setting(
         "constant",
         "how the dynamic masking rate moves over the phase, one of " + "; ".join(
             f"{name}: {_summary(kind)}" for name, kind in MASK_SCHEDULES.items())
         + ". It starts at data.mask_probability (else the shards' rate), is read per optimizer step and logged as "
           "schedule/mask_rate; dynamic shards only (static ones refuse a moving rate)",
     )
-    mask_rate_end: float | None = _key(
+    mask_rate_end: float | None = setting(
         None, "the masking rate at the phase's last step, in (0, 1) (Ettin: 0.30 -> 0.15); required unless constant")
-    mask_rate_stairs: int = _key(4, "stepwise: how many equal stretches of steps the rate moves in (>= 2)")
+    mask_rate_stairs: int = setting(4, "stepwise: how many equal stretches of steps the rate moves in (>= 2)")
 
 
 def build_mask_schedule(settings: MaskingSettings, start: float, static: bool, where: str = "") -> MaskSchedule:

@@ -7,19 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.checkpointing.cadence import CadenceSettings, CheckpointCadence
+from pretrain.checkpointing.cadence import CadenceSection, CheckpointCadence
 from pretrain.config.sections import CheckpointSection
 from pretrain.errors import ConfigError
 
 
 def test_steps_alone_save_on_multiples_and_never_by_the_clock() -> None:
-    cadence = CheckpointCadence(CadenceSettings(), started=0.0)  # the default: every 500 steps, no minutes
+    cadence = CheckpointCadence(CadenceSection(), started=0.0)  # the default: every 500 steps, no minutes
     assert [step for step in range(1, 1501) if cadence.should_save(step, False)] == [500, 1000, 1500]
     assert not cadence.time_due(10.0**9)
 
 
 def test_minutes_alone_count_from_the_start_and_again_from_each_save() -> None:
-    cadence = CheckpointCadence(CadenceSettings(every_steps=None, every_minutes=30), started=100.0)
+    cadence = CheckpointCadence(CadenceSection(every_steps=None, every_minutes=30), started=100.0)
     assert not cadence.time_due(100.0 + 30 * 60 - 1)
     assert cadence.time_due(100.0 + 30 * 60)
     assert not cadence.step_due(500)
@@ -29,7 +29,7 @@ def test_minutes_alone_count_from_the_start_and_again_from_each_save() -> None:
 
 
 def test_whichever_comes_first_and_time_saves_keep_the_step_multiples() -> None:
-    cadence = CheckpointCadence(CadenceSettings(every_steps=200, every_minutes=0.5), started=0.0)
+    cadence = CheckpointCadence(CadenceSection(every_steps=200, every_minutes=0.5), started=0.0)
     assert cadence.should_save(37, time_due_anywhere=True)  # another rank's clock, agreed in the all-reduce
     assert not cadence.should_save(37, time_due_anywhere=False)
     cadence.saved(40.0)  # a save after step 37 does not move the step interval: the next is still 200
@@ -47,14 +47,16 @@ def test_bad_cadence_values_name_the_key(checkpoint: dict, message: str) -> None
     from pretrain.config.load import from_dict
 
     with pytest.raises(ConfigError, match=f"^{message}$"):
-        section = from_dict({"checkpoint": checkpoint}).checkpoint  # the run plan's copy of the two keys
-        CheckpointCadence(CadenceSettings(section.every_steps, section.every_minutes), started=0.0)
+        section = from_dict({"checkpoint": checkpoint}).checkpoint  # the section the run plan hands the trainer
+        CheckpointCadence(section, started=0.0)
 
 
 def test_the_rules_defaults_are_the_config_keys_defaults() -> None:
-    """TrainerSettings made without a config (tests, benchmarks) saves as a default run config does."""
+    """A LoopPlan made without a config (tests, benchmarks) saves as a default run config does: the config's
+    checkpoint section is the cadence's declaration, so its keys are the cadence's own."""
     section = CheckpointSection()
-    assert CadenceSettings() == CadenceSettings(section.every_steps, section.every_minutes)
+    assert isinstance(section, CadenceSection)
+    assert (section.every_steps, section.every_minutes) == (CadenceSection().every_steps, CadenceSection().every_minutes)
 
 
 def test_old_and_new_configs_load() -> None:
@@ -64,7 +66,7 @@ def test_old_and_new_configs_load() -> None:
     assert (old.every_steps, old.every_minutes) == (200, None)
     new = from_dict({"checkpoint": {"every_steps": None, "every_minutes": 30}}).checkpoint
     assert (new.every_steps, new.every_minutes) == (None, 30.0)
-    both_off = CheckpointCadence(CadenceSettings(every_steps=None), started=0.0)  # phase ends and stops only
+    both_off = CheckpointCadence(CadenceSection(every_steps=None), started=0.0)  # phase ends and stops only
     assert not both_off.should_save(10**6, False) and not both_off.time_due(10.0**9)
 
 

@@ -12,10 +12,11 @@ import re
 
 import pytest
 
-from pretrain.config.doc import DOC, DOC_FILE, markdown_table, replace_table, setting
+from pretrain.config.doc import DOC_FILE, markdown_table, replace_table
 from pretrain.config.load import RunConfig, check_values, from_dict
-from pretrain.config.plugins import installed_plugins, plugin_spec
 from pretrain.errors import ConfigError
+from pretrain.keys import DOC, setting
+from pretrain.plugin_registry import installed_plugins, plugin_spec
 from pretrain.schedules.lr import WarmupPolyDecay
 
 

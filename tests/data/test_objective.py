@@ -12,9 +12,10 @@ import pytest
 
 from data_prep.shard_format.shards import Manifest
 from pretrain.config.load import load_config
-from pretrain.data.batches import StreamSettings, phase_data
+from pretrain.data.batches import StreamPlan, phase_data
 from pretrain.data.shard_checks import check_phase_shards, masking_rate
 from pretrain.errors import ConfigError
+from pretrain.keys import SeedSection
 from pretrain.model.bert import IGNORE_INDEX
 from pretrain.plan.shard_plan import check_run_shards
 from tests.support.pretrain_fixtures import build_shards, tiny_run_config
@@ -71,7 +72,7 @@ def masked_shares(folder: Path, rate: float | None, split: str) -> tuple[float, 
     over every micro-batch of one epoch of `split`, as the training (or validation) stream masks them."""
     checked = check_phase_shards(folder, 64, None, "data.shards", mask_probability=rate)
     data = phase_data(checked, 64)
-    batches = StreamSettings(seed=5).batches(data, split, rank=0, world_size=1, micro_batch=16)
+    batches = StreamPlan(SeedSection(5)).batches(data, split, rank=0, world_size=1, micro_batch=16)
     tokens = masked = as_mask = unchanged = 0
     for k in range(len(batches)):
         batch = batches[k]

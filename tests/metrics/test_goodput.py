@@ -14,7 +14,7 @@ import pytest
 from pretrain.launch.faults import FaultHistory, FaultRecord
 from pretrain.metrics.clock import ProcessSpan, RunClock, read_clock_file
 from pretrain.metrics.goodput import Accounting, account, faults_of, read_faults
-from pretrain.metrics.quality import GOODPUT_TAG, QualitySettings, TimeToQuality
+from pretrain.metrics.quality import GOODPUT_TAG, QualityPlan, QualitySection, TimeToQuality
 from pretrain.metrics.writer import MetricsWriter
 from pretrain.report.write import goodput_text, process_lines, read_run
 from pretrain.run_folder import CLOCK_FILE, faults_dir
@@ -189,7 +189,7 @@ def test_the_runs_own_figure_is_the_reports(tmp_path: Path) -> None:
     write_clock(tmp_path, [earlier])
     FaultHistory(faults_dir(tmp_path)).add(record(now - 190.0, "bert-a", 0, "phase1 step 45", "phase1-step0000040"))
     started = time.monotonic() - 60.0  # this process started a minute ago
-    quality = TimeToQuality(QualitySettings(tmp_path, (), 2), RunClock(tmp_path, 2, started=started))
+    quality = TimeToQuality(QualityPlan(tmp_path, 2, QualitySection([])), RunClock(tmp_path, 2, started=started))
     quality.clock.launched("bert-a", 1)
     quality.begin(41)
     quality.clock.mark("first_step", now=started + 30.0)
@@ -206,7 +206,7 @@ def test_the_runs_own_figure_is_the_reports(tmp_path: Path) -> None:
 def test_the_clock_is_written_with_every_checkpoint_and_keeps_step_1_apart(tmp_path: Path) -> None:
     """The metrics writer writes the clock with a checkpoint's row (checkpoint/save_s), not only once a minute: a
     process killed right after a checkpoint leaves every step the checkpoint kept on the clock."""
-    writer = MetricsWriter(tmp_path / "tensorboard", True, QualitySettings(tmp_path, (), 1))
+    writer = MetricsWriter(tmp_path / "tensorboard", True, QualityPlan(tmp_path, 1, QualitySection([])))
     writer.launched("bert-a", 2)
     for step, seconds in ((1, 5.0), (2, 1.0), (3, 1.0)):
         writer.scalars(step, {"perf/step_s": seconds, "loss/mlm": 1.0})

@@ -16,7 +16,8 @@ import torch
 
 from pretrain.distributed.stop_request import StopRequest
 from pretrain.errors import EVICT_PREFIX, SLOW_EVICT_EXIT
-from pretrain.metrics.slow_ranks import RANK_TAG, RATIO_TAG, ForwardClock, RankTimes, SlowRanks, judge
+from pretrain.metrics.slow_rank_rule import RankTimes, judge
+from pretrain.metrics.slow_ranks import RANK_TAG, RATIO_TAG, ForwardClock, SlowRanks
 from tests.support.launching import run_ranks
 from tests.support.pretrain_fixtures import build_shards, step_records, tiny_run_config
 

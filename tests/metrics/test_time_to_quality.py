@@ -12,14 +12,14 @@ import pytest
 from pretrain.config.load import load_config
 from pretrain.errors import ConfigError
 from pretrain.metrics.clock import RunClock
-from pretrain.metrics.quality import QualitySettings, TimeToQuality
+from pretrain.metrics.quality import QualityPlan, QualitySection, TimeToQuality
 from pretrain.metrics.writer import MetricsWriter
 from pretrain.run_folder import CLOCK_FILE
 from tests.support.pretrain_fixtures import REPO_ROOT
 
 
-def settings(run_dir: Path, ranks: int, marks: tuple[float, ...] = (0.3, 0.5, 0.72)) -> QualitySettings:
-    return QualitySettings(run_dir, marks, ranks)
+def settings(run_dir: Path, ranks: int, marks: tuple[float, ...] = (0.3, 0.5, 0.72)) -> QualityPlan:
+    return QualityPlan(run_dir, ranks, QualitySection(list(marks)))
 
 
 def test_the_clock_adds_the_processes_and_forgets_targets_the_resume_repeats(tmp_path: Path) -> None:
@@ -106,7 +106,7 @@ def test_bad_quality_targets_name_the_key(tmp_path: Path, marks: str, message: s
     run_json = REPO_ROOT / "pretrain" / "demo" / "demo_run.json"
     with pytest.raises(ConfigError, match=message):
         config = load_config(run_json, [f"--logging.quality_targets={marks}"])
-        QualitySettings(tmp_path, tuple(config.logging.quality_targets), 1)  # what the driver builds on every rank
+        QualityPlan(tmp_path, 1, config.logging)  # what the driver builds on every rank
 
 
 def test_a_damaged_clock_file_is_set_aside_not_fatal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from pretrain.metrics.quality import QualitySettings, target_tag
+from pretrain.metrics.quality import QualityPlan, QualitySection, target_tag
 from pretrain.metrics.writer import MetricsWriter
 
 
@@ -49,7 +49,7 @@ MARK = 1e-6
 class RecordingWriter(MetricsWriter):
     """The real writer, keeping what the trainer hands it: the values written, to compare with the file."""
 
-    def __init__(self, log_dir: Path, quality: QualitySettings) -> None:
+    def __init__(self, log_dir: Path, quality: QualityPlan) -> None:
         super().__init__(log_dir, enabled=True, quality=quality)
         self.rows: list[tuple[int, dict[str, float]]] = []
         self.extra_fields = {"step", "wall_s"}  # a metrics.jsonl row's fields that are not tags
@@ -104,7 +104,7 @@ def one_logged_step(tmp_path: Path) -> tuple[Any, RecordingWriter]:
     overrides = ["--logging.val_every_steps=1", "--logging.val_batches=1", "--model.compile=false",
                  "--phase1.gradient_accumulation_steps=1"]
     trainer = build_trainer(tmp_path / "work", overrides, steps=1, shards=shards)
-    writer = RecordingWriter(tmp_path / "tb", QualitySettings(tmp_path / "run", (MARK,), ranks=1))
+    writer = RecordingWriter(tmp_path / "tb", QualityPlan(tmp_path / "run", 1, QualitySection([MARK])))
     trainer.metrics = writer
     assert trainer.train() == "complete"
     writer.close()

@@ -17,8 +17,9 @@ from pretrain.data.batches import RankBatches
 from pretrain.distributed.process_group import init_distributed
 from pretrain.distributed.stop_request import StopRequest
 from pretrain.errors import ConfigError
+from pretrain.loop_sections import LoopPhaseSection
 from pretrain.metrics.writer import MetricsWriter
-from pretrain.phase_state import PhaseState, TrainerSettings, settle_batch_ramp
+from pretrain.phase_state import LoopPlan, PhaseState, settle_batch_ramp
 from pretrain.plan.run_plan import plan_run
 from pretrain.schedules.batch import BatchRamp, BatchWarmupSettings, build_batch_ramp
 from pretrain.schedules.clock import PhaseClock
@@ -201,9 +202,9 @@ def test_a_warmup_step_that_does_not_split_into_this_worlds_rounds_is_refused_in
     so it is refused before any step, and past the ramp too while the position is not whole rounds."""
     started = BatchRamp(4, 4, 0.25)
 
-    def world(round_samples: int) -> TrainerSettings:
+    def world(round_samples: int) -> LoopPlan:
         ramp = build_batch_ramp(BatchWarmupSettings(4, 0.25), 32 // round_samples)
-        return TrainerSettings("phase1", 8, 32, 0, schedules=PhaseSchedules(PhaseClock(8, 32, 32, ramp)))
+        return LoopPlan("phase1", LoopPhaseSection(8), schedules=PhaseSchedules(PhaseClock(8, 32, 32, ramp)))
 
     one_rank = settle_batch_ramp(world(4), PhaseState("phase1", 2, 24, batch_ramp=started.record()), 4)
     assert [one_rank.schedules.clock.batch_at(s) for s in range(6)] == [8, 16, 24, 24, 32, 32]

@@ -134,7 +134,7 @@ def test_the_trainer_calls_start_phase_first_then_after_step_and_adds_every_loss
     trainer = PhaseTrainer(job, built.settings, built.engine, built.train_batches, built.val_batches,
                            built.throughput, built.state)
     assert trainer.settings is built.settings  # the plan's, handed in whole
-    assert (trainer.settings.phase, trainer.settings.steps, trainer.settings.seq_len) == ("phase1", 3, 32)
+    assert (trainer.settings.phase, trainer.settings.steps) == ("phase1", 3)
     values = trainer.train_step()
     assert (values.values["probe/a"], values.values["probe/b"]) == (1.0, 2.0)
     trainer.state.step += 1  # as the loop does

@@ -28,9 +28,9 @@ from tests.pretrain.test_plugin_boundary import computed_imports
 from tests.support.paths import REPO_ROOT
 
 # modules every floor may use: they import nothing of the project but each other (plugin.py: the registry
-# and types, from these)
-GROUND = ("pretrain.errors", "pretrain.distributed.info", "pretrain.checkpointing.layout", "pretrain.run_folder",
-          "pretrain.config.plugins", "pretrain.config.sections", "pretrain.schedules.lr", "pretrain.schedules.masking",
+# and types, from these; keys.py: how a component declares a run-config key)
+GROUND = ("pretrain.errors", "pretrain.keys", "pretrain.distributed.info", "pretrain.checkpointing.layout",
+          "pretrain.run_folder", "pretrain.plugin_registry", "pretrain.schedules.lr", "pretrain.schedules.masking",
           "pretrain.schedules.progress", "pretrain.schedules.batch")
 
 
@@ -138,7 +138,7 @@ def test_the_ground_floor_and_the_plugin_contract_import_nothing_above_them() ->
 def test_no_module_loads_project_code_by_a_computed_name() -> None:
     """The graph above reads literal names only: a computed one (`import_module(f"{package}.finetune")`) would
     hide an arrow, so callers hand callables down instead. Plug-ins load through the registry's entry
-    points (pretrain/config/plugins.py), which name their module in pyproject.toml, not in code."""
+    points (pretrain/plugin_registry.py), which name their module in pyproject.toml, not in code."""
     found = {str(path.relative_to(REPO_ROOT)): lines for package in PACKAGES
              for path in (REPO_ROOT / package).rglob("*.py")
              if (lines := computed_imports(path.read_text(encoding="utf-8")))}

@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 import torch
 
-from pretrain.data.batches import StreamSettings, phase_data
+from pretrain.data.batches import StreamPlan, phase_data
 from pretrain.data.shard_checks import check_phase_shards
 from pretrain.data.unpadded import real_tokens
 from pretrain.errors import ConfigError
+from pretrain.keys import SeedSection
 from pretrain.model.bert import IGNORE_INDEX
 from pretrain.schedules.clock import PhaseClock
 from pretrain.schedules.masking import LinearRate, MaskingSettings, StepwiseRate, build_mask_schedule
@@ -93,7 +94,7 @@ def test_a_step_is_masked_alike_on_any_number_of_ranks(tmp_path: Path) -> None:
     data = phase_data(check_phase_shards(shards, 64, None, "data.shards", mask_probability=0.3), 64)
     schedule = build_mask_schedule(MaskingSettings("linear", 0.15), 0.3, static=False)
     schedules = PhaseSchedules(PhaseClock(phase_steps=8, global_batch=16, seq_len=64), schedule)
-    stream = StreamSettings(seed=3, schedules=schedules)
+    stream = StreamPlan(SeedSection(3), schedules=schedules)
 
     def step_rows(world: int, step: int) -> dict[tuple[int, int], tuple[tuple[int, ...], tuple[int, ...]]]:
         """(epoch, instance) -> (its real ids as masked, its labels), over the step's micro-batches on every rank."""

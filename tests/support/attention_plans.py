@@ -8,11 +8,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pretrain.data.batches import StreamSettings
+from pretrain.config.sections import ModelSection, PhaseSection, RunSection
+from pretrain.data.batches import StreamPlan
 from pretrain.model.attention_plan import AttentionPlan
 from pretrain.model.bert import bert_config
 from pretrain.plan.run_plan import PhasePlan, RunPlan
-from pretrain.trainer import TrainerSettings
+from pretrain.trainer import LoopPlan
 
 
 def across_segments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
@@ -36,9 +37,9 @@ def phase_stub(name: str, requested: str, unpadded: bool = True, compile_strict:
     attention = AttentionPlan(unpadded=unpadded, compile=False, requested=requested, compile_strict=compile_strict,
                               why=f"model.attention={requested}" + (": the reference varlen kernel" if unpadded else ""))
     return PhasePlan(name=name, model_config=bert_config("tiny", 64, 64), ds_config={}, precision="fp32",
-                     schedule=None, data=None, trainer=TrainerSettings(phase=name, steps=1, seq_len=32, seed=0),  # type: ignore[arg-type]
-                     stream=StreamSettings(seed=0, unpadded=unpadded), throughput=None, attention=attention,  # type: ignore[arg-type]
-                     seed=0, activation_checkpointing=False, init_from=None)
+                     schedule=None, data=None, trainer=LoopPlan(phase=name),  # type: ignore[arg-type]
+                     stream=StreamPlan(unpadded=unpadded), throughput=None, attention=attention,  # type: ignore[arg-type]
+                     section=PhaseSection(seq_len=32), run=RunSection(), model=ModelSection())
 
 
 def run_plan_stub(requested: str, compile_strict: bool = False, unpadded: bool = True) -> RunPlan:

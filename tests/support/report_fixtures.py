@@ -25,7 +25,7 @@ import torch
 
 from pretrain.config.load import load_config
 from pretrain.distributed.info import DistInfo
-from pretrain.metrics.quality import QualitySettings
+from pretrain.metrics.quality import QualityPlan, QualitySection
 from pretrain.metrics.writer import MetricsWriter
 from pretrain.report.model_card import card_facts, write_model_card
 from tests.support.pretrain_fixtures import build_shards, tiny_run_config
@@ -40,7 +40,7 @@ GLUE_MEDIAN = {"f1": 81.25, "accuracy": 70.5}
 
 def _log_process(run_dir: Path, steps: range, config: dict[str, Any]) -> None:
     writer = MetricsWriter(run_dir / "tensorboard", enabled=True,
-                           quality=QualitySettings(run_dir, tuple(config["logging"]["quality_targets"]), RANKS))
+                           quality=QualityPlan(run_dir, RANKS, QualitySection(config["logging"]["quality_targets"])))
     writer.quality.clock.started -= HOURS_PER_PROCESS * 3600  # as if this process had run for hours
     phase1 = config["phase1"]["steps"]
     batch = {name: ds["train_batch_size"] for name, ds in config["resolved"]["ds_configs"].items()}

@@ -2,9 +2,10 @@
 entry points of group `bert_ds.plugins`, or the specs a caller hands in). The config loader asks it for a
 section's dataclass and checks; the driver (pretrain/plugin.py `build_plugin`) for the plug-in itself.
 
-Here, on the config floor, because reading a config needs it: it imports no plug-in until a RUN.json names
-its section, nothing of the project above the config's sections, and no torch (the hooks' types stay in
-pretrain/plugin.py; `build` is typed loosely so that this floor does not import them).
+Beside the plug-in contract (pretrain/plugin.py), below the loop that calls the hooks and the config that reads
+sections with it: it imports no plug-in until a RUN.json names its section, nothing of the project but the
+ground floor's types, and no torch. The run config sits above (pretrain/config/, which composes the sections the
+loop's components declare), so `check` and `build` take it typed loosely (`Any`: a RunConfig).
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # types of the ground floor only (tests/pretrain/test_import_layers.py)
-    from pretrain.config.sections import RunConfig
+if TYPE_CHECKING:  # types of the floors below only (tests/pretrain/test_import_layers.py)
     from pretrain.distributed.info import DistInfo
 
 ENTRY_POINT_GROUP = "bert_ds.plugins"
@@ -27,11 +27,11 @@ class PluginSpec:
     """What a plug-in registers (the entry point's object): light to import, no torch."""
 
     name: str  # its RUN.json section, equal to its entry-point name
-    section: type  # the section's dataclass, keys declared with pretrain.config.sections.setting(default, doc)
+    section: type  # the section's dataclass, keys declared with pretrain.keys.setting(default, doc)
     # (section, whole RunConfig) -> None; ValueError naming the dotted key (cross-section checks included)
-    check: Callable[[Any, RunConfig], None]
+    check: Callable[[Any, Any], None]
     # (RunConfig, world DistInfo) -> the plug-in, or None when the section turns it off. Collective.
-    build: Callable[[RunConfig, DistInfo], Any]  # a pretrain.plugin.TrainingPlugin, or None
+    build: Callable[[Any, DistInfo], Any]  # a pretrain.plugin.TrainingPlugin, or None
     # (section, ranks in the job) -> the data-parallel ranks of one model (what `job_share` will say), without
     # processes: the launch-time batch check (pretrain/launch/preflight.py). None: that check leaves the batch to the ranks.
     data_parallel_size: Callable[[Any, int], int] | None = None
