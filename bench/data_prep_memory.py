@@ -204,8 +204,11 @@ def build_once(code: Path, inputs: list[str], out: Path, args: argparse.Namespac
         run_watched(build, code, "clean", peaks)
         totals = json.loads((out / "manifest.json").read_text(encoding="utf-8"))["totals"]
         return peaks, int(totals["tokens"])
+    # The nodes run one after the other here: a node does not wait for the other's tasks (this code only).
+    no_wait = ["--node-wait", "0"] if code == REPO else []
     for rank in (0, 1):
-        run_watched([*build, "--num-nodes", "2", "--node-rank", str(rank)], code, "clean", peaks, last_stage=NODE_LAST)
+        run_watched([*build, "--num-nodes", "2", "--node-rank", str(rank), *no_wait], code, "clean", peaks,
+                    last_stage=NODE_LAST)
     merge = [sys.executable, "-m", "data_prep", "merge", "--out", str(out), "--workers", str(args.workers)]
     run_watched(merge, code, "instances", peaks)
     totals = json.loads((out / "manifest.json").read_text(encoding="utf-8"))["totals"]

@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workers", type=int, default=default_workers(), help="worker processes")
     run.add_argument("--num-nodes", type=int, default=1, help="machines sharing the work (then run merge)")
     run.add_argument("--node-rank", type=int, default=0, help="this machine's index, 0..num-nodes-1")
+    run.add_argument("--node-wait", type=float, default=600.0, metavar="SECONDS",
+                     help="with --num-nodes: how long a node waits, with no other node finishing a task, for the "
+                          "stage before its next share (then it leaves the rest to merge); 0: no wait")
     run.add_argument("--keep-work", action="store_true",
                      help="keep OUT/work/ (cleaned text, tokens, instances, markers: 2-3x the output) once the manifest "
                           "is written; by default the build removes the files it wrote there")
@@ -98,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --slurm: print the batch scripts and the sbatch commands instead of submitting")
     run.add_argument("--sbatch-arg", action="append", default=[], metavar="ARG",
                      help="with --slurm: an #SBATCH option for every job (e.g. --partition=cpu); repeatable")
+    run.add_argument("--array-throttle", type=int, metavar="N",
+                     help="with --slurm: at most N elements of each array run at once (SLURM's --array=...%%N)")
+    for kind, example in (("cpus", "corpus=16"), ("mem", "gather=8G"), ("time", "instances=4:00:00")):
+        run.add_argument(f"--stage-{kind}", action="append", default=[], metavar="STAGE=VALUE",
+                         help=f"with --slurm: the {kind} of each job of a stage (corpus, instances, scatter, gather, "
+                              f"merge), e.g. {example}; repeatable")
 
     merge = commands.add_parser("merge", help="after a multi-node build: instances, shards and the manifest")
     merge.add_argument("--out", required=True, metavar="DIR")
@@ -107,9 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "is written; by default the build removes the files it wrote there")
 
     task = commands.add_parser("task", help="one task of a started build (what a SLURM array element runs)")
-    task.add_argument("stage", choices=("corpus", "instances"))
+    task.add_argument("stage", choices=("corpus", "instances", "scatter", "gather"))
     task.add_argument("--out", required=True, metavar="DIR")
-    task.add_argument("--index", type=int, required=True, help="the task: input shard (corpus), or instance task")
+    task.add_argument("--index", type=int, required=True,
+                      help="the task: input shard (corpus), instance task, scatter task or output shard (gather)")
     task.add_argument("--count", type=int, default=1,
                       help="corpus: the input shards --index .. --index + N - 1, run --workers at a time")
     task.add_argument("--workers", type=int, default=default_workers())
@@ -158,7 +168,8 @@ def config_from_args(args: argparse.Namespace) -> BuildConfig:
         num_shards=args.num_shards, num_val_shards=args.num_val_shards, seed=args.seed,
         min_doc_chars=args.min_doc_chars, docs_per_chunk=args.docs_per_chunk,
         input_shard_mb=args.input_shard_mb, nsp_scope=args.nsp_scope,
-        workers=args.workers, num_nodes=args.num_nodes, node_rank=args.node_rank, keep_work=args.keep_work,
+        workers=args.workers, num_nodes=args.num_nodes, node_rank=args.node_rank, node_wait=args.node_wait,
+        keep_work=args.keep_work,
     )
 
 
@@ -170,19 +181,23 @@ def main(argv: list[str] | None = None, configure_threads: bool = False) -> int:
         # Threads of `tokenizers` (read once, when its pool starts): as many as worker processes.
         os.environ.setdefault("RAYON_NUM_THREADS", str(args.workers))
     # Imported after parsing so that `--help` is instant.
-    from data_prep.build import BuildError, run_build, run_merge, run_task
+    from data_prep.array_tasks import run_task
+    from data_prep.build import BuildError, run_build, run_merge
     from data_prep.report import inspect_text
     from data_prep.shard_format.shards import ShardFormatError
     from data_prep.shard_format.vocab import VocabError
     from data_prep.slurm_arrays import submit_build
+    from data_prep.slurm_settings import SlurmSettings
     from data_prep.source_files import SourceError
 
     try:
         if args.command == "build" and args.slurm:
-            submit_build(config_from_args(args), args.sbatch_arg, args.print_sbatch)
+            slurm = SlurmSettings.parse(args.array_throttle, args.stage_cpus, args.stage_mem, args.stage_time)
+            submit_build(config_from_args(args), args.sbatch_arg, args.print_sbatch, slurm)
         elif args.command == "build":
-            if args.print_sbatch or args.sbatch_arg:
-                raise ConfigError("--print-sbatch and --sbatch-arg go with --slurm")
+            if (args.print_sbatch or args.sbatch_arg or args.array_throttle is not None or args.stage_cpus
+                    or args.stage_mem or args.stage_time):
+                raise ConfigError("--print-sbatch, --sbatch-arg, --array-throttle and --stage-* go with --slurm")
             run_build(config_from_args(args))
         elif args.command == "task":
             run_task(Path(args.out), args.stage, args.index, args.workers, args.count)

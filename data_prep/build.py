@@ -6,9 +6,10 @@ one. So the executors differ only in who runs which task:
 
 * one machine: `build` runs every task in its pool;
 * several machines: `build --num-nodes N --node-rank r` cleans and tokenizes the input shards s with
-  s % N == r (reading only their files), then `merge` runs whatever no node finished (a dead node's share),
-  the instances, the shards and the manifest;
-* SLURM arrays (data_prep/slurm_arrays.py): one array element per task, then `merge`.
+  s % N == r (reading only their files), then runs its share of the instance tasks, of the scatters and of the
+  gathers, each after a barrier on the markers of the stage before (data_prep/stage_runs.py); `merge` runs
+  whatever no node finished (a dead node's share) and writes the manifest;
+* SLURM arrays (data_prep/slurm_arrays.py): one array element per task of every stage, then `merge`.
 
 The output is the same bytes whichever runs it.
 """
@@ -17,75 +18,29 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from data_prep import __version__
-from data_prep.bucket_stage import (
-    BucketedShardTask,
-    ScatterTask,
-    bucket_sizes,
-    gather_bucketed,
-    scatter,
-    scatter_done,
-)
+from data_prep.build_errors import BuildError, FolderComplete
 from data_prep.config import NSP, BuildConfig, ConfigError
 from data_prep.corpus_index import corpus_index, count_held_out, missing_corpus_shards
 from data_prep.corpus_stage import corpus_sentences, prepare_vocab, run_corpus_tasks
 from data_prep.input_plan import InputPlan, PlanError, ensure_plan, load_plan, make_plan
-from data_prep.instance_stage import (
-    InstanceSettings,
-    InstanceTask,
-    instance_task_done,
-    make_instances,
-    nsp_pool_report,
-)
+from data_prep.instance_stage import nsp_pool_report
 from data_prep.parallel import Workers
 from data_prep.report import print_summary
 from data_prep.shard_format.atomic_io import atomic_write_json, fsync_folder, sha256_file
-from data_prep.shard_format.shards import (
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    MANIFEST_NAME,
-    SPLITS,
-    write_shard_table,
-)
+from data_prep.shard_format.shards import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME
 from data_prep.shard_format.vocab import Vocab, load_vocab
-from data_prep.shard_stage import (
-    ShardTask,
-    count_instances,
-    dropped_pieces,
-    gather_rows,
-    num_buckets,
-    order_bucket,
-    shard_ends,
-    shard_plan,
-)
+from data_prep.shard_tasks import StageSettings, seq_entry
 from data_prep.source_files import SourceError
 from data_prep.sources import SOURCES
+from data_prep.stage_runs import run_instances, run_node_share, run_shard_stage
 from data_prep.task_markers import drop_broken_markers
 from data_prep.tokenizer_files import write_tokenizer_files
 from data_prep.work_cleanup import remove_stale_temp_files, remove_work, report_self_draws
-from data_prep.work_layout import (
-    CLEAN_STAGE,
-    CONFIG_NAME,
-    TOKENS_STAGE,
-    VOCAB_NAME,
-    chunk_layout_files,
-    instances_stage,
-    marker_path,
-    plan_path,
-    shard_file,
-)
-
-
-class BuildError(ValueError):
-    """The build cannot go on (bad input, foreign output folder, too little data); names the cause."""
-
-
-class FolderComplete(Exception):
-    """`merge` or `task` on a finished folder: nothing to do (its work/ files may be gone)."""
+from data_prep.work_layout import CONFIG_NAME, VOCAB_NAME, chunk_layout_files, plan_path, shard_file
 
 
 def check_inputs(cfg: BuildConfig, remove_temp: bool = True) -> InputPlan:
@@ -182,7 +137,7 @@ def describe_inputs(cfg: BuildConfig) -> str:
 
 
 def merge(cfg: BuildConfig, plan: InputPlan, workers: Workers) -> dict[str, Any]:
-    """What no node finished (a dead node's share), then stages 2 and 3 over all shards, then the manifest."""
+    """Every task no one finished (a dead node's share, or all of them), then the manifest from the markers."""
     out = cfg.out_dir
     missing = missing_corpus_shards(out, plan.num_shards)
     if missing:
@@ -201,8 +156,10 @@ def merge(cfg: BuildConfig, plan: InputPlan, workers: Workers) -> dict[str, Any]
     tokenizer_entry = write_tokenizer_files(Vocab(vocab.path, vocab.tokens, lowercase),
                                             corpus_sentences(out, plan.num_shards), out)
     totals["val_documents"] = count_held_out(index.documents, cfg.val_fraction, cfg.seed)
-    make_all_instances(cfg, plan.num_shards, workers)
-    seq_entries = {str(seq_len): make_shards(cfg, seq_len, plan.num_shards, workers) for seq_len in cfg.seq_lens}
+    run_instances(cfg, plan.num_shards, workers)
+    orders = run_shard_stage(cfg, plan.num_shards, workers)
+    settings = StageSettings.of(cfg, plan.num_shards)
+    seq_entries = {str(seq_len): seq_entry(cfg, settings, seq_len, orders) for seq_len in cfg.seq_lens}
     manifest = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
@@ -237,80 +194,8 @@ def merge(cfg: BuildConfig, plan: InputPlan, workers: Workers) -> dict[str, Any]
     fsync_folder(out)
     remove_stale_temp_files(out)  # every task is done: a temp file left now belongs to a killed one
     if not cfg.keep_work:
-        remove_work(out, plan.num_shards, cfg.seq_lens)
+        remove_work(out, plan.num_shards, cfg.seq_lens, dict(settings.outputs))
     return manifest
-
-
-def instance_tasks(cfg: BuildConfig, num_shards: int) -> list[InstanceTask]:
-    """Every (input shard, sequence length), shard-major: task i is shard i // L, length i % L."""
-    settings = InstanceSettings.of(cfg)
-    return [InstanceTask(cfg.out_dir, num_shards, shard, seq_len, cfg.max_predictions()[str(seq_len)], settings)
-            for shard in range(num_shards) for seq_len in cfg.seq_lens]
-
-
-def make_all_instances(cfg: BuildConfig, num_shards: int, workers: Workers) -> None:
-    """The instance tasks still missing, all lengths in one pool pass so that every worker stays busy."""
-    tasks = [t for t in instance_tasks(cfg, num_shards) if not instance_task_done(t.out, t.seq_len, t.shard)]
-    started = time.perf_counter()
-    for _ in workers.map(make_instances, tasks):
-        pass
-    print(f"stage instances: {time.perf_counter() - started:.1f}s", flush=True)
-
-
-def make_shards(cfg: BuildConfig, seq_len: int, num_shards: int, workers: Workers) -> dict[str, Any]:
-    out = cfg.out_dir
-    started = time.perf_counter()
-    entry: dict[str, Any] = {}
-    counts = {split: count_instances(out, seq_len, split, num_shards) for split in SPLITS}
-    outputs = {"train": cfg.num_shards, "val": cfg.num_val_shards}
-    for split, (count, _) in counts.items():
-        if 0 < count < outputs[split]:
-            flag = "--num-shards" if split == "train" else "--num-val-shards"
-            raise BuildError(f"{flag} {outputs[split]}: only {count} {split} instances at sequence length {seq_len}; "
-                             "lower it or add data")
-    bucket = {split: order_bucket(out, seq_len, split, count) for split, (count, _) in counts.items() if count}
-    buckets = {split: num_buckets(counts[split][0], size) for split, size in bucket.items()}
-    over = tuple((split, b) for split, b in buckets.items() if b > 1)
-    if over:  # the order over one bucket: scattered per input shard first (data_prep/bucket_stage.py)
-        scatters = [ScatterTask(out, num_shards, s, seq_len, cfg.seed, over) for s in range(num_shards)
-                    if not scatter_done(out, seq_len, s)]
-        for _ in workers.map(scatter, scatters):
-            pass
-    for split in SPLITS:
-        count, random_next = counts[split]
-        # Packed modes only: what the packing dropped (nsp manifests keep their keys, and their bytes).
-        dropped = dropped_pieces(out, seq_len, split, num_shards) if cfg.segments != NSP else {}
-        if count == 0:
-            entry[split] = {"num_instances": 0, "nsp_random_fraction": None, "shards": [], **dropped}
-            continue
-        if split in dict(over):
-            sizes = bucket_sizes(out, seq_len, split, num_shards)
-            ends = [0, *shard_ends(count, outputs[split])]
-            tasks: Iterator[ShardTask | BucketedShardTask] = (
-                BucketedShardTask(out, seq_len, split, cfg.seed, k, ends[k], ends[k + 1], sizes)
-                for k in range(outputs[split]))
-        else:  # one bucket: the single permutation, cut lazily (shard_stage.shard_plan)
-            plan = shard_plan(count, outputs[split], cfg.seed, seq_len, split, bucket[split])
-            tasks = (ShardTask(out, seq_len, split, num_shards, k, rows) for k, rows in enumerate(plan))
-        entry[split] = {
-            "num_instances": count,
-            "nsp_random_fraction": round(random_next / count, 6) if cfg.segments == NSP else None,
-            "shards": list(workers.map(write_shard_if_needed, tasks)),
-            **dropped,
-        }
-    print(f"stage shards seq {seq_len}: {time.perf_counter() - started:.1f}s", flush=True)
-    return entry
-
-
-def write_shard_if_needed(task: ShardTask | BucketedShardTask) -> dict[str, object]:
-    """Resume: a shard file exists only when complete (atomic rename), so it is reused as is."""
-    name = shard_file(task.seq_len, task.split, task.index)
-    path = task.out / name
-    if path.is_file():
-        return {"file": name, "num_instances": len(task.rows), "sha256": sha256_file(path)}
-    table = gather_bucketed(task) if isinstance(task, BucketedShardTask) else gather_rows(task)
-    count, digest = write_shard_table(path, table)
-    return {"file": name, "num_instances": count, "sha256": digest}
 
 
 def run_build(cfg: BuildConfig) -> dict[str, Any] | None:
@@ -330,6 +215,7 @@ def run_build(cfg: BuildConfig) -> dict[str, Any] | None:
     with Workers(cfg.workers) as workers:
         if cfg.num_nodes > 1:
             prepare_corpus(cfg, plan, node_shards(plan, cfg.num_nodes, cfg.node_rank), workers)
+            run_node_share(cfg, plan.num_shards, workers)
             print(f"node {cfg.node_rank}/{cfg.num_nodes} done; run `python -m data_prep merge --out {cfg.out}` "
                   "once every node has finished (it runs whatever a node left undone)")
             return None
@@ -366,35 +252,3 @@ def run_merge(out: Path, workers: int, keep_work: bool = False) -> dict[str, Any
         manifest = merge(cfg, plan, pool)
     print_summary(manifest, seconds=time.perf_counter() - started)
     return manifest
-
-
-def run_task(out: Path, stage: str, index: int, workers: int, count: int = 1) -> None:
-    """One SLURM array element: `corpus` (clean + tokenize the input shards index .. index + count - 1, `workers`
-    corpus tasks at a time) or `instances` (task `index` of instance_tasks). Done already: nothing to do (a
-    requeued element)."""
-    try:
-        cfg = recorded_config(out, "task", workers=workers)
-    except FolderComplete as done:
-        print(done)
-        return
-    plan = load_plan(out)
-    if stage == "corpus":
-        if not 0 <= index < plan.num_shards or count < 1:
-            raise BuildError(f"task corpus --index {index} --count {count}: the plan has {plan.num_shards} input "
-                             "shard(s)")
-        shards = list(range(index, min(index + count, plan.num_shards)))
-        drop_broken_markers(out, [marker_path(out, stage, s) for s in shards for stage in (CLEAN_STAGE, TOKENS_STAGE)])
-        with Workers(workers) as pool:
-            prepare_corpus(cfg, plan, shards, pool)
-        return
-    missing = missing_corpus_shards(out, plan.num_shards)
-    if missing:
-        raise BuildError(f"task instances --out {out}: input shard(s) {missing[:8]} not cleaned and tokenized yet "
-                         "(run their `task corpus` first)")
-    tasks = instance_tasks(cfg, plan.num_shards)
-    if not 0 <= index < len(tasks):
-        raise BuildError(f"task instances --index {index}: there are {len(tasks)} instance task(s)")
-    task = tasks[index]
-    drop_broken_markers(out, [marker_path(out, instances_stage(task.seq_len), task.shard)])
-    if not instance_task_done(out, task.seq_len, task.shard):
-        make_instances(task)

@@ -121,6 +121,9 @@ class BuildConfig:
     workers: int = field(default_factory=default_workers)
     num_nodes: int = 1
     node_rank: int = 0
+    # A node of a multi-node build waits for the other nodes' tasks of a stage before it runs its share of the
+    # next one, giving up (the rest is left to `merge`) when none finished for this many seconds; 0: no wait.
+    node_wait: float = 600.0
     # Keep OUT/work/ (the cleaned text, tokens, instances and markers) once the manifest is written; by default
     # the build removes the files it wrote there (2-3x the output's size), as they are of no further use.
     keep_work: bool = False
@@ -164,6 +167,7 @@ class BuildConfig:
             ("--workers", self.workers >= 1, self.workers),
             ("--num-nodes", self.num_nodes >= 1, self.num_nodes),
             ("--node-rank", 0 <= self.node_rank < self.num_nodes, self.node_rank),
+            ("--node-wait", self.node_wait >= 0, self.node_wait),
         ]
         for flag, ok, value in checks:
             if not ok:
@@ -205,7 +209,7 @@ class BuildConfig:
         `segments`, `nsp_scope`, `input_shard_mb` and `mask_draws` only when not the default: a folder started before
         they existed recorded no such key, and its manifest's `config` stays as it was."""
         data = asdict(self)
-        for key in ("out", "workers", "num_nodes", "node_rank", "keep_work"):
+        for key in ("out", "workers", "num_nodes", "node_rank", "node_wait", "keep_work"):
             data.pop(key)
         for key, default in (("segments", NSP), ("nsp_scope", NSP_SCOPE_SHARD),
                              ("input_shard_mb", DEFAULT_INPUT_SHARD_MB), ("mask_draws", GOOGLE_DRAWS)):

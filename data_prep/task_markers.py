@@ -25,13 +25,17 @@ from data_prep.work_layout import done_dir
 OUTPUTS_KEY = "outputs"
 
 
-def write_marker(out: Path, marker: Path, record: dict[str, Any], outputs: Iterable[Path]) -> None:
+def write_marker(out: Path, marker: Path, record: dict[str, Any], outputs: Iterable[Path],
+                 known: dict[Path, str] | None = None) -> None:
     """`record` plus the size and sha256 of each of `outputs` (files under `out`, complete), written as the
-    task's marker once the outputs' folders are durable; then the marker's folder is made durable too."""
+    task's marker once the outputs' folders are durable; then the marker's folder is made durable too.
+    `known`: sha256 digests the task computed while writing (a shard's), so its file is not read again."""
     files = sorted(set(outputs))
+    known = known or {}
     for folder in sorted({path.parent for path in files}):
         fsync_folder(folder)
-    vouched = {path.relative_to(out).as_posix(): {"size": path.stat().st_size, "sha256": sha256_file(path)}
+    vouched = {path.relative_to(out).as_posix(): {"size": path.stat().st_size,
+                                                 "sha256": known.get(path) or sha256_file(path)}
                for path in files}
     atomic_write_json(marker, {**record, OUTPUTS_KEY: vouched})
     fsync_folder(marker.parent)

@@ -16,11 +16,11 @@ def remove_stale_temp_files(out: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def remove_work(out: Path, num_shards: int, seq_lens: tuple[int, ...]) -> None:
+def remove_work(out: Path, num_shards: int, seq_lens: tuple[int, ...], output_shards: dict[str, int]) -> None:
     """The intermediate files of a finished build (2-3x the output's size): only the names work_layout gives,
     so a file someone else put in work/ stays, and with it its folder. The manifest is written: a relaunch
     reports the folder complete without them."""
-    for path in work_files(out, num_shards, seq_lens):
+    for path in work_files(out, num_shards, seq_lens, output_shards):
         path.unlink(missing_ok=True)
     for folder in work_folders(out, seq_lens):
         try:

@@ -10,7 +10,8 @@ both are read by pretrain/ too.)
     work/buckets/seqL/shard-NNNNN-SPLIT.arrow        over one bucket: its instances grouped by shuffle bucket
     work/shards/seqL-SPLIT-order.json                the bucket size the shards are cut with
     work/done/STAGE-NNNNN.json                       a finished task: its statistics, and the size and sha256 of
-                                                     each output it vouches for (data_prep/task_markers.py)
+                                                     each output it vouches for (data_prep/task_markers.py);
+                                                     a gather's (gather-seqL-SPLIT-KKKKK) is output shard K's
     work/slurm/                                      the batch scripts of a SLURM build, and their logs
 
 The unit of work is an input shard (data_prep/input_plan.py), so work/ holds a few files per input shard
@@ -67,12 +68,18 @@ def instances_stage(seq_len: int) -> str:
     return f"instances-seq{seq_len}"
 
 
+def gather_stage(seq_len: int, split: str) -> str:
+    """The marker stage of the gathers of (seq_len, split): their index is the output shard's, not an input shard's."""
+    return f"gather-seq{seq_len}-{split}"
+
+
 def done_dir(out: Path) -> Path:
     return work_dir(out) / "done"
 
 
 def marker_path(out: Path, stage: str, shard: int) -> Path:
-    """`stage`: CLEAN_STAGE, TOKENS_STAGE, instances_stage(seq_len) or scatter_stage(seq_len)."""
+    """`stage`: CLEAN_STAGE, TOKENS_STAGE, instances_stage(seq_len), scatter_stage(seq_len) (index: the input
+    shard) or gather_stage(seq_len, split) (index: the output shard)."""
     return done_dir(out) / f"{stage}-{shard:05d}.json"
 
 
@@ -98,12 +105,16 @@ def stage_names(seq_lens: tuple[int, ...] | list[int]) -> list[str]:
     return [CLEAN_STAGE, TOKENS_STAGE, *(f(s) for s in seq_lens for f in (instances_stage, scatter_stage))]
 
 
-def work_files(out: Path, num_shards: int, seq_lens: tuple[int, ...] | list[int]) -> list[Path]:
+def work_files(out: Path, num_shards: int, seq_lens: tuple[int, ...] | list[int],
+               output_shards: dict[str, int]) -> list[Path]:
     """Every file a build writes under work/ but work/slurm/ (its scripts and logs, kept), in the order a
     finished build removes them: the markers first (no marker outlives what it vouches for), then the data,
-    the plan last. Only these names: a file someone else put in work/ is never among them."""
+    the plan last. `output_shards`: the output shards per split (the gathers' markers). Only these names: a
+    file someone else put in work/ is never among them."""
     splits = ("train", "val")
     markers = [marker_path(out, stage, s) for stage in stage_names(seq_lens) for s in range(num_shards)]
+    markers += [marker_path(out, gather_stage(seq_len, split), k) for seq_len in seq_lens for split in splits
+                for k in range(output_shards[split])]
     data = [path for s in range(num_shards) for path in (text_path(out, s), tokens_path(out, s))]
     data += [f(out, seq_len, s, split) for seq_len in seq_lens for s in range(num_shards) for split in splits
              for f in (instances_path, scattered_path)]

@@ -92,7 +92,7 @@ def test_node_builds_then_merge_equal_single_node(inputs, tmp_path) -> None:
     assert build(tmp_path / "single", *flags) == 0
     shared = tmp_path / "multi"
     for rank in (1, 0):  # any order
-        assert build(shared, *flags, "--num-nodes", "2", "--node-rank", str(rank)) == 0
+        assert build(shared, *flags, "--num-nodes", "2", "--node-rank", str(rank), "--node-wait", "0") == 0
         assert not (shared / "manifest.json").exists()
     assert main(["merge", "--out", str(shared), "--workers", "1"]) == 0
     check_output(shared)
@@ -208,7 +208,8 @@ def test_help_explains_every_flag() -> None:
                             capture_output=True, text=True, check=True)
     for flag in ("--wiki-dump", "--wikiextractor", "--books", "--text", "--hf-dataset", "--vocab", "--vocab-size",
                  "--seq-lens", "--segments", "--masking", "--mask-prob", "--dupe-factor", "--val-fraction", "--num-shards", "--out", "--seed",
-                 "--workers", "--num-nodes", "--node-rank"):
+                 "--workers", "--num-nodes", "--node-rank", "--node-wait", "--array-throttle", "--stage-cpus",
+                 "--stage-mem", "--stage-time"):
         assert flag in result.stdout
 
 

@@ -89,7 +89,8 @@ def test_nodes_sharing_one_file_give_the_same_bytes(tmp_path: Path) -> None:
     rest += ["--text", str(joined)]
     one, nodes = tmp_path / "one", tmp_path / "nodes"
     assert main(["build", *rest, "--out", str(one), "--workers", "1"]) == 0
-    assert main(["build", *rest, "--out", str(nodes), "--workers", "1", "--num-nodes", "2", "--node-rank", "0"]) == 0
+    assert main(["build", *rest, "--out", str(nodes), "--workers", "1", "--num-nodes", "2", "--node-rank", "0",
+                 "--node-wait", "0"]) == 0
     assert main(["merge", "--out", str(nodes), "--workers", "1", "--keep-work"]) == 0
     assert tree_digest(nodes) == tree_digest(one)
     markers = [json.loads((nodes / "work" / "done" / f"clean-{s:05d}.json").read_text()) for s in range(3)]

@@ -131,23 +131,35 @@ def test_scattered_buckets_give_the_bucketed_order(corpus) -> None:
 
 @pytest.mark.parametrize("executor", ["3 workers", "2 nodes x 2 workers", "dead node finished by merge"])
 def test_every_executor_gives_the_same_bytes(executor: str, corpus, tmp_path: Path) -> None:
-    """Without --keep-work (unlike the reference): the same bytes, and work/ removed once the manifest is written."""
+    """Without --keep-work (unlike the reference): the same bytes, and work/ removed once the manifest is written.
+    Two nodes started together run every stage's tasks between them (the merge only writes the manifest)."""
     flags, reference = corpus
     flags = [f for f in flags if f != "--keep-work"]
     out = tmp_path / "out"
     seed_folder(out, reference / "build_config.json")
     if executor == "3 workers":
         assert run(python_m("build", *flags, "--out", str(out), "--workers", "3")).returncode == 0
-    else:
-        ranks = [0, 1] if executor.startswith("2 nodes") else [0]
-        for rank in ranks:
-            done = run(python_m("build", *flags, "--out", str(out), "--workers", "2", "--num-nodes", "2",
-                                "--node-rank", str(rank)))
-            assert done.returncode == 0, done.stderr
+    elif executor.startswith("2 nodes"):  # started together: each runs its share of every stage
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        nodes = [subprocess.Popen(python_m("build", *flags, "--out", str(out), "--workers", "2", "--num-nodes", "2",
+                                           "--node-rank", str(rank)), cwd=REPO_ROOT, env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for rank in (0, 1)]
+        logs = [node.communicate(timeout=600)[0] for node in nodes]
+        assert [node.returncode for node in nodes] == [0, 0], logs
+        gathers = sorted(p.name for p in (out / "work" / "done").glob("gather-*.json"))
+        assert len(gathers) == len(SEQ_LENS) * (3 + 1), gathers  # every output shard cut by a node, none left
+        assert all("stage instances" in log and "stage shards" in log for log in logs), logs
         merged = run(python_m("merge", "--out", str(out), "--workers", "2"))
         assert merged.returncode == 0, merged.stderr
-        if ranks == [0]:  # node 1 never ran: the merge did its shard (the middle one), and said so
-            assert "1 of 3 input shard(s) not done, running them here: [1]" in merged.stdout
+        assert "not done, running them here" not in merged.stdout
+    else:  # node 1 never ran: node 0 does not wait for it, the merge does its shard (the middle one), and says so
+        done = run(python_m("build", *flags, "--out", str(out), "--workers", "2", "--num-nodes", "2",
+                            "--node-rank", "0", "--node-wait", "0"))
+        assert done.returncode == 0, done.stderr
+        assert "1 corpus task(s) not finished by other nodes" in done.stdout
+        merged = run(python_m("merge", "--out", str(out), "--workers", "2"))
+        assert merged.returncode == 0, merged.stderr
+        assert "1 of 3 input shard(s) not done, running them here: [1]" in merged.stdout
     assert shard_digests(out) == shard_digests(reference)
     assert tree_digest(out) == tree_digest(reference)
     assert not list(out.rglob("*.tmp"))
@@ -199,7 +211,8 @@ def test_each_input_file_is_read_by_one_task(corpus, tmp_path: Path, monkeypatch
     monkeypatch.setattr(sources, "file_lines", lambda path, *span: (opened.append(Path(path).name),
                                                                       real_lines(path, *span))[1])
     out = tmp_path / "out"
-    assert main(["build", *flags, "--out", str(out), "--workers", "1", "--num-nodes", "2", "--node-rank", "0"]) == 0
+    assert main(["build", *flags, "--out", str(out), "--workers", "1", "--num-nodes", "2", "--node-rank", "0",
+                 "--node-wait", "0"]) == 0
     assert opened == ["part0.txt", "part2.txt"]
     assert main(["merge", "--out", str(out), "--workers", "1", "--keep-work"]) == 0
     assert opened == ["part0.txt", "part2.txt", "part1.txt"]
@@ -220,7 +233,8 @@ def test_work_files_follow_shards_not_chunks(corpus, tmp_path: Path) -> None:
     assert len(bucketed) == len(SEQ_LENS) * (1 + 2 * GROUPS)  # an order record; per input shard a file, a marker
     assert small_names == names - bucketed
     per_shard = 2 + 2 + len(SEQ_LENS) * 3  # text + tokens, their markers; per length two splits + a marker
-    assert len(small_names) == 1 + GROUPS * per_shard  # + the plan
+    gathers = len(SEQ_LENS) * (3 + 1)  # a marker per output shard (3 train, 1 val per length)
+    assert len(small_names) == 1 + GROUPS * per_shard + gathers  # + the plan
 
 
 def test_kill_in_each_stage_then_relaunch(corpus, tmp_path: Path) -> None:
@@ -250,13 +264,15 @@ def test_kill_in_each_stage_then_relaunch(corpus, tmp_path: Path) -> None:
         assert again.returncode == 0, again.stderr
         assert tree_digest(out) == tree_digest(reference)
         assert not list(out.rglob("*.tmp"))
-        assert len(list((out / "work" / "done").glob("*.json"))) == GROUPS * (2 + 2 * len(SEQ_LENS))
+        gathers = len(SEQ_LENS) * (3 + 1)  # a marker per output shard: 3 train, 1 val per length
+        assert len(list((out / "work" / "done").glob("*.json"))) == GROUPS * (2 + 2 * len(SEQ_LENS)) + gathers
 
 
 def test_a_changed_input_or_unit_is_refused_naming_it(corpus, tmp_path: Path, capsys) -> None:
     flags, reference = corpus
     out = tmp_path / "out"
-    assert main(["build", *flags, "--out", str(out), "--workers", "1", "--num-nodes", "2", "--node-rank", "0"]) == 0
+    assert main(["build", *flags, "--out", str(out), "--workers", "1", "--num-nodes", "2", "--node-rank", "0",
+                 "--node-wait", "0"]) == 0
     changed = Path(flags[flags.index("--text") + 1])
     stat = changed.stat()
     try:
@@ -298,17 +314,19 @@ def submit(slurm, flags: list[str], out: Path, *extra: str) -> subprocess.Comple
 
 
 def test_slurm_arrays_give_the_same_bytes_and_rerun_only_what_is_missing(corpus, slurm, tmp_path: Path) -> None:
-    """A real (local) SLURM: the corpus array, the instances array after it, the merge last; the reference's
-    bytes. A relaunch after completion submits nothing; one instance task lost (its files and marker, as a
-    failed element leaves it) is the only element of the next submission, and the bytes come back."""
+    """A real (local) SLURM: the corpus array, then the instances, scatter and gather arrays, the merge last;
+    the reference's bytes. A relaunch after completion submits nothing; one instance task lost (its files and
+    marker, as a failed element leaves it) and the shards of its length are the only elements of the next
+    submission, and the bytes come back."""
     flags, reference = corpus
     out = tmp_path / "out"
     seed_folder(out, reference / "build_config.json")
     first = submit(slurm, flags, out)
     assert first.returncode == 0, first.stderr
     assert [line.split(":")[0] for line in first.stdout.splitlines() if line.startswith("submitted")] == [
-        "submitted corpus", "submitted instances", "submitted merge"]
-    assert "(3 element(s))" in first.stdout and "(6 element(s))" in first.stdout
+        "submitted corpus", "submitted instances", "submitted scatter", "submitted gather", "submitted merge"]
+    elements = [line.split(" (", 1)[1] for line in first.stdout.splitlines() if line.startswith("submitted")]
+    assert elements == ["3 element(s))", "6 element(s))", "6 element(s))", "8 element(s))", "one job)"]
     wait_for_jobs(slurm, out)
     assert tree_digest(out) == tree_digest(reference)
     again = submit(slurm, flags, out)
@@ -321,9 +339,12 @@ def test_slurm_arrays_give_the_same_bytes_and_rerun_only_what_is_missing(corpus,
     printed = submit(slurm, flags, out, "--print-sbatch")
     assert printed.returncode == 0 and "corpus.sbatch" not in printed.stdout
     assert f"#SBATCH --array={lost}\n" in printed.stdout and "merge.sbatch" in printed.stdout
+    assert "gather.sbatch" in printed.stdout and "#SBATCH --array=4-7\n" in printed.stdout  # seq64's shards
     rerun = submit(slurm, flags, out)
     assert rerun.returncode == 0 and "submitted instances" in rerun.stdout and "(1 element(s))" in rerun.stdout
     wait_for_jobs(slurm, out)
+    gathered = sorted(p.name for p in (out / "work" / "slurm").glob("gather-*.log"))
+    assert gathered, "the gathers ran as array elements, not inside the merge job"
     assert tree_digest(out) == tree_digest(reference)
     assert not list(out.rglob("*.tmp"))
 
@@ -338,7 +359,8 @@ def test_relative_paths_and_a_touched_input_after_completion(corpus, tmp_path: P
     relative = [os.path.relpath(f) if f.endswith(".txt") else f for f in flags]
     assert all(f.startswith("../") for f in relative if f.endswith(".txt"))
     out = tmp_path / "out"
-    assert main(["build", *relative, "--out", str(out), "--workers", "1", "--num-nodes", "2", "--node-rank", "0"]) == 0
+    assert main(["build", *relative, "--out", str(out), "--workers", "1", "--num-nodes", "2", "--node-rank", "0",
+                 "--node-wait", "0"]) == 0
     assert main(["merge", "--out", str(out), "--workers", "1"]) == 0
     touched = Path(flags[flags.index("--text") + 1])
     stat = touched.stat()
@@ -364,7 +386,7 @@ def test_a_cancelled_array_element_fails_its_stage_and_the_relaunch_runs_it(corp
                if line.startswith("submitted "))
     ids = {name: value.split()[0] for name, value in ids.items()}
     slurm.command("scancel", f"{ids['corpus']}_1")
-    for name in ("corpus", "instances", "merge"):
+    for name in ("corpus", "instances", "scatter", "gather", "merge"):
         slurm.command("scontrol", "release", ids[name])
     wait_for_jobs(slurm, out)
     done = out / "work" / "done"

@@ -97,7 +97,8 @@ def test_a_cut_dump_gives_the_same_bytes_on_any_number_of_nodes(tmp_path: Path) 
     cut = [*flags, "--input-shard-mb", str(dump.stat().st_size / 3 / (1 << 20))]
     one, nodes = tmp_path / "one", tmp_path / "nodes"
     assert main(["build", *cut, "--out", str(one)]) == 0
-    assert main(["build", *cut, "--out", str(nodes), "--num-nodes", "2", "--node-rank", "0"]) == 0
+    assert main(["build", *cut, "--out", str(nodes), "--num-nodes", "2", "--node-rank", "0",
+                 "--node-wait", "0"]) == 0
     assert main(["merge", "--out", str(nodes), "--workers", "1", "--keep-work"]) == 0
     assert tree_digest(nodes) == tree_digest(one)
     markers = [json.loads((one / "work" / "done" / f"clean-{s:05d}.json").read_text()) for s in range(plan.num_shards)]

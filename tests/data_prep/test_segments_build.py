@@ -127,7 +127,7 @@ def test_full_sentences_node_builds_then_merge_equal_single_node(corpus: Path, t
     assert build(corpus, tmp_path / "single", *flags) == 0
     shared = tmp_path / "multi"
     for rank in (1, 0):
-        assert build(corpus, shared, *flags, "--num-nodes", "2", "--node-rank", str(rank)) == 0
+        assert build(corpus, shared, *flags, "--num-nodes", "2", "--node-rank", str(rank), "--node-wait", "0") == 0
     assert main(["merge", "--out", str(shared), "--workers", "1"]) == 0
     assert Manifest.load(shared).segments == "full-sentences"
     assert tree_digest(shared) == tree_digest(tmp_path / "single")
