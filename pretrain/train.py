@@ -281,7 +281,7 @@ def train_plan(plan: RunPlan, dist_info: DistInfo, plugin: TrainingPlugin, stop:
     first = next(iter(plan.phases.values()))
     if saved is None and first.name == "phase2" and not first.section.init_from:
         raise ConfigError("phase2.init_from: required when phase 2 runs without a phase-1 checkpoint in checkpoint.dir")
-    metrics = MetricsWriter(settings.run_dir / TENSORBOARD, enabled=dist_info.rank == 0 and settings.tensorboard,
+    metrics = MetricsWriter(settings.run_dir / TENSORBOARD, enabled=dist_info.rank == 0 and settings.logging.tensorboard,
                             quality=settings.quality)  # and the run's clock, run_clock.json
     metrics.mark("planned")  # start-up so far: imports, joining the job, the plan, the resume checks
     launch = Launch.from_env()

@@ -31,7 +31,14 @@ from data_prep.shard_format.shards import ShardFormatError
 from pretrain.checkpointing.ownership import CheckpointClaim, claim_checkpoint_dir
 from pretrain.config.attention import attention_plan
 from pretrain.config.deepspeed import phase_ds_config, precision_of
-from pretrain.config.sections import CheckpointSection, ModelSection, PhaseSection, RunConfig, RunSection
+from pretrain.config.sections import (
+    CheckpointSection,
+    LoggingSection,
+    ModelSection,
+    PhaseSection,
+    RunConfig,
+    RunSection,
+)
 from pretrain.data.batches import DataConfigError, PhaseData, StreamPlan, phase_data
 from pretrain.distributed.info import DistInfo, Launch
 from pretrain.distributed.json_collectives import broadcast_json
@@ -80,13 +87,13 @@ class PhasePlan:
 @dataclass(frozen=True)
 class JobPlan:
     """What the whole job (all its phases) reads: its folders (derived: checkpoint.dir defaults under run.dir), the
-    config's checkpoint section (keep_last, export_at_phase_end), whether it writes TensorBoard, the quality clock,
-    and the shards' vocab."""
+    config's checkpoint section (keep_last, export_at_phase_end) and logging section (tensorboard), the quality
+    clock, and the shards' vocab."""
 
     run_dir: Path
     checkpoint_dir: Path
     checkpoint: CheckpointSection
-    tensorboard: bool  # logging.tensorboard (the writer takes it as a flag: rank 0 alone writes)
+    logging: LoggingSection
     quality: QualityPlan
     vocab_sha256: str
 
@@ -134,7 +141,7 @@ def plan_run(config: RunConfig, dist_info: DistInfo, verify_checksums: bool, fac
     run_dir = Path(config.run.dir)
     job = JobPlan(
         run_dir=run_dir, checkpoint_dir=config.checkpoint_dir, checkpoint=config.checkpoint,
-        tensorboard=config.logging.tensorboard, quality=QualityPlan(run_dir, dist_info.world_size, config.logging),
+        logging=config.logging, quality=QualityPlan(run_dir, dist_info.world_size, config.logging),
         vocab_sha256=first.vocab.sha256,
     )
     resolved = {
@@ -190,7 +197,7 @@ def phase_plan(config: RunConfig, name: str, model_config: BertConfig, ds: dict[
                           schedules=schedules),
         throughput=ThroughputSettings(
             encoder_params=encoder, head_params=head, layers=model_config.num_hidden_layers,
-            hidden=model_config.hidden_size, seq_len=phase.seq_len, predictions=data.max_predictions,
+            hidden=model_config.hidden_size, seq_len=data.seq_len, predictions=data.max_predictions,
             peak_tflops=peak_tflops(device, precision, config.logging.peak_tflops)),
         attention=attention, section=phase, run=config.run, model=config.model,
     )
