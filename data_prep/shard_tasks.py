@@ -10,8 +10,8 @@ shard_stage's and bucket_stage's, unchanged, so the shards are the bytes of the 
 inside `merge`.
 
 A gather's marker records the shard's name, rows and sha256 (the manifest's entry, so `merge` reads no shard
-again) and vouches for the shard's size (data_prep/task_markers.py). A shard found without its marker (a task
-killed between the two) is hashed and given one: the rename made it complete.
+again) and vouches for the shard's size (data_prep/task_markers.py). A shard found whole without its marker (a
+task killed between the two) is hashed and given one; one cut short is cut again.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from data_prep.bucket_stage import (
 from data_prep.build_errors import BuildError
 from data_prep.config import NSP, BuildConfig
 from data_prep.shard_format.atomic_io import sha256_file
-from data_prep.shard_format.shards import SPLITS, write_shard_table
+from data_prep.shard_format.shards import SPLITS, ShardFormatError, read_table, write_shard_table
 from data_prep.shard_stage import (
     BUCKET_INSTANCES,
     ShardTask,
@@ -186,7 +186,7 @@ def run_gather(task: GatherTask) -> None:
     start, end = ends[task.index], ends[task.index + 1]
     name = shard_file(task.seq_len, task.split, task.index)
     path = settings.out / name
-    if path.is_file():  # complete (atomic rename): its marker was not written yet
+    if _complete(path, end - start):  # renamed in place, its marker not written yet (a kill between the two)
         count, digest = end - start, sha256_file(path)
     elif order.bucketed:
         sizes = task.sizes if task.sizes is not None else bucket_sizes(settings.out, task.seq_len, task.split,
@@ -199,6 +199,15 @@ def run_gather(task: GatherTask) -> None:
             settings.out, task.seq_len, task.split, settings.num_shards, task.index, rows)))
     write_marker(settings.out, gather_marker(task), {"file": name, "num_instances": count, "sha256": digest},
                  [path], known={path: digest})
+
+
+def _complete(path: Path, rows: int) -> bool:
+    """The shard is there and whole: a readable Arrow file of its rows. An atomic rename leaves only whole files,
+    but one cut short since (its marker then dropped by task_markers.drop_broken_markers) is cut again."""
+    try:
+        return read_table(path).num_rows == rows
+    except ShardFormatError:  # missing, or not a whole Arrow file
+        return False
 
 
 def seq_entry(cfg: BuildConfig, settings: StageSettings, seq_len: int,
