@@ -90,7 +90,7 @@ class PhaseView(Protocol):
     """What `start_phase` and `after_step` may read of the phase being trained (pretrain.trainer.PhaseTrainer
     is one). A hook reads it; the trainer's own work is not changed through it."""
 
-    settings: Any  # the phase's pretrain.trainer.TrainerSettings: phase, steps, seq_len, seed, ... (from its plan)
+    settings: Any  # the phase's pretrain.phase_state.LoopPlan: phase, steps, the loop's sections, ... (from its plan)
     run_dir: Path  # the job's run folder (a JobShare applied: <run.dir>/<subfolder>)
     state: Any  # the trainer's PhaseState: phase, step (optimizer steps done), samples_seen, ...
     engine: Any  # the DeepSpeed engine; engine.module is the model, engine.module.config its BertConfig

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pretrain.config.sections import setting
+from pretrain.keys import setting
 
 DISTILL_TARGETS = ("mlm", "nsp")
 DISTILL_LOSSES = ("kl", "soft_ce")

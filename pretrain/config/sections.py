@@ -24,7 +24,7 @@ from typing import Any
 from pretrain.checkpointing.cadence import CadenceSection
 from pretrain.data.stream_sections import PackingSection, PartSection
 from pretrain.errors import ConfigError
-from pretrain.keys import DOC, PHASE_NAMES, setting
+from pretrain.keys import PHASE_NAMES, setting
 from pretrain.loop_sections import (
     FailureSection,
     FeedSection,
@@ -39,7 +39,7 @@ from pretrain.schedules.batch import BatchWarmupSettings
 from pretrain.schedules.lr import ScheduleSettings
 from pretrain.schedules.masking import MaskingSettings
 
-__all__ = ["DOC", "PHASE_NAMES", "PLUGINS_FIELD", "RunConfig", "setting"]
+__all__ = ["PLUGINS_FIELD", "RunConfig"]
 
 PLUGINS_FIELD = "plugins"  # RunConfig's field with the plug-ins' sections by name (not a section itself)
 # Rank 0 alone hashes every shard before training and exports at each phase end while the other ranks

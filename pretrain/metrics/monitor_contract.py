@@ -3,7 +3,7 @@
 Why a contract: a per-step number used to mean edits in the loop, in the trainer's metrics and in a helper
 elsewhere (the gradient norm had two homes, the optimizer's numbers a third), and the trainer grew with
 each. A monitor is one class in one file of pretrain/metrics/, registered once in the table of
-pretrain/metrics/monitor_registry.py, which the run plan hands to the trainer (TrainerSettings.monitors); the
+pretrain/metrics/monitor_registry.py, which the run plan hands to the trainer (LoopPlan.monitors); the
 trainer calls every monitor at the same points and knows none by name (composer's callbacks, its
 OptimizerMonitor among them, are the model):
 

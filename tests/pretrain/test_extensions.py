@@ -2,7 +2,7 @@
 
 PluginStack (pretrain/plugin.py) is checked on plug-ins defined here; the trainer's side (start_phase
 first, after_step after each step, the loss terms added) on a real one-rank DeepSpeed engine; and that
-the trainer, which reads only its TrainerSettings of the run config, loads no DeepSpeed on import.
+the trainer, which reads only its LoopPlan of the run config, loads no DeepSpeed on import.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def test_loss_terms_are_summed_in_order_and_their_numbers_merged() -> None:
 def test_the_trainer_calls_start_phase_first_then_after_step_and_adds_every_loss_term(tmp_path: Path) -> None:
     """A real phase of 3 steps: start_phase once, before any step and on the config's plug-in first; after_step
     after every step, in stack order; both added terms reach every micro-batch (their numbers are logged);
-    and the loop runs with its job taken away (it reads its TrainerSettings, built by the run plan)."""
+    and the loop runs with its job taken away (it reads its LoopPlan, built by the run plan)."""
     built = build_trainer(tmp_path, steps=3)
     calls: list[tuple[str, str, int]] = []
     views: list[Any] = []
