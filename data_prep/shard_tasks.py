@@ -17,7 +17,8 @@ task killed between the two) is hashed and given one; one cut short is cut again
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from data_prep.shard_stage import (
     num_buckets,
     order_bucket,
     shard_ends,
+    shard_plan,
 )
 from data_prep.task_markers import write_marker
 from data_prep.work_layout import gather_stage, marker_path, shard_file
@@ -148,6 +150,27 @@ class GatherTask:
     index: int
     order: SplitOrder | None = None
     sizes: np.ndarray | None = None
+    rows: np.ndarray | None = None  # one bucket: the shard's rows, cut by the planner from the one permutation
+
+
+def with_rows(tasks: Iterable[GatherTask]) -> Iterator[GatherTask]:
+    """The tasks, those of a split within one bucket given their rows, cut lazily from the split's permutation
+    (shard_stage.shard_plan: the planner holds it once, not every task): what a pool's planner hands out."""
+    plans: dict[tuple[int, str], Iterator[np.ndarray]] = {}
+    for task in tasks:
+        order = task.order
+        if order is None or order.bucketed or order.count == 0:
+            yield task
+            continue
+        key = (task.seq_len, task.split)
+        if key not in plans:
+            plans = {key: enumerate(shard_plan(order.count, dict(task.settings.outputs)[task.split],
+                                               task.settings.seed, task.seq_len, task.split,
+                                               order.bucket_instances))}
+        index, rows = next(plans[key])
+        while index < task.index:  # a share skips the other nodes' shards
+            index, rows = next(plans[key])
+        yield replace(task, rows=rows)
 
 
 def gather_tasks(settings: StageSettings, orders: dict[tuple[int, str], SplitOrder] | None = None) -> list[GatherTask]:
@@ -194,7 +217,9 @@ def run_gather(task: GatherTask) -> None:
         count, digest = write_shard_table(path, gather_bucketed(BucketedShardTask(
             settings.out, task.seq_len, task.split, settings.seed, task.index, start, end, sizes)))
     else:  # one bucket: the single permutation (shard_stage.bucket_orders with B = 1), cut at the shard's ends
-        rows = bucket_shuffle(settings.seed, task.seq_len, task.split, None).permutation(order.count)[start:end].copy()
+        rows = task.rows
+        if rows is None:
+            rows = bucket_shuffle(settings.seed, task.seq_len, task.split, None).permutation(order.count)[start:end].copy()
         count, digest = write_shard_table(path, gather_rows(ShardTask(
             settings.out, task.seq_len, task.split, settings.num_shards, task.index, rows)))
     write_marker(settings.out, gather_marker(task), {"file": name, "num_instances": count, "sha256": digest},

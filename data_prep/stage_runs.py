@@ -28,6 +28,7 @@ from data_prep.shard_tasks import (
     scatter_jobs,
     scatter_needed,
     split_orders,
+    with_rows,
 )
 from data_prep.work_layout import TOKENS_STAGE, instances_stage, marker_path, scatter_stage
 
@@ -76,7 +77,8 @@ def run_scatters(settings: StageSettings, orders: dict[tuple[int, str], SplitOrd
 def run_gathers(settings: StageSettings, orders: dict[tuple[int, str], SplitOrder], workers: Workers,
                 share: Share = EVERY_TASK) -> None:
     """The share's gathers still missing, every length and split in one pool pass (W shards at a time)."""
-    for _ in workers.map(run_gather, [t for t in share.of(gather_tasks(settings, orders)) if not gather_done(t)]):
+    tasks = (t for t in with_rows(share.of(gather_tasks(settings, orders))) if not gather_done(t))
+    for _ in workers.map(run_gather, tasks):
         pass
 
 

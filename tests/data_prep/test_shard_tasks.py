@@ -12,11 +12,14 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from data_prep.__main__ import main
 from data_prep.shard_format.atomic_io import atomic_write_json
-from data_prep.stage_runs import wait_for
+from data_prep.shard_stage import BUCKET_INSTANCES
+from data_prep.shard_tasks import SplitOrder, StageSettings, gather_tasks, with_rows
+from data_prep.stage_runs import Share, wait_for
 from tests.data_prep.segment_inputs import build, write_inputs
 
 FLAGS = ["--seq-lens", "48", "--num-shards", "3", "--val-fraction", "0.1", "--docs-per-chunk", "8",
@@ -113,3 +116,16 @@ def test_bad_settings_are_one_line(flags: list[str], message: str, corpus: Path,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_planner_hands_each_share_its_rows_of_the_one_permutation() -> None:
+    """Within one bucket the pool's planner cuts the split's permutation once and gives each task its rows
+    (a task of an array element draws the permutation itself): node 1 of 2 gets shards 1 and 3 of 5, the rows
+    of the single permutation every earlier build drew."""
+    settings = StageSettings(Path("unused"), 1, (48,), 5, (("train", 5), ("val", 1)))
+    orders = {(48, "train"): SplitOrder(1000, 0, BUCKET_INSTANCES), (48, "val"): SplitOrder(0, 0, BUCKET_INSTANCES)}
+    tasks = list(with_rows(Share(2, 1).of(gather_tasks(settings, orders))))
+    assert [(t.split, t.index) for t in tasks] == [("train", 1), ("train", 3)]  # val has no instances: no task
+    expected = np.array_split(np.random.default_rng([5, 48, 0]).permutation(1000), 5)
+    for task in tasks:
+        assert task.rows is not None and np.array_equal(task.rows, expected[task.index])
