@@ -176,7 +176,8 @@ def plan_run(config: RunConfig, dist_info: DistInfo, verify_checksums: bool, fac
 
 def phase_plan(config: RunConfig, name: str, model_config: BertConfig, ds: dict[str, Any], data: PhaseData,
                device: torch.device, facts: DeviceFacts) -> PhasePlan:
-    """Phase `name` of the job's config: its section read once, into the settings each part of the phase takes."""
+    """Phase `name` of the job's config, read once: each part of the phase gets its own sections (the config's objects,
+    typed as what that part declares) and what is derived here (schedules, attention path, FLOP model, monitors)."""
     phase, precision = config.phase(name), precision_of(ds)
     encoder, head = flop_parameter_counts(model_config.to_dict())
     attention = attention_plan(config, name, ds, facts, head_dim(model_config))  # ConfigError: what cannot run
