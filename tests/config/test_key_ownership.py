@@ -10,10 +10,18 @@ copied about 30 keys so into *Settings classes that declared them again, and eac
 from __future__ import annotations
 
 import ast
+import functools
+from pathlib import Path
+
+import torch
 
 from pretrain.config.doc import config_sections
+from pretrain.config.load import load_config
 from pretrain.config.sections import RunConfig
+from pretrain.distributed.info import DistInfo
+from pretrain.plan.run_plan import plan_run
 from tests.support.paths import REPO_ROOT
+from tests.support.pretrain_fixtures import build_shards, tiny_run_config
 
 PRETRAIN = REPO_ROOT / "pretrain"
 
@@ -62,6 +70,7 @@ def sections_by_class() -> dict[str, set[str]]:
     return landing
 
 
+@functools.cache
 def modules() -> dict[str, str]:
     return {path.relative_to(REPO_ROOT).as_posix(): path.read_text(encoding="utf-8")
             for path in sorted(PRETRAIN.rglob("*.py"))}
@@ -112,3 +121,22 @@ def test_no_module_copies_a_config_key_into_a_field_of_its_name() -> None:
            "check_phase_shards(manifest, mask_probability=config.data.mask_probability)\n")
     assert key_copies(old, keys | {"every"}) == [("steps", 1), ("val_every_steps", 1), ("every", 2), ("seed", 3)]
 
+
+
+def test_the_plan_hands_each_component_the_configs_own_section(tmp_path: Path) -> None:
+    """The loop, the stream, the job and the monitors get the config's section objects themselves (typed as what
+    each declares), so a key's value has one home from RUN.json to its use."""
+    run_json = tiny_run_config(tmp_path / "run.json", build_shards(tmp_path / "shards", train=16, val=8),
+                               tmp_path / "run")
+    config = load_config(str(run_json), ["--checkpoint.every_minutes=7", "--failures.max_consecutive_nonfinite=9"])
+    plan = plan_run(config, DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu")),
+                    verify_checksums=False)
+    phase = plan.phases["phase1"]
+    loop, stream = phase.trainer, phase.stream
+    assert loop.section is config.phase1 and loop.run is config.run and loop.validation is config.logging
+    assert loop.checkpoint is config.checkpoint and loop.failures is config.failures and loop.feed is config.data
+    assert (loop.checkpoint.every_minutes, loop.failures.max_consecutive_nonfinite, loop.steps) == (7.0, 9, config.phase1.steps)
+    assert stream.run is config.run and stream.parts is config.data and stream.layout is config.phase1
+    assert plan.job.checkpoint is config.checkpoint and plan.job.quality.marks is config.logging
+    slow = [m for m in loop.monitors if type(m).__name__ == "SlowRanks"]
+    assert len(slow) == 1 and slow[0].settings is config.run
