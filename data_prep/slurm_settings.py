@@ -3,8 +3,9 @@ many elements of one array run at once. Typed and checked here, so that a bad va
 is submitted, not a job that SLURM refuses (or that runs out of memory) hours in.
 
 Stages (the jobs of data_prep/slurm_arrays.py): corpus, instances, scatter, gather, merge. Defaults: a corpus
-element and the merge take --workers CPUs, every other element one; memory and time are SLURM's defaults (the
-partition's) unless given; arrays run unthrottled.
+element takes --workers CPUs (it runs that many corpus tasks at once), every other job one (the merge only
+writes the manifest once every element succeeded); memory and time are SLURM's defaults (the partition's)
+unless given; arrays run unthrottled.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from data_prep.config import ConfigError
 
 STAGES = ("corpus", "instances", "scatter", "gather", "merge")
-WIDE_STAGES = ("corpus", "merge")  # the stages that run --workers tasks at once by default
+WIDE_STAGES = ("corpus",)  # the stages that run --workers tasks at once by default
 _MEM = re.compile(r"^[1-9][0-9]*[KMGT]?$")  # sbatch --mem: an integer, megabytes unless K/M/G/T
 _TIME = re.compile(r"^([0-9]+-)?[0-9]+(:[0-9]{1,2}){0,2}$")  # sbatch --time: [days-]hours[:minutes[:seconds]] etc.
 

@@ -61,6 +61,7 @@ def test_array_tasks_cut_every_shard_before_the_merge(corpus: Path, tmp_path: Pa
     assert "#SBATCH --array=0-3%2\n" in scripts["gather"] and "#SBATCH --mem=2G\n" in scripts["gather"]
     assert "#SBATCH --time=1:00:00\n" in scripts["instances"] and "--mem" not in scripts["instances"]
     assert "#SBATCH --cpus-per-task=2\n" in scripts["scatter"] and "%2\n" in scripts["corpus"]
+    assert "#SBATCH --cpus-per-task=1\n" in scripts["merge"] and "merge --out" in scripts["merge"]  # the manifest only
     shards = len(json.loads((out / "work" / "plan.json").read_text(encoding="utf-8"))["shards"])
     assert shards >= 3, "the corpus must be several input shards"
 
