@@ -10,7 +10,8 @@ sample dump and books, 1.5 M tokens per 1x; `books`: the UTF-8 sample books, eac
 per 1x), `--num-shards` 8 per 1x, at the build's default chunking (256 input documents; `--docs-per-chunk N`
 sets another) and with input shards of `--input-shard-mb` (4, or 1 for `books`), so that the number of input
 shards, not their size, grows with the corpus, as on a real one. Each build is two node builds
-(`build --num-nodes 2 --node-rank r`: vocab, corpus tasks) and a `merge` (instances, shards), or with
+(`build --num-nodes 2 --node-rank r`, one after the other with `--node-wait 0`: vocab, corpus tasks, and for the
+second node its share of the instance tasks) and a `merge` (the other instance tasks, shards), or with
 `--single-node` one `build` as a user runs it on one machine, each a child process whose tree (main process
 and spawned workers) is sampled every 20 ms from /proc/PID/status: RssAnon (the process's own memory:
 what the fixes target), RssFile (mapped file pages: the token and instance files, shared page cache)
