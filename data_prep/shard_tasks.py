@@ -174,8 +174,9 @@ def with_rows(tasks: Iterable[GatherTask]) -> Iterator[GatherTask]:
 
 
 def gather_tasks(settings: StageSettings, orders: dict[tuple[int, str], SplitOrder] | None = None) -> list[GatherTask]:
-    """Every output shard: length-major, then train before val, then the shard (what SLURM's elements index).
-    With `orders`, the splits without instances are left out and the bucketed ones carry their sizes."""
+    """Every output shard: length-major, then train before val, then the shard (without `orders`: the list
+    SLURM's gather elements index). With `orders` (a pool's planner), the splits without instances are left out
+    and the bucketed ones carry their sizes."""
     tasks = []
     for seq_len in settings.seq_lens:
         for split, outputs in settings.outputs:
