@@ -125,30 +125,10 @@ def is_slow(item: pytest.Item) -> bool:
             or item.nodeid.startswith(SLOW_TESTS))
 
 
-def worker_group(item: pytest.Item) -> str:
-    """Which tests one pytest-xdist worker runs together, in order: a whole test file (its module fixtures, e.g. one
-    shared launch, are built once), and every cluster test in one group (one private SLURM and sshd at a time; the
-    hostfile and SLURM fault files also share one session fixture)."""
-    if item.get_closest_marker("cluster"):
-        return "cluster"
-    return item.nodeid.split("::")[0]
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tiers (slow marks), then the workers' groups, the groups with the most slow tests first: under
-    `-n 2 --dist loadgroup` (pyproject.toml) the longest groups start at once and the short ones fill the gaps."""
-    weight: dict[str, int] = {}
     for item in items:
-        group = worker_group(item)
         if is_slow(item):
             item.add_marker(pytest.mark.slow)
-            launches = any(item.get_closest_marker(marker) for marker in ("multirank", "cluster"))
-            weight[group] = weight.get(group, 0) + (10 if launches else 2)  # a launch: tens of seconds
-        item.add_marker(pytest.mark.xdist_group(group))
-    first_seen = {}
-    for index, item in enumerate(items):
-        first_seen.setdefault(worker_group(item), index)
-    items.sort(key=lambda item: (-weight.get(worker_group(item), 0), first_seen[worker_group(item)]))
 
 
 def checkout_changes() -> set[str] | None:
@@ -163,22 +143,16 @@ def checkout_changes() -> set[str] | None:
     return set(status.stdout.splitlines()) if status.returncode == 0 else None
 
 
-def is_xdist_worker(session: pytest.Session) -> bool:
-    return hasattr(session.config, "workerinput")
-
-
 def pytest_sessionstart(session: pytest.Session) -> None:
-    if not is_xdist_worker(session):  # the controller alone: it outlives every worker
-        session.stash[CHECKOUT_BEFORE] = checkout_changes()
+    session.stash[CHECKOUT_BEFORE] = checkout_changes()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Tests write only to temporary folders: a file the suite left in the checkout fails the run, named.
 
     (A batch script once wrote its requeue note into the checkout's root, and it was committed.)"""
-    if (before := session.stash.get(CHECKOUT_BEFORE, None)) is None:  # an xdist worker, or no git checkout
-        return
-    if (after := checkout_changes()) is None or not (left := sorted(after - before)):
+    before, after = session.stash.get(CHECKOUT_BEFORE, None), checkout_changes()
+    if before is None or after is None or not (left := sorted(after - before)):
         return
     session.config.get_terminal_writer().line("")
     session.config.get_terminal_writer().line(
