@@ -8,8 +8,10 @@ it prints the wall and CPU seconds and the bytes its process tree wrote (getrusa
 it: ru_oublock, the bytes it dirtied in the page cache of a disk-backed file system; not on tmpfs), and for each
 kind of file (work/instances, work/buckets, the shards) the bytes there once the nodes are done and once the merge
 is. `--bucket N` records shuffle buckets of N instances for every train split before the build starts (as the
-tests do), so that a corpus this small takes the bucketed path (scatter + gathers) that a corpus over 2^24
-instances of a length takes. `--before REF` runs the same build first with the data_prep package of commit REF
+tests do), so that a corpus this small takes the bucketed path that a corpus over 2^24 instances of a length
+takes: the keyed order's record (data_prep/keyed_order.py: instance files grouped by bucket, then the gathers),
+which code before it reads as the scatter order's (scatter + gathers), so the manifests then differ.
+`--before REF` runs the same build first with the data_prep package of commit REF
 (`git archive` into a temp folder; nothing in the checkout changes), on the same machine in the same run.
 """
 
@@ -61,7 +63,7 @@ def build(code: Path, inputs: list[str], out: Path, args: argparse.Namespace) ->
         for seq_len in (128, 512):
             record = out / "work" / "shards" / f"seq{seq_len}-train-order.json"
             record.parent.mkdir(parents=True, exist_ok=True)
-            record.write_text(json.dumps({"bucket_instances": args.bucket}), encoding="utf-8")
+            record.write_text(json.dumps({"order": "keyed", "bucket_instances": args.bucket}), encoding="utf-8")
     waits = "--node-wait" in subprocess.run([*base[:4], "--help"], cwd=code, env=env, capture_output=True, text=True).stdout
     started = time.perf_counter()
     nodes = [subprocess.Popen([*base, "--num-nodes", "2", "--node-rank", str(rank)], cwd=code, env=env,

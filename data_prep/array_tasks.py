@@ -3,8 +3,9 @@
 
     corpus     input shards I .. I + count - 1 (clean + tokenize), --workers at a time
     instances  instance task I: input shard I // L at the (I mod L)-th length   (stage_runs.instance_tasks)
-    scatter    the scatter of input shard I // L at the (I mod L)-th length; nothing when no split of that
-               length is over one bucket                                        (shard_tasks.scatter_jobs)
+    scatter    the scatter of input shard I // L at the (I mod L)-th length; nothing unless a split of that
+               length is over one bucket in the scatter order (data_prep/keyed_order.py: a folder begun
+               before the keyed order)                                          (shard_tasks.scatter_jobs)
     gather     output shard I of the list length-major, train then val          (shard_tasks.gather_tasks)
 
 A task whose marker exists does nothing (a requeued element), and one whose inputs are not all there says which
@@ -80,7 +81,7 @@ def run_task(out: Path, stage: str, index: int, workers: int, count: int = 1) ->
     task = tasks[_checked(stage, index, len(tasks))]
     orders = split_orders(settings)  # a bucketed split is cut from the scattered files: all of them there
     not_scattered = [m for m in scatter_markers(settings, orders) if not m.is_file()]
-    if not_scattered and orders[(task.seq_len, task.split)].bucketed:
+    if not_scattered and orders[(task.seq_len, task.split)].scattered:
         raise BuildError(f"task gather --out {out}: scatter task(s) not done yet ({not_scattered[0].name} ...; "
                          "run every `task scatter` first)")
     drop_broken_markers(out, [gather_marker(task)])

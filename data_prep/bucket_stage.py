@@ -14,11 +14,16 @@ one bucket (BUCKET_INSTANCES), it is made in two steps instead of in the main pr
 
 Main holds the bucket sizes (input shards x buckets integers), nothing of the order; a gather task holds one
 bucket's permutation (8 bytes per member: 128 MiB at 2^24) and its shard's rows.
+
+The keyed order (data_prep/keyed_order.py) has no scatter: the instance files are grouped by bucket when they
+are made, the bucket sizes are in the instance markers (`keyed_sizes`), and the gather is the same but for where
+bucket b's rows of an input shard are read (`BucketedShardTask.keyed`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +31,8 @@ import numpy as np
 import pyarrow as pa
 
 from data_prep.batch_files import AtomicBatchWriter, read_batches
+from data_prep.instance_stage import instance_marker
+from data_prep.keyed_order import bucket_table, keyed_bucket_ids, keyed_key
 from data_prep.shard_format.shards import read_table
 from data_prep.shard_stage import bucket_ids, bucket_key, bucket_shuffle, part_starts, take_in_order
 from data_prep.task_markers import write_marker
@@ -74,6 +81,26 @@ def bucket_sizes(out: Path, seq_len: int, split: str, num_shards: int) -> np.nda
                      for s in range(num_shards)], dtype=np.int64)
 
 
+def keyed_sizes(out: Path, seq_len: int, split: str, num_shards: int) -> np.ndarray:
+    """The same, in the keyed order: from the instance markers, which record each bucket's rows."""
+    return np.array([instance_marker(out, seq_len, s)[f"{split}_buckets"] for s in range(num_shards)],
+                    dtype=np.int64)
+
+
+def keyed_orders(counts: Sequence[int], seed: int, seq_len: int, split: str, buckets: int) -> Iterator[np.ndarray]:
+    """The keyed order computed whole, bucket by bucket (global indices; `counts`: each input shard's instances):
+    bucket b's members in ascending global index, which is (input shard, index) order, shuffled by bucket b's
+    generator. What the gathers cut without holding it (they draw `permutation(n_b)`, the same swaps); it holds
+    every instance's bucket (8 bytes each), so it is for checks and tests."""
+    key = keyed_key(seed, seq_len, split)
+    ids = np.concatenate([np.empty(0, np.uint64), *(keyed_bucket_ids(s, np.arange(n, dtype=np.uint64), key, buckets)
+                                                    for s, n in enumerate(counts))])
+    for bucket in range(buckets):
+        members = np.flatnonzero(ids == np.uint64(bucket))
+        bucket_shuffle(seed, seq_len, split, bucket).shuffle(members)
+        yield members
+
+
 @dataclass(frozen=True)
 class BucketedShardTask:
     out: Path
@@ -83,7 +110,8 @@ class BucketedShardTask:
     index: int
     start: int  # positions [start, end) of the order
     end: int
-    sizes: np.ndarray  # bucket_sizes()
+    sizes: np.ndarray  # bucket_sizes(), or keyed_sizes() in the keyed order
+    keyed: bool = False  # the keyed order: bucket b is read from the instance files, grouped when made
 
     @property
     def rows(self) -> range:  # what the manifest counts
@@ -108,7 +136,11 @@ def gather_bucketed(task: BucketedShardTask) -> pa.Table:
 
 def _take_members(task: BucketedShardTask, bucket: int, members: np.ndarray) -> pa.Table:
     """Members (indices into bucket `bucket`'s ascending members) in the given order, from that bucket's batch
-    of each input shard's scattered file."""
+    of each input shard's scattered file (keyed: its batches in each input shard's instance file)."""
     shard_starts = np.concatenate([[0], np.cumsum(task.sizes[:, bucket])])
+    if task.keyed:
+        buckets = task.sizes.shape[1]
+        return take_in_order(members, shard_starts, lambda shard: bucket_table(
+            instances_path(task.out, task.seq_len, shard, task.split), bucket, buckets))
     return take_in_order(members, shard_starts, lambda shard: pa.Table.from_batches(
         [read_batches(scattered_path(task.out, task.seq_len, shard, task.split)).get_batch(bucket)]))

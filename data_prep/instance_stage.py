@@ -33,6 +33,7 @@ from data_prep.config import NSP_SCOPE_SHARD, NUMPY_DRAWS, BuildConfig
 from data_prep.corpus import TokenCorpus
 from data_prep.corpus_index import CorpusIndex, corpus_index, held_out
 from data_prep.instances import Instance, Packed, instances_from_document, packed_instances
+from data_prep.keyed_order import BucketGroupedWriter, keyed_buckets, keyed_key, split_estimate
 from data_prep.nsp_pool import NSP_POOL_DOCUMENTS, NspPool, PoolScope, corpus_scope, shard_scope
 from data_prep.shard_format.masking import MaskedInstance, SpecialIds, mask_ids, mask_instance
 from data_prep.shard_format.modes import FULL_SENTENCES, NSP
@@ -212,8 +213,7 @@ def make_instances(task: InstanceTask) -> dict[str, int]:
     schema = shard_schema(vocab.size, settings.static_masking)
     stats = {f"{split}_{key}": 0 for split in SPLITS for key in ("instances", "random_next")}
     dropped = {split: {"pieces": 0, "tokens": 0} for split in SPLITS}
-    writers = {split: AtomicBatchWriter(instances_path(task.out, task.seq_len, task.shard, split), schema)
-               for split in SPLITS}
+    writers = {split: _writer(task, index, split, schema) for split in SPLITS}
     with writers["val"], writers["train"]:
         rows = {split: _RowBatches(vocab.size, settings.static_masking, writers[split]) for split in SPLITS}
         for local, part in enumerate(parts):
@@ -239,9 +239,24 @@ def make_instances(task: InstanceTask) -> dict[str, int]:
         for split in SPLITS:
             rows[split].flush()
     marker = {**stats, "dropped": dropped} if settings.segments != NSP else {**stats, **pools.marker_entries()}
+    for split, writer in writers.items():  # the keyed order: each bucket's rows (data_prep/keyed_order.py)
+        if isinstance(writer, BucketGroupedWriter):
+            marker[f"{split}_buckets"] = writer.counts.tolist()
     write_marker(task.out, marker_path(task.out, instances_stage(task.seq_len), task.shard), marker,
                  [writer.path for writer in writers.values()])
     return stats
+
+
+def _writer(task: InstanceTask, index: CorpusIndex, split: str,
+            schema: pa.Schema) -> AtomicBatchWriter | BucketGroupedWriter:
+    """The split's instance file: grouped by bucket where the keyed order applies, else in the order made."""
+    settings = task.settings
+    path = instances_path(task.out, task.seq_len, task.shard, split)
+    buckets = keyed_buckets(task.out, task.seq_len, split, lambda: split_estimate(
+        index, split, task.seq_len, settings.dupe_factor, settings.val_fraction, settings.seed))
+    if not buckets:
+        return AtomicBatchWriter(path, schema)
+    return BucketGroupedWriter(path, schema, task.shard, keyed_key(settings.seed, task.seq_len, split), buckets)
 
 
 def _masker(task: InstanceTask, vocab: Vocab, rng: random.Random,

@@ -28,15 +28,12 @@ import numpy as np
 import pyarrow as pa
 
 from data_prep.instance_stage import instance_marker
+from data_prep.keyed_order import BUCKET_INSTANCES, SPLIT_SEED, num_buckets
 from data_prep.shard_format.atomic_io import atomic_write_json
 from data_prep.shard_format.keyed_hash import GOLDEN, mix64
 from data_prep.shard_format.shards import read_table
 from data_prep.work_layout import instances_path, shard_file, shard_order_path
 
-SPLIT_SEED = {"train": 0, "val": 1}
-# Instances per shuffle bucket: the order main holds at a time, 128 MB of int64. Changing it changes
-# the shards of every (length, split) over it, so it is a constant, not an option.
-BUCKET_INSTANCES = 1 << 24
 HASH_BLOCK = 1 << 15  # indices hashed at a time (256 KB an array); below 2^16: offsets in it fit a uint16
 # The bucket hash's key is drawn from (seed, seq_len, split, _HASH_TAG), bucket b's shuffle from
 # (seed, seq_len, split, b): b stays far below the tag (it would take 1.7e9 buckets).
@@ -49,10 +46,6 @@ def part_starts(out: Path, seq_len: int, split: str, num_shards: int) -> np.ndar
     from the instance tasks' markers."""
     counts = [instance_marker(out, seq_len, s)[f"{split}_instances"] for s in range(num_shards)]
     return np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
-
-
-def num_buckets(num_instances: int, bucket_instances: int) -> int:
-    return max(1, -(-num_instances // bucket_instances))
 
 
 def bucket_ids(indices: np.ndarray, key: np.uint64, buckets: int) -> np.ndarray:

@@ -4,10 +4,11 @@ node its share, SLURM one array element each (data_prep/stage_runs.py drives the
 gathers' markers into the manifest.
 
 A task needs nothing from the process that planned it: it reads what it needs from the folder (the instance
-markers' counts, the order record, the scatter markers' bucket sizes), or takes it from the task when the
-planner read it already (the local pool, which reads the markers once instead of once per task). The order is
-shard_stage's and bucket_stage's, unchanged, so the shards are the bytes of the build that ran all of this
-inside `merge`.
+markers' counts, the order record, the bucket sizes of the instance markers in the keyed order or of the scatter
+markers in the scatter order), or takes it from the task when the planner read it already (the local pool, which
+reads the markers once instead of once per task). Over one bucket a new build is in the keyed order
+(data_prep/keyed_order.py: the instance files grouped by bucket when made, no scatter); a folder begun in the
+scatter order keeps it (bucket_stage.py).
 
 A gather's marker records the shard's name, rows and sha256 (the manifest's entry, so `merge` reads no shard
 again) and vouches for the shard's size (data_prep/task_markers.py). A shard found whole without its marker (a
@@ -29,11 +30,13 @@ from data_prep.bucket_stage import (
     ScatterTask,
     bucket_sizes,
     gather_bucketed,
+    keyed_sizes,
     scatter,
     scatter_done,
 )
 from data_prep.build_errors import BuildError
 from data_prep.config import NSP, BuildConfig
+from data_prep.keyed_order import recorded_buckets
 from data_prep.shard_format.atomic_io import sha256_file
 from data_prep.shard_format.shards import SPLITS, ShardFormatError, read_table, write_shard_table
 from data_prep.shard_stage import (
@@ -77,11 +80,26 @@ class SplitOrder:
     count: int
     random_next: int
     bucket_instances: int
+    keyed: int = 0  # the keyed order's bucket count (data_prep/keyed_order.py); 0: the scatter order's
+
+    @property
+    def buckets(self) -> int:
+        return self.keyed or num_buckets(self.count, self.bucket_instances)
 
     @property
     def bucketed(self) -> bool:
-        """Over one bucket: gathered from the scattered files."""
-        return self.count > 0 and num_buckets(self.count, self.bucket_instances) > 1
+        """Over one bucket: gathered bucket by bucket (from the scattered files, or the keyed instance files)."""
+        return self.count > 0 and self.buckets > 1
+
+    @property
+    def scattered(self) -> bool:
+        """Bucketed in the scatter order: a scatter per (input shard, length) first."""
+        return self.bucketed and not self.keyed
+
+    def sizes(self, settings: StageSettings, seq_len: int, split: str) -> np.ndarray:
+        """Each bucket's rows in each input shard (input shards x buckets), from the markers that hold them."""
+        read = keyed_sizes if self.keyed else bucket_sizes
+        return read(settings.out, seq_len, split, settings.num_shards)
 
 
 def split_order(settings: StageSettings, seq_len: int, split: str) -> SplitOrder:
@@ -93,6 +111,9 @@ def split_order(settings: StageSettings, seq_len: int, split: str) -> SplitOrder
         flag = "--num-shards" if split == "train" else "--num-val-shards"
         raise BuildError(f"{flag} {outputs}: only {count} {split} instances at sequence length {seq_len}; "
                          "lower it or add data")
+    keyed = recorded_buckets(settings.out, seq_len, split)
+    if keyed:  # recorded before the instance files, grouped by its buckets
+        return SplitOrder(count, random_next, BUCKET_INSTANCES, keyed)
     bucket = order_bucket(settings.out, seq_len, split, count) if count else BUCKET_INSTANCES
     return SplitOrder(count, random_next, bucket)
 
@@ -118,8 +139,7 @@ def scatter_jobs(settings: StageSettings, orders: dict[tuple[int, str], SplitOrd
     def over(seq_len: int) -> tuple[tuple[str, int], ...] | None:
         if orders is None:
             return None
-        return tuple((split, num_buckets(o.count, o.bucket_instances)) for split in SPLITS
-                     if (o := orders[(seq_len, split)]).bucketed)
+        return tuple((split, o.buckets) for split in SPLITS if (o := orders[(seq_len, split)]).scattered)
     return [ScatterJob(settings, shard, seq_len, over(seq_len))
             for shard in range(settings.num_shards) for seq_len in settings.seq_lens]
 
@@ -134,7 +154,7 @@ def run_scatter(job: ScatterJob) -> None:
     buckets = job.buckets
     if buckets is None:
         orders = {split: split_order(settings, job.seq_len, split) for split in SPLITS}
-        buckets = tuple((s, num_buckets(o.count, o.bucket_instances)) for s, o in orders.items() if o.bucketed)
+        buckets = tuple((s, o.buckets) for s, o in orders.items() if o.scattered)
     if buckets and not scatter_done(settings.out, job.seq_len, job.shard):
         scatter(ScatterTask(settings.out, settings.num_shards, job.shard, job.seq_len, settings.seed, buckets))
 
@@ -185,7 +205,7 @@ def gather_tasks(settings: StageSettings, orders: dict[tuple[int, str], SplitOrd
                 continue
             sizes = None
             if order is not None and order.bucketed:
-                sizes = bucket_sizes(settings.out, seq_len, split, settings.num_shards)
+                sizes = order.sizes(settings, seq_len, split)
             tasks += [GatherTask(settings, seq_len, split, k, order, sizes) for k in range(outputs)]
     return tasks
 
@@ -213,10 +233,10 @@ def run_gather(task: GatherTask) -> None:
     if _complete(path, end - start):  # renamed in place, its marker not written yet (a kill between the two)
         count, digest = end - start, sha256_file(path)
     elif order.bucketed:
-        sizes = task.sizes if task.sizes is not None else bucket_sizes(settings.out, task.seq_len, task.split,
-                                                                       settings.num_shards)
+        sizes = task.sizes if task.sizes is not None else order.sizes(settings, task.seq_len, task.split)
         count, digest = write_shard_table(path, gather_bucketed(BucketedShardTask(
-            settings.out, task.seq_len, task.split, settings.seed, task.index, start, end, sizes)))
+            settings.out, task.seq_len, task.split, settings.seed, task.index, start, end, sizes,
+            keyed=bool(order.keyed))))
     else:  # one bucket: the single permutation (shard_stage.bucket_orders with B = 1), cut at the shard's ends
         rows = task.rows
         if rows is None:

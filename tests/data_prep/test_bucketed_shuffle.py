@@ -19,6 +19,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from data_prep.bucket_stage import keyed_orders
+from data_prep.keyed_order import ORDER_KEYED, keyed_bucket_ids, keyed_buckets, keyed_key, recorded_buckets
 from data_prep.shard_format.shards import read_table
 from data_prep.shard_stage import (
     BUCKET_INSTANCES,
@@ -74,11 +76,19 @@ def test_the_order_depends_on_seed_length_and_split_and_is_bucketed() -> None:
     assert len(buckets) == 16 and all(len(b) > 0 for b in buckets)
 
 
-def test_order_is_uniform_over_fixed_seeds() -> None:
-    """N = 6 in 3 buckets of 2, 3000 seeds (fixed, so not flaky): every instance is at every position
-    about 1/6 of the time, and before any other one half of the time."""
+def keyed(seed: int) -> np.ndarray:
+    """The keyed order of 6 instances, 3 in each of two input shards, in 3 buckets (bucket_stage.keyed_orders)."""
+    return np.concatenate(list(keyed_orders([3, 3], seed, 128, "train", 3)))
+
+
+@pytest.mark.parametrize("order", ["global index hash", "keyed hash of (input shard, index)"])
+def test_order_is_uniform_over_fixed_seeds(order: str) -> None:
+    """N = 6 in 3 buckets (of 2 on average), 3000 seeds (fixed, so not flaky): every instance is at every
+    position about 1/6 of the time, and before any other one half of the time. Both orders: the scatter order's
+    bucket from the global index, and the keyed order's from (input shard, index within it)."""
     seeds = range(3000)
-    orders = np.array([np.concatenate(plan(6, 1, 2, seed=s)) for s in seeds])
+    draw = keyed if order.startswith("keyed") else (lambda s: np.concatenate(plan(6, 1, 2, seed=s)))
+    orders = np.array([draw(s) for s in seeds])
     counts = np.zeros((6, 6))
     for position in range(6):
         counts[:, position] = np.bincount(orders[:, position], minlength=6)
@@ -92,6 +102,21 @@ def test_order_is_uniform_over_fixed_seeds() -> None:
             assert abs(before - 0.5) < 0.04, (first, second, before)  # sd 0.009
     sequences = Counter(map(tuple, orders.tolist()))
     assert len(sequences) > 600 and max(sequences.values()) < 20  # 720 orders, 4.2 each on average
+
+
+def test_keyed_buckets_are_uniform_and_differ_per_shard() -> None:
+    """The keyed hash spreads 4 input shards of 20,000 instances evenly over 16 buckets (chi-square, 15 degrees
+    of freedom), gives each shard its own sequence, and depends on the key (seed, length, split)."""
+    key = keyed_key(5, 128, "train")
+    local = np.arange(20_000, dtype=np.uint64)
+    ids = [keyed_bucket_ids(shard, local, key, 16) for shard in range(4)]
+    counts = np.bincount(np.concatenate(ids).astype(np.int64), minlength=16)
+    expected = 80_000 / 16
+    assert float(((counts - expected) ** 2 / expected).sum()) < 45  # p ~ 1e-4
+    assert not np.array_equal(ids[0], ids[1])
+    for other in (keyed_key(6, 128, "train"), keyed_key(5, 512, "train"), keyed_key(5, 128, "val")):
+        assert not np.array_equal(keyed_bucket_ids(0, local, other, 16), ids[0])
+    assert np.array_equal(keyed_bucket_ids(2, local[5:9], key, 16), ids[2][5:9])  # any block alone, the same
 
 
 def test_main_holds_a_bucket_not_the_corpus() -> None:
@@ -146,3 +171,33 @@ def test_built_instances_land_in_exactly_one_shard_with_small_buckets(tmp_path: 
     assert order_bucket(fresh, 48, "train", count, bucket_instances=7) == 7  # resumed: the record holds
     assert order_bucket(fresh, 48, "train", count, bucket_instances=9) == 7
     assert order_bucket(fresh, 48, "val", count, bucket_instances=7) == 7  # per (length, split)
+
+
+def test_the_keyed_order_is_recorded_once_and_only_for_new_folders(tmp_path: Path) -> None:
+    """keyed_buckets: over one bucket a fresh folder records the keyed order (B from the estimate) and every later
+    call reads it back, the estimate unread; one bucket records nothing; a folder whose instance stage an earlier
+    version began (markers, no record) or that holds the scatter order's record keeps the scatter order (0); a
+    recorded bucket size alone (the tests' hook) gets its B once."""
+    many = 3 * BUCKET_INSTANCES + 1
+    fresh = tmp_path / "fresh"
+    assert keyed_buckets(fresh, 128, "train", lambda: many) == 4
+    record = json.loads((fresh / "work" / "shards" / "seq128-train-order.json").read_text())
+    assert record == {"order": ORDER_KEYED, "bucket_instances": BUCKET_INSTANCES, "buckets": 4}
+    assert keyed_buckets(fresh, 128, "train", lambda: pytest.fail("the record holds")) == 4
+    assert recorded_buckets(fresh, 128, "train") == 4 and recorded_buckets(fresh, 128, "val") == 0
+    assert keyed_buckets(fresh, 128, "val", lambda: BUCKET_INSTANCES) == 0
+    assert not (fresh / "work" / "shards" / "seq128-val-order.json").exists()
+    begun = tmp_path / "begun"
+    (begun / "work" / "done").mkdir(parents=True)
+    (begun / "work" / "done" / "instances-seq128-00003.json").write_text("{}")
+    assert keyed_buckets(begun, 128, "train", lambda: many) == 0
+    assert keyed_buckets(begun, 512, "train", lambda: many) == 4  # another length: not begun
+    assert not (begun / "work" / "shards" / "seq128-train-order.json").exists()
+    scatter = tmp_path / "scatter"
+    (scatter / "work" / "shards").mkdir(parents=True)
+    (scatter / "work" / "shards" / "seq128-train-order.json").write_text(json.dumps({"bucket_instances": 50}))
+    assert keyed_buckets(scatter, 128, "train", lambda: many) == 0 and recorded_buckets(scatter, 128, "train") == 0
+    (scatter / "work" / "shards" / "seq128-train-order.json").write_text(
+        json.dumps({"order": ORDER_KEYED, "bucket_instances": 50}))
+    assert keyed_buckets(scatter, 128, "train", lambda: 120) == 3
+    assert keyed_buckets(scatter, 128, "train", lambda: 10**6) == 3  # derived once

@@ -4,101 +4,81 @@ cost only their task, and the refusals of a changed input.
 
 One corpus serves every test: three `--text` files whose documents use disjoint words (file g only
 `wG...` words), each file an input shard of its own (`--input-shard-mb` above a file, below two), cut with shuffle
-buckets of 50 instances (recorded in the folder before the shard stage, as a build over 2^24 instances
-records its own), so that the matrix crosses several input shards and several buckets.
+buckets of 50 instances in the keyed order (data_prep/keyed_order.py: recorded in the folder before the build, as
+a build over 2^24 instances of a length records its own before its instance tasks), so that the matrix crosses
+several input shards and several buckets, and its instance files are grouped by bucket as they are made. One
+build in the scatter order (the record an earlier version wrote) shows that a folder begun with it keeps it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
+import data_prep.instance_stage as instance_stage
+import data_prep.keyed_order as keyed_order
 import data_prep.sources as sources
 from data_prep.__main__ import build_parser, config_from_args, main
-from data_prep.bucket_stage import bucket_sizes
+from data_prep.bucket_stage import bucket_sizes, keyed_orders
+from data_prep.keyed_order import ORDER_KEYED
 from data_prep.shard_format.atomic_io import atomic_write_json
 from data_prep.shard_format.shards import Manifest
-from data_prep.shard_stage import ShardTask, gather_rows, part_starts, shard_plan
+from data_prep.shard_stage import ShardTask, gather_rows, part_starts, shard_ends, shard_plan
+from tests.data_prep.input_shard_corpus import (
+    BUCKET,
+    GROUPS,
+    SEQ_LENS,
+    python_m,
+    rows,
+    run,
+    seed_folder,
+    shard_digests,
+    shard_of_tokens,
+    submit,
+    wait_for_jobs,
+    write_corpus,
+)
 from tests.support.cluster.local_cluster import LocalSlurm, running_or_skip
 from tests.support.data_prep_fixtures import tree_digest
 from tests.support.paths import REPO_ROOT
 
-GROUPS = 3
-SEQ_LENS = ("32", "64")
-BUCKET = 50
-
-
-def word(group: int, index: int) -> str:
-    return f"w{group}x{index}"
-
-
-def write_corpus(root: Path, documents: int = 40) -> list[str]:
-    """Three sentence-per-line files (blank line between documents) and a vocab of their words."""
-    root.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(11)
-    flags = []
-    for group in range(GROUPS):
-        lines = []
-        for _ in range(documents):
-            for _ in range(rng.randint(3, 9)):
-                lines.append(" ".join(word(group, rng.randrange(30)) for _ in range(rng.randint(4, 12))) + " .")
-            lines.append("")
-        (root / f"part{group}.txt").write_text("\n".join(lines), encoding="utf-8")
-        flags += ["--text", str(root / f"part{group}.txt")]
-    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."]
-    tokens += [word(g, i) for g in range(GROUPS) for i in range(30)]
-    (root / "vocab.txt").write_text("\n".join(tokens) + "\n", encoding="utf-8")
-    # Each file one input shard: a budget above every file (so none is cut) and below any two together.
-    budget = max((root / f"part{g}.txt").stat().st_size for g in range(GROUPS)) * 1.2 / (1 << 20)
-    return [*flags, "--vocab", str(root / "vocab.txt"), "--input-shard-mb", f"{budget:.6f}", "--seq-lens", ",".join(SEQ_LENS),
-            "--num-shards", "3", "--val-fraction", "0.1", "--docs-per-chunk", "8", "--seed", "5",
-            "--keep-work"]  # the tests read work/; test_every_executor_gives_the_same_bytes builds without it
-
-
-def seed_folder(out: Path, identity: Path) -> None:
-    """The folder as a started build leaves it (its config), with small shuffle buckets recorded."""
-    out.mkdir(parents=True)
-    (out / "build_config.json").write_bytes(identity.read_bytes())
-    for seq_len in SEQ_LENS:
-        atomic_write_json(out / "work" / "shards" / f"seq{seq_len}-train-order.json", {"bucket_instances": BUCKET})
-
-
-def python_m(*args: str) -> list[str]:
-    return [sys.executable, "-m", "data_prep", *args]
-
-
-def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, **kwargs)
-
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> tuple[list[str], Path]:
-    """The flags, and the reference: a plain build, one worker, in this process."""
+    """The flags, and the reference: a plain build, one worker, in this process, its instance files written in
+    runs of a few KB, 16 rows handed over at a time (keyed_order.RUN_BYTES: several runs of every bucket per file; the executors, in their own
+    processes, write one run per file: no byte may depend on it)."""
     root = tmp_path_factory.mktemp("input_shards")
     flags = write_corpus(root / "inputs")
     identity = config_from_args(build_parser().parse_args(["build", *flags, "--out", "x"])).identity()
     atomic_write_json(root / "identity.json", identity)
     reference = root / "reference"
     seed_folder(reference, root / "identity.json")
-    assert main(["build", *flags, "--out", str(reference), "--workers", "1"]) == 0
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(keyed_order, "RUN_BYTES", 4096)
+        patch.setattr(instance_stage, "BATCH_ROWS", 16)  # instances handed to the writer 16 at a time
+        assert main(["build", *flags, "--out", str(reference), "--workers", "1"]) == 0
     return flags, reference
 
 
-def shard_digests(out: Path) -> dict[str, str]:
-    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
-    return {s["file"]: s["sha256"] for entry in manifest["seq_lens"].values() for split in entry.values()
-            for s in split["shards"]}
+@pytest.fixture(scope="module")
+def scatter_reference(corpus, tmp_path_factory) -> Path:
+    """The same build in a folder holding the scatter order's record (begun by the version before the keyed
+    order): it keeps that order, its instance files in the order made, its scatter files and markers."""
+    flags, reference = corpus
+    out = tmp_path_factory.mktemp("scatter_order") / "out"
+    seed_folder(out, reference / "build_config.json", order=None)
+    assert main(["build", *flags, "--out", str(out), "--workers", "1"]) == 0
+    return out
 
 
 def test_reference_crosses_shards_and_buckets(corpus) -> None:
@@ -111,21 +91,53 @@ def test_reference_crosses_shards_and_buckets(corpus) -> None:
         assert count > 2 * BUCKET, "the matrix must cross buckets"
 
 
-def test_scattered_buckets_give_the_bucketed_order(corpus) -> None:
-    """The reference's train shards, made by scattering each input shard into buckets and gathering each output
-    shard from the buckets it spans, equal the bucketed order computed whole (shard_stage.shard_plan) over the
-    instance files: the same rows in the same order."""
-    _, reference = corpus
+def test_scattered_buckets_give_the_bucketed_order(scatter_reference) -> None:
+    """A folder begun with the scatter order keeps it: its train shards, made by scattering each input shard into
+    buckets and gathering each output shard from the buckets it spans, equal that order computed whole
+    (shard_stage.shard_plan) over the instance files: the same rows in the same order."""
+    reference = scatter_reference
     manifest = Manifest.load(reference)
     for seq_len in SEQ_LENS:
         count = manifest.data["seq_lens"][seq_len]["train"]["num_instances"]
         plan = shard_plan(count, 3, 5, int(seq_len), "train", BUCKET)
-        for k, rows in enumerate(plan):
-            expected = gather_rows(ShardTask(reference, int(seq_len), "train", GROUPS, k, rows))
+        for k, shard_rows in enumerate(plan):
+            expected = gather_rows(ShardTask(reference, int(seq_len), "train", GROUPS, k, shard_rows))
             built = ipc.open_file(pa.memory_map(str(reference / f"seq{seq_len}" / f"train-{k:05d}.arrow"))).read_all()
             assert built.equals(expected), (seq_len, k)
         sizes = bucket_sizes(reference, int(seq_len), "train", GROUPS)
         assert sizes.shape == (GROUPS, -(-count // BUCKET)) and sizes.sum() == count
+    part_starts.cache_clear()
+
+
+def test_keyed_buckets_give_the_keyed_order(corpus, scatter_reference) -> None:
+    """The reference's train shards, gathered bucket by bucket from instance files grouped when they were made,
+    equal the keyed order computed whole (bucket_stage.keyed_orders: the bucket of each (input shard, index) and
+    each bucket's shuffle) applied to the same instances in the order made (the scatter-order build's files:
+    the instances do not depend on the order). No scatter ran; the files hold several runs of every bucket."""
+    _, reference = corpus
+    manifest = Manifest.load(reference)
+    assert not (reference / "work" / "buckets").exists() and not list((reference / "work" / "done").glob("scatter-*"))
+    for seq_len in SEQ_LENS:
+        count = manifest.data["seq_lens"][seq_len]["train"]["num_instances"]
+        record = json.loads((reference / "work" / "shards" / f"seq{seq_len}-train-order.json").read_text())
+        buckets = record["buckets"]
+        assert record["order"] == ORDER_KEYED and buckets >= -(-count // BUCKET), record  # B from the estimate
+        counts = [json.loads((reference / "work" / "done" / f"instances-seq{seq_len}-{s:05d}.json").read_text())
+                  for s in range(GROUPS)]
+        assert [sum(c["train_buckets"]) for c in counts] == [c["train_instances"] for c in counts]
+        runs = ipc.open_file(pa.memory_map(str(reference / "work" / "instances" / f"seq{seq_len}"
+                                               / "shard-00000-train.arrow"))).num_record_batches / buckets
+        assert runs == int(runs) and runs > 1, runs
+        order = np.concatenate(list(keyed_orders([c["train_instances"] for c in counts], 5, int(seq_len), "train",
+                                                 buckets)))
+        assert np.array_equal(np.sort(order), np.arange(count))
+        ends = [0, *shard_ends(count, 3)]
+        for k in range(3):
+            expected = gather_rows(ShardTask(scatter_reference, int(seq_len), "train", GROUPS, k,
+                                             order[ends[k] : ends[k + 1]]))
+            built = ipc.open_file(pa.memory_map(str(reference / f"seq{seq_len}" / f"train-{k:05d}.arrow"))).read_all()
+            assert built.equals(expected), (seq_len, k)
+        assert not (reference / "work" / "shards" / f"seq{seq_len}-val-order.json").exists()  # val: one bucket
     part_starts.cache_clear()
 
 
@@ -164,17 +176,6 @@ def test_every_executor_gives_the_same_bytes(executor: str, corpus, tmp_path: Pa
     assert tree_digest(out) == tree_digest(reference)
     assert not list(out.rglob("*.tmp"))
     assert not (out / "work").exists()
-
-
-def shard_of_tokens(ids: list[int]) -> set[int]:
-    """The input shards (word groups) an instance's words come from: ids 6.. are group-major, 30 a group."""
-    return {(i - 6) // 30 for i in ids if i >= 6}
-
-
-def rows(out: Path, seq_len: str, split: str = "train") -> dict[str, list]:
-    manifest = Manifest.load(out)
-    tables = [ipc.open_file(pa.memory_map(str(out / s.file), "r")).read_all() for s in manifest.shards(int(seq_len), split)]
-    return pa.concat_tables(tables).to_pydict()
 
 
 def test_nsp_draws_within_the_pool_group(corpus, tmp_path: Path) -> None:
@@ -230,7 +231,7 @@ def test_work_files_follow_shards_not_chunks(corpus, tmp_path: Path) -> None:
     names = {p.relative_to(reference / "work").as_posix() for p in (reference / "work").rglob("*") if p.is_file()}
     small_names = {p.relative_to(small / "work").as_posix() for p in (small / "work").rglob("*") if p.is_file()}
     bucketed = {n for n in names if n.startswith(("buckets/", "done/scatter-", "shards/"))}  # the reference's buckets
-    assert len(bucketed) == len(SEQ_LENS) * (1 + 2 * GROUPS)  # an order record; per input shard a file, a marker
+    assert len(bucketed) == len(SEQ_LENS)  # an order record per length (train): no scatter file or marker
     assert small_names == names - bucketed
     per_shard = 2 + 2 + len(SEQ_LENS) * 3  # text + tokens, their markers; per length two splits + a marker
     gathers = len(SEQ_LENS) * (3 + 1)  # a marker per output shard (3 train, 1 val per length)
@@ -238,11 +239,11 @@ def test_work_files_follow_shards_not_chunks(corpus, tmp_path: Path) -> None:
 
 
 def test_kill_in_each_stage_then_relaunch(corpus, tmp_path: Path) -> None:
-    """SIGKILL when the first task of a stage has finished (corpus, instances, scatter, shards); the same command
-    then finishes with the reference's bytes, no temp file, and one marker per task."""
+    """SIGKILL when the first task of a stage has finished (corpus, instances, the last instance task, shards); the
+    same command then finishes with the reference's bytes, no temp file, and one marker per task."""
     flags, reference = corpus
-    waits = ["work/done/tokens-00000.json", "work/done/instances-seq32-00000.json", "work/done/scatter-seq32-00000.json",
-             "seq32/train-00000.arrow"]
+    waits = ["work/done/tokens-00000.json", "work/done/instances-seq32-00000.json",
+             "work/done/instances-seq64-00002.json", "seq32/train-00000.arrow"]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     for stage, first_done in enumerate(waits):
         for attempt in range(3):  # the kill races the build's last steps: a build that won is tried again
@@ -265,7 +266,7 @@ def test_kill_in_each_stage_then_relaunch(corpus, tmp_path: Path) -> None:
         assert tree_digest(out) == tree_digest(reference)
         assert not list(out.rglob("*.tmp"))
         gathers = len(SEQ_LENS) * (3 + 1)  # a marker per output shard: 3 train, 1 val per length
-        assert len(list((out / "work" / "done").glob("*.json"))) == GROUPS * (2 + 2 * len(SEQ_LENS)) + gathers
+        assert len(list((out / "work" / "done").glob("*.json"))) == GROUPS * (2 + len(SEQ_LENS)) + gathers
 
 
 def test_a_changed_input_or_unit_is_refused_naming_it(corpus, tmp_path: Path, capsys) -> None:
@@ -297,25 +298,9 @@ def slurm():
     yield from running_or_skip(LocalSlurm(), "local SLURM")
 
 
-def wait_for_jobs(slurm, out: Path, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not slurm.command("squeue", "-h").strip():
-            return
-        time.sleep(0.5)
-    logs = "\n".join(p.read_text()[-800:] for p in sorted((out / "work" / "slurm").glob("*.log")))
-    pytest.fail(f"SLURM jobs still queued after {timeout} s:\n{slurm.command('squeue')}\n{logs}")
-
-
-def submit(slurm, flags: list[str], out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **slurm.env}
-    return subprocess.run(python_m("build", *flags, "--out", str(out), "--workers", "1", "--slurm", *extra),
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True)
-
-
 def test_slurm_arrays_give_the_same_bytes_and_rerun_only_what_is_missing(corpus, slurm, tmp_path: Path) -> None:
-    """A real (local) SLURM: the corpus array, then the instances, scatter and gather arrays, the merge last;
-    the reference's bytes. A relaunch after completion submits nothing; one instance task lost (its files and
+    """A real (local) SLURM: the corpus array, then the instances, scatter (nothing to do in the keyed order) and
+    gather arrays, the merge last; the reference's bytes. A relaunch after completion submits nothing; one instance task lost (its files and
     marker, as a failed element leaves it) and the shards of its length are the only elements of the next
     submission, and the bytes come back."""
     flags, reference = corpus

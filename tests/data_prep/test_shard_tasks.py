@@ -4,7 +4,7 @@ every output shard before the merge, which then only writes the manifest (the re
 again); a shard cut short after its gather is redone alone; the scripts carry the throttle and each stage's
 resources; a node's barrier waits while other nodes finish tasks and gives up when none does; bad settings are one
 line. In-process, on the small segment corpus cut into several input shards, with small shuffle buckets recorded
-(so that the scatters run)."""
+in the keyed order (the instance tasks group their files by bucket; the scatter tasks have nothing to do)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from data_prep.__main__ import main
+from data_prep.keyed_order import ORDER_KEYED
 from data_prep.shard_format.atomic_io import atomic_write_json
 from data_prep.shard_stage import BUCKET_INSTANCES
 from data_prep.shard_tasks import SplitOrder, StageSettings, gather_tasks, with_rows
@@ -24,7 +25,7 @@ from tests.data_prep.segment_inputs import build, write_inputs
 
 FLAGS = ["--seq-lens", "48", "--num-shards", "3", "--val-fraction", "0.1", "--docs-per-chunk", "8",
          "--input-shard-mb", "0.01"]
-BUCKET = 20  # instances per shuffle bucket, recorded before the shard stage (train; val stays one bucket)
+BUCKET = 20  # instances per shuffle bucket, recorded before the instance stage (train; val stays one bucket)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,8 @@ def corpus(tmp_path_factory) -> Path:
 def start(corpus: Path, out: Path, *extra: str) -> None:
     """The folder as `build --slurm --print-sbatch` leaves it (config, plan), small buckets recorded."""
     assert build(corpus, out, *FLAGS, "--slurm", "--print-sbatch", *extra) == 0
-    atomic_write_json(out / "work" / "shards" / "seq48-train-order.json", {"bucket_instances": BUCKET})
+    atomic_write_json(out / "work" / "shards" / "seq48-train-order.json",
+                      {"order": ORDER_KEYED, "bucket_instances": BUCKET})
 
 
 def task(out: Path, stage: str, index: int) -> int:
@@ -71,7 +73,9 @@ def test_array_tasks_cut_every_shard_before_the_merge(corpus: Path, tmp_path: Pa
     for stage, count in (("corpus", shards), ("instances", shards), ("scatter", shards), ("gather", 3 + 1)):
         for index in rng.sample(range(count), count):
             assert task(out, stage, index) == 0, (stage, index)
-    assert len(list((out / "work" / "buckets" / "seq48").glob("*-train.arrow"))) == shards  # bucketed: scattered
+    assert not (out / "work" / "buckets").exists() and not list((out / "work" / "done").glob("scatter-*"))
+    markers = [json.loads(p.read_text()) for p in sorted((out / "work" / "done").glob("instances-seq48-*.json"))]
+    assert len(markers) == shards and all(len(m["train_buckets"]) > 1 and "val_buckets" not in m for m in markers)
     gathered = sorted(p.name for p in (out / "work" / "done").glob("gather-*.json"))
     assert gathered == [*(f"gather-seq48-train-{k:05d}.json" for k in range(3)), "gather-seq48-val-00000.json"]
     before = shard_files(out)
