@@ -2,7 +2,7 @@
 `tokenizers` encode_batch, and the wall-time scaling from 1 to W workers.
 
     python bench/data_prep_throughput.py [--data ../shared/data] [--workers W] [--input-shard-mb 1]
-                                         [--no-wiki] [--parsers]
+                                         [--no-wiki] [--parsers] [--before REF]
 
 One run, one process tree at a time: the sample dump and the UTF-8 sample books are built (seq 128 and 512) with
 `--workers 1` and then `--workers W`, each `python -m data_prep build` a child process with one `tokenizers`
@@ -18,7 +18,9 @@ Printed, all measured in this run:
   * scaling: wall seconds at 1 and W workers, the speed-up and its ratio to W (goal >= 0.8), and the main
     process's share of the W-worker build's CPU (the serial part: speed-up <= 1 / (share + (1 - share) / W)).
     Wall times are only meaningful on an otherwise idle machine; CPU figures hold on a shared one.
-`--parsers` adds the wikitext parser comparison (mwparserfromhell, used, vs wikitextparser).
+`--parsers` adds the wikitext parser comparison (mwparserfromhell, used, vs wikitextparser). `--before REF` also
+builds at one worker with the data_prep of git commit REF (first, in the same run) and prints its per-stage
+table beside this code's, with whether both made the same shards.
 """
 
 from __future__ import annotations
@@ -75,18 +77,29 @@ def utf8_books(folder: Path, into: Path) -> Path:
     return into
 
 
-def build(args: argparse.Namespace, work: Path, workers: int) -> dict:
-    """One build in a child process: wall seconds, CPU (main, children), per-stage CPU, corpus tokens."""
-    out = work / f"out-w{workers}"
+def export_code(ref: str, into: Path) -> Path:
+    """data_prep as committed at `ref`, in a folder of its own (read-only git commands)."""
+    into.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", ref, "data_prep"],
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def build(args: argparse.Namespace, work: Path, workers: int, code: Path = REPO, name: str = "") -> dict:
+    """One build in a child process, with the data_prep of `code` (the rest of the repository from here):
+    wall seconds, CPU (main, children), per-stage CPU, corpus tokens."""
+    out = work / f"out{name}-w{workers}"
     sources = ["--books", str(utf8_books(args.data / "books" / "nltk_gutenberg", work / "books"))]
     if not args.no_wiki:
         sources = ["--wiki-dump", str(args.data / WIKI_DUMP), *sources]
     argv = ["build", *sources, "--vocab", str(args.data / "vocab" / "bert-base-uncased-vocab.txt"),
             "--seq-lens", "128,512", "--num-shards", "8", "--input-shard-mb", str(args.input_shard_mb),
             "--workers", str(workers), "--out", str(out), "--keep-work"]  # raw_tokenization reads work/text
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "PYTHONPATH": f"{code}{os.pathsep}{REPO}", "RAYON_NUM_THREADS": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", CHILD, *argv], cwd=REPO, env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", CHILD, *argv], cwd=code, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - started
     if done.returncode != 0:
         sys.exit(f"build failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -111,9 +124,11 @@ def build(args: argparse.Namespace, work: Path, workers: int) -> dict:
                            for folder in sorted((out / "work").iterdir()) if folder.is_dir()}}
 
 
-def raw_tokenization(out: Path, repeats: int = 3) -> tuple[float, int]:
-    """Best-of-N CPU seconds of one-thread encode_batch over every cleaned sentence the pipeline tokenized."""
+def raw_tokenization(out: Path, repeats: int = 3) -> dict[str, tuple[float, int]]:
+    """Best-of-N CPU seconds of one-thread encode_batch (the goal's yardstick) and encode_batch_fast (the same
+    ids, no offsets) over every cleaned sentence the pipeline tokenized, and the tokens they made."""
     import pyarrow.ipc as ipc
+    from tokenizers import Tokenizer
 
     from data_prep.shard_format.vocab import load_vocab
 
@@ -121,14 +136,17 @@ def raw_tokenization(out: Path, repeats: int = 3) -> tuple[float, int]:
     for part in sorted((out / "work" / "text").glob("shard-*.arrow")):
         column = ipc.open_file(str(part)).read_all().column("sentences").to_pylist()
         sentences += [s for doc in column for s in doc]
-    tokenizer = load_vocab(out / "vocab.txt").tokenizer()
-    best, tokens = float("inf"), 0
-    for _ in range(repeats):
-        started = time.process_time()
-        encodings = tokenizer.encode_batch(sentences, add_special_tokens=False)
-        best = min(best, time.process_time() - started)
-        tokens = sum(len(e.ids) for e in encodings)
-    return best, tokens
+    tokenizer = Tokenizer.from_str(load_vocab(out / "vocab.txt").tokenizer().to_str())
+    results = {}
+    for method in ("encode_batch", "encode_batch_fast"):
+        best, tokens = float("inf"), 0
+        for _ in range(repeats):
+            started = time.process_time()
+            encodings = getattr(tokenizer, method)(sentences, add_special_tokens=False)
+            best = min(best, time.process_time() - started)
+            tokens = sum(len(e.ids) for e in encodings)
+        results[method] = (best, tokens)
+    return results
 
 
 def compare_parsers(data: Path) -> None:
@@ -155,20 +173,42 @@ def compare_parsers(data: Path) -> None:
     print(f"speed ratio mwparserfromhell / wikitextparser: {theirs_s / ours_s:.2f}")
 
 
-def report(one: dict, many: dict, workers: int, raw_cpu: float, raw_tokens: int) -> None:
+def stage_cpu(run: dict) -> dict[str, float]:
+    """CPU seconds per stage of a one-worker build: the corpus tasks' clean and tokenize parts, the later
+    stages from the main process's clock at each stage line, and the rest (start-up, plan, vocab, manifest)."""
+    corpus = run["stages"].get("corpus", {})
+    parts = {"clean": corpus.get("clean", 0.0), "tokenize": corpus.get("tokenize", 0.0)}
+    parts.update({name: stage["main_cpu"] for name, stage in run["stages"].items() if name != "corpus"})
+    parts["other (start-up, plan, vocab, manifest)"] = run["cpu"] - sum(parts.values())
+    return parts
+
+
+def report(one: dict, many: dict, workers: int, raw: dict[str, tuple[float, int]], before: dict | None) -> None:
     tokens = one["tokens"]
     print(f"\ncorpus: {tokens:,} tokens, {one['input_shards']} input shards; builds at 1 and {workers} workers give "
           f"{'the same' if one['digests'] == many['digests'] else 'DIFFERENT'} shards")
-    print("per stage, 1 worker: CPU seconds, corpus tokens per CPU-second")
-    corpus = one["stages"].get("corpus", {})
-    parts = {"clean": corpus.get("clean", 0.0), "tokenize": corpus.get("tokenize", 0.0)}
-    parts.update({name: stage["main_cpu"] for name, stage in one["stages"].items() if name != "corpus"})
-    parts["other (start-up, plan, vocab, manifest)"] = one["cpu"] - sum(parts.values())
-    for name, cpu in parts.items():
-        print(f"  {name:<40} {cpu:7.2f} s  {tokens / cpu if cpu > 0 else float('nan'):>13,.0f} tokens/CPU-s")
-    rate, raw_rate = tokens / one["cpu"], raw_tokens / raw_cpu
-    print(f"end to end, 1 worker: {one['cpu']:.2f} CPU-s, {rate:,.0f} tokens/CPU-s; raw encode_batch "
-          f"{raw_cpu:.2f} CPU-s, {raw_rate:,.0f} tokens/CPU-s; ratio {rate / raw_rate:.3f} (goal >= 0.5)")
+    runs = {"this code": one} if before is None else {f"before ({before['ref']})": before, "this code": one}
+    if before is not None:
+        print(f"before and this code give {'the same' if before['digests'] == one['digests'] else 'DIFFERENT'} "
+              "shards")
+    print("per stage, 1 worker: CPU seconds, corpus tokens per CPU-second" + ("" if before is None else
+          " (" + " | ".join(runs) + ")"))
+    tables = {name: stage_cpu(run) for name, run in runs.items()}
+    for stage in tables["this code"]:
+        cells = []
+        for table in tables.values():
+            cpu = table.get(stage, 0.0)
+            cells.append(f"{cpu:7.2f} s {tokens / cpu if cpu > 0 else float('nan'):>11,.0f} tokens/CPU-s")
+        print(f"  {stage:<40} " + " | ".join(cells))
+    raw_cpu, raw_tokens = raw["encode_batch"]
+    raw_rate = raw_tokens / raw_cpu
+    fast_cpu, _ = raw["encode_batch_fast"]
+    print(f"raw one-thread tokenizers on the same sentences: encode_batch {raw_cpu:.2f} CPU-s ({raw_rate:,.0f} "
+          f"tokens/CPU-s), encode_batch_fast (no offsets; what the build calls) {fast_cpu:.2f} CPU-s")
+    for name, run in runs.items():
+        rate = tokens / run["cpu"]
+        print(f"end to end, 1 worker, {name}: {run['cpu']:.2f} CPU-s, {rate:,.0f} tokens/CPU-s; ratio to raw "
+              f"encode_batch {rate / raw_rate:.3f} (goal >= 0.5)")
     many_rate = tokens / many["cpu"]
     print(f"end to end, {workers} workers: {many['cpu']:.2f} CPU-s, {many_rate:,.0f} tokens/CPU-s; ratio "
           f"{many_rate / raw_rate:.3f}")
@@ -197,16 +237,19 @@ def main() -> None:
     parser.add_argument("--input-shard-mb", type=float, default=1.0)
     parser.add_argument("--parsers", action="store_true", help="also compare wikitext parsers")
     parser.add_argument("--no-wiki", action="store_true", help="books only: the pipeline without wikitext parsing")
+    parser.add_argument("--before", metavar="REF", help="also build at one worker with the data_prep of commit REF")
     args = parser.parse_args()
     os.environ["RAYON_NUM_THREADS"] = "1"  # the raw baseline: one thread, before tokenizers starts its pool
     if not (args.data / WIKI_DUMP).is_file():
         sys.exit(f"{args.data}: no shared data (expected {WIKI_DUMP})")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        before = None
+        if args.before:
+            before = {**build(args, work, 1, export_code(args.before, work / "before"), "-before"), "ref": args.before}
         one = build(args, work, 1)
         many = build(args, work, args.workers)
-        raw_cpu, raw_tokens = raw_tokenization(one["out"])
-        report(one, many, args.workers, raw_cpu, raw_tokens)
+        report(one, many, args.workers, raw_tokenization(one["out"]), before)
     print(f"(bench process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB peak)")
     if args.parsers:
         compare_parsers(args.data)

@@ -20,9 +20,10 @@ from data_prep.wikitext_scan import (
     unclosed_openers,
     unwrap_leftover_links,
 )
+from data_prep.wikitext_tree import Dropped, parse_pruned
 
 # Tags whose content is never running prose.
-_DROP_TAGS = frozenset(
+DROP_TAGS = frozenset(
     {"ref", "references", "table", "gallery", "math", "chem", "score", "timeline", "imagemap",
      "syntaxhighlight", "source", "pre", "code", "hiero", "graph", "mapframe", "templatedata", "noinclude"}
 )
@@ -65,10 +66,10 @@ def is_disambiguation(title: str, wikitext: str) -> bool:
 
 
 def _drop_node(node: object) -> bool:
-    if isinstance(node, Template | Heading | Comment):
+    if isinstance(node, Dropped | Template | Heading | Comment):  # Dropped: a template, heading or DROP_TAGS tag
         return True
     if isinstance(node, Tag):
-        return str(node.tag).strip().lower() in _DROP_TAGS
+        return str(node.tag).strip().lower() in DROP_TAGS
     if isinstance(node, Wikilink):
         target = str(node.title).strip().lower().lstrip(":")
         return target.startswith(_DROP_LINK_PREFIXES) or bool(_INTERLANGUAGE.match(target))
@@ -88,6 +89,12 @@ def _prune(code: mwparserfromhell.wikicode.Wikicode) -> None:
             _prune(child)
 
 
+def plain_text(code: mwparserfromhell.wikicode.Wikicode) -> str:
+    """A parsed page's text: the nodes that are not prose dropped, the rest stripped of its markup."""
+    _prune(code)
+    return code.strip_code(normalize=True, collapse=True, keep_template_params=False)
+
+
 def check_page(wikitext: str, limits: DocumentLimits) -> None:
     """Refuse, in linear time, a page whose parse would take superlinear time: with so many unclosed openers
     that the parser's rescans of the rest of the page (one per opener) pass the cap."""
@@ -105,9 +112,7 @@ def wikitext_to_paragraphs(wikitext: str, limits: DocumentLimits = DEFAULT_LIMIT
                          "MediaWiki allows")
     wikitext = strip_refs_and_comments(wikitext)
     check_page(wikitext, limits)
-    code = mwparserfromhell.parse(wikitext)
-    _prune(code)
-    text = code.strip_code(normalize=True, collapse=True, keep_template_params=False)
+    text = plain_text(parse_pruned(wikitext, DROP_TAGS))  # mwparserfromhell.parse, less what _prune drops anyway
     paragraphs = []
     for line in text.split("\n"):
         if _RESIDUE_LINE.match(line):

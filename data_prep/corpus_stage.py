@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -38,6 +39,9 @@ from data_prep.shard_format.atomic_io import atomic_write_bytes, sha256_file
 from data_prep.shard_format.vocab import Vocab, VocabError, load_vocab, train_vocab
 from data_prep.task_markers import write_marker
 from data_prep.work_layout import CLEAN_STAGE, TOKENS_STAGE, VOCAB_NAME, marker_path, text_path, tokens_path
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 RAN_KEY = "ran"  # in the corpus stage's markers: ran()
 
@@ -93,8 +97,12 @@ SUB_BATCH_BYTES = 1 << 20
 
 
 @functools.lru_cache(maxsize=2)
-def _tokenizer(vocab_path: str, lowercase: bool):
-    return Vocab(Path(vocab_path), (), lowercase).tokenizer()
+def _tokenizer(vocab_path: str, lowercase: bool) -> Tokenizer:
+    """The vocab's tokenizer (data_prep/shard_format/vocab.py) as the plain `tokenizers.Tokenizer` it wraps (the
+    one OUT/tokenizer.json saves), which has `encode_batch_fast`: the same ids without the offsets."""
+    from tokenizers import Tokenizer  # here: a process that never tokenizes never loads it
+
+    return Tokenizer.from_str(Vocab(Path(vocab_path), (), lowercase).tokenizer().to_str())
 
 
 def sub_batches(byte_offsets: np.ndarray, limit: int = SUB_BATCH_BYTES) -> list[tuple[int, int]]:
@@ -128,7 +136,7 @@ def tokenize_batch(table: pa.Table, tokenizer, vocab_size: int,
     dtype = np.dtype(token_schema(vocab_size).field("sentences").type.value_type.value_type.to_pandas_dtype())
     lengths_parts, token_parts = [], []
     for start, end in sub_batches(_utf8_offsets(flat), limit):
-        encodings = tokenizer.encode_batch(flat.slice(start, end - start).to_pylist(), add_special_tokens=False)
+        encodings = tokenizer.encode_batch_fast(flat.slice(start, end - start).to_pylist(), add_special_tokens=False)
         ids = [encoding.ids for encoding in encodings]
         del encodings
         lengths = np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))
