@@ -20,7 +20,7 @@ from data_prep.wikitext_scan import (
     unclosed_openers,
     unwrap_leftover_links,
 )
-from data_prep.wikitext_tree import Dropped, parse_pruned
+from data_prep.wikitext_tree import DropRules, page_text
 
 # Tags whose content is never running prose.
 DROP_TAGS = frozenset(
@@ -66,14 +66,19 @@ def is_disambiguation(title: str, wikitext: str) -> bool:
 
 
 def _drop_node(node: object) -> bool:
-    if isinstance(node, Dropped | Template | Heading | Comment):  # Dropped: a template, heading or DROP_TAGS tag
+    if isinstance(node, Template | Heading | Comment):
         return True
     if isinstance(node, Tag):
         return str(node.tag).strip().lower() in DROP_TAGS
     if isinstance(node, Wikilink):
-        target = str(node.title).strip().lower().lstrip(":")
-        return target.startswith(_DROP_LINK_PREFIXES) or bool(_INTERLANGUAGE.match(target))
+        return _drop_link(str(node.title))
     return False
+
+
+def _drop_link(title: str) -> bool:
+    """A File/Category/... or interlanguage link, by its title as written."""
+    target = title.strip().lower().lstrip(":")
+    return target.startswith(_DROP_LINK_PREFIXES) or bool(_INTERLANGUAGE.match(target))
 
 
 def _prune(code: mwparserfromhell.wikicode.Wikicode) -> None:
@@ -90,9 +95,13 @@ def _prune(code: mwparserfromhell.wikicode.Wikicode) -> None:
 
 
 def plain_text(code: mwparserfromhell.wikicode.Wikicode) -> str:
-    """A parsed page's text: the nodes that are not prose dropped, the rest stripped of its markup."""
+    """A parsed page's text: the nodes that are not prose dropped, the rest stripped of its markup. What
+    `page_text` gives without building the tree (the reference its tests compare with)."""
     _prune(code)
     return code.strip_code(normalize=True, collapse=True, keep_template_params=False)
+
+
+DROP_RULES = DropRules(DROP_TAGS, _drop_link, _prune)
 
 
 def check_page(wikitext: str, limits: DocumentLimits) -> None:
@@ -112,7 +121,7 @@ def wikitext_to_paragraphs(wikitext: str, limits: DocumentLimits = DEFAULT_LIMIT
                          "MediaWiki allows")
     wikitext = strip_refs_and_comments(wikitext)
     check_page(wikitext, limits)
-    text = plain_text(parse_pruned(wikitext, DROP_TAGS))  # mwparserfromhell.parse, less what _prune drops anyway
+    text = page_text(wikitext, DROP_RULES)  # plain_text(mwparserfromhell.parse(wikitext)), read from the tokens
     paragraphs = []
     for line in text.split("\n"):
         if _RESIDUE_LINE.match(line):

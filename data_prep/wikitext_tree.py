@@ -1,120 +1,178 @@
-"""mwparserfromhell's tree of a page, without building the nodes that the cleaner drops whole.
+"""A page's plain text read straight from mwparserfromhell's tokens, without building the nodes that hold it.
 
 mwparserfromhell parses in two steps: its C tokenizer turns the page into a flat list of tokens, then a
-pure-Python builder turns every token into a node. The cleaner (data_prep/clean.py) then drops every template,
-heading and tag of a non-prose kind (tables, galleries, math, ...) wherever it sits, so building their nodes
-(an infobox is hundreds of parameters and links) is work thrown away: on the sample dump the builder was the
-larger part of cleaning.
+pure-Python builder turns every token into a node (a Text node per run of text, a Wikicode and a list per
+level). The cleaner then dropped the nodes that are not prose and asked the rest for their text
+(`strip_code`): on the sample dump, building and walking the tree was most of the cleaning time.
 
-Here the builder is the library's own, except that such a node's tokens are cut out of the list as one span
-(a count of openers and closers, no node made) and kept in a `Dropped` node. The cleaner drops it as it drops
-what it stands for; if anything asks for its text (`str`: the title of a link around it, whose target decides
-whether the link is kept), the span is built then, by the library's builder, into the very node the library
-would have made. So the tree the cleaner keeps, and the text, are exactly those of `mwparserfromhell.parse`
-(tests/data_prep/test_wikitext_tree.py compares them on the sample dumps and on crafted markup).
+Here the tokens are read once, level by level, into what `strip_code` would give for each node after the
+cleaner's pruning (data_prep/clean.py: `plain_text`): text as it is; a template, heading or comment, and a
+tag or link that the rules drop, as nothing (their tokens skipped as one balanced span); a link as its
+text, else its title; a tag as its contents when the tag is visible; every level's text with its newlines
+trimmed and collapsed as `strip_code` trims them. What decides a drop is read as the tree would give it:
+a link's title or a tag's name is joined from its text tokens, and built by the library's builder when it
+holds anything else. The rarer nodes (external links, entities, template arguments) are built by the
+library and stripped as before. tests/data_prep/test_wikitext_tree.py compares the text with the tree's on
+the sample dumps, crafted and random markup.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any
 
-from mwparserfromhell.nodes import Node
+from mwparserfromhell.definitions import is_visible
 from mwparserfromhell.parser import Parser, ParserError
 from mwparserfromhell.parser import tokens as T
 from mwparserfromhell.parser.builder import Builder
 from mwparserfromhell.wikicode import Wikicode
 
-_TAG_CLOSERS = (T.TagCloseSelfclose, T.TagCloseClose)
+# Each opener's closers: a span is balanced per kind (the builder relies on it too).
+_CLOSERS: dict[type, tuple[type, ...]] = {
+    T.TemplateOpen: (T.TemplateClose,), T.ArgumentOpen: (T.ArgumentClose,), T.WikilinkOpen: (T.WikilinkClose,),
+    T.ExternalLinkOpen: (T.ExternalLinkClose,), T.HTMLEntityStart: (T.HTMLEntityEnd,),
+    T.HeadingStart: (T.HeadingEnd,), T.CommentStart: (T.CommentEnd,),
+    T.TagOpenOpen: (T.TagCloseSelfclose, T.TagCloseClose),
+}
+_SKIPPED = (T.TemplateOpen, T.HeadingStart, T.CommentStart)  # dropped wherever they are
+_BUILT = (T.ExternalLinkOpen, T.HTMLEntityStart, T.ArgumentOpen)  # built and stripped by the library
+_TITLE_ENDS = (T.WikilinkSeparator, T.WikilinkClose)
 _TAG_NAME_ENDS = (T.TagAttrStart, T.TagCloseOpen, T.TagCloseSelfclose)
+_ATTRIBUTE_ENDS = (T.TagAttrEquals, T.TagAttrQuote, *_TAG_NAME_ENDS)
+_CONTENTS_ENDS = (T.TagOpenClose, T.TagCloseClose)
+_STRIP = {"normalize": True, "collapse": True, "keep_template_params": False}
 
 
-class Dropped(Node):
-    """A template, heading or tag the cleaner drops, kept as its tokens; built into the library's node only
-    when something reads it (its text, its children), so that whatever reads it sees what it would have."""
+@dataclass(frozen=True)
+class DropRules:
+    """What the cleaner drops besides templates, headings and comments: tags by name (`str(tag.tag)` stripped
+    and lower-cased, in `tags`), links by title (`link(str(link.title))`); and its pruning of a built node's
+    children (`prune`, for the nodes built by the library)."""
 
-    def __init__(self, span: list[Any]) -> None:
-        super().__init__()
-        self._span = span
-        self._node: Node | None = None
-
-    def real(self) -> Node:
-        if self._node is None:
-            self._node = Builder().build(list(self._span)).nodes[0]
-        return self._node
-
-    def __str__(self) -> str:
-        return str(self.real())
-
-    def __children__(self) -> Iterator[Wikicode]:
-        return self.real().__children__()
-
-    def __strip__(self, **kwargs: Any) -> Any:
-        return self.real().__strip__(**kwargs)
-
-    def __showtree__(self, write: Callable[[str], None], get: Callable[[Wikicode], None],
-                     mark: Callable[[], None]) -> None:
-        self.real().__showtree__(write, get, mark)
+    tags: Collection[str]
+    link: Callable[[str], bool]
+    prune: Callable[[Wikicode], None]
 
 
-class _PruningBuilder(Builder):
-    """The library's builder, with templates, headings and tags named in `drop_tags` cut out as `Dropped`.
+def collapse(text: str) -> str:
+    """`Wikicode.strip_code(collapse=True)`'s last step, on one level's joined text."""
+    text = text.strip("\n")
+    while "\n\n\n" in text:
+        text = text.replace("\n\n\n", "\n\n")
+    return text
 
-    The builder pops tokens from the end of `self._tokens` (the list reversed), so a span is found by walking
-    from the end to the closer that balances its opener; the tokenizer only emits balanced spans (the builder
-    itself relies on it)."""
 
-    def __init__(self, drop_tags: Collection[str]) -> None:
-        super().__init__()
-        self._drop_tags = drop_tags
+class _Reader:
+    """The tokens of one page, read left to right by `level` (one Wikicode's worth) and the node readers."""
 
-    def _handle_token(self, token: Any) -> Any:
-        kind = type(token)
-        if kind is T.TemplateOpen:
-            return Dropped(self._take(token, kind, (T.TemplateClose,)))
-        if kind is T.HeadingStart:
-            return Dropped(self._take(token, kind, (T.HeadingEnd,)))
-        if kind is T.TagOpenOpen and self._next_tag_name() in self._drop_tags:
-            return Dropped(self._take(token, kind, _TAG_CLOSERS))
-        return super()._handle_token(token)
+    def __init__(self, tokens: list[Any], rules: DropRules) -> None:
+        self.tokens = tokens
+        self.rules = rules
+        self.at = 0
 
-    def _next_tag_name(self) -> str | None:
-        """The name of the tag being opened, as the cleaner reads it (`str(tag.tag).strip().lower()`), when its
-        tokens are plain text; None otherwise (then the tag is built as the library builds it)."""
-        stack = self._tokens
-        parts = []
-        for index in range(len(stack) - 1, -1, -1):
-            token = stack[index]
-            if type(token) is T.Text:
-                parts.append(token.text)
-            elif isinstance(token, _TAG_NAME_ENDS):
-                return "".join(parts).strip().lower()
+    def level(self, ends: tuple[type, ...]) -> str:
+        """The text of the nodes from here to the first token of a kind in `ends` (left unread)."""
+        tokens, pieces = self.tokens, []
+        while self.at < len(tokens):
+            token = tokens[self.at]
+            kind = type(token)
+            if kind in ends:
+                break
+            if kind is T.Text:
+                pieces.append(token.text)
+                self.at += 1
+            elif kind is T.WikilinkOpen:
+                pieces.append(self.wikilink())
+            elif kind is T.TagOpenOpen:
+                pieces.append(self.tag())
+            elif kind in _SKIPPED:
+                self.at = self.span_end(self.at)
+            elif kind in _BUILT:
+                pieces.append(self.built())
             else:
-                return None
-        return None
+                raise ParserError(f"unexpected {kind.__name__} at token {self.at}")
+        return collapse("".join(pieces))
 
-    def _take(self, opener: Any, opens: type, closes: tuple[type, ...]) -> list[Any]:
-        """The opener and every token up to its balancing closer, in page order, removed from the stack."""
-        stack = self._tokens
-        depth, index = 1, len(stack)
+    def span_end(self, start: int) -> int:
+        """Just past the closer that balances the opener at `start`."""
+        tokens, opens = self.tokens, type(self.tokens[start])
+        closes = _CLOSERS[opens]
+        depth, at = 1, start
         while depth:
-            index -= 1
-            if index < 0:
+            at += 1
+            if at >= len(tokens):
                 raise ParserError(f"{opens.__name__} without its closer")
-            kind = type(stack[index])
+            kind = type(tokens[at])
             if kind is opens:
                 depth += 1
             elif kind in closes:
                 depth -= 1
-        span = stack[index:]
-        del stack[index:]
-        span.reverse()
-        return [opener, *span]
+        return at + 1
+
+    def source(self, start: int, end: int) -> str:
+        """`str()` of the Wikicode the tokens start..end make: their text joined, or built when not all text."""
+        span = self.tokens[start:end]
+        if all(type(token) is T.Text for token in span):
+            return "".join(token.text for token in span)
+        return str(Builder().build(span))
+
+    def wikilink(self) -> str:
+        """`Wikilink.__strip__`: its text when it has a separator, else its title; nothing when dropped."""
+        self.at += 1
+        title_start = self.at
+        title = self.level(_TITLE_ENDS)
+        title_end = self.at
+        text = None
+        if type(self.tokens[self.at]) is T.WikilinkSeparator:
+            self.at += 1
+            text = self.level((T.WikilinkClose,))
+        self.at += 1
+        if self.rules.link(self.source(title_start, title_end)):
+            return ""
+        return title if text is None else text
+
+    def tag(self) -> str:
+        """`Tag.__strip__`: its contents when the tag is visible; nothing for a self-closing or dropped tag."""
+        start = self.at
+        self.at += 1
+        self.level(_TAG_NAME_ENDS)
+        name = self.source(start + 1, self.at)
+        if name.strip().lower() in self.rules.tags:
+            self.at = self.span_end(start)
+            return ""
+        while type(self.tokens[self.at]) is not T.TagCloseOpen:  # attributes: read past, never text
+            if type(self.tokens[self.at]) is T.TagCloseSelfclose:
+                self.at += 1
+                return ""
+            self.at += 1
+            self.level(_ATTRIBUTE_ENDS)
+        self.at += 1
+        contents = self.level(_CONTENTS_ENDS)
+        has_contents = type(self.tokens[self.at]) is T.TagOpenClose
+        if has_contents:
+            self.at += 1
+            self.level((T.TagCloseClose,))  # the closing tag's name
+        self.at += 1
+        return contents if has_contents and is_visible(name) else ""
+
+    def built(self) -> str:
+        """A rarer node as before: built by the library, its children pruned, stripped."""
+        end = self.span_end(self.at)
+        node = Builder().build(self.tokens[self.at : end]).nodes[0]
+        self.at = end
+        for child in node.__children__():
+            self.rules.prune(child)
+        stripped = node.__strip__(**_STRIP)
+        return str(stripped) if stripped else ""
 
 
-def parse_pruned(text: str, drop_tags: Collection[str]) -> Wikicode:
-    """`mwparserfromhell.parse(text)`, with every template, heading and tag named in `drop_tags` (lower case) a
-    `Dropped` node (module doc)."""
-    parser = Parser()
-    parser._builder = _PruningBuilder(drop_tags)  # the library's parse() with this builder in its place
-    return parser.parse(text)
+def page_text(wikitext: str, rules: DropRules) -> str:
+    """`strip_code` of the page's tree after the cleaner's pruning (module doc), read from its tokens."""
+    tokens = Parser()._tokenizer.tokenize(wikitext, 0, False)  # what mwparserfromhell.parse() builds from
+    reader = _Reader(tokens, rules)
+    text = reader.level(())
+    if reader.at != len(tokens):
+        raise ParserError(f"tokens left after the page at {reader.at}")
+    return text
+
