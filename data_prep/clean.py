@@ -124,14 +124,32 @@ def wikitext_to_paragraphs(wikitext: str, limits: DocumentLimits = DEFAULT_LIMIT
     text = page_text(wikitext, DROP_RULES)  # plain_text(mwparserfromhell.parse(wikitext)), read from the tokens
     paragraphs = []
     for line in text.split("\n"):
-        if _RESIDUE_LINE.match(line):
-            continue
-        line = _LEFTOVER_FILE.sub("", strip_leftover_refs(line))
-        line = unwrap_leftover_links(_LEFTOVER_TEMPLATE.sub("", line))
-        line = _LEFTOVER_MARKS.sub("", _LEFTOVER_TAG.sub("", line))
-        line = line.lstrip("*#:; ").strip()
-        line = _EMPTY_PARENS.sub("", line)
-        line = _SPACE_BEFORE_PUNCT.sub(r"\1", _MULTISPACE.sub(" ", line)).strip()
-        if line:
-            paragraphs.append(line)
+        if not _RESIDUE_LINE.match(line):
+            line = _scrub(line)
+            if line:
+                paragraphs.append(line)
     return paragraphs
+
+
+def _scrub(line: str) -> str:
+    """One line of stripped text with the markup a malformed page left removed and its spaces tidied. Each
+    step runs only where its pattern could match (a literal every match holds is in the line): most lines
+    hold no markup, and the steps are then the line unchanged."""
+    if "<" in line:
+        line = strip_leftover_refs(line)
+    if "[[" in line:
+        line = _LEFTOVER_FILE.sub("", line)
+    if "{{" in line:
+        line = _LEFTOVER_TEMPLATE.sub("", line)
+    if "[[" in line:
+        line = unwrap_leftover_links(line)
+    if "<" in line:
+        line = _LEFTOVER_TAG.sub("", line)
+    if "'" in line or "[[" in line or "]]" in line or "{{" in line or "}}" in line:
+        line = _LEFTOVER_MARKS.sub("", line)
+    line = line.lstrip("*#:; ").strip()
+    if "(" in line:
+        line = _EMPTY_PARENS.sub("", line)
+    if "  " in line or "\t" in line or "\u00a0" in line:
+        line = _MULTISPACE.sub(" ", line)
+    return _SPACE_BEFORE_PUNCT.sub(r"\1", line).strip()

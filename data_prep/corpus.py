@@ -47,21 +47,32 @@ def token_table(
 
 
 class LazyDocument(Sequence[list[int]]):
-    """One tokenized document; sentences become Python lists only when asked for."""
+    """One tokenized document; sentences become Python lists only when asked for. The last sentence asked for
+    is kept, as the same list: the instance builder reads each sentence twice in a row (its tokens, then its
+    length), so that is one conversion instead of two. Read the lists, never change them."""
 
     def __init__(self, tokens: np.ndarray, sentence_offsets: np.ndarray) -> None:
         self._tokens = tokens
         self._offsets = sentence_offsets
+        self._length = len(sentence_offsets) - 1
+        self._last: tuple[int, list[int]] = (-1, [])
 
     def __len__(self) -> int:
-        return len(self._offsets) - 1
+        return self._length
 
     def __getitem__(self, index):  # type: ignore[override]
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
         if index < 0:
-            index += len(self)
-        return self._tokens[self._offsets[index] : self._offsets[index + 1]].tolist()
+            index += self._length
+        last, sentence = self._last
+        if index == last:
+            return sentence
+        if not 0 <= index < self._length:
+            raise IndexError(index)
+        sentence = self._tokens[self._offsets[index] : self._offsets[index + 1]].tolist()
+        self._last = (index, sentence)
+        return sentence
 
 
 def nested_list_arrays(column: pa.ListArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

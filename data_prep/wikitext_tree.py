@@ -73,15 +73,15 @@ class _Reader:
 
     def level(self, ends: tuple[type, ...]) -> str:
         """The text of the nodes from here to the first token of a kind in `ends` (left unread)."""
-        tokens, pieces = self.tokens, []
+        tokens, pieces, text = self.tokens, [], T.Text
         while self.at < len(tokens):
             token = tokens[self.at]
             kind = type(token)
-            if kind in ends:
-                break
-            if kind is T.Text:
-                pieces.append(token.text)
+            if kind is text:  # most tokens: a token is a dict, read as one (its attributes go through __getattr__)
+                pieces.append(token["text"])
                 self.at += 1
+            elif kind in ends:
+                break
             elif kind is T.WikilinkOpen:
                 pieces.append(self.wikilink())
             elif kind is T.TagOpenOpen:
@@ -113,9 +113,12 @@ class _Reader:
     def source(self, start: int, end: int) -> str:
         """`str()` of the Wikicode the tokens start..end make: their text joined, or built when not all text."""
         span = self.tokens[start:end]
-        if all(type(token) is T.Text for token in span):
-            return "".join(token.text for token in span)
-        return str(Builder().build(span))
+        parts = []
+        for token in span:
+            if type(token) is not T.Text:
+                return str(Builder().build(span))
+            parts.append(token["text"])
+        return "".join(parts)
 
     def wikilink(self) -> str:
         """`Wikilink.__strip__`: its text when it has a separator, else its title; nothing when dropped."""

@@ -9,8 +9,21 @@ import random
 import mwparserfromhell
 import pytest
 
-from data_prep.clean import DROP_RULES, plain_text, wikitext_to_paragraphs
+from data_prep.clean import (
+    _EMPTY_PARENS,
+    _LEFTOVER_FILE,
+    _LEFTOVER_MARKS,
+    _LEFTOVER_TAG,
+    _LEFTOVER_TEMPLATE,
+    _MULTISPACE,
+    _SPACE_BEFORE_PUNCT,
+    DROP_RULES,
+    _scrub,
+    plain_text,
+    wikitext_to_paragraphs,
+)
 from data_prep.sources import read_wiki_dump
+from data_prep.wikitext_scan import strip_leftover_refs, unwrap_leftover_links
 from data_prep.wikitext_tree import page_text
 
 # Where the dropped nodes' text is read before they are dropped (a link's title, a tag's name, an attribute's
@@ -66,3 +79,19 @@ def test_real_dumps_clean_to_the_recorded_text(shared_data) -> None:
             digest.update(("\n".join(wikitext_to_paragraphs(doc.text)) + "\x00").encode())
             pages += 1
     assert (pages, digest.hexdigest()) == (103, SAMPLE_DUMPS_CLEANED)
+
+
+LINE_PIECES = ["<ref>", "</ref>", "<b>", "[[", "]]", "[[File:a", "{{", "}}", "''", "'", "(", ")", " ", "  ", "\t",
+               "\u00a0", ",", ".", "x", "|", ";", "*", "#", ":"]
+
+
+def test_each_line_is_scrubbed_as_by_every_step() -> None:
+    """`_scrub` skips the steps whose pattern cannot match: the same line as running them all."""
+    rng = random.Random(7)
+    for _ in range(4000):
+        line = "".join(rng.choice(LINE_PIECES) for _ in range(rng.randint(0, 20)))
+        every = _LEFTOVER_FILE.sub("", strip_leftover_refs(line))
+        every = unwrap_leftover_links(_LEFTOVER_TEMPLATE.sub("", every))
+        every = _LEFTOVER_MARKS.sub("", _LEFTOVER_TAG.sub("", every)).lstrip("*#:; ").strip()
+        every = _SPACE_BEFORE_PUNCT.sub(r"\1", _MULTISPACE.sub(" ", _EMPTY_PARENS.sub("", every))).strip()
+        assert _scrub(line) == every, repr(line)
