@@ -12,7 +12,6 @@ not. A wrong tokenizer, masking, label, loss, weight layout or head anywhere on 
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -24,8 +23,8 @@ from pretrain.model.bert import build_model
 from pretrain.report.fill_mask import masked_position, read_fill_mask
 from pretrain.report.model_card import ExportCard
 from tests.support.facts_corpus import CAPITALS, COUNTRY_SENTENCES, FACT, probes, write_facts_corpus
-from tests.support.launching import finish_ranks, start_ranks
-from tests.support.paths import REPO_ROOT
+from tests.support.launching import run_ranks
+from tests.support.paths import REPO_ROOT, SCRIPTS
 
 OBJECTIVES = {"mlm+nsp": "nsp", "mlm": "full-sentences"}  # objective -> the shards that train it
 STEPS = 600  # 8 of 8 facts after 600 steps on either objective (about 40 s each on 2 idle cores); 6 of 8 after 500 (MLM + NSP)
@@ -58,19 +57,20 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     work = tmp_path_factory.mktemp("learns_facts")
     corpus = write_facts_corpus(work / "corpus.txt")
     folders: dict[str, Path] = {}
-    jobs = []
+    plan = []
     for objective, segments in OBJECTIVES.items():
         shards, run_dir = work / f"shards_{segments}", work / f"run_{segments}"
         assert data_prep_main(["build", "--text", str(corpus), "--vocab-size", "400", "--seq-lens", "32",
                                "--segments", segments, "--num-shards", "2", "--val-fraction", "0.05",
                                "--workers", "1", "--out", str(shards)]) == 0
-        jobs.append(start_ranks(REPO_ROOT / "pretrain" / "train.py",
-                                ["--config", str(run_config(work / f"{segments}.json", shards, run_dir))], num_ranks=2))
+        plan.append({"name": objective, "config": str(run_config(work / f"{segments}.json", shards, run_dir))})
         folders[objective] = run_dir / "export" / "phase1"
-    # The two 2-rank jobs at once: each one's start-up, collectives' waits and export fill the other's idle time
-    # (the results do not depend on timing). Their outputs are read together, so neither waits on a full pipe.
-    with ThreadPoolExecutor(len(jobs)) as readers:
-        list(readers.map(finish_ranks, jobs))
+    # Both trainings in ONE 2-rank launch, one `pretrain.train.main` after the other (the plan runner of
+    # tests/scripts/elastic_scenarios.py): the ranks start up once (torch, transformers, DeepSpeed: the most
+    # CPU-seconds of a short run), and the second training is a fresh run in its own folder, as a user would run it.
+    (work / "plan.json").write_text(json.dumps(plan), encoding="utf-8")
+    run_ranks(SCRIPTS / "elastic_scenarios.py", [str(work / "plan.json")], num_ranks=2, timeout=1800)
+    assert json.loads((work / "plan.outcomes.json").read_text(encoding="utf-8")) == dict.fromkeys(OBJECTIVES, 0)
     for objective, segments in OBJECTIVES.items():
         run_dir = work / f"run_{segments}"
         resolved = json.loads((run_dir / "config.resolved.json").read_text(encoding="utf-8"))["resolved"]
