@@ -38,8 +38,9 @@ from tests.support.rendezvous_intruder import Intruder
 
 pytestmark = pytest.mark.multirank
 
-# A checkpoint every 4 steps; the longest test acts before steps 7 and 15 and then at the end: 16 steps are enough.
-STEPS, EVERY = 16, 4
+# A checkpoint every 4 steps; the longest test acts before steps 7 and 11 and then at the end (step 12, a checkpoint):
+# 12 steps are enough, and every step more is one more in each of the module's full runs.
+STEPS, EVERY = 12, 4
 HANG_MINUTES = 0.1  # 6 s: a tiny step takes well under a second, even on a loaded machine
 # 30 s: each start-up stage (imports; joining the job; the resume checks; the engine; the first step) of a tiny run
 # takes a few seconds on 2 cores, and twice that beside another test; the clock starts again at each stage
@@ -161,11 +162,11 @@ def test_a_killed_and_two_frozen_ranks_heal_to_the_same_weights(work: Path, refe
         killed = rank_pid(run_dir, 1)
         os.kill(killed, signal.SIGKILL)
         when(run_dir, log, 6, faults=1)  # rank 0, still held, was asked for its stacks and killed
-        hold.at(15)
+        hold.at(11)
         freeze_once_it_can_tell(rank_pid(run_dir, 1, other_than=killed, wait_s=120))
-        when(run_dir, log, 14, faults=2)  # held before step 15
+        when(run_dir, log, 10, faults=2)  # held before step 11
         os.kill(rank_pid(run_dir, 0), signal.SIGSTOP)
-        hold.at_teardown()  # rank 1 goes on alone into step 15's collective; after the restart, both hang at the end
+        hold.at_teardown()  # rank 1 goes on alone into step 11's collective; after the restart, both hang at the end
         when(run_dir, log, STEPS, faults=4)  # the teardown limit (the smaller: the hang limit, 6 s) ran out
         hold.release()
         status = proc.wait(timeout=600)
@@ -181,8 +182,8 @@ def test_a_killed_and_two_frozen_ranks_heal_to_the_same_weights(work: Path, refe
                      r"run\.startup_timeout_minutes\): killed during start-up; restarting from checkpoint "
                      r"phase1-step0000004 \(restart 2 of 2\); log: \S+rank-1\.log$", start_up), start_up
     assert re.search(r"rank 0 \(host \S+\) made no progress in 0\.1 min \(stopped by SIGSTOP; "
-                     r"run\.hang_timeout_minutes\): killed at phase1 step 14; restarting from checkpoint "
-                     r"phase1-step0000012 \(restart 1 of 2\)", frozen), frozen
+                     r"run\.hang_timeout_minutes\): killed at phase1 step 10; restarting from checkpoint "
+                     r"phase1-step0000008 \(restart 1 of 2\)", frozen), frozen
     assert re.search(r"rank \d \(host \S+\) made no progress in 0\.1 min \(running but not progressing; "
                      r"run\.hang_timeout_minutes\): killed during teardown; restarting from checkpoint "
                      rf"phase1-step{STEPS:07d} \(restart 1 of 2\)", teardown), teardown
@@ -199,13 +200,15 @@ def test_a_killed_and_two_frozen_ranks_heal_to_the_same_weights(work: Path, refe
     records = [json.loads(path.read_text()) for path in sorted((run_dir / "logs" / "faults").glob("*.json"))]
     assert [(r["restart"], r["kind"], r["step"], r["checkpoint"]) for r in records] == [
         (0, "signal", "phase1 step 6", "phase1-step0000004"), (1, "hang", "start-up", "phase1-step0000004"),
-        (2, "hang", "phase1 step 14", "phase1-step0000012"), (3, "hang", "teardown", f"phase1-step{STEPS:07d}")]
+        (2, "hang", "phase1 step 10", "phase1-step0000008"), (3, "hang", "teardown", f"phase1-step{STEPS:07d}")]
 
 
 def test_with_restarts_off_one_line_names_the_rank_and_the_resume_command(work: Path, reference: dict,
                                                                            tmp_path: Path) -> None:
     run_dir, log, hold = tmp_path / "run", tmp_path / "launch.log", Hold(tmp_path / "hold").at(7)
-    proc = start(command(work, run_dir, "--run.max_restarts=0"), log, job_env(**hold.env))
+    # no survivor stacks (run.survivor_stacks=false): asserted in the test above, here a second of waiting at the fault
+    proc = start(command(work, run_dir, "--run.max_restarts=0", "--run.survivor_stacks=false"), log,
+                 job_env(**hold.env))
     try:
         when(run_dir, log, 6, faults=0)  # held before step 7
         os.kill(rank_pid(run_dir, 1), signal.SIGKILL)
@@ -247,7 +250,8 @@ def test_a_failure_at_the_same_step_again_stops_the_restarts(work: Path, tmp_pat
     not a fault), exit status 1, nothing left running; the traceback only in the rank's log."""
     run_dir, log = tmp_path / "run", tmp_path / "launch.log"
     shards = undefined_label_shards(tmp_path / "shards")
-    status = run_to_end(command(work, run_dir, f"--data.shards={shards}", "--data.verify_checksums=false"), log)
+    status = run_to_end(command(work, run_dir, f"--data.shards={shards}", "--data.verify_checksums=false",
+                                "--run.survivor_stacks=false"), log)  # stacks: asserted in the first fault test
     text = log.read_text()
     assert status == 1, text[-4000:]
     fault, error = fault_lines(text)
