@@ -1,17 +1,24 @@
-"""What several launch test modules share: the uninterrupted run that lost-node tests compare with."""
+"""What several launch test modules share: the uninterrupted run that lost-node tests compare with, and the
+loopback ssh "nodes"."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.support.cluster.local_cluster import LoopbackSsh, running_or_skip
 from tests.support.cluster.runs import run_config
 from tests.support.launching import REPO_ROOT, child_env, free_port
 from tests.support.pretrain_fixtures import build_shards
+
+# The elastic config's phase-1 length: the latest fault it serves comes at step 23, past the checkpoint of step 20
+# (test_slurm_faults.py); the steps after it only cost time, in every run of it (the reference and each healed run).
+ELASTIC_STEPS = 24
 
 
 @dataclass(frozen=True)
@@ -41,7 +48,7 @@ def elastic_reference(tmp_path_factory: pytest.TempPathFactory) -> ElasticRefere
     build_shards(root / "shards")
     no_dropout = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
     config = run_config(root / "elastic.json", root / "shards", root / "unused", run={"phases": ["phase1"]},
-                        phase1={"batch_size": 16, "gradient_accumulation_steps": None},
+                        phase1={"batch_size": 16, "gradient_accumulation_steps": None, "steps": ELASTIC_STEPS},
                         model={"overrides": no_dropout})
     reference = root / "reference"
     done = subprocess.run(["bash", str(REPO_ROOT / "launch.sh"), "pretrain", "--cpu", "--gpus", "2", "--master-port",
@@ -50,3 +57,10 @@ def elastic_reference(tmp_path_factory: pytest.TempPathFactory) -> ElasticRefere
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return ElasticReference(config, reference / "export" / "phase1" / "model.safetensors")
+
+
+@pytest.fixture(scope="session")
+def ssh_nodes() -> Iterator[LoopbackSsh]:
+    """The loopback sshd "nodes", brought up once for every module that launches over pdsh + ssh (test_hostfile.py,
+    test_node_env.py); skipped with the reason where this machine cannot host them."""
+    yield from running_or_skip(LoopbackSsh(), "loopback ssh nodes")

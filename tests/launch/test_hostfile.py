@@ -38,10 +38,9 @@ from pretrain.launch.store_reach import check_before_start
 from pretrain.launch.transports import Pdsh
 from pretrain.run_folder import faults_dir
 from tests.launch.conftest import ElasticReference
-from tests.support.cluster.local_cluster import LoopbackSsh, running_or_skip
+from tests.support.cluster.local_cluster import LoopbackSsh
 from tests.support.cluster.processes import free_port, parent, process_environ, processes_mentioning
 from tests.support.cluster.runs import (
-    PHASE1_STEPS,
     PHASE2_STEPS,
     kill_leftovers,
     latest_checkpoint,
@@ -66,6 +65,8 @@ QUOTED_OVERRIDES = [
     "--phase1.gradient_accumulation_steps=1",
     '--model.overrides={"hidden_dropout_prob": 0.0}',
 ]
+# The overrides run's phase 1: killed after the checkpoint of step 10, resumed from it; steps past that only cost time
+PHASE1_STEPS = 16
 
 
 @pytest.fixture(scope="module")
@@ -74,11 +75,6 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     build_shards(root / "shards")
     yield root
     kill_leftovers(str(root))
-
-
-@pytest.fixture(scope="module")
-def ssh_nodes() -> Iterator[LoopbackSsh]:
-    yield from running_or_skip(LoopbackSsh(), "loopback ssh nodes")
 
 
 # ---------------------------------------------------------------------------------------------- hostfile
@@ -125,7 +121,7 @@ def hostfile_runs(ssh_nodes: LoopbackSsh, workdir: Path) -> HostfileRecord:
     run_dir = workdir / "hostfile" / AWKWARD_NAME
     # every value below differs from the file's, so the run shows whether each override arrived
     config = run_config(workdir / "hostfile.json", workdir / "shards", workdir / "overridden",
-                        run={"phases": ["phase1"]})
+                        run={"phases": ["phase1"]}, phase1={"steps": PHASE1_STEPS})
     args = ["--config", str(config), f"--run.dir={run_dir}", *QUOTED_OVERRIDES]
     killed_log, rerun_log = workdir / "hostfile-killed.log", workdir / "hostfile-rerun.log"
 

@@ -19,7 +19,6 @@ import shutil
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,7 @@ from pretrain.distributed.cluster import ClusterError, pdsh_quote, read_hostfile
 from pretrain.launch.node_env import parse_env_lines, read_env_file
 from pretrain.launch.plan import ds_env_lines, rank_env
 from pretrain.launch.transports import Pdsh
-from tests.support.cluster.local_cluster import LoopbackSsh, running_or_skip
+from tests.support.cluster.local_cluster import LoopbackSsh
 from tests.support.cluster.processes import free_port
 from tests.support.launching import REPO_ROOT, child_env, clean_env
 
@@ -160,11 +159,6 @@ def test_a_missing_working_folder_stops_the_node_instead_of_starting_in_home(tmp
     words = Pdsh("bert-job-test", {}, str(stage.python), workdir=str(tmp_path / "gone")).command(["n1"], [], [], "x")
     done = remote_shell(words[6:], "n1")
     assert done.returncode == 2 and "gone" in done.stderr and not (stage.out / "n1.json").exists()
-
-
-@pytest.fixture(scope="module")
-def ssh_nodes() -> Iterator[LoopbackSsh]:
-    yield from running_or_skip(LoopbackSsh(), "loopback ssh nodes")
 
 
 @pytest.mark.cluster

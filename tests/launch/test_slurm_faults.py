@@ -16,7 +16,7 @@ through an overlapping srun step), node 1 finishes the run (4 steps), and once t
 (`scontrol requeue` of the finished job) its batch script starts no agent on node 2.
 
 Each act waits for the run to hold before a known step (tests/support/launching.py Hold), whatever the machine's
-speed: an idle machine once finished the 40 steps before the second act.
+speed: an idle machine once finished the run before the second act.
 """
 
 from __future__ import annotations
