@@ -93,9 +93,9 @@ def build_group(group: GroupSpec, args: argparse.Namespace, shards: ShardCache, 
                                                        dist_info.world_size))
     plan = plan_run(config, dist_info, verify_checksums=False)
     phase = plan.phases[group.phase]
-    torch.manual_seed(phase.seed)
+    torch.manual_seed(phase.run.seed)
     started = time.perf_counter()
-    model = build_model(phase.model_config, phase.activation_checkpointing)
+    model = build_model(phase.model_config, phase.model.activation_checkpointing)
     # as pretrain.train.build_phase: refuses what the unpadded kernel cannot run, compiles where the plan says
     prepare_model_path(model, phase.attention, ledger=ledger)
     counts = count_parameters(model)
@@ -123,7 +123,8 @@ def make_trainer(built: GroupEngine, group: GroupSpec, row: RowSpec, data: Phase
                            f"(a previous row of the group stopped mid-step)")
     engine.set_train_batch_size(group.micro_batch * row.accumulation * dist_info.world_size)
     phase = built.plan.phases[group.phase]
-    stream = dataclasses.replace(phase.stream, packing=row.packing, unpadded=row.unpadded)
+    layout = dataclasses.replace(phase.stream.layout, packing=row.packing)  # a copy: the plan's section stays
+    stream = dataclasses.replace(phase.stream, layout=layout, unpadded=row.unpadded)
     batches = stream.batches(data, "train", dist_info.rank, dist_info.world_size, group.micro_batch)
     peak = peak_tflops(dist_info.device, phase.precision, args.peak_tflops)
     throughput = Throughput.of(dataclasses.replace(phase.throughput, predictions=data.max_predictions,
