@@ -39,6 +39,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.data_prep_memory import export_code  # noqa: E402  (data_prep of another commit, for --before)
+
 WIKI_DUMP = "wikipedia/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 MARKUP = re.compile(r"\[\[|\]\]|\{\{|\}\}|<ref|''|==|\{\||\|\}")
 # The child: the build with each stdout line stamped with the main process's CPU seconds (all its threads), and
@@ -74,15 +76,6 @@ def utf8_books(folder: Path, into: Path) -> Path:
         except UnicodeDecodeError:
             continue
         (into / book.name).symlink_to(book)
-    return into
-
-
-def export_code(ref: str, into: Path) -> Path:
-    """data_prep as committed at `ref`, in a folder of its own (read-only git commands)."""
-    into.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", ref, "data_prep"],
-                             check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     return into
 
 
