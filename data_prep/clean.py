@@ -12,6 +12,7 @@ import re
 
 import mwparserfromhell
 from mwparserfromhell.nodes import Comment, Heading, Tag, Template, Wikilink
+from mwparserfromhell.parser import ParserError
 
 from data_prep.config import DEFAULT_LIMITS, DocumentLimits
 from data_prep.wikitext_scan import (
@@ -121,7 +122,10 @@ def wikitext_to_paragraphs(wikitext: str, limits: DocumentLimits = DEFAULT_LIMIT
                          "MediaWiki allows")
     wikitext = strip_refs_and_comments(wikitext)
     check_page(wikitext, limits)
-    text = page_text(wikitext, DROP_RULES)  # plain_text(mwparserfromhell.parse(wikitext)), read from the tokens
+    try:
+        text = page_text(wikitext, DROP_RULES)  # plain_text(mwparserfromhell.parse(wikitext)), read from the tokens
+    except ParserError:  # a token layout the reader does not know: the library's tree, as every build before
+        text = plain_text(mwparserfromhell.parse(wikitext))
     paragraphs = []
     for line in text.split("\n"):
         if not _RESIDUE_LINE.match(line):

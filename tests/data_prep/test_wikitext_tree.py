@@ -8,7 +8,9 @@ import random
 
 import mwparserfromhell
 import pytest
+from mwparserfromhell.parser import ParserError
 
+from data_prep import clean
 from data_prep.clean import (
     _EMPTY_PARENS,
     _LEFTOVER_FILE,
@@ -95,3 +97,16 @@ def test_each_line_is_scrubbed_as_by_every_step() -> None:
         every = _LEFTOVER_MARKS.sub("", _LEFTOVER_TAG.sub("", every)).lstrip("*#:; ").strip()
         every = _SPACE_BEFORE_PUNCT.sub(r"\1", _MULTISPACE.sub(" ", _EMPTY_PARENS.sub("", every))).strip()
         assert _scrub(line) == every, repr(line)
+
+
+def test_a_page_the_token_reader_cannot_read_is_cleaned_by_the_librarys_tree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader is a faster path to the tree's text, not a new judge of pages: where it meets a token layout it
+    does not know (ParserError), the page is cleaned from mwparserfromhell's tree, as before it, not lost."""
+    page = CRAFTED[1]
+    expected = wikitext_to_paragraphs(page)
+
+    def unknown_layout(wikitext: str, rules: object) -> str:
+        raise ParserError("unexpected TagAttrStart at token 3")
+
+    monkeypatch.setattr(clean, "page_text", unknown_layout)
+    assert expected and wikitext_to_paragraphs(page) == expected
