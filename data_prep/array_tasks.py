@@ -14,6 +14,7 @@ stage to run first.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from data_prep.build import prepare_corpus, recorded_config
@@ -85,7 +86,7 @@ def run_task(out: Path, stage: str, index: int, workers: int, count: int = 1) ->
         raise BuildError(f"task gather --out {out}: scatter task(s) not done yet ({not_scattered[0].name} ...; "
                          "run every `task scatter` first)")
     drop_broken_markers(out, [gather_marker(task)])
-    run_gather(task)
+    run_gather(replace(task, order=orders[(task.seq_len, task.split)]))  # the markers read once, above
 
 
 def _checked(stage: str, index: int, count: int) -> int:
