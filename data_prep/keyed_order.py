@@ -53,9 +53,15 @@ def num_buckets(num_instances: int, bucket_instances: int) -> int:
     return max(1, -(-num_instances // bucket_instances))
 
 
+def split_key(seed: int, seq_len: int, split: str, tag: int) -> np.uint64:
+    """A 64-bit hash key of one (length, split), apart for each use (`tag`): this order's and the first
+    bucketed order's (data_prep/shard_stage.py `bucket_key`)."""
+    return np.random.SeedSequence([seed, seq_len, SPLIT_SEED[split], tag]).generate_state(1, np.uint64)[0]
+
+
 def keyed_key(seed: int, seq_len: int, split: str) -> np.uint64:
     """The key of the (input shard, index) -> bucket hash of one (length, split)."""
-    return np.random.SeedSequence([seed, seq_len, SPLIT_SEED[split], _KEYED_TAG]).generate_state(1, np.uint64)[0]
+    return split_key(seed, seq_len, split, _KEYED_TAG)
 
 
 def keyed_bucket_ids(shard: int, local: np.ndarray, key: np.uint64, buckets: int) -> np.ndarray:

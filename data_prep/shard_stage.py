@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from data_prep.instance_stage import instance_marker
-from data_prep.keyed_order import BUCKET_INSTANCES, SPLIT_SEED, num_buckets
+from data_prep.keyed_order import BUCKET_INSTANCES, SPLIT_SEED, num_buckets, split_key
 from data_prep.shard_format.atomic_io import atomic_write_json
 from data_prep.shard_format.keyed_hash import GOLDEN, mix64
 from data_prep.shard_format.shards import read_table
@@ -105,7 +105,7 @@ def bucket_orders(
 
 def bucket_key(seed: int, seq_len: int, split: str) -> np.uint64:
     """The key of the instance -> bucket hash of one (length, split)."""
-    return np.random.SeedSequence([seed, seq_len, SPLIT_SEED[split], _HASH_TAG]).generate_state(1, np.uint64)[0]
+    return split_key(seed, seq_len, split, _HASH_TAG)
 
 
 def bucket_shuffle(seed: int, seq_len: int, split: str, bucket: int | None) -> np.random.Generator:
