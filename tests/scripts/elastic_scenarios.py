@@ -1,4 +1,5 @@
-"""Launched by tests/checkpointing/test_elastic_multirank.py on 1, 2 or 4 CPU ranks: several `pretrain.train.main` runs.
+"""Launched by tests/checkpointing/test_elastic_multirank.py on 1, 2 or 4 CPU ranks, and by
+tests/pretrain/test_learns_facts.py on 2 (its two trainings in one launch): several `pretrain.train.main` runs.
 
     elastic_scenarios.py PLAN.json    runs every entry of the plan in order, in this one launch:
         {"name": ..., "config": RUN.json, "overrides": [...], "snapshot_steps": [s, ...], "snapshot_start": bool}
