@@ -35,7 +35,7 @@ import pyarrow as pa
 from data_prep.batch_files import AtomicBatchWriter, read_batches
 from data_prep.corpus_index import CorpusIndex, count_held_out
 from data_prep.shard_format.atomic_io import atomic_write_json
-from data_prep.shard_format.keyed_hash import GOLDEN, mix64
+from data_prep.shard_format.keyed_hash import splitmix_outputs
 from data_prep.work_layout import instances_stage, marker_path, shard_order_path
 
 ORDER_KEYED = "keyed"  # the order's version, in its record
@@ -68,8 +68,8 @@ def keyed_bucket_ids(shard: int, local: np.ndarray, key: np.uint64, buckets: int
     """Bucket of instances `local` (uint64 indices within input shard `shard`): splitmix64's output number i+1
     from the shard's own state, itself output number shard+1 from `key`. Any instance's bucket is computed
     alone, the same in every process (the modulo's bias is below buckets / 2^64)."""
-    shard_state = mix64(np.array([shard + 1], np.uint64) * GOLDEN + key)
-    return mix64((local + np.uint64(1)) * GOLDEN + shard_state) % np.uint64(buckets)
+    shard_state = splitmix_outputs(np.array([shard], np.uint64), key)
+    return splitmix_outputs(local, shard_state) % np.uint64(buckets)
 
 
 def estimate_instances(tokens: int, documents: int, seq_len: int, dupe_factor: int) -> int:

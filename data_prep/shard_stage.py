@@ -30,7 +30,7 @@ import pyarrow as pa
 from data_prep.instance_stage import instance_marker
 from data_prep.keyed_order import BUCKET_INSTANCES, SPLIT_SEED, num_buckets, split_key
 from data_prep.shard_format.atomic_io import atomic_write_json
-from data_prep.shard_format.keyed_hash import GOLDEN, mix64
+from data_prep.shard_format.keyed_hash import splitmix_outputs
 from data_prep.shard_format.shards import read_table
 from data_prep.work_layout import instances_path, shard_file, shard_order_path
 
@@ -52,7 +52,7 @@ def bucket_ids(indices: np.ndarray, key: np.uint64, buckets: int) -> np.ndarray:
     """Bucket of each instance index (uint64 array): splitmix64's output number i+1 from state `key`,
     mod `buckets`. A keyed hash, not a generator's stream, so that any block of indices can be
     recomputed alone, the same every time (the modulo's bias is below buckets / 2^64)."""
-    return mix64((indices + np.uint64(1)) * GOLDEN + key) % np.uint64(buckets)
+    return splitmix_outputs(indices, key) % np.uint64(buckets)
 
 
 def bucket_members(num_instances: int, key: np.uint64, buckets: int, bucket: int) -> np.ndarray:

@@ -19,3 +19,9 @@ def mix64(z: np.ndarray) -> np.ndarray:
     z = (z ^ (z >> np.uint64(30))) * _MIX1
     z = (z ^ (z >> np.uint64(27))) * _MIX2
     return z ^ (z >> np.uint64(31))
+
+
+def splitmix_outputs(indices: np.ndarray, key: np.uint64) -> np.ndarray:
+    """splitmix64's output number i+1 from state `key`, for each uint64 index i: any output computed alone, the
+    same in every process (the shuffle buckets' hashes: data_prep/shard_stage.py, data_prep/keyed_order.py)."""
+    return mix64((indices + np.uint64(1)) * GOLDEN + key)
