@@ -62,7 +62,6 @@ SLOW_TESTS = (  # prefixes of test ids: a folder ("tests/x/"), a file, or "file:
     "tests/data_prep/test_segments_build.py::test_full_sentences_one_and_two_workers_give_identical_bytes",
     "tests/data_prep/test_segments_build.py::test_mode_is_part_of_the_folder_identity_and_old_folders_resume",
     "tests/data_prep/test_shard_contract.py::test_shards_read_with_plain_pyarrow_as_documented",
-    "tests/data_prep/test_worker_death.py::test_a_build_whose_worker_is_killed_says_so_in_one_line_and_the_",
     "tests/demo/test_demo.py::test_demo_dry_run_prints_every_step_through_launch_sh",
     "tests/demo/test_demo_readouts.py::test_tensorboard_serves_several_run_folders",
     "tests/device_check/test_compiled_check.py::test_the_compiled_layer_self_test_passes_and_catches_wrong_c",
