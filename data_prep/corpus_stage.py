@@ -251,7 +251,7 @@ def prepare_vocab(cfg: BuildConfig, num_shards: int) -> Vocab:
         return Vocab(vocab.path, vocab.tokens, cfg.lowercase)
 
     assert cfg.vocab_size is not None
-    vocab = train_vocab(corpus_sentences(cfg.out_dir, num_shards), cfg.vocab_size, cfg.lowercase, target)
+    vocab = train_vocab(lambda: corpus_sentences(cfg.out_dir, num_shards), cfg.vocab_size, cfg.lowercase, target)
     return Vocab(vocab.path, vocab.tokens, cfg.lowercase)
 
 

@@ -12,7 +12,7 @@ from data_prep.clean import wikitext_to_paragraphs
 from data_prep.instances import instances_from_document, truncate_pair
 from data_prep.sentences import split_sentences
 from data_prep.shard_format.masking import SpecialIds, mask_instance
-from data_prep.shard_format.vocab import VocabError, load_vocab
+from data_prep.shard_format.vocab import VocabError, load_vocab, train_vocab
 from data_prep.sources import (
     SourceError,
     check_readable_file,
@@ -23,6 +23,7 @@ from data_prep.sources import (
     to_sentences,
 )
 from tests.support.data_prep_fixtures import write_books, write_sentence_file, write_vocab, write_wiki_dump
+from tests.support.facts_corpus import write_facts_corpus
 
 MARKUP = re.compile(r"\[\[|\]\]|\{\{|\}\}|<ref|</|''|==|\{\||\|\}|Category:|File:|thumb\|")
 SPECIAL = SpecialIds(cls=2, sep=3, mask=4, pad=0, unk=1)
@@ -108,6 +109,8 @@ def test_sentence_lines_and_wikiextractor(tmp_path) -> None:
         ("Beta", ["Only one."]),
     ]
 
+
+FACTS_VOCAB_SHA256 = "5ae8b618d98e224c8b0d0e2c18fbefa1b8e61af48560d8f9d579c56cf661698a"
 
 def test_vocab_checks_special_tokens_and_case(tmp_path) -> None:
     write_vocab(tmp_path / "vocab.txt")
@@ -205,3 +208,26 @@ def test_whole_word_masking_masks_whole_words() -> None:
                 assert pos - 1 in masked  # a piece is never masked without the piece before it
             if pos + 1 < len(ids) and continuation[ids[pos + 1]]:
                 assert pos + 1 in masked
+
+
+def test_a_trained_vocab_is_the_same_file_every_time(tmp_path) -> None:
+    """`tokenizers`' trainer alone kept three different token sets in three trainings of this corpus in one process
+    (ties between equal merge counts broken by ids given in hash-map order); a test that learns from the corpus then
+    learned less on one machine than on another. The digest is the file every process on every machine writes."""
+    lines = write_facts_corpus(tmp_path / "facts.txt").read_text(encoding="utf-8").splitlines()
+    digests = {train_vocab(lambda: iter(lines), 400, True, tmp_path / f"vocab{run}.txt").sha256 for run in range(4)}
+    assert digests == {FACTS_VOCAB_SHA256}
+
+
+def test_the_alphabet_cut_keeps_the_most_frequent_characters_and_breaks_ties_by_code_point(tmp_path) -> None:
+    """1,200 CJK characters seen once each (the pre-tokenizer splits each off as a word) beside a few frequent
+    letters: the 1,000-character alphabet keeps the letters and the lowest code points of the tie, every time; each
+    letter can continue a word ("##b"), no CJK character can."""
+    rare = [chr(0x4E00 + offset) for offset in range(1200)]
+    lines = ["abc cab bca " * 3, " ".join(rare)]
+    vocabs = {tuple(train_vocab(lambda: iter(lines), 1100, True, tmp_path / f"vocab{run}.txt").tokens)
+              for run in range(3)}
+    (tokens,) = vocabs
+    kept = [char for char in rare if char in tokens]
+    assert kept == rare[:1000 - 3]  # the alphabet's other three places: a, b, c
+    assert {"a", "b", "c", "##b", "##c", "##a"} <= set(tokens) and not any(t == f"##{c}" for t in tokens for c in rare)
