@@ -57,6 +57,7 @@ SLOW_TESTS = (  # prefixes of test ids: a folder ("tests/x/"), a file, or "file:
     "tests/data_prep/test_input_shards.py::test_every_executor_gives_the_same_bytes",
     "tests/data_prep/test_input_shards.py::test_kill_in_each_stage_then_relaunch",
     "tests/data_prep/test_input_shards.py::test_slurm_arrays_give_the_same_bytes_and_rerun_only_what_is_miss",
+    "tests/data_prep/test_worker_death.py::test_a_build_whose_worker_is_killed_says_so_in_one_line_and_the_same",
     "tests/data_prep/test_segments_build.py::test_bad_segments_is_one_line_naming_the_flag",
     "tests/data_prep/test_segments_build.py::test_full_sentences_node_builds_then_merge_equal_single_node",
     "tests/data_prep/test_segments_build.py::test_full_sentences_one_and_two_workers_give_identical_bytes",
