@@ -157,14 +157,16 @@ def compile_project_bytecode() -> None:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    session.stash[CHECKOUT_BEFORE] = checkout_changes()
+    if not hasattr(session.config, "workerinput"):  # the checkout is judged once, by pytest-xdist's controller
+        session.stash[CHECKOUT_BEFORE] = checkout_changes()
     compile_project_bytecode()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Tests write only to temporary folders: a file the suite left in the checkout fails the run, named.
 
-    (A batch script once wrote its requeue note into the checkout's root, and it was committed.)"""
+    (A batch script once wrote its requeue note into the checkout's root, and it was committed.) Judged by the
+    controller, after both workers: a worker that ends first would see the other's launches at work."""
     before, after = session.stash.get(CHECKOUT_BEFORE, None), checkout_changes()
     if before is None or after is None or not (left := sorted(after - before)):
         return

@@ -184,15 +184,25 @@ def test_hostfile_overrides_reach_every_node_intact(hostfile_runs: HostfileRecor
     assert argv_by_node == {"127.0.0.1": expected, "localhost": expected}, argv_by_node
 
 
+def left_in_the_checkout(*patterns: str, wait_s: float = 600) -> list[Path]:
+    """The folders matching `patterns` in the checkout that outlive `wait_s`. This run's launches have ended, so a
+    folder of theirs never goes; another launch from the checkout, running beside this one in the other pytest
+    worker, removes its own when it ends."""
+    present = [path for pattern in patterns for path in REPO_ROOT.glob(pattern)]
+    deadline = time.monotonic() + wait_s
+    while (present := [path for path in present if path.exists()]) and time.monotonic() < deadline:
+        time.sleep(1)
+    return present
+
+
 def test_hostfile_launch_leaves_no_env_file_behind(hostfile_runs: HostfileRecord) -> None:
     """launch.sh writes its rank variables to a DS_ENV_FILE for the runner; one per launch must not pile up."""
     env_files = re.findall(r"^\+ export DS_ENV_FILE=(\S+)$", hostfile_runs.rerun_log, re.MULTILINE)
     assert len(env_files) == 1, env_files
     assert not Path(env_files[0]).exists(), env_files
-    # nor the 0600 copy pretrain.launch.nodes ships to the nodes in the working folder (pretrain/launch/node_env.py)
-    assert not list(REPO_ROOT.glob(".bert-ds-env-*")), list(REPO_ROOT.glob(".bert-ds-env-*"))
+    # nor the 0600 copy pretrain.launch.nodes ships to the nodes in the working folder (pretrain/launch/node_env.py),
     # nor the job's rendezvous key (pretrain/launch/rendezvous_key.py), which every agent read to sign its states
-    assert not list(REPO_ROOT.glob(".bert-ds-rendezvous-*")), list(REPO_ROOT.glob(".bert-ds-rendezvous-*"))
+    assert not left_in_the_checkout(".bert-ds-env-*", ".bert-ds-rendezvous-*")
     # every node's rank got its variables from that file: PYTHONSAFEPATH keeps the working folder off its imports
     assert len(hostfile_runs.rank_envs) == 2, hostfile_runs.rank_envs
     assert all(env.get("PYTHONSAFEPATH") == "1" and env.get("TOKENIZERS_PARALLELISM") == "false"
