@@ -151,15 +151,15 @@ def train_vocab(read_sentences: Callable[[], Iterable[str]], vocab_size: int, lo
     """Train WordPiece on the cleaned corpus and save it as `out_path` (a vocab.txt); the same text gives the same
     file, in any process on any machine.
 
-    `tokenizers`' trainer alone does not (issue 1794 of its tracker; measured: three trainings of the tests' facts corpus in one
-    process, three different token sets). It gives the word-continuing pieces ("##e") their ids in hash-map order as
-    it first meets them, and breaks ties between equal merge counts by those ids, so a tie can keep different
-    merges; its alphabet cut (the most frequent characters) also orders equal counts arbitrarily. Both are settled
-    here, for one more read of the text (`read_sentences` is called twice): the characters are counted first, the
-    alphabet chosen (most frequent first, ties by code point) and handed over whole, and the "##c" of every alphabet
-    character that can continue a word is registered before training, in code-point order, so every id a tie-break
-    reads is fixed before the first merge. The ids of the written file do not come from the trainer at all: the
-    specials, then the learned tokens sorted."""
+    `tokenizers`' trainer alone does not (issue 1794 of its tracker; measured: three trainings of the tests' facts
+    corpus in one process, three different token sets). It gives the word-continuing pieces ("##e") their ids in
+    hash-map order as it first meets them, and breaks ties between equal merge counts by those ids, so a tie can keep
+    different merges; its alphabet cut (the most frequent characters) also orders equal counts arbitrarily. Both are
+    settled here, for one more read of the text (`read_sentences` is called twice): the characters are counted
+    first, the alphabet chosen (most frequent first, ties by code point) and handed over whole, and the "##c" of
+    every alphabet character that can continue a word is registered before training, in code-point order, so every
+    id a tie-break reads is fixed before the first merge. The ids of the written file do not come from the trainer
+    at all: the specials, then the learned tokens sorted."""
     from tokenizers import BertWordPieceTokenizer
 
     tokenizer = BertWordPieceTokenizer(lowercase=lowercase, strip_accents=lowercase, clean_text=True)
@@ -180,13 +180,12 @@ def train_vocab(read_sentences: Callable[[], Iterable[str]], vocab_size: int, lo
     return load_vocab(out_path)
 
 
-
 def chosen_alphabet(tokenizer: BertWordPieceTokenizer, sentences: Iterable[str]) -> tuple[list[str], list[str]]:
     """(the alphabet: the ALPHABET_LIMIT characters most frequent in the words the trainer will see, ties by code
     point; those of them that can continue a word, in code-point order). The raw characters are counted, then each
     distinct one is put through the tokenizer's own normaliser (its steps, lower-casing, accent stripping, control
-    characters, act on one character at a time, so the counts are those of the normalised text, at a fraction of
-    normalising it: 3 MB/s); where a character stands is asked of its own pre-tokenizer: between two letters it is
+    characters, act on one character at a time, so the counts are those of the normalised text; normalising the text
+    itself ran at 3 MB/s); where a character stands is asked of its own pre-tokenizer: between two letters it is
     part of the word, or split off (punctuation, CJK), or not in any word (whitespace)."""
     raw = np.zeros(sys.maxunicode + 1, dtype=np.int64)  # per code point
     for batch in text_batches(sentences):

@@ -27,6 +27,7 @@ from tests.support.facts_corpus import write_facts_corpus
 
 MARKUP = re.compile(r"\[\[|\]\]|\{\{|\}\}|<ref|</|''|==|\{\||\|\}|Category:|File:|thumb\|")
 SPECIAL = SpecialIds(cls=2, sep=3, mask=4, pad=0, unk=1)
+FACTS_VOCAB_SHA256 = "5ae8b618d98e224c8b0d0e2c18fbefa1b8e61af48560d8f9d579c56cf661698a"  # the facts corpus's trained vocab
 
 
 @pytest.mark.parametrize(
@@ -109,8 +110,6 @@ def test_sentence_lines_and_wikiextractor(tmp_path) -> None:
         ("Beta", ["Only one."]),
     ]
 
-
-FACTS_VOCAB_SHA256 = "5ae8b618d98e224c8b0d0e2c18fbefa1b8e61af48560d8f9d579c56cf661698a"
 
 def test_vocab_checks_special_tokens_and_case(tmp_path) -> None:
     write_vocab(tmp_path / "vocab.txt")
